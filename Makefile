@@ -1,0 +1,36 @@
+# `make demo` and `make test` do all set-up themselves on a fresh Debian machine:
+# a virtualenv in .venv, the pinned packages, and Debian's Fashion-MNIST when it is missing.
+PYTHON ?= python3
+VENV ?= .venv
+REQUIREMENTS ?= requirements.txt
+PY := $(VENV)/bin/python
+# MXNet halves the core count unless OMP_NUM_THREADS is set (it assumes hyper-threading).
+export OMP_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
+
+DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
+
+.PHONY: demo test install data clean
+
+demo: install data
+	$(PY) -m gluon_mgpu.train $(DEMO_ARGS)
+
+test: install data
+	$(PY) -m pytest -v --durations=10 tests
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: $(REQUIREMENTS) setup.py
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 8) <= v <= (3, 11) else "gluon_mgpu needs Python 3.8 to 3.11: mxnet 1.9.1 needs numpy 1.23.5, which has no wheel for Python %d.%d; run make PYTHON=python3.11 ..." % v)'
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -r $(REQUIREMENTS) -e .
+	touch $@
+
+data: install
+	@$(PY) -c 'import gluon_mgpu; gluon_mgpu.find_data_dir()' 2>/dev/null || { \
+	  echo "Fashion-MNIST not found: installing Debian's package dataset-fashion-mnist"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y dataset-fashion-mnist; }
+	@$(PY) -c 'import gluon_mgpu; print("Fashion-MNIST:", gluon_mgpu.find_data_dir())'
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

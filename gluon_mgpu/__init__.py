@@ -1,0 +1,32 @@
+"""gluon_mgpu: the d2l chapter "Gluon Implementation for Multi-GPU Computation", runnable anywhere.
+
+``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
+line (the module ``gluon_mgpu/train.py``). Importing that module would normally replace the
+package attribute ``train`` with the module, so the package keeps the function in place.
+"""
+import sys
+import types
+
+from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
+                   load_data_fashion_mnist)
+from .devices import format_devices, get_devices, try_all_gpus, try_gpu
+from .model import Residual, resnet18
+from .training import evaluate_accuracy, split_batch, train, train_epoch
+
+__version__ = '0.1.0'
+
+__all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'format_devices',
+           'load_data_fashion_mnist', 'find_data_dir', 'get_fashion_mnist_labels', 'DataError',
+           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train', 'train_epoch']
+
+
+class _Package(types.ModuleType):
+    def __setattr__(self, name, value):
+        # The import system sets `gluon_mgpu.train = <module gluon_mgpu.train>` after the CLI
+        # module is first imported; keep the function, the module stays in sys.modules.
+        if name == 'train' and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

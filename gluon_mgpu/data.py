@@ -1,0 +1,252 @@
+"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices.
+
+Nothing here downloads. MXNet's own ``gluon.data.vision.FashionMNIST`` would try to fetch the
+files (and checks sha1 sums of other gzip bytes than Debian ships), so the IDX format is read
+here directly: a big-endian header (magic number, then one 32-bit size per dimension)
+followed by the raw ``uint8`` values.
+"""
+import gzip
+import os
+import struct
+import zlib
+
+import numpy as np
+from mxnet import nd
+
+__all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
+           'read_idx', 'load_fashion_mnist_arrays', 'to_tensor', 'ArrayBatches',
+           'load_data_fashion_mnist', 'TEXT_LABELS', 'get_fashion_mnist_labels']
+
+FILES = {
+    'train': ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz'),
+    'test': ('t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'),
+}
+SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
+TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
+               'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
+HOW_TO_GET = ('on Debian/Ubuntu run `apt-get install dataset-fashion-mnist` (it installs them in '
+              '%s), or copy the four files from github.com/zalandoresearch/fashion-mnist into '
+              'one of these folders, or pass data_dir / --data-dir' % SYSTEM_DIR)
+
+# IDX magic numbers: two zero bytes, the type code 0x08 (unsigned byte), the number of dims.
+_MAGIC = {1: 0x00000801, 3: 0x00000803}
+
+
+class DataError(ValueError):
+    """A data file exists but cannot be used (truncated, not gzip, wrong magic number, ...)."""
+
+
+class DataNotFoundError(FileNotFoundError):
+    """None of the searched folders holds the Fashion-MNIST files."""
+
+
+def data_dir_candidates(data_dir=None):
+    """Return the folders searched for the data set, in order.
+
+    An explicit ``data_dir`` is the only candidate when given. Otherwise:
+    ``$MXNET_HOME/datasets/fashion-mnist`` (``MXNET_HOME`` defaults to ``~/.mxnet``, where the
+    book's loader keeps them), then ``/usr/share/datasets/fashion-mnist`` (Debian's package).
+    """
+    if data_dir is not None:
+        return [os.path.expanduser(str(data_dir))]
+    mxnet_home = os.environ.get('MXNET_HOME') or os.path.join('~', '.mxnet')
+    return [os.path.expanduser(os.path.join(mxnet_home, 'datasets', 'fashion-mnist')),
+            SYSTEM_DIR]
+
+
+def find_data_dir(data_dir=None):
+    """Return the first candidate folder that holds all four files.
+
+    Raises
+    ------
+    DataNotFoundError
+        Listing every folder searched and how to get the files.
+    """
+    names = FILES['train'] + FILES['test']
+    candidates = data_dir_candidates(data_dir)
+    for folder in candidates:
+        if all(os.path.isfile(os.path.join(folder, n)) for n in names):
+            return folder
+    if data_dir is not None and not os.path.isdir(candidates[0]):
+        raise DataNotFoundError('data dir %s does not exist; pass a folder that holds %s, or '
+                                'leave it out to search the default places'
+                                % (candidates[0], ', '.join(names)))
+    raise DataNotFoundError('Fashion-MNIST not found: searched %s for %s; %s'
+                            % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
+
+
+def read_idx(path, ndim):
+    """Read one gzipped IDX file of unsigned bytes into a numpy array.
+
+    Parameters
+    ----------
+    path : str
+        A ``*-idx1-ubyte.gz`` (labels, ``ndim=1``) or ``*-idx3-ubyte.gz`` (images, ``ndim=3``).
+    ndim : int
+        The number of dimensions the file must have.
+
+    Raises
+    ------
+    DataError
+        Naming the file, when it is not gzip, is truncated, or has the wrong magic number.
+    """
+    try:
+        with gzip.open(path, 'rb') as f:
+            raw = f.read()
+    except (OSError, EOFError, zlib.error) as e:
+        raise DataError('%s is not a complete gzip file (%s); replace it with a fresh copy'
+                        % (path, e)) from None
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise DataError('%s is truncated: %d bytes, fewer than its %d-byte header; replace it '
+                        'with a fresh copy' % (path, len(raw), header))
+    magic = struct.unpack('>I', raw[:4])[0]
+    if magic != _MAGIC[ndim]:
+        raise DataError('%s has magic number 0x%08x, expected 0x%08x for a %d-dimensional IDX '
+                        'file of unsigned bytes; is it the right file?'
+                        % (path, magic, _MAGIC[ndim], ndim))
+    shape = struct.unpack('>%dI' % ndim, raw[4:header])
+    expected = int(np.prod(shape))
+    if len(raw) - header != expected:
+        raise DataError('%s is truncated: its header announces %s = %d values but it holds %d; '
+                        'replace it with a fresh copy'
+                        % (path, 'x'.join(map(str, shape)), expected, len(raw) - header))
+    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+
+
+def load_fashion_mnist_arrays(split, data_dir=None):
+    """Return ``(images, labels)`` of one split as ``uint8`` arrays of shape (N, 28, 28) and (N,).
+
+    Parameters
+    ----------
+    split : {'train', 'test'}
+    data_dir : str, optional
+        Folder holding the four files; searched for when omitted (see ``data_dir_candidates``).
+    """
+    if split not in FILES:
+        raise ValueError("split must be 'train' or 'test', got %r" % (split,))
+    folder = find_data_dir(data_dir)
+    image_file, label_file = (os.path.join(folder, n) for n in FILES[split])
+    images = read_idx(image_file, 3)
+    labels = read_idx(label_file, 1)
+    if images.shape[0] != labels.shape[0]:
+        raise DataError('%s holds %d images but %s holds %d labels; the two files must come '
+                        'from the same release' % (image_file, images.shape[0], label_file,
+                                                   labels.shape[0]))
+    return images, labels
+
+
+def to_tensor(images):
+    """Convert ``uint8`` images (N, H, W) to float32 (N, 1, H, W) in [0, 1].
+
+    Gives exactly what ``gluon.data.vision.transforms.ToTensor`` gives per image: the value
+    divided by 255 in single precision.
+    """
+    return (images.astype(np.float32) / np.float32(255))[:, None, :, :]
+
+
+class ArrayBatches:
+    """Mini-batches ``(X, y)`` of NDArrays from in-memory arrays, like a ``DataLoader``.
+
+    Parameters
+    ----------
+    images : numpy.ndarray
+        ``uint8`` images of shape (N, H, W); converted per batch with ``to_tensor``.
+    labels : numpy.ndarray
+        Class indices, shape (N,); batches carry them as ``int32`` (as the book's loader does).
+    batch_size : int
+        Examples per batch; the last batch holds the rest (it is not dropped).
+    shuffle : bool, default False
+        Draw a new order for each pass (each ``for`` loop over the object is one epoch).
+    seed : int, optional
+        With ``shuffle``: the order of epoch ``e`` is a permutation drawn from ``(seed, e)``, so it
+        is the same on every run and can be recreated for any epoch (``set_epoch``).
+    """
+
+    def __init__(self, images, labels, batch_size, shuffle=False, seed=None):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
+                or batch_size < 1:
+            raise ValueError('batch_size must be a whole number >= 1, got %r' % (batch_size,))
+        if len(images) != len(labels):
+            raise ValueError('%d images but %d labels' % (len(images), len(labels)))
+        self.images, self.labels = images, labels
+        self.batch_size, self.shuffle = int(batch_size), shuffle
+        self.seed = int(np.random.randint(2 ** 31)) if seed is None else int(seed)
+        self.epoch = 0
+
+    @property
+    def num_examples(self):
+        return len(self.labels)
+
+    def __len__(self):
+        return -(-self.num_examples // self.batch_size)
+
+    def set_epoch(self, epoch):
+        """Make the next pass use the order of epoch ``epoch`` (counted from 0)."""
+        self.epoch = int(epoch)
+
+    def order(self, epoch):
+        """Return the example order of epoch ``epoch``."""
+        if not self.shuffle:
+            return np.arange(self.num_examples)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+
+    def __iter__(self):
+        idx = self.order(self.epoch)
+        self.epoch += 1
+        for start in range(0, self.num_examples, self.batch_size):
+            take = idx[start:start + self.batch_size]
+            yield (nd.array(to_tensor(self.images[take]), dtype='float32'),
+                   nd.array(self.labels[take], dtype='int32'))
+
+
+def _check_limit(name, value, size, what):
+    if value is None:
+        return size
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError('%s must be a whole number >= 1, got %r; pass a positive count or '
+                         'None for all %d %s' % (name, value, size, what))
+    if value > size:
+        raise ValueError('%s=%d is more than the %d %s; pass at most %d (or None for all)'
+                         % (name, value, size, what, size))
+    return int(value)
+
+
+def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_limit=None,
+                            shuffle=True, seed=None):
+    """Return ``(train_iter, test_iter)`` over Fashion-MNIST read from local files.
+
+    Batches are ``(X, y)``: ``X`` float32 of shape (batch, 1, 28, 28) with values in [0, 1]
+    (what the book's ``ToTensor`` gives), ``y`` int32 class indices.
+
+    Parameters
+    ----------
+    batch_size : int
+        Examples per batch (the global batch: it is split across devices later).
+    data_dir : str, optional
+        Folder holding the four IDX ``.gz`` files. When omitted: ``$MXNET_HOME/datasets/
+        fashion-mnist`` (default ``~/.mxnet/...``), then ``/usr/share/datasets/fashion-mnist``.
+    train_limit, test_limit : int, optional
+        Use only the first N training / test examples (quick runs and tests).
+    shuffle : bool, default True
+        Shuffle the training set every epoch (the test set is never shuffled).
+    seed : int, optional
+        Seed of the training order (see ``ArrayBatches``).
+
+    Raises
+    ------
+    DataNotFoundError, DataError, ValueError
+    """
+    train_x, train_y = load_fashion_mnist_arrays('train', data_dir)
+    test_x, test_y = load_fashion_mnist_arrays('test', data_dir)
+    n_train = _check_limit('train_limit', train_limit, len(train_y), 'training images')
+    n_test = _check_limit('test_limit', test_limit, len(test_y), 'test images')
+    train_iter = ArrayBatches(train_x[:n_train], train_y[:n_train], batch_size,
+                              shuffle=shuffle, seed=seed)
+    test_iter = ArrayBatches(test_x[:n_test], test_y[:n_test], batch_size)
+    return train_iter, test_iter
+
+
+def get_fashion_mnist_labels(labels):
+    """Return the text names of numeric Fashion-MNIST labels."""
+    return [TEXT_LABELS[int(i)] for i in labels]

@@ -1,0 +1,93 @@
+"""The chapter's network: the residual block and the small-image ResNet-18.
+
+Both are written as ``HybridBlock`` so the same definition runs imperatively (as the
+book runs it, line by line) and, after ``net.hybridize()``, as one compiled graph.
+``hybrid_forward(self, F, X)`` reads like the book's ``forward``: ``F`` is ``mxnet.nd``
+when the block runs imperatively and ``mxnet.sym`` once it is hybridized.
+"""
+from mxnet.gluon import nn
+
+__all__ = ['Residual', 'resnet_block', 'resnet18']
+
+
+class Residual(nn.HybridBlock):
+    """A residual block: two 3x3 convolutions with BatchNorm, plus a shortcut.
+
+    Parameters
+    ----------
+    num_channels : int
+        Output channels of both convolutions (and of the 1x1 shortcut).
+    use_1x1conv : bool, default False
+        Pass the input through a 1x1 convolution before adding it, so that the shortcut
+        matches a change of channels or of resolution.
+    strides : int, default 1
+        Stride of the first 3x3 convolution and of the 1x1 shortcut; 2 halves height and width.
+
+    Notes
+    -----
+    The children are created in the same order as ``d2lzh.Residual`` (conv1, conv2,
+    conv3, bn1, bn2), so ``collect_params()`` lists parameters in the same order and
+    weights can be copied between the two one to one.
+    """
+
+    def __init__(self, num_channels, use_1x1conv=False, strides=1, **kwargs):
+        super().__init__(**kwargs)
+        with self.name_scope():
+            self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1,
+                                   strides=strides)
+            self.conv2 = nn.Conv2D(num_channels, kernel_size=3, padding=1)
+            if use_1x1conv:
+                self.conv3 = nn.Conv2D(num_channels, kernel_size=1,
+                                       strides=strides)
+            else:
+                self.conv3 = None
+            self.bn1 = nn.BatchNorm()
+            self.bn2 = nn.BatchNorm()
+
+    def hybrid_forward(self, F, X):
+        Y = F.relu(self.bn1(self.conv1(X)))
+        Y = self.bn2(self.conv2(Y))
+        if self.conv3:
+            X = self.conv3(X)
+        return F.relu(Y + X)
+
+
+def resnet_block(num_channels, num_residuals, first_block=False):
+    """A stage of ``num_residuals`` residual blocks; all but the first stage halve the resolution."""
+    blk = nn.HybridSequential()
+    for i in range(num_residuals):
+        if i == 0 and not first_block:
+            blk.add(Residual(num_channels, use_1x1conv=True, strides=2))
+        else:
+            blk.add(Residual(num_channels))
+    return blk
+
+
+def resnet18(num_classes):
+    """The chapter's ResNet-18 for 28x28 Fashion-MNIST images.
+
+    Unlike the ImageNet ResNet-18 the stem is a 3x3 convolution with stride 1 and padding 1,
+    and there is no max-pooling: the images are small, so the network keeps their resolution.
+    Four stages of two residual blocks follow (64, 128, 256, 512 channels), then global
+    average pooling and a dense layer with ``num_classes`` outputs.
+
+    Parameters
+    ----------
+    num_classes : int
+        Number of output classes (10 for Fashion-MNIST).
+
+    Returns
+    -------
+    mxnet.gluon.nn.HybridSequential
+        Uninitialized; call ``net.initialize(..., ctx=devices)`` and pass one batch, since
+        input shapes (and so parameter shapes) are inferred at the first forward pass.
+    """
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
+            nn.BatchNorm(), nn.Activation('relu'))
+    net.add(resnet_block(64, 2, first_block=True),
+            resnet_block(128, 2),
+            resnet_block(256, 2),
+            resnet_block(512, 2))
+    net.add(nn.GlobalAvgPool2D(), nn.Dense(num_classes))
+    return net

@@ -1,0 +1,22 @@
+import mxnet as mx
+import numpy as np
+import pytest
+
+import gluon_mgpu
+
+
+@pytest.fixture
+def two_cpus():
+    """Two distinct MXNet contexts on one CPU: real replicas, real split, real reduction."""
+    return [mx.cpu(0), mx.cpu(1)]
+
+
+@pytest.fixture(scope='session')
+def data_dir():
+    """The real Fashion-MNIST folder. Missing data is an error here, never a skip:
+    `make test` installs it (apt-get install dataset-fashion-mnist)."""
+    return gluon_mgpu.find_data_dir()
+
+
+def max_abs_diff(a, b):
+    return float(np.max(np.abs(a.asnumpy().astype(np.float64) - b.asnumpy())))

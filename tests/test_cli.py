@@ -1,0 +1,122 @@
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+import gluon_mgpu
+from gluon_mgpu import data, devices
+from gluon_mgpu.train import main, parse_args
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *args],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, **(env or {})))
+
+
+def test_cli_trains_on_simulated_devices_and_prints_the_books_lines(data_dir):
+    result = run_cli('--num-gpus', '2', '--epochs', '2', '--batch-size', '8',
+                     '--train-limit', '24', '--test-limit', '20', '--seed', '0',
+                     '--data-dir', data_dir)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == 'running on: [cpu(0), cpu(1)]'
+    assert len(lines) == 3
+    for i, line in enumerate(lines[1:], 1):
+        assert re.fullmatch(r'epoch %d, training time: \d+\.\d sec, test_acc (0|1)\.\d\d' % i,
+                            line), line
+    assert result.stderr.splitlines() == [
+        "warning: no GPU found, so [cpu(0), cpu(1)] are simulated devices sharing this "
+        "machine's CPU: the data parallelism is real, a speed-up is not expected"]
+
+
+def test_cli_bad_input_is_one_line_and_exit_2():
+    result = run_cli('--num-gpus', 'two')
+    assert result.returncode == 2
+    assert result.stdout == ''
+    assert result.stderr.splitlines() == [
+        "python -m gluon_mgpu.train: error: argument --num-gpus: --num-gpus expects a whole "
+        "number, got 'two'; for example --num-gpus 2 (see --help)"]
+
+
+def test_defaults_follow_the_book_per_device():
+    one, two = parse_args([]), parse_args(['--num-gpus', '2'])
+    assert (one.num_gpus, one.batch_size, one.lr, one.epochs, one.device) == (1, 256, 0.1, 4,
+                                                                              'auto')
+    assert (two.batch_size, two.lr) == (512, 0.2)
+    explicit = parse_args(['--num-gpus', '2', '--batch-size', '32', '--lr', '0.05'])
+    assert (explicit.batch_size, explicit.lr) == (32, 0.05)
+
+
+@pytest.mark.parametrize('argv,expected', [
+    (['--num-gpus', '0'], r'argument --num-gpus: --num-gpus must be at least 1, got 0'),
+    (['--num-gpus', '-2'], r'argument --num-gpus: --num-gpus must be at least 1, got -2'),
+    (['--batch-size', '1.5'], r"argument --batch-size: --batch-size expects a whole number, "
+                              r"got '1.5'"),
+    (['--lr', 'fast'], r"argument --lr: --lr expects a number, got 'fast'"),
+    (['--lr', '0'], r"argument --lr: --lr must be a finite number above 0, got '0'"),
+    (['--lr', 'nan'], r"argument --lr: --lr must be a finite number above 0, got 'nan'"),
+    (['--epochs', '0'], r'argument --epochs: --epochs must be at least 1, got 0'),
+    (['--seed', 'x'], r"argument --seed: --seed expects a whole number, got 'x'"),
+    (['--device', 'tpu'], r"argument --device: invalid choice: 'tpu' \(choose from "),
+    (['--bogus'], r'unrecognized arguments: --bogus'),
+    (['--num-gpus', '2', '--batch-size', '1'], r'--batch-size 1 is smaller than --num-gpus 2, '
+                                               r'so some device would get no data; pass '
+                                               r'--batch-size 2 or more'),
+    (['--device', 'gpu'], r'--num-gpus 1 --device gpu: asked for 1 GPU but no GPU was found; '
+                          r'install a CUDA build of MXNet'),
+    (['--data-dir', '/nonexistent/fm'], r'data dir /nonexistent/fm does not exist'),
+    (['--train-limit', '60001'], r'--train-limit=60001 is more than the 60000 training images'),
+    (['--test-limit', '10001'], r'--test-limit=10001 is more than the 10000 test images'),
+    (['--train-limit', '0'], r'argument --train-limit: --train-limit must be at least 1, got 0'),
+])
+def test_bad_input_messages(argv, expected, capsys, data_dir):
+    if '--data-dir' not in argv:
+        argv = argv + ['--data-dir', data_dir]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ''
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith('python -m gluon_mgpu.train: error: ')
+    assert re.search(expected, err), err
+    assert 'Traceback' not in err
+
+
+def test_fewer_gpus_than_asked_names_both_numbers(monkeypatch, capsys):
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 1)
+    assert main(['--num-gpus', '3']) == 2
+    assert capsys.readouterr().err == (
+        "python -m gluon_mgpu.train: error: --num-gpus 3 --device auto: asked for 3 GPUs but "
+        "1 GPU found; pass --num-gpus 1 (num_gpus=1), or use CPU contexts with --device cpu "
+        "(device='cpu')\n")
+
+
+def test_missing_data_is_one_line(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv('MXNET_HOME', str(tmp_path))
+    monkeypatch.setattr(data, 'SYSTEM_DIR', str(tmp_path / 'none'))
+    assert main(['--device', 'cpu']) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert 'Fashion-MNIST not found: searched' in err
+    assert 'apt-get install dataset-fashion-mnist' in err
+
+
+def test_broken_data_file_is_named(capsys, tmp_path, data_dir):
+    for name in data.FILES['train'] + data.FILES['test']:
+        os.symlink(os.path.join(data_dir, name), tmp_path / name)
+    os.remove(tmp_path / 'train-images-idx3-ubyte.gz')
+    (tmp_path / 'train-images-idx3-ubyte.gz').write_bytes(b'broken')
+    assert main(['--device', 'cpu', '--data-dir', str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err == ('python -m gluon_mgpu.train: error: %s is not a complete gzip file '
+                   "(Not a gzipped file (b'br')); replace it with a fresh copy\n"
+                   % (tmp_path / 'train-images-idx3-ubyte.gz'))
+
+
+def test_package_train_stays_the_function_after_importing_the_cli():
+    import gluon_mgpu.train as cli_or_function  # noqa: F401
+    from gluon_mgpu import training
+    assert gluon_mgpu.train is training.train
+    assert 'gluon_mgpu.train' in sys.modules and sys.modules['gluon_mgpu.train'].main is main

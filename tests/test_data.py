@@ -1,0 +1,176 @@
+import gzip
+import os
+import struct
+
+import numpy as np
+import pytest
+from mxnet import nd
+from mxnet.gluon.data.vision import transforms
+
+import gluon_mgpu
+from gluon_mgpu import data
+
+
+def _raw(path, header):
+    """Independent reader for the test: gunzip and skip the header bytes."""
+    with gzip.open(path, 'rb') as f:
+        return np.frombuffer(f.read(), dtype=np.uint8)[header:]
+
+
+def test_batches_equal_the_raw_idx_bytes(data_dir):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        100, data_dir=data_dir, train_limit=300, test_limit=250, seed=7)
+    raw_x = _raw(os.path.join(data_dir, 't10k-images-idx3-ubyte.gz'), 16).reshape(-1, 28, 28)
+    raw_y = _raw(os.path.join(data_dir, 't10k-labels-idx1-ubyte.gz'), 8)
+    assert len(raw_y) == 10000
+    batches = list(test_iter)
+    assert [b[0].shape for b in batches] == [(100, 1, 28, 28)] * 2 + [(50, 1, 28, 28)]
+    X = np.concatenate([b[0].asnumpy() for b in batches])
+    y = np.concatenate([b[1].asnumpy() for b in batches])
+    assert X.dtype == np.float32 and y.dtype == np.int32
+    assert np.array_equal(X[:, 0], raw_x[:250] / np.float32(255))
+    assert np.array_equal(y, raw_y[:250])
+    assert X.min() == 0.0 and X.max() == 1.0
+    # The first test image is an ankle boot (label 9), as in every Fashion-MNIST release.
+    assert gluon_mgpu.get_fashion_mnist_labels(y[:1]) == ['ankle boot']
+
+    train_raw_x = _raw(os.path.join(data_dir, 'train-images-idx3-ubyte.gz'), 16)
+    train_raw_x = train_raw_x.reshape(-1, 28, 28)
+    train_raw_y = _raw(os.path.join(data_dir, 'train-labels-idx1-ubyte.gz'), 8)
+    order = train_iter.order(0)
+    X0, y0 = next(iter(train_iter))
+    assert sorted(order) == list(range(300)) and list(order[:5]) != list(range(5))
+    assert np.array_equal(X0.asnumpy()[:, 0], train_raw_x[order[:100]] / np.float32(255))
+    assert np.array_equal(y0.asnumpy(), train_raw_y[order[:100]])
+
+
+def test_pixels_equal_gluon_to_tensor(data_dir):
+    images, _ = data.load_fashion_mnist_arrays('test', data_dir)
+    ours = data.to_tensor(images[:8])
+    to_tensor = transforms.ToTensor()
+    for i in range(8):
+        theirs = to_tensor(nd.array(images[i][:, :, None], dtype='uint8')).asnumpy()
+        assert theirs.dtype == np.float32
+        assert np.array_equal(ours[i], theirs)
+
+
+def test_shuffle_is_seeded_per_epoch_and_covers_every_example(data_dir):
+    a, _ = gluon_mgpu.load_data_fashion_mnist(64, data_dir=data_dir, train_limit=200,
+                                              test_limit=10, seed=3)
+    b, _ = gluon_mgpu.load_data_fashion_mnist(64, data_dir=data_dir, train_limit=200,
+                                              test_limit=10, seed=3)
+    assert len(a) == 4
+    epochs_a = [np.concatenate([y.asnumpy() for _, y in a]) for _ in range(2)]
+    epochs_b = [np.concatenate([y.asnumpy() for _, y in b]) for _ in range(2)]
+    assert [len(e) for e in epochs_a] == [200, 200]
+    assert np.array_equal(epochs_a[0], epochs_b[0]) and np.array_equal(epochs_a[1], epochs_b[1])
+    assert not np.array_equal(epochs_a[0], epochs_a[1])
+    assert np.array_equal(np.sort(epochs_a[0]), np.sort(epochs_a[1]))
+    b.set_epoch(1)
+    assert np.array_equal(np.concatenate([y.asnumpy() for _, y in b]), epochs_a[1])
+
+
+def _link_all(src, dst):
+    os.makedirs(dst, exist_ok=True)
+    for name in data.FILES['train'] + data.FILES['test']:
+        os.symlink(os.path.join(src, name), os.path.join(dst, name))
+
+
+def test_search_order(tmp_path, monkeypatch, data_dir):
+    home = tmp_path / 'mxhome'
+    monkeypatch.setenv('MXNET_HOME', str(home))
+    monkeypatch.setattr(data, 'SYSTEM_DIR', data_dir)
+    assert data.data_dir_candidates() == [str(home / 'datasets' / 'fashion-mnist'), data_dir]
+    assert gluon_mgpu.find_data_dir() == data_dir
+    _link_all(data_dir, str(home / 'datasets' / 'fashion-mnist'))
+    assert gluon_mgpu.find_data_dir() == str(home / 'datasets' / 'fashion-mnist')
+    explicit = tmp_path / 'explicit'
+    _link_all(data_dir, str(explicit))
+    assert gluon_mgpu.find_data_dir(str(explicit)) == str(explicit)
+
+
+def test_default_mxnet_home_is_dot_mxnet(monkeypatch):
+    monkeypatch.delenv('MXNET_HOME', raising=False)
+    assert data.data_dir_candidates()[0] == os.path.expanduser('~/.mxnet/datasets/fashion-mnist')
+
+
+def test_missing_data_lists_places_searched_and_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv('MXNET_HOME', str(tmp_path / 'home'))
+    monkeypatch.setattr(data, 'SYSTEM_DIR', str(tmp_path / 'system'))
+    with pytest.raises(gluon_mgpu.DataNotFoundError) as e:
+        gluon_mgpu.load_data_fashion_mnist(32)
+    message = str(e.value)
+    assert message.startswith('Fashion-MNIST not found: searched %s, %s for '
+                              % (tmp_path / 'home' / 'datasets' / 'fashion-mnist',
+                                 tmp_path / 'system'))
+    assert 'apt-get install dataset-fashion-mnist' in message
+    assert '\n' not in message
+
+
+def test_explicit_data_dir_that_does_not_exist(tmp_path):
+    with pytest.raises(gluon_mgpu.DataNotFoundError,
+                       match=r'data dir .*nowhere does not exist; pass a folder that holds'):
+        gluon_mgpu.load_data_fashion_mnist(32, data_dir=str(tmp_path / 'nowhere'))
+
+
+def _broken_copy(data_dir, tmp_path, name, content):
+    folder = tmp_path / 'broken'
+    _link_all(data_dir, str(folder))
+    os.remove(folder / name)
+    (folder / name).write_bytes(content)
+    return str(folder), str(folder / name)
+
+
+def _gz(payload):
+    return gzip.compress(payload)
+
+
+@pytest.mark.parametrize('case,match', [
+    ('not-gzip', r'is not a complete gzip file'),
+    ('cut-gzip', r'is not a complete gzip file'),
+    ('short-header', r'is truncated: 6 bytes, fewer than its 8-byte header'),
+    ('truncated', r'is truncated: its header announces 10000 = 10000 values but it holds 9999'),
+    ('magic', r'has magic number 0x00000803, expected 0x00000801'),
+])
+def test_broken_label_file_is_named(case, match, data_dir, tmp_path):
+    name = 't10k-labels-idx1-ubyte.gz'
+    with open(os.path.join(data_dir, name), 'rb') as f:
+        good = f.read()
+    raw = gzip.decompress(good)
+    content = {'not-gzip': b'hello, not gzip',
+               'cut-gzip': good[:len(good) // 2],
+               'short-header': _gz(raw[:6]),
+               'truncated': _gz(raw[:-1]),
+               'magic': _gz(struct.pack('>I', 0x803) + raw[4:])}[case]
+    folder, path = _broken_copy(data_dir, tmp_path, name, content)
+    with pytest.raises(gluon_mgpu.DataError, match=match) as e:
+        gluon_mgpu.load_data_fashion_mnist(32, data_dir=folder)
+    assert str(e.value).startswith(path)
+
+
+def test_image_label_count_mismatch_names_both_files(data_dir, tmp_path):
+    name = 't10k-labels-idx1-ubyte.gz'
+    with open(os.path.join(data_dir, name), 'rb') as f:
+        raw = gzip.decompress(f.read())
+    fewer = struct.pack('>II', 0x801, 9000) + raw[8:8 + 9000]
+    folder, path = _broken_copy(data_dir, tmp_path, name, _gz(fewer))
+    with pytest.raises(gluon_mgpu.DataError, match=r't10k-images-idx3-ubyte.gz holds 10000 '
+                                                   r'images but .*t10k-labels-idx1-ubyte.gz '
+                                                   r'holds 9000 labels'):
+        gluon_mgpu.load_data_fashion_mnist(32, data_dir=folder)
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    ({'train_limit': 60001}, r'train_limit=60001 is more than the 60000 training images; '
+                             r'pass at most 60000'),
+    ({'test_limit': 0}, r'test_limit must be a whole number >= 1, got 0'),
+    ({'test_limit': 10001}, r'test_limit=10001 is more than the 10000 test images'),
+])
+def test_limits_are_checked(kwargs, match, data_dir):
+    with pytest.raises(ValueError, match=match):
+        gluon_mgpu.load_data_fashion_mnist(32, data_dir=data_dir, **kwargs)
+
+
+def test_batch_size_is_checked():
+    with pytest.raises(ValueError, match=r'batch_size must be a whole number >= 1, got 0'):
+        data.ArrayBatches(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8), 0)

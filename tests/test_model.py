@@ -1,0 +1,115 @@
+import d2lzh
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, init, nd
+from mxnet.gluon import nn
+
+import gluon_mgpu
+from conftest import max_abs_diff
+
+
+def _initialized(net, x, ctx=mx.cpu()):
+    net.initialize(init.Normal(sigma=0.01), ctx=ctx)
+    net(x)
+    return net
+
+
+def _copy_params(src, dst):
+    """Copy parameters one to one, in order; names differ only by their prefixes."""
+    ps, pd = list(src.collect_params().values()), list(dst.collect_params().values())
+    assert len(ps) == len(pd)
+    for a, b in zip(ps, pd):
+        assert a.name.rsplit('_', 1)[-1] == b.name.rsplit('_', 1)[-1], (a.name, b.name)
+        assert a.shape == b.shape, (a.name, b.name)
+        b.set_data(a.data())
+
+
+def _outputs_and_grads(net, x, train_mode):
+    with autograd.record(train_mode=train_mode):
+        y = net(x)
+        s = (y * nd.arange(y.size).reshape(y.shape)).sum()
+    s.backward()
+    grads = [p.grad().copy() for p in net.collect_params().values() if p.grad_req != 'null']
+    return y, grads
+
+
+@pytest.mark.parametrize('train_mode', [True, False], ids=['train', 'predict'])
+def test_resnet18_equals_d2lzh(train_mode):
+    mx.random.seed(1)
+    x = nd.random.uniform(shape=(4, 1, 28, 28))
+    theirs = _initialized(d2lzh.resnet18(10), x)
+    ours = _initialized(gluon_mgpu.resnet18(10), x)
+    _copy_params(theirs, ours)
+    y_t, g_t = _outputs_and_grads(theirs, x, train_mode)
+    y_o, g_o = _outputs_and_grads(ours, x, train_mode)
+    assert y_o.shape == (4, 10)
+    assert max_abs_diff(y_o, y_t) <= 1e-6
+    assert len(g_o) == len(g_t) == 76
+    assert max(max_abs_diff(a, b) for a, b in zip(g_o, g_t)) <= 1e-6
+
+
+@pytest.mark.parametrize('use_1x1conv,strides,out_shape', [
+    (False, 1, (2, 3, 6, 6)), (True, 2, (2, 6, 3, 3))])
+def test_residual_equals_d2lzh(use_1x1conv, strides, out_shape):
+    mx.random.seed(2)
+    channels = out_shape[1]
+    x = nd.random.uniform(shape=(2, 3, 6, 6))
+    theirs = _initialized(d2lzh.Residual(channels, use_1x1conv, strides), x)
+    ours = _initialized(gluon_mgpu.Residual(channels, use_1x1conv=use_1x1conv,
+                                            strides=strides), x)
+    _copy_params(theirs, ours)
+    for train_mode in (True, False):
+        y_t, g_t = _outputs_and_grads(theirs, x, train_mode)
+        y_o, g_o = _outputs_and_grads(ours, x, train_mode)
+        assert y_o.shape == out_shape
+        assert max_abs_diff(y_o, y_t) <= 1e-6
+        assert max(max_abs_diff(a, b) for a, b in zip(g_o, g_t)) <= 1e-6
+
+
+def test_resnet18_is_the_chapters_variant():
+    net = gluon_mgpu.resnet18(10)
+    stem = net[0]
+    assert isinstance(stem, nn.Conv2D)
+    assert (stem._kwargs['kernel'], stem._kwargs['stride'], stem._kwargs['pad']) == \
+        ((3, 3), (1, 1), (1, 1))
+    assert [type(b).__name__ for b in net._children.values()] == [
+        'Conv2D', 'BatchNorm', 'Activation', 'HybridSequential', 'HybridSequential',
+        'HybridSequential', 'HybridSequential', 'GlobalAvgPool2D', 'Dense']
+    stages = [net[i] for i in range(3, 7)]
+    assert [len(s) for s in stages] == [2, 2, 2, 2]
+    assert [s[0].conv1._channels for s in stages] == [64, 128, 256, 512]
+    assert [s[0].conv3 is not None for s in stages] == [False, True, True, True]
+    assert not any(isinstance(b, nn.MaxPool2D) for b in _walk(net))
+    x = nd.zeros((1, 1, 28, 28))
+    _initialized(net, x)
+    # The resolution is kept by the stem and halved by stages 2-4: 28 -> 28, 14, 7, 4.
+    h = net[2](net[1](net[0](x)))
+    sizes = []
+    for s in stages:
+        h = s(h)
+        sizes.append(h.shape[2:])
+    assert sizes == [(28, 28), (14, 14), (7, 7), (4, 4)]
+    n_params = sum(int(np.prod(p.shape)) for p in net.collect_params().values())
+    theirs = _initialized(d2lzh.resnet18(10), x)
+    assert n_params == sum(int(np.prod(p.shape)) for p in theirs.collect_params().values())
+
+
+def _walk(block):
+    yield block
+    for child in block._children.values():
+        yield from _walk(child)
+
+
+def test_hybridized_gives_the_same_outputs_and_gradients():
+    mx.random.seed(3)
+    x = nd.random.uniform(shape=(4, 1, 28, 28))
+    imperative = _initialized(gluon_mgpu.resnet18(10), x)
+    hybrid = _initialized(gluon_mgpu.resnet18(10), x)
+    _copy_params(imperative, hybrid)
+    hybrid.hybridize()
+    for train_mode in (True, False):
+        y_i, g_i = _outputs_and_grads(imperative, x, train_mode)
+        y_h, g_h = _outputs_and_grads(hybrid, x, train_mode)
+        assert max_abs_diff(y_h, y_i) <= 1e-6
+        assert max(max_abs_diff(a, b) for a, b in zip(g_h, g_i)) <= 1e-6
