@@ -5,6 +5,7 @@ One step: ``split_and_load`` cuts the batch into one slice per device; under
 device's loss; then ``trainer.step(batch_size)`` sums the gradients of all devices (the
 kvstore), divides by the batch size and updates every replica the same way.
 """
+import functools
 import time
 
 import mxnet as mx
@@ -61,16 +62,17 @@ def evaluate_accuracy(data_iter, net, devices=None):
     return sum(c.asscalar() for c in correct) / n
 
 
-def train_epoch(net, train_iter, loss, trainer, devices):
+def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
     """Run one pass over ``train_iter``; return ``{'seconds', 'train_loss', 'train_acc', 'examples'}``.
 
     ``seconds`` is measured after ``nd.waitall()``, since MXNet computes asynchronously.
+    ``on_step(step)``, if given, is called after every ``trainer.step`` (``step`` counts from 1).
     """
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
     n = 0
     start = time.time()
-    for X, y in train_iter:
+    for step, (X, y) in enumerate(train_iter, 1):
         Xs, ys, weights = split_batch(X, y, devices)
         with autograd.record():
             outs = [net(X_d) for X_d in Xs]
@@ -85,6 +87,8 @@ def train_epoch(net, train_iter, loss, trainer, devices):
                 loss_sum[i] += l.sum()
                 correct[i] += (o.argmax(axis=1) == y_d.astype('float32')).sum()
         n += X.shape[0]
+        if on_step is not None:
+            on_step(step)
     nd.waitall()
     seconds = time.time() - start
     return {'seconds': seconds,
@@ -100,7 +104,7 @@ def format_epoch(record):
 
 
 def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=None,
-          verbose=True):
+          verbose=True, on_step=None, on_epoch=None):
     """Train ``net`` data-parallel on ``devices`` and return the per-epoch history.
 
     The chapter's loop: initialize with ``Normal(sigma=0.01)`` on every device (``force_reinit``),
@@ -122,6 +126,11 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         Seed MXNet's random generators before initializing, for a reproducible run.
     verbose : bool, default True
         Print the book's line after each epoch (``format_epoch``).
+    on_step : callable, optional
+        ``on_step(epoch, step)`` after every ``trainer.step`` (both count from 1), for checks
+        that watch training as it goes; an exception it raises stops training.
+    on_epoch : callable, optional
+        ``on_epoch(record)`` after each epoch's record is complete (and printed).
 
     Returns
     -------
@@ -137,7 +146,8 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
     loss = gloss.SoftmaxCrossEntropyLoss()
     history = []
     for epoch in range(num_epochs):
-        stats = train_epoch(net, train_iter, loss, trainer, devices)
+        step_hook = None if on_step is None else functools.partial(on_step, epoch + 1)
+        stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook)
         record = {'epoch': epoch + 1,
                   'seconds': stats['seconds'],
                   'train_loss': stats['train_loss'],
@@ -147,4 +157,6 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         history.append(record)
         if verbose:
             print(format_epoch(record), flush=True)
+        if on_epoch is not None:
+            on_epoch(record)
     return history

@@ -162,3 +162,15 @@ def test_resnet18_learns_on_real_data(two_cpus, data_dir):
     # 500 held-out images: chance gives 0.10 +- 0.013, so 0.2 is far outside it.
     assert history[-1]['test_acc'] >= 0.2
     assert history[-1]['train_loss'] < history[0]['train_loss']
+
+
+def test_train_calls_the_step_and_epoch_hooks(data_dir):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=10, test_limit=4, seed=1)
+    steps, epochs = [], []
+    history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0), mx.cpu(1)],
+                               num_epochs=2, verbose=False,
+                               on_step=lambda e, s: steps.append((e, s)),
+                               on_epoch=epochs.append)
+    assert steps == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
+    assert epochs == history
