@@ -4,8 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 REQUIREMENTS ?= requirements.txt
 PY := $(VENV)/bin/python
-# MXNet halves the core count unless OMP_NUM_THREADS is set (it assumes hyper-threading).
-export OMP_NUM_THREADS ?= $(shell nproc 2>/dev/null || echo 2)
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
 

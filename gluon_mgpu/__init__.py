@@ -7,6 +7,11 @@ package attribute ``train`` with the module, so the package keeps the function i
 import sys
 import types
 
+from .threads import configure_threads, format_thread_settings, thread_settings
+
+# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
+configure_threads()
+
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
@@ -17,7 +22,8 @@ __version__ = '0.1.0'
 
 __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'format_devices',
            'load_data_fashion_mnist', 'find_data_dir', 'get_fashion_mnist_labels', 'DataError',
-           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train', 'train_epoch']
+           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train', 'train_epoch', 'thread_settings',
+           'format_thread_settings']
 
 
 class _Package(types.ModuleType):

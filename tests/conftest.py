@@ -1,8 +1,9 @@
+# gluon_mgpu first: it chooses MXNet's thread count, which MXNet reads once, on import.
+import gluon_mgpu  # noqa: I001
+
 import mxnet as mx
 import numpy as np
 import pytest
-
-import gluon_mgpu
 
 
 @pytest.fixture
