@@ -14,7 +14,7 @@ import numpy as np
 from mxnet import nd
 
 __all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
-           'read_idx', 'load_fashion_mnist_arrays', 'to_tensor', 'ArrayBatches',
+           'read_idx', 'load_fashion_mnist_arrays', 'to_tensor', 'ArrayBatches', 'GluonBatches',
            'load_data_fashion_mnist', 'TEXT_LABELS', 'get_fashion_mnist_labels']
 
 FILES = {
@@ -148,10 +148,15 @@ def to_tensor(images):
 class ArrayBatches:
     """Mini-batches ``(X, y)`` of NDArrays from in-memory arrays, like a ``DataLoader``.
 
+    The images are converted once (``to_tensor``) into one float32 NDArray; a batch is then a
+    slice of it (in order) or an ``nd.take`` of the epoch's indices (shuffled), with no per-image
+    Python work. The batches equal what the book's ``DataLoader`` with ``ToTensor`` gives for
+    the same order (see ``GluonBatches``).
+
     Parameters
     ----------
     images : numpy.ndarray
-        ``uint8`` images of shape (N, H, W); converted per batch with ``to_tensor``.
+        ``uint8`` images of shape (N, H, W).
     labels : numpy.ndarray
         Class indices, shape (N,); batches carry them as ``int32`` (as the book's loader does).
     batch_size : int
@@ -173,6 +178,7 @@ class ArrayBatches:
         self.batch_size, self.shuffle = int(batch_size), shuffle
         self.seed = int(np.random.randint(2 ** 31)) if seed is None else int(seed)
         self.epoch = 0
+        self._X = self._y = None
 
     @property
     def num_examples(self):
@@ -191,13 +197,54 @@ class ArrayBatches:
             return np.arange(self.num_examples)
         return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
 
+    def _batches(self, idx):
+        if self._X is None:
+            self._X = nd.array(to_tensor(self.images), dtype='float32')
+            self._y = nd.array(self.labels, dtype='int32')
+        for start in range(0, self.num_examples, self.batch_size):
+            stop = min(start + self.batch_size, self.num_examples)
+            if not self.shuffle:
+                yield self._X[start:stop], self._y[start:stop]
+            else:
+                take = nd.array(idx[start:stop], dtype='int32')
+                yield nd.take(self._X, take), nd.take(self._y, take)
+
     def __iter__(self):
         idx = self.order(self.epoch)
         self.epoch += 1
-        for start in range(0, self.num_examples, self.batch_size):
-            take = idx[start:start + self.batch_size]
-            yield (nd.array(to_tensor(self.images[take]), dtype='float32'),
-                   nd.array(self.labels[take], dtype='int32'))
+        return self._batches(idx)
+
+
+class GluonBatches(ArrayBatches):
+    """The book's data path: a Gluon ``DataLoader`` applying ``ToTensor`` image by image.
+
+    Same interface, order and batches as ``ArrayBatches`` (a test checks equality); slower,
+    since every image goes through a Python transform. Kept to show the chapter's way and to
+    measure the difference (``benchmarks/``).
+    """
+
+    def _batches(self, idx):
+        from mxnet.gluon import data as gdata
+        dataset = gdata.ArrayDataset(nd.array(self.images[:, :, :, None], dtype='uint8'),
+                                     self.labels.astype(np.int32))
+        dataset = dataset.transform_first(gdata.vision.transforms.ToTensor())
+        sampler = gdata.BatchSampler(_ListSampler(idx), self.batch_size, 'keep')
+        for X, y in gdata.DataLoader(dataset, batch_sampler=sampler):
+            yield X, y.astype('int32')
+
+
+class _ListSampler:
+    def __init__(self, idx):
+        self.idx = [int(i) for i in idx]
+
+    def __iter__(self):
+        return iter(self.idx)
+
+    def __len__(self):
+        return len(self.idx)
+
+
+LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}
 
 
 def _check_limit(name, value, size, what):
@@ -213,7 +260,7 @@ def _check_limit(name, value, size, what):
 
 
 def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_limit=None,
-                            shuffle=True, seed=None):
+                            shuffle=True, seed=None, loader='array'):
     """Return ``(train_iter, test_iter)`` over Fashion-MNIST read from local files.
 
     Batches are ``(X, y)``: ``X`` float32 of shape (batch, 1, 28, 28) with values in [0, 1]
@@ -232,18 +279,25 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
         Shuffle the training set every epoch (the test set is never shuffled).
     seed : int, optional
         Seed of the training order (see ``ArrayBatches``).
+    loader : {'array', 'gluon'}, default 'array'
+        ``'array'``: the data set as one float32 array, batches by slicing / ``nd.take``.
+        ``'gluon'``: the book's ``DataLoader`` with ``ToTensor`` per image; same batches, slower.
 
     Raises
     ------
     DataNotFoundError, DataError, ValueError
     """
+    if loader not in LOADERS:
+        raise ValueError("loader must be one of %s, got %r; use 'array' (fast) or 'gluon' (the "
+                         "book's DataLoader)" % ('/'.join(LOADERS), loader))
     train_x, train_y = load_fashion_mnist_arrays('train', data_dir)
     test_x, test_y = load_fashion_mnist_arrays('test', data_dir)
     n_train = _check_limit('train_limit', train_limit, len(train_y), 'training images')
     n_test = _check_limit('test_limit', test_limit, len(test_y), 'test images')
-    train_iter = ArrayBatches(train_x[:n_train], train_y[:n_train], batch_size,
-                              shuffle=shuffle, seed=seed)
-    test_iter = ArrayBatches(test_x[:n_test], test_y[:n_test], batch_size)
+    batches = LOADERS[loader]
+    train_iter = batches(train_x[:n_train], train_y[:n_train], batch_size, shuffle=shuffle,
+                         seed=seed)
+    test_iter = batches(test_x[:n_test], test_y[:n_test], batch_size)
     return train_iter, test_iter
 
 

@@ -174,3 +174,23 @@ def test_limits_are_checked(kwargs, match, data_dir):
 def test_batch_size_is_checked():
     with pytest.raises(ValueError, match=r'batch_size must be a whole number >= 1, got 0'):
         data.ArrayBatches(np.zeros((2, 28, 28), np.uint8), np.zeros(2, np.uint8), 0)
+
+
+def test_gluon_dataloader_path_gives_the_same_batches(data_dir):
+    kwargs = dict(data_dir=data_dir, train_limit=70, test_limit=30, seed=4)
+    fast = gluon_mgpu.load_data_fashion_mnist(32, **kwargs)
+    book = gluon_mgpu.load_data_fashion_mnist(32, loader='gluon', **kwargs)
+    assert isinstance(book[0], data.GluonBatches)
+    for a, b in zip(fast, book):
+        for _ in range(2):  # two epochs: two different shuffled orders
+            pairs = list(zip(a, b))
+            assert len(pairs) == len(a) == len(b)
+            for (Xa, ya), (Xb, yb) in pairs:
+                assert Xa.dtype == Xb.dtype == np.float32 and ya.dtype == yb.dtype == np.int32
+                assert np.array_equal(Xa.asnumpy(), Xb.asnumpy())
+                assert np.array_equal(ya.asnumpy(), yb.asnumpy())
+
+
+def test_unknown_loader_is_rejected(data_dir):
+    with pytest.raises(ValueError, match=r"loader must be one of array/gluon, got 'torch'"):
+        gluon_mgpu.load_data_fashion_mnist(32, data_dir=data_dir, loader='torch')

@@ -174,3 +174,21 @@ def test_train_calls_the_step_and_epoch_hooks(data_dir):
                                on_epoch=epochs.append)
     assert steps == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
     assert epochs == history
+
+
+def test_hybridized_training_equals_imperative_training(two_cpus, data_dir):
+    nets = []
+    for hybridize, loader in ((False, 'gluon'), (True, 'array')):
+        train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+            8, data_dir=data_dir, train_limit=24, test_limit=8, seed=2, loader=loader)
+        net = gluon_mgpu.resnet18(10)
+        if hybridize:
+            net.hybridize(static_alloc=True)
+        history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=0.1, num_epochs=1,
+                                   seed=0, verbose=False)
+        nets.append((net, history))
+    (book, h_book), (fast, h_fast) = nets
+    assert h_fast[0]['train_loss'] == pytest.approx(h_book[0]['train_loss'], abs=1e-6)
+    assert h_fast[0]['test_acc'] == h_book[0]['test_acc']
+    for p_book, p_fast in zip(book.collect_params().values(), fast.collect_params().values()):
+        assert max_abs_diff(p_fast.data(two_cpus[1]), p_book.data(two_cpus[1])) <= 1e-6
