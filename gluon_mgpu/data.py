@@ -160,15 +160,19 @@ class ArrayBatches:
     labels : numpy.ndarray
         Class indices, shape (N,); batches carry them as ``int32`` (as the book's loader does).
     batch_size : int
-        Examples per batch; the last batch holds the rest (it is not dropped).
+        Examples per batch; the last batch holds the rest (it is not dropped, except in a
+        shard: see ``set_part``).
     shuffle : bool, default False
         Draw a new order for each pass (each ``for`` loop over the object is one epoch).
     seed : int, optional
         With ``shuffle``: the order of epoch ``e`` is a permutation drawn from ``(seed, e)``, so it
         is the same on every run and can be recreated for any epoch (``set_epoch``).
+    num_parts, part_index : int, optional
+        Yield only one worker's shard of every epoch (see ``set_part``); default: everything.
     """
 
-    def __init__(self, images, labels, batch_size, shuffle=False, seed=None):
+    def __init__(self, images, labels, batch_size, shuffle=False, seed=None, num_parts=None,
+                 part_index=0):
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
                 or batch_size < 1:
             raise ValueError('batch_size must be a whole number >= 1, got %r' % (batch_size,))
@@ -178,32 +182,79 @@ class ArrayBatches:
         self.batch_size, self.shuffle = int(batch_size), shuffle
         self.seed = int(np.random.randint(2 ** 31)) if seed is None else int(seed)
         self.epoch = 0
+        self.num_parts = self.part_index = None
         self._X = self._y = None
+        if num_parts is not None:
+            self.set_part(num_parts, part_index)
 
     @property
     def num_examples(self):
         return len(self.labels)
 
     def __len__(self):
+        if self.num_parts is not None:
+            return self.num_examples // self.batch_size
         return -(-self.num_examples // self.batch_size)
+
+    def set_part(self, num_parts, part_index):
+        """Yield only shard ``part_index`` of ``num_parts``: one worker's share of a dist job.
+
+        Every epoch is cut into global batches of ``batch_size`` examples in the epoch's order;
+        part ``r`` gets the ``r``-th of ``num_parts`` equal slices of each, so the parts are
+        disjoint, every part has the same number of batches of ``batch_size // num_parts``
+        examples, and part ``r`` gets what device ``r`` of a single process splitting the same
+        batches over ``num_parts`` devices would get. Only full global batches are used (the
+        rest, fewer than ``batch_size`` examples, differs from epoch to epoch when shuffled):
+        MXNet's dist kvstore fixes the gradient scale ``1 / batch_size`` at the first step, and
+        a worker with a batch more would wait forever for the others.
+
+        Raises
+        ------
+        ValueError
+            If ``batch_size`` is not a multiple of ``num_parts``, ``part_index`` is not in
+            ``range(num_parts)``, or there is not one full global batch.
+        """
+        if isinstance(num_parts, bool) or not isinstance(num_parts, (int, np.integer)) \
+                or num_parts < 1:
+            raise ValueError('num_parts must be a whole number >= 1, got %r' % (num_parts,))
+        if not 0 <= part_index < num_parts:
+            raise ValueError('part_index must be in 0..%d, got %r' % (num_parts - 1, part_index))
+        if self.batch_size % num_parts:
+            raise ValueError('batch size %d is not a multiple of the %d workers, so their shares '
+                             'would differ; use a batch size of %d or %d'
+                             % (self.batch_size, num_parts,
+                                max(num_parts, self.batch_size // num_parts * num_parts),
+                                -(-self.batch_size // num_parts) * num_parts))
+        if self.num_examples < self.batch_size:
+            raise ValueError('%d examples are fewer than one global batch of %d; use more '
+                             'examples or a smaller batch size'
+                             % (self.num_examples, self.batch_size))
+        self.num_parts, self.part_index = int(num_parts), int(part_index)
 
     def set_epoch(self, epoch):
         """Make the next pass use the order of epoch ``epoch`` (counted from 0)."""
         self.epoch = int(epoch)
 
     def order(self, epoch):
-        """Return the example order of epoch ``epoch``."""
+        """Return the example order of epoch ``epoch`` (this part's only, after ``set_part``)."""
         if not self.shuffle:
-            return np.arange(self.num_examples)
-        return np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+            idx = np.arange(self.num_examples)
+        else:
+            idx = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+        if self.num_parts is None:
+            return idx
+        full = self.num_examples // self.batch_size * self.batch_size
+        share = self.batch_size // self.num_parts
+        return idx[:full].reshape(-1, self.num_parts, share)[:, self.part_index, :].ravel()
 
-    def _batches(self, idx):
+    def _batches(self, idx, batch_size):
         if self._X is None:
             self._X = nd.array(to_tensor(self.images), dtype='float32')
             self._y = nd.array(self.labels, dtype='int32')
-        for start in range(0, self.num_examples, self.batch_size):
-            stop = min(start + self.batch_size, self.num_examples)
-            if not self.shuffle:
+        in_order = not self.shuffle and self.num_parts is None
+        for start in range(0, len(idx), batch_size):
+            stop = min(start + batch_size, len(idx))
+            if in_order:
                 yield self._X[start:stop], self._y[start:stop]
             else:
                 take = nd.array(idx[start:stop], dtype='int32')
@@ -212,7 +263,8 @@ class ArrayBatches:
     def __iter__(self):
         idx = self.order(self.epoch)
         self.epoch += 1
-        return self._batches(idx)
+        share = self.batch_size if self.num_parts is None else self.batch_size // self.num_parts
+        return self._batches(idx, share)
 
 
 class GluonBatches(ArrayBatches):
@@ -223,12 +275,12 @@ class GluonBatches(ArrayBatches):
     measure the difference (``benchmarks/``).
     """
 
-    def _batches(self, idx):
+    def _batches(self, idx, batch_size):
         from mxnet.gluon import data as gdata
         dataset = gdata.ArrayDataset(nd.array(self.images[:, :, :, None], dtype='uint8'),
                                      self.labels.astype(np.int32))
         dataset = dataset.transform_first(gdata.vision.transforms.ToTensor())
-        sampler = gdata.BatchSampler(_ListSampler(idx), self.batch_size, 'keep')
+        sampler = gdata.BatchSampler(_ListSampler(idx), batch_size, 'keep')
         for X, y in gdata.DataLoader(dataset, batch_sampler=sampler):
             yield X, y.astype('int32')
 

@@ -194,3 +194,58 @@ def test_gluon_dataloader_path_gives_the_same_batches(data_dir):
 def test_unknown_loader_is_rejected(data_dir):
     with pytest.raises(ValueError, match=r"loader must be one of array/gluon, got 'torch'"):
         gluon_mgpu.load_data_fashion_mnist(32, data_dir=data_dir, loader='torch')
+
+
+def _shard_labels(batches):
+    return [y.asnumpy().tolist() for _, y in batches]
+
+
+def test_shards_are_disjoint_equal_and_match_a_split_over_devices():
+    # Labels are the example indices, so every batch shows which examples it holds.
+    n, batch, parts = 70, 16, 2
+    images, labels = np.zeros((n, 28, 28), np.uint8), np.arange(n)
+    whole = data.ArrayBatches(images, labels, batch, shuffle=True, seed=5)
+    shards = [data.ArrayBatches(images, labels, batch, shuffle=True, seed=5, num_parts=parts,
+                                part_index=r) for r in range(parts)]
+    for epoch in range(2):
+        global_batches = _shard_labels(whole)
+        per_part = [_shard_labels(s) for s in shards]
+        # 70 examples, global batch 16: 4 full batches; the 6 left over are skipped.
+        assert [len(p) for p in per_part] == [4, 4] and [len(s) for s in shards] == [4, 4]
+        assert all(len(b) == 8 for p in per_part for b in p)
+        for g, (b0, b1) in enumerate(zip(*per_part)):
+            assert b0 == global_batches[g][:8] and b1 == global_batches[g][8:]
+        seen = [i for p in per_part for b in p for i in b]
+        assert len(seen) == len(set(seen)) == 64
+        assert sorted(seen) == sorted(whole.order(epoch)[:64].tolist())
+        assert shards[1].order(epoch).tolist() == [i for b in per_part[1] for i in b]
+    assert per_part != [_shard_labels(s) for s in shards]  # the third epoch: another order
+
+
+def test_shards_are_reproducible_and_use_the_gluon_path_alike(data_dir):
+    def shard(loader, seed):
+        train_iter, _ = gluon_mgpu.load_data_fashion_mnist(
+            12, data_dir=data_dir, train_limit=40, test_limit=4, seed=seed, loader=loader)
+        train_iter.set_part(3, 2)
+        return [(X.asnumpy(), y.asnumpy()) for X, y in train_iter]
+
+    a, b, book = shard('array', 1), shard('array', 1), shard('gluon', 1)
+    assert len(a) == 3 and all(X.shape == (4, 1, 28, 28) for X, _ in a)
+    for (Xa, ya), (Xb, yb), (Xg, yg) in zip(a, b, book):
+        assert np.array_equal(Xa, Xb) and np.array_equal(ya, yb)
+        assert np.array_equal(Xa, Xg) and np.array_equal(ya, yg)
+    other = shard('array', 2)
+    assert any(not np.array_equal(ya, yo) for (_, ya), (_, yo) in zip(a, other))
+
+
+@pytest.mark.parametrize('n,batch,parts,index,match', [
+    (40, 15, 2, 0, r'batch size 15 is not a multiple of the 2 workers, so their shares would '
+                   r'differ; use a batch size of 14 or 16'),
+    (10, 16, 2, 0, r'10 examples are fewer than one global batch of 16'),
+    (40, 16, 2, 2, r'part_index must be in 0..1, got 2'),
+    (40, 16, 0, 0, r'num_parts must be a whole number >= 1, got 0'),
+])
+def test_bad_shards_are_refused(n, batch, parts, index, match):
+    batches = data.ArrayBatches(np.zeros((n, 28, 28), np.uint8), np.zeros(n), batch)
+    with pytest.raises(ValueError, match=match):
+        batches.set_part(parts, index)
