@@ -1,3 +1,8 @@
+import json
+import os
+import subprocess
+import sys
+
 import d2lzh
 import mxnet as mx
 import numpy as np
@@ -113,3 +118,106 @@ def test_hybridized_gives_the_same_outputs_and_gradients():
         y_h, g_h = _outputs_and_grads(hybrid, x, train_mode)
         assert max_abs_diff(y_h, y_i) <= 1e-6
         assert max(max_abs_diff(a, b) for a, b in zip(g_h, g_i)) <= 1e-6
+
+
+def _layers(block, kind):
+    found = [block] if isinstance(block, kind) else []
+    for child in block._children.values():
+        found += _layers(child, kind)
+    return found
+
+
+def test_norm_layer_default_is_the_books_batchnorm():
+    from mxnet.gluon.contrib.nn import SyncBatchNorm
+    default, explicit = gluon_mgpu.resnet18(10), gluon_mgpu.resnet18(10, norm_layer=nn.BatchNorm)
+    assert len(_layers(default, nn.BatchNorm)) == 17
+    assert _layers(default, SyncBatchNorm) == []
+    strip = [k.split('_', 1)[1] for k in default.collect_params()]
+    assert strip == [k.split('_', 1)[1] for k in explicit.collect_params()]
+    synced = gluon_mgpu.resnet18(10, norm_layer=gluon_mgpu.model.sync_batch_norm(3))
+    layers = _layers(synced, SyncBatchNorm)
+    assert len(layers) == 17 and len(_layers(synced, nn.BatchNorm)) == 17  # a subclass
+    assert {layer._kwargs['ndev'] for layer in layers} == {3}
+
+
+@pytest.mark.parametrize('bad', [0, 1.5, True])
+def test_sync_batch_norm_needs_a_device_count(bad):
+    with pytest.raises(ValueError, match=r'num_devices must be a whole number >= 1, got %r'
+                                         % (bad,)):
+        gluon_mgpu.model.sync_batch_norm(bad)
+
+
+def test_lenet_is_the_books_without_batchnorm():
+    net = gluon_mgpu.model.lenet()
+    net.initialize(init.Normal(sigma=0.01))
+    assert net(nd.zeros((2, 1, 28, 28))).shape == (2, 10)
+    assert _layers(net, nn.BatchNorm) == []
+    shapes = [p.shape for p in net.collect_params().values()]
+    assert shapes == [(6, 1, 5, 5), (6,), (16, 6, 5, 5), (16,), (120, 256), (120,),
+                      (84, 120), (84,), (10, 84), (10,)]
+
+
+SYNC_BN_CHECK = r'''
+import json
+import gluon_mgpu
+import mxnet as mx
+from mxnet import autograd, gluon, init, nd
+
+devices = [mx.cpu(0), mx.cpu(1)]
+mx.random.seed(0)
+X = nd.random.uniform(shape=(8, 1, 28, 28))
+ref = gluon_mgpu.resnet18(10)
+ref.initialize(init.Normal(sigma=0.01), ctx=mx.cpu(0))
+ref(X)
+nets = {}
+for name, norm in (('sync', gluon_mgpu.model.sync_batch_norm(2)), ('plain', None)):
+    net = gluon_mgpu.resnet18(10, norm_layer=norm)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    net(X[:4].as_in_context(devices[0]))  # prediction mode: shapes only, no synchronization
+    for a, b in zip(ref.collect_params().values(), net.collect_params().values()):
+        b.set_data(a.data())
+    Xs = gluon.utils.split_and_load(X, devices)
+    with autograd.record():
+        outs = [net(x) for x in Xs]
+    for o in outs:
+        o.backward()
+    nets[name] = net
+with autograd.record():
+    out = ref(X)
+out.backward()
+nd.waitall()
+
+def diffs(net):
+    running = [p for p in net.collect_params().values() if p.grad_req == 'null']
+    across = max(float((p.data(devices[0]) - p.data(devices[1])).abs().max().asscalar())
+                 for p in running)
+    refs = [p for p in ref.collect_params().values() if p.grad_req == 'null']
+    to_ref = max(float((p.data(devices[1]) - r.data()).abs().max().asscalar())
+                 for p, r in zip(running, refs))
+    return len(running), across, to_ref
+
+print(json.dumps({name: diffs(net) for name, net in nets.items()}))
+'''
+
+
+@pytest.mark.slow
+def test_sync_bn_gives_every_device_the_whole_batch_statistics():
+    """SyncBatchNorm on two CPU contexts, with the only set-up that does not deadlock here.
+
+    MXNet 1.9.1 deadlocks by default (see the README): the layer blocks an engine thread
+    until the other device arrives, while holding CPU scratch space that every CPU context
+    draws from in turn. Many scratch copies and no bulk execution avoid that, for this size.
+    """
+    env = dict(os.environ, OMP_NUM_THREADS='1', MXNET_CPU_TEMP_COPY='1000',
+               MXNET_EXEC_BULK_EXEC_TRAIN='0')
+    result = subprocess.run([sys.executable, '-c', SYNC_BN_CHECK], capture_output=True,
+                            text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    count, across, to_ref = found['sync']
+    assert count == 34 and across == 0.0
+    # Equal to plain BatchNorm over the whole batch on one device (float rounding only).
+    assert to_ref <= 1e-5
+    # Plain BatchNorm keeps per-device statistics, which differ and miss the whole batch.
+    _, plain_across, plain_to_ref = found['plain']
+    assert plain_across > 1e-4 and plain_to_ref > 1e-4
