@@ -1,0 +1,367 @@
+import json
+import os
+import queue
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+from mxnet import nd
+
+from gluon_mgpu import dist, launch
+
+PY = sys.executable
+TRAIN = [PY, '-m', 'gluon_mgpu.train', '--model', 'lenet', '--device', 'cpu', '--seed', '0',
+         '--test-limit', '16']
+
+
+def _env():
+    # Two cores are shared by every process of a job (and by other tests).
+    return dict(os.environ, OMP_NUM_THREADS='1')
+
+
+def _gone(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _pids(log):
+    return {name: int(pid) for name, pid in
+            re.findall(r'(scheduler|server \d+|worker \d+) \(pid (\d+)\)', log)}
+
+
+# --- command line ------------------------------------------------------------------------
+
+@pytest.mark.parametrize('argv,expected', [
+    (['-n', '2'], r'no command: put it after --, for example python -m gluon_mgpu.launch -n 2 '
+                  r'-s 1 -- python -m gluon_mgpu.train --kvstore dist_sync'),
+    (['-n', '2', '--'], r'the command after -- is empty'),
+    (['--', 'python'], r'the following arguments are required: -n/--num-workers'),
+    (['-n', '0', '--', 'python'], r'argument -n/--num-workers: --num-workers must be at least '
+                                  r'1, got 0'),
+    (['-n', 'two', '--', 'python'], r"--num-workers expects a whole number, got 'two'"),
+    (['-n', '2', '--host-ip', '10.0.0.1', '--', 'python'],
+     r'--host-ip is for jobs over several hosts; add --hostfile FILE, or drop --host-ip'),
+    (['-n', '2', '--hostfile', '/nonexistent/hosts', '--', 'python'],
+     r"--hostfile /nonexistent/hosts: \[Errno 2\] No such file or directory"),
+    (['-n', '2', '--env', 'A-B', '--', 'python'], r"--env A-B: 'A-B' is not a variable name"),
+    (['-n', '2', '--grace', '0', '--', 'python'], r'--grace expects a number of seconds above '
+                                                  r"0, got '0'"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, expected, capsys):
+    assert launch.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == '' and len(err.splitlines()) == 1, err
+    assert err.startswith('python -m gluon_mgpu.launch: error: ')
+    assert re.search(expected, err), err
+
+
+def test_hostfile_format(tmp_path):
+    path = tmp_path / 'hosts'
+    path.write_text('# the cluster\nnode1\n\n  10.0.0.2:2222  \nnode3:22 # last one\n')
+    assert launch.read_hostfile(str(path)) == [('node1', 22), ('10.0.0.2', 2222),
+                                               ('node3', 22)]
+    path.write_text('node1\nnode2:ssh\n')
+    with pytest.raises(ValueError, match=r'line 2, \'node2:ssh\', is not "host" or '
+                                         r'"host:port"'):
+        launch.read_hostfile(str(path))
+    path.write_text('# nothing\n\n')
+    with pytest.raises(ValueError, match='no hosts in the file'):
+        launch.read_hostfile(str(path))
+
+
+def test_local_plan_runs_every_role_on_loopback():
+    args = launch.parse_args(['-n', '2', '--port', '9123', '--', 'python', 'x.py', '--a b'])
+    assert args.num_servers == 2  # default: as many servers as workers, as MXNet's launch.py
+    args = launch.parse_args(['-n', '2', '-s', '1', '--port', '9123', '--', 'python', 'x.py'])
+    processes = launch.plan(args, environ={'HOME': '/home/me'})
+    assert [p[0] for p in processes] == ['scheduler', 'server 0', 'worker 0', 'worker 1']
+    for name, argv, env, host in processes:
+        assert argv == ['python', 'x.py'] and host == 'localhost'
+        assert env['HOME'] == '/home/me'
+        assert {k: env[k] for k in dist.JOB_VARIABLES} == {
+            'DMLC_ROLE': name.split()[0], 'DMLC_PS_ROOT_URI': '127.0.0.1',
+            'DMLC_PS_ROOT_PORT': '9123', 'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '2'}
+        assert env['DMLC_NODE_HOST'] == '127.0.0.1'
+    free = launch.plan(launch.parse_args(['-n', '1', '--', 'python']), environ={})
+    ports = {env['DMLC_PS_ROOT_PORT'] for _, _, env, _ in free}
+    assert len(ports) == 1 and 1024 <= int(ports.pop()) < 65536
+
+
+def test_local_plan_shares_the_cores_unless_threads_were_chosen(monkeypatch):
+    args = launch.parse_args(['-n', '2', '--', 'python'])
+    monkeypatch.setattr(launch, 'thread_settings', lambda: {'source': 'gluon_mgpu', 'cores': 8})
+    envs = [env for _, _, env, _ in launch.plan(args, environ={'OMP_NUM_THREADS': '8'})]
+    assert {env['OMP_NUM_THREADS'] for env in envs} == {'4'}
+    monkeypatch.setattr(launch, 'thread_settings', lambda: {'source': 'user', 'cores': 8})
+    envs = [env for _, _, env, _ in launch.plan(args, environ={'OMP_NUM_THREADS': '3'})]
+    assert {env['OMP_NUM_THREADS'] for env in envs} == {'3'}
+
+
+def test_ssh_plan_follows_mxnets_launcher(tmp_path, monkeypatch):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('alpha\nbeta:2222\n')
+    monkeypatch.setattr(launch, 'thread_settings', lambda: {'source': 'gluon_mgpu', 'cores': 2})
+    args = launch.parse_args(['-n', '3', '-s', '2', '-H', str(hostfile), '--host-ip',
+                              '10.0.0.5', '--port', '9100', '--env', 'MXNET_HOME',
+                              '--env', 'EXTRA=a b', '--', 'python', '-m', 'gluon_mgpu.train',
+                              '--kvstore', 'dist_sync'])
+    environ = {'PYTHONPATH': '/src/my code', 'OMP_NUM_THREADS': '2', 'MXNET_HOME': '/data',
+               'SECRET': 'not passed'}
+    processes = launch.plan(args, environ=environ, workdir='/work dir')
+    # As dmlc-core's ssh.py: process i of servers-then-workers runs on host i % len(hosts).
+    assert [(p[0], p[3]) for p in processes] == [
+        ('scheduler', 'localhost'), ('server 0', 'alpha'), ('server 1', 'beta'),
+        ('worker 0', 'alpha'), ('worker 1', 'beta'), ('worker 2', 'alpha')]
+    scheduler = processes[0]
+    assert scheduler[1] == args.command and scheduler[2]['DMLC_ROLE'] == 'scheduler'
+    assert scheduler[2]['DMLC_PS_ROOT_URI'] == '10.0.0.5'
+    name, argv, env, host = processes[2]
+    assert env is None
+    assert argv[:9] == ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
+                        '-p', '2222', 'beta', argv[8]]
+    assert len(argv) == 9 and argv[8].startswith('sh -c ')
+    script = shlex.split(argv[8])[2]
+    assert script == launch.remote_script(
+        {'PYTHONPATH': '/src/my code', 'MXNET_HOME': '/data', 'EXTRA': 'a b',
+         'DMLC_NODE_HOST': 'beta', 'DMLC_ROLE': 'server', 'DMLC_PS_ROOT_URI': '10.0.0.5',
+         'DMLC_PS_ROOT_PORT': '9100', 'DMLC_NUM_SERVER': '2', 'DMLC_NUM_WORKER': '3'},
+        '/work dir', args.command)
+    assert script.startswith("export PYTHONPATH='/src/my code' MXNET_HOME=/data EXTRA='a b' "
+                             "DMLC_NODE_HOST=beta DMLC_ROLE=server DMLC_PS_ROOT_URI=10.0.0.5 "
+                             "DMLC_PS_ROOT_PORT=9100 DMLC_NUM_SERVER=2 DMLC_NUM_WORKER=3; "
+                             "cd '/work dir' || exit 1; ")
+    assert 'python -m gluon_mgpu.train --kvstore dist_sync &' in script
+    # OMP_NUM_THREADS was chosen by gluon_mgpu for this machine's cores: not passed on.
+    assert 'OMP_NUM_THREADS' not in script and 'SECRET' not in script
+
+
+def _remote(tmp_path, code, **variables):
+    """Run what ssh would run on the remote host, here: the login shell gets argv[-1]."""
+    workdir = tmp_path / 'a dir'
+    workdir.mkdir(exist_ok=True)
+    argv = launch.ssh_command('host', 22, variables, str(workdir), [PY, '-c', code])
+    return subprocess.Popen(['bash', '-c', argv[-1]], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True), workdir
+
+
+def test_remote_script_sets_variables_and_directory_and_keeps_the_exit_code(tmp_path):
+    proc, workdir = _remote(tmp_path, 'import os, sys; print(os.environ["DMLC_ROLE"], '
+                                      'repr(os.environ["ODD"]), os.getcwd()); sys.exit(3)',
+                            DMLC_ROLE='worker', ODD="it's $HOME; \"x\"")
+    # stdin (the ssh connection) stays open: the command runs to its end.
+    assert proc.wait(timeout=60) == 3
+    assert proc.stdout.read() == 'worker %r %s\n' % ("it's $HOME; \"x\"", workdir)
+    proc.stdin.close()
+
+
+def test_remote_command_stops_when_the_ssh_connection_closes(tmp_path):
+    proc, _ = _remote(tmp_path, 'import os, time; print(os.getpid(), flush=True); '
+                                'time.sleep(120)', DMLC_ROLE='worker')
+    pid = int(proc.stdout.readline())
+    start = time.monotonic()
+    proc.stdin.close()  # what the remote side sees when the launcher stops its ssh client
+    assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    assert time.monotonic() - start < 10
+    assert _gone(pid)
+
+
+# --- watching a job (small stand-in processes) ----------------------------------------------
+
+def _job(*codes):
+    names = ['scheduler', 'server 0'] + ['worker %d' % i for i in range(len(codes) - 2)]
+    return [(name, [PY, '-c', code], dict(os.environ), 'localhost')
+            for name, code in zip(names, codes)]
+
+
+class _Log:
+    def __init__(self):
+        self.lines = []
+
+    def write(self, text):
+        self.lines.append(text)
+
+    def flush(self):
+        pass
+
+    @property
+    def text(self):
+        return ''.join(self.lines)
+
+
+SLEEP = 'import time; time.sleep(120)'
+
+
+def test_a_job_that_ends_well_exits_0():
+    log = _Log()
+    assert launch.run_job(_job('pass', 'pass', 'pass', 'pass'), log=log) == 0
+    assert re.fullmatch(r'launch: started scheduler \(pid \d+\), server 0 \(pid \d+\), '
+                        r'worker 0 \(pid \d+\), worker 1 \(pid \d+\)\n', log.text), log.text
+
+
+@pytest.mark.parametrize('code,code_seen,how', [
+    ('import time, sys; time.sleep(0.5); sys.exit(3)', 3, 'exited with code 3'),
+    ('import os, signal, time; time.sleep(0.5); os.kill(os.getpid(), signal.SIGKILL)', 1,
+     'was killed by SIGKILL'),
+])
+def test_one_dead_worker_stops_the_whole_job(code, code_seen, how):
+    log = _Log()
+    start = time.monotonic()
+    assert launch.run_job(_job(SLEEP, SLEEP, SLEEP, code), log=log) == code_seen
+    assert time.monotonic() - start < 30
+    pids = _pids(log.text)
+    assert log.text.splitlines()[-1] == ('launch: worker 1 (pid %d) %s; stopped the 3 other '
+                                         'processes of the job' % (pids['worker 1'], how))
+    assert all(_gone(pid) for pid in pids.values())
+
+
+def test_servers_left_running_after_the_workers_are_stopped_after_the_grace():
+    log = _Log()
+    assert launch.run_job(_job(SLEEP, SLEEP, 'pass', 'pass'), grace=1, log=log) == 0
+    assert log.text.splitlines()[-1] == ('launch: the workers finished but scheduler, server 0 '
+                                         'still ran 1 s later; stopped them')
+    assert all(_gone(pid) for pid in _pids(log.text).values())
+
+
+def test_a_worker_left_running_after_another_ended_fails_the_job():
+    log = _Log()
+    assert launch.run_job(_job('pass', 'pass', 'pass', SLEEP), grace=1, log=log) == 1
+    assert log.text.splitlines()[-1] == ('launch: scheduler ended normally but worker 1 still '
+                                         'ran 1 s later; stopped them')
+
+
+# --- real jobs on loopback --------------------------------------------------------------------
+
+def _launch(*args, timeout=300):
+    return subprocess.run([PY, '-m', 'gluon_mgpu.launch', *args], capture_output=True,
+                          text=True, timeout=timeout, env=_env())
+
+
+def _max_diff(a, b):
+    assert sorted(a) == sorted(b)
+    return max(float(nd.abs(a[k] - b[k]).max().asscalar()) for k in a)
+
+
+@pytest.mark.slow
+def test_two_workers_equal_one_process_on_two_devices(tmp_path):
+    """dist_sync with 2 workers x 1 device = one process with 2 devices, same global batch.
+
+    LeNet has no BatchNorm, so the gradient of a batch does not depend on where its examples
+    were computed. Worker r gets what device r gets (``ArrayBatches.set_part``), the servers
+    sum the two workers' gradients and divide by the global batch of 16: the result must
+    equal the single process's within 1e-6 (it is bit-identical here).
+    """
+    flags = ['--train-limit', '64', '--batch-size', '16', '--epochs', '1']
+    start = time.monotonic()
+    job = _launch('-n', '2', '-s', '1', '--', *TRAIN, *flags, '--kvstore', 'dist_sync',
+                  '--save-params', str(tmp_path / 'dist.params'))
+    seconds = time.monotonic() - start
+    assert job.returncode == 0, job.stderr
+    lines = job.stdout.splitlines()
+    # Only rank 0 prints; the default lr counts the devices of all workers: 0.1 * 2.
+    assert lines[0] == 'running on: [cpu(0)] (worker 0 of 2, kvstore dist_sync)'
+    assert len(lines) == 2 and re.fullmatch(r'epoch 1, training time: \d+\.\d sec, '
+                                            r'test_acc (0|1)\.\d\d', lines[1])
+    assert re.match(r'launch: started scheduler \(pid \d+\), server 0 \(pid \d+\), '
+                    r'worker 0 \(pid \d+\), worker 1 \(pid \d+\)', job.stderr)
+    rank0 = nd.load(str(tmp_path / 'dist.rank0.params'))
+    rank1 = nd.load(str(tmp_path / 'dist.rank1.params'))
+    assert len(rank0) == 10 and _max_diff(rank0, rank1) == 0.0
+
+    for name, lr in (('single.params', []), ('double-lr.params', ['--lr', '0.4'])):
+        single = subprocess.run(TRAIN + flags + ['--num-gpus', '2', '--save-params',
+                                                 str(tmp_path / name)] + lr,
+                                capture_output=True, text=True, timeout=300, env=_env())
+        assert single.returncode == 0, single.stderr
+    assert _max_diff(rank0, nd.load(str(tmp_path / 'single.params'))) <= 1e-6
+    # Guard: dividing by each worker's own batch (8) would act like twice the learning rate,
+    # and that is far outside the tolerance.
+    assert _max_diff(rank0, nd.load(str(tmp_path / 'double-lr.params'))) > 1e-3
+    assert seconds < 300
+
+
+def _reader(stream, lines):
+    for line in stream:
+        lines.put(line)
+
+
+@pytest.mark.slow
+def test_killing_a_worker_ends_the_job_within_the_bound():
+    job = subprocess.Popen([PY, '-m', 'gluon_mgpu.launch', '-n', '2', '-s', '1', '--', *TRAIN,
+                            '--kvstore', 'dist_sync', '--train-limit', '2000', '--batch-size',
+                            '16', '--epochs', '100'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    out, err = queue.Queue(), queue.Queue()
+    for stream, q in ((job.stdout, out), (job.stderr, err)):
+        threading.Thread(target=_reader, args=(stream, q), daemon=True).start()
+    try:
+        started = err.get(timeout=120)
+        pids = _pids(started)
+        assert sorted(pids) == ['scheduler', 'server 0', 'worker 0', 'worker 1'], started
+        while not out.get(timeout=300).startswith('epoch 1,'):
+            pass  # training is under way: both workers have joined and stepped together
+        os.kill(pids['worker 1'], signal.SIGKILL)
+        start = time.monotonic()
+        code = job.wait(timeout=120)
+        seconds = time.monotonic() - start
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert code == 1
+    # The launcher stops the others with SIGTERM, then SIGKILL after 5 s.
+    assert seconds < 30
+    time.sleep(0.5)
+    rest = []
+    while not err.empty():
+        rest.append(err.get())
+    assert 'launch: worker 1 (pid %d) was killed by SIGKILL; stopped the 3 other processes ' \
+           'of the job\n' % pids['worker 1'] in rest, rest
+    assert all(_gone(pid) for pid in pids.values())
+
+
+def test_a_worker_refusing_its_arguments_stops_the_job():
+    start = time.monotonic()
+    job = _launch('-n', '2', '-s', '1', '--', *TRAIN, '--kvstore', 'dist_sync',
+                  '--batch-size', '15', timeout=120)
+    assert job.returncode == 2
+    assert time.monotonic() - start < 120
+    assert ('python -m gluon_mgpu.train: error: --batch-size 15 cannot be shared by 2 workers '
+            'with 1 device(s) each (every worker takes an equal share, at least one example '
+            'per device); pass --batch-size 14\n') in job.stderr
+    assert re.search(r'launch: worker [01] \(pid \d+\) exited with code 2; stopped the [23] '
+                     r'other processes of the job', job.stderr), job.stderr
+
+
+SHARD_CHECK = '''
+import json
+import numpy as np
+import mxnet as mx
+from gluon_mgpu import data, dist
+kv = mx.kv.create("dist_sync")
+seed = dist.shared_seed(kv)
+batches = data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70), 16, shuffle=True,
+                            seed=seed, num_parts=kv.num_workers, part_index=kv.rank)
+print(json.dumps({"rank": kv.rank, "seed": seed, "order": batches.order(0).tolist(),
+                  "whole": data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70),
+                                             16, shuffle=True, seed=seed).order(0).tolist()}))
+'''
+
+
+def test_workers_agree_on_a_seed_and_take_disjoint_shards():
+    """Without --seed each worker draws its own; rank 0's wins, so the shards fit together."""
+    job = _launch('-n', '2', '-s', '1', '--', PY, '-c', SHARD_CHECK, timeout=120)
+    assert job.returncode == 0, job.stderr
+    found = sorted((json.loads(line) for line in job.stdout.splitlines()),
+                   key=lambda f: f['rank'])
+    assert [f['rank'] for f in found] == [0, 1]
+    assert found[0]['seed'] == found[1]['seed'] and found[0]['whole'] == found[1]['whole']
+    orders = [f['order'] for f in found]
+    assert len(orders[0]) == len(orders[1]) == 32 and not set(orders[0]) & set(orders[1])
+    assert sorted(orders[0] + orders[1]) == sorted(found[0]['whole'][:64])
