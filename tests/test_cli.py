@@ -3,6 +3,7 @@ import re
 import subprocess
 import sys
 
+import mxnet as mx
 import pytest
 
 import gluon_mgpu
@@ -71,6 +72,27 @@ def test_defaults_follow_the_book_per_device():
     (['--train-limit', '60001'], r'--train-limit=60001 is more than the 60000 training images'),
     (['--test-limit', '10001'], r'--test-limit=10001 is more than the 10000 test images'),
     (['--train-limit', '0'], r'argument --train-limit: --train-limit must be at least 1, got 0'),
+    (['--num-gpus', '2', '--device-weights', '3,x'],
+     r"argument --device-weights: --device-weights expects numbers separated by commas, got "
+     r"'3,x'; for example --device-weights 3,1"),
+    (['--num-gpus', '2', '--device-weights', '3,-1'],
+     r"--device-weights must all be finite numbers above 0, got '3,-1'"),
+    (['--num-gpus', '2', '--device-weights', '3,1,1'],
+     r'--device-weights 3,1,1 gives 3 weights but --num-gpus is 2; give one weight per device, '
+     r'e.g. --device-weights 1,1'),
+    (['--num-gpus', '2', '--device-weights', '3,1', '--balance', 'auto'],
+     r'argument --balance: not allowed with argument --device-weights'),
+    (['--kvstore', 'dist_async'], r"argument --kvstore: invalid choice: 'dist_async'"),
+    (['--kvstore', 'dist_sync'],
+     r'--kvstore dist_sync: a dist kvstore needs the job variables DMLC_ROLE, DMLC_PS_ROOT_URI, '
+     r'DMLC_PS_ROOT_PORT, DMLC_NUM_SERVER, DMLC_NUM_WORKER, which are not set; start the job '
+     r'with python -m gluon_mgpu.launch'),
+    (['--num-gpus', '2', '--device', 'cpu', '--sync-bn'],
+     r'--sync-bn on CPU contexts deadlocks in MXNet 1.9.1 .*; use it with GPUs \(--device '
+     r'gpu\), or drop --sync-bn'),
+    (['--save-params', '/nonexistent/net.params'],
+     r'--save-params /nonexistent/net.params: folder /nonexistent does not exist'),
+    (['--model', 'vgg'], r"argument --model: invalid choice: 'vgg'"),
 ])
 def test_bad_input_messages(argv, expected, capsys, data_dir):
     if '--data-dir' not in argv:
@@ -120,3 +142,62 @@ def test_package_train_stays_the_function_after_importing_the_cli():
     from gluon_mgpu import training
     assert gluon_mgpu.train is training.train
     assert 'gluon_mgpu.train' in sys.modules and sys.modules['gluon_mgpu.train'].main is main
+
+
+JOB = {'DMLC_ROLE': 'worker', 'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_PS_ROOT_PORT': '9',
+       'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '2'}
+
+
+def test_dist_defaults_count_the_devices_of_all_workers(monkeypatch):
+    for name, value in JOB.items():
+        monkeypatch.setenv(name, value)
+    args = parse_args(['--kvstore', 'dist_sync', '--num-gpus', '2'])
+    assert (args.num_workers, args.batch_size, args.lr) == (2, 1024, pytest.approx(0.4))
+    assert parse_args([]).kvstore == 'device'
+
+
+@pytest.mark.parametrize('argv,expected', [
+    (['--batch-size', '15'], r'--batch-size 15 cannot be shared by 2 workers with 1 device\(s\) '
+                             r'each .*; pass --batch-size 14$'),
+    (['--batch-size', '2', '--num-gpus', '2'], r'--batch-size 2 cannot be shared by 2 workers '
+                                               r'with 2 device\(s\) each .*; pass --batch-size 4$'),
+    (['--batch-size', '16', '--train-limit', '8'],
+     r'--kvstore dist_sync: 8 examples are fewer than one global batch of 16; use more examples '
+     r'or a smaller batch size \(--train-limit 8, --batch-size 16\)$'),
+])
+def test_dist_worker_checks_before_joining(argv, expected, monkeypatch, capsys, data_dir):
+    # Refused before mx.kv.create: nothing here would answer a real join.
+    for name, value in JOB.items():
+        monkeypatch.setenv(name, value)
+    assert main(['--kvstore', 'dist_sync', '--device', 'cpu', '--data-dir', data_dir] + argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and re.search(expected, err.strip()), err
+
+
+def test_device_weights_line_and_saved_parameters(tmp_path, data_dir):
+    result = run_cli('--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--epochs', '1',
+                     '--batch-size', '16', '--train-limit', '32', '--test-limit', '8',
+                     '--seed', '0', '--device-weights', '3,1', '--save-params',
+                     str(tmp_path / 'net.params'), '--data-dir', data_dir,
+                     env={'OMP_NUM_THREADS': '1'})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[:2] == ['running on: [cpu(0), cpu(1)]',
+                         'device weights: cpu(0) 3, cpu(1) 1 -> slices of 12, 4 per batch of 16']
+    assert len(lines) == 3 and lines[2].startswith('epoch 1, training time: ')
+    saved = mx.nd.load(str(tmp_path / 'net.params'))
+    assert len(saved) == 10 and saved['6.bias'].shape == (10,)
+    gluon_mgpu.model.lenet().load_parameters(str(tmp_path / 'net.params'))
+
+
+def test_balance_auto_measures_and_prints_the_split(capsys, data_dir):
+    assert main(['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--epochs', '1',
+                 '--batch-size', '16', '--train-limit', '16', '--test-limit', '8',
+                 '--balance', 'auto', '--data-dir', data_dir]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    match = re.fullmatch(r'device weights: cpu\(0\) (\d+\.\d), cpu\(1\) (\d+\.\d) images/s '
+                         r'\(measured\) -> slices of (\d+), (\d+) per batch of 16', lines[1])
+    assert match, lines
+    speeds = [float(match.group(1)), float(match.group(2))]
+    assert [int(match.group(3)), int(match.group(4))] == \
+        gluon_mgpu.training.slice_sizes(16, speeds)
