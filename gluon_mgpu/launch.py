@@ -119,6 +119,9 @@ def parse_args(argv=None):
                          'gluon_mgpu.train --kvstore dist_sync' % PROG)
     if args.num_servers is None:
         args.num_servers = args.num_workers
+    if args.port is not None and args.port > 65535:
+        raise UsageError('%s: error: --port %d is not a TCP port; pass one from 1024 to 65535, '
+                         'or leave it out for a free one' % (PROG, args.port))
     if args.hostfile is not None:
         try:
             args.hosts = read_hostfile(args.hostfile)

@@ -180,6 +180,10 @@ def parse_args(argv=None):
                          % (PROG, ','.join('%g' % w for w in args.device_weights),
                             len(args.device_weights), args.num_gpus,
                             ','.join(['1'] * args.num_gpus)))
+    if args.sync_bn and args.model != 'resnet18':
+        raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
+                         '--model %s has none; drop --sync-bn or use --model resnet18'
+                         % (PROG, args.model))
     if args.save_params is not None:
         folder = os.path.dirname(os.path.abspath(args.save_params))
         if not os.path.isdir(folder):

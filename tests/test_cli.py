@@ -93,6 +93,8 @@ def test_defaults_follow_the_book_per_device():
     (['--save-params', '/nonexistent/net.params'],
      r'--save-params /nonexistent/net.params: folder /nonexistent does not exist'),
     (['--model', 'vgg'], r"argument --model: invalid choice: 'vgg'"),
+    (['--model', 'lenet', '--sync-bn'], r'--sync-bn replaces the BatchNorm layers of resnet18, '
+                                        r'but --model lenet has none'),
 ])
 def test_bad_input_messages(argv, expected, capsys, data_dir):
     if '--data-dir' not in argv:

@@ -52,6 +52,7 @@ def _pids(log):
     (['-n', '2', '--hostfile', '/nonexistent/hosts', '--', 'python'],
      r"--hostfile /nonexistent/hosts: \[Errno 2\] No such file or directory"),
     (['-n', '2', '--env', 'A-B', '--', 'python'], r"--env A-B: 'A-B' is not a variable name"),
+    (['-n', '2', '--port', '70000', '--', 'python'], r'--port 70000 is not a TCP port'),
     (['-n', '2', '--grace', '0', '--', 'python'], r'--grace expects a number of seconds above '
                                                   r"0, got '0'"),
 ])
