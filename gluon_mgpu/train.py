@@ -5,14 +5,27 @@
 prints ``running on: [gpu(0), gpu(1)]`` and one line per epoch in the book's form. On a
 machine with no GPU the devices are simulated on the CPU (one warning line says so).
 Bad input gets one line on stderr and exit code 2.
+
+With ``--checkpoint-dir DIR`` every finished epoch is saved (see ``gluon_mgpu.checkpoint``) and
+``--resume`` continues the run. Exit codes: 0 done, 1 training diverged or an unexpected error
+(one line; ``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input or a
+checkpoint that cannot be used, 130 interrupted by Ctrl-C.
 """
 import argparse
+import os
+import secrets
+import shlex
 import sys
+import traceback
 
-from . import data, devices as devices_mod, training
+from . import checkpoint, data, devices as devices_mod, training
 from .model import resnet18
 
 PROG = 'python -m gluon_mgpu.train'
+DEBUG_ENV = 'GLUON_MGPU_DEBUG'
+NETWORK = 'resnet18(10)'
+# Flags that are not settings of the run, so a checkpoint does not record them.
+_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug')
 
 
 class UsageError(Exception):
@@ -53,14 +66,18 @@ def _positive_float(flag):
     return parse
 
 
-def _int(flag):
-    def parse(text):
-        try:
-            return int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                '%s expects a whole number, got %r; for example %s 0' % (flag, text, flag))
-    return parse
+def _seed(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            '--seed expects a whole number, got %r; for example --seed 0' % (text,))
+    # MXNet's seed is a C int; numpy's generator refuses negative seeds.
+    if not 0 <= value < 2 ** 31:
+        raise argparse.ArgumentTypeError(
+            '--seed must be between 0 and %d, got %d; for example --seed 0'
+            % (2 ** 31 - 1, value))
+    return value
 
 
 def build_parser():
@@ -92,15 +109,38 @@ def build_parser():
     p.add_argument('--loader', choices=tuple(data.LOADERS), default='array',
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
-    p.add_argument('--seed', type=_int('--seed'), default=None,
+    p.add_argument('--seed', type=_seed, default=None,
                    help='seed for initialization and data order (default: none, a new run '
-                        'each time)')
+                        'each time; with --checkpoint-dir one is chosen and recorded)')
+    p.add_argument('--checkpoint-dir', metavar='DIR', default=None,
+                   help='save a checkpoint into DIR at the end of every epoch (default: none)')
+    p.add_argument('--resume', action='store_true',
+                   help='continue the run saved in --checkpoint-dir from its last checkpoint; '
+                        'flags left out take the run\'s values')
+    p.add_argument('--debug', action='store_true',
+                   help='on an error, show the full traceback (for bug reports); the '
+                        'environment variable %s=1 does the same' % DEBUG_ENV)
     return p
 
 
+def _given_flags(argv):
+    """The settings given explicitly in ``argv``, as ``{dest: value}``."""
+    parser, absent = build_parser(), object()
+    parser.set_defaults(**dict.fromkeys(vars(parser.parse_args([])), absent))
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
+
+
 def parse_args(argv=None):
-    """Parse and complete the command line; the per-device defaults are filled in here."""
+    """Parse and complete the command line; the per-device defaults are filled in here.
+
+    ``args.given`` holds the settings given explicitly (``--resume`` takes the others from the
+    checkpoint).
+    """
     args = build_parser().parse_args(argv)
+    args.given = _given_flags(argv)
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError('%s: error: --resume needs --checkpoint-dir DIR, the folder the run '
+                         'saved its checkpoints in' % PROG)
     if args.batch_size is None:
         args.batch_size = 256 * args.num_gpus
     if args.lr is None:
@@ -112,39 +152,179 @@ def parse_args(argv=None):
     return args
 
 
+def _resume_command(directory, extra=''):
+    return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
+
+
+def _prepare_checkpoints(args):
+    """Check --checkpoint-dir; for --resume merge the run's settings into ``args``; return the
+    checkpoint record to resume from (or None)."""
+    directory = args.checkpoint_dir
+    record = None
+    if args.resume:
+        try:
+            record = checkpoint.read_checkpoint(directory)
+            settings = checkpoint.resume_settings(record, {
+                k: v for k, v in args.given.items() if k not in _NOT_RECORDED})
+        except (checkpoint.CheckpointError, ValueError) as e:
+            raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+        if record.get('network') != NETWORK:
+            raise UsageError('%s: error: --resume: the run in %s trained %s, this program trains '
+                             '%s; start a new run in another --checkpoint-dir'
+                             % (PROG, directory, record.get('network'), NETWORK))
+        for k, v in settings.items():
+            setattr(args, k, v)
+    else:
+        done = checkpoint.list_checkpoints(directory)
+        if done:
+            raise UsageError('%s: error: --checkpoint-dir %s already holds the checkpoints of a '
+                             'run (up to epoch %d); add --resume to continue it, or pass another '
+                             'folder to start a new run' % (PROG, directory, done[-1]))
+        if args.seed is None:
+            args.seed = secrets.randbelow(2 ** 31)
+    try:
+        checkpoint.prepare_dir(directory)
+    except ValueError as e:
+        raise UsageError('%s: error: --checkpoint-dir %s: %s' % (PROG, directory, e)) from None
+    return record
+
+
+def _saver(args, net, trainer, devices, history):
+    """The on_epoch hook that writes a checkpoint after every epoch."""
+    history = list(history)
+    recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
+
+    def save(record):
+        history.append(record)
+        checkpoint.save_checkpoint(args.checkpoint_dir, record['epoch'], net, trainer, {
+            'args': recorded, 'data_seed': args.seed, 'network': NETWORK,
+            'devices': [str(d) for d in devices], 'history': history})
+    return save
+
+
 def run(args):
     """Train as ``args`` say; print the running-on line and the epoch lines; return the history."""
-    try:
-        devices = devices_mod.get_devices(args.num_gpus, args.device)
-    except ValueError as e:
-        raise UsageError('%s: error: --num-gpus %d --device %s: %s'
-                         % (PROG, args.num_gpus, args.device, e)) from None
+    record = None
+    if args.checkpoint_dir is not None:
+        record = _prepare_checkpoints(args)
     try:
         train_iter, test_iter = data.load_data_fashion_mnist(
             args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
             test_limit=args.test_limit, seed=args.seed, loader=args.loader)
     except (data.DataError, data.DataNotFoundError) as e:
-        raise UsageError('%s: error: %s' % (PROG, e)) from None
+        flag = '' if args.data_dir is None else '--data-dir %s: ' % args.data_dir
+        raise UsageError('%s: error: %s%s' % (PROG, flag, e)) from None
     except ValueError as e:
         raise UsageError('%s: error: %s' % (PROG, str(e).replace('train_limit', '--train-limit')
-                                            .replace('test_limit', '--test-limit'))) from None
+                                            .replace('test_limit', '--test-limit')
+                                            .replace('or None for all', 'or leave it out for all')
+                                            )) from None
+    # After the data: the device check may log a warning, and bad input gets one line only.
+    try:
+        devices = devices_mod.get_devices(args.num_gpus, args.device)
+    except ValueError as e:
+        raise UsageError('%s: error: --num-gpus %d --device %s: %s'
+                         % (PROG, args.num_gpus, args.device, e)) from None
     print('running on:', devices_mod.format_devices(devices), flush=True)
     net = resnet18(10)
     if args.hybridize:
         # Not static_shape=True: on several devices MXNet 1.9.1 then loses one BatchNorm
         # running-statistics update per device (measured; the trained weights still match).
         net.hybridize(static_alloc=True)
+    trainer = training.init_training(net, devices, args.lr, args.seed)
+    start, history, on_epoch = 0, [], None
+    if record is not None:
+        try:
+            checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
+        except checkpoint.CheckpointError as e:
+            raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+        trainer.set_learning_rate(args.lr)
+        start, history = record['epoch'], record['history']
+        print('resuming after epoch %d of %d from %s' % (
+            start, args.epochs, checkpoint.checkpoint_path(args.checkpoint_dir, start, 'json')),
+            flush=True)
+    if args.checkpoint_dir is not None:
+        on_epoch = _saver(args, net, trainer, devices, history)
     return training.train(net, train_iter, test_iter, devices, lr=args.lr,
-                          num_epochs=args.epochs, seed=args.seed)
+                          num_epochs=args.epochs, seed=args.seed, trainer=trainer,
+                          start_epoch=start, history=history, on_epoch=on_epoch)
+
+
+def _saved_epochs(args):
+    if args is None or args.checkpoint_dir is None:
+        return None
+    done = checkpoint.list_checkpoints(args.checkpoint_dir)
+    return done[-1] if done else 0
+
+
+def _interrupted(args):
+    done = _saved_epochs(args)
+    if done is None:
+        return ('%s: interrupted (Ctrl-C); nothing was saved (pass --checkpoint-dir DIR to keep '
+                'every finished epoch)' % PROG)
+    if done == 0:
+        return ('%s: interrupted (Ctrl-C) before the first epoch finished, so %s holds no '
+                'checkpoint yet; run the same command again to start over'
+                % (PROG, args.checkpoint_dir))
+    return ('%s: interrupted (Ctrl-C); the checkpoint of epoch %d in %s is complete; to resume: '
+            '%s' % (PROG, done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
+
+
+def _diverged(e, args):
+    smaller = '--lr %g' % (e.lr / 10)
+    done = _saved_epochs(args)
+    if not done:
+        fix = 'start again with a smaller learning rate, for example %s' % smaller
+    else:
+        # The last checkpoint had a finite loss, but its weights may be far off already.
+        fix = ('use a smaller learning rate, for example %s: start again in a new '
+               '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
+               'loss: %s' % (smaller, done, _resume_command(args.checkpoint_dir, ' ' + smaller)))
+    return ('%s: error: the training loss became %s at epoch %d, step %d with --lr %g: training '
+            'diverged; %s' % (PROG, e.loss, e.epoch, e.step, e.lr, fix))
+
+
+def _one_line(e):
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    # MXNet's errors start with a C++ stack trace and end with "MXNetError: message".
+    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
+    prefix = type(e).__name__ + ': '
+    return line[len(prefix):] if line.startswith(prefix) else line
+
+
+def _fail(e, message, code, debug):
+    if debug:
+        traceback.print_exception(type(e), e, e.__traceback__)
+    print(message, file=sys.stderr, flush=True)
+    return code
 
 
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code."""
+    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code.
+
+    0: done. 1: training diverged (NaN or infinite loss), or an unexpected error. 2: bad input,
+    or a checkpoint that cannot be used. 130: interrupted (Ctrl-C). Every failure prints one
+    line on stderr; with ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
+    args = None
     try:
-        run(parse_args(argv))
+        args = parse_args(argv)
+        run(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
-        return 2
+        return _fail(e, str(e), 2, debug)
+    except KeyboardInterrupt as e:
+        return _fail(e, _interrupted(args), 130, debug)
+    except training.LossNotFiniteError as e:
+        return _fail(e, _diverged(e, args), 1, debug)
+    except Exception as e:
+        hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
+                                 'include it in a bug report' % DEBUG_ENV)
+        return _fail(e, '%s: error: unexpected %s: %s%s'
+                     % (PROG, type(e).__name__, _one_line(e), hint), 1, debug)
     return 0
 
 

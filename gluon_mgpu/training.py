@@ -6,6 +6,7 @@ device's loss; then ``trainer.step(batch_size)`` sums the gradients of all devic
 kvstore), divides by the batch size and updates every replica the same way.
 """
 import functools
+import math
 import time
 
 import mxnet as mx
@@ -14,7 +15,32 @@ from mxnet.gluon import loss as gloss, utils as gutils
 
 from .devices import try_all_gpus
 
-__all__ = ['split_batch', 'evaluate_accuracy', 'train_epoch', 'train', 'format_epoch']
+__all__ = ['split_batch', 'evaluate_accuracy', 'train_epoch', 'train', 'format_epoch',
+           'init_training', 'LossNotFiniteError']
+
+
+class LossNotFiniteError(RuntimeError):
+    """The training loss became NaN or infinite: training diverged.
+
+    Attributes ``epoch`` (None when raised by ``train_epoch`` alone), ``step`` (both from 1),
+    ``lr`` (the learning rate in use) and ``loss`` (the running loss sum, ``nan`` or ``inf``).
+    """
+
+    def __init__(self, step, lr, loss, epoch=None):
+        super().__init__(step, lr, loss, epoch)
+        self.step, self.lr, self.loss, self.epoch = step, lr, loss, epoch
+
+    def __str__(self):
+        where = 'step %d' % self.step if self.epoch is None else 'epoch %d, step %d' % (
+            self.epoch, self.step)
+        return ('the training loss became %s at %s with learning rate %g: training diverged; '
+                'use a smaller learning rate' % (self.loss, where, self.lr))
+
+
+def _check_finite(loss_sums, step, trainer):
+    loss = sum(v.asscalar() for v in loss_sums)
+    if not math.isfinite(loss):
+        raise LossNotFiniteError(step, trainer.learning_rate, loss)
 
 
 def split_batch(X, y, devices):
@@ -67,10 +93,15 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
 
     ``seconds`` is measured after ``nd.waitall()``, since MXNet computes asynchronously.
     ``on_step(step)``, if given, is called after every ``trainer.step`` (``step`` counts from 1).
+
+    Raises ``LossNotFiniteError`` when the loss becomes NaN or infinite, naming the step. The
+    check reads the running loss sum one step late: while Python waits for the sum of step
+    ``s - 1``, step ``s`` is already queued, so MXNet never runs out of work because of it.
     """
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
     n = 0
+    previous = None
     start = time.time()
     for step, (X, y) in enumerate(train_iter, 1):
         Xs, ys, weights = split_batch(X, y, devices)
@@ -84,13 +115,19 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
         trainer.step(X.shape[0])
         for i, (o, y_d, l, w) in enumerate(zip(outs, ys, ls, weights)):
             if w is None:
-                loss_sum[i] += l.sum()
+                # A new array, not +=: `previous` keeps the sums up to the last step.
+                loss_sum[i] = loss_sum[i] + l.sum()
                 correct[i] += (o.argmax(axis=1) == y_d.astype('float32')).sum()
         n += X.shape[0]
+        if previous is not None:
+            _check_finite(previous, step - 1, trainer)
+        previous = list(loss_sum)
         if on_step is not None:
             on_step(step)
     nd.waitall()
     seconds = time.time() - start
+    if previous is not None:
+        _check_finite(previous, step, trainer)
     return {'seconds': seconds,
             'train_loss': sum(v.asscalar() for v in loss_sum) / n,
             'train_acc': sum(v.asscalar() for v in correct) / n,
@@ -103,18 +140,32 @@ def format_epoch(record):
         record['epoch'], record['seconds'], record['test_acc'])
 
 
+def init_training(net, devices, lr, seed=None):
+    """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
+
+    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after seeding MXNet's random
+    generators with ``seed`` when given; then ``gluon.Trainer(..., 'sgd', {'learning_rate': lr})``.
+    """
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+
+
 def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=None,
-          verbose=True, on_step=None, on_epoch=None):
+          verbose=True, on_step=None, on_epoch=None, trainer=None, start_epoch=0,
+          history=None):
     """Train ``net`` data-parallel on ``devices`` and return the per-epoch history.
 
-    The chapter's loop: initialize with ``Normal(sigma=0.01)`` on every device (``force_reinit``),
-    an SGD ``Trainer``, then per batch ``split_and_load``, losses recorded per device,
-    ``backward`` on each, ``trainer.step`` with the batch's real size.
+    The chapter's loop: ``init_training`` (``Normal(sigma=0.01)`` on every device, an SGD
+    ``Trainer``), then per batch ``split_and_load``, losses recorded per device, ``backward`` on
+    each, ``trainer.step`` with the batch's real size.
 
     Parameters
     ----------
     net : mxnet.gluon.Block
-        For example ``resnet18(10)``; (re)initialized here on ``devices``.
+        For example ``resnet18(10)``; (re)initialized here on ``devices`` unless ``trainer`` is
+        given.
     train_iter, test_iter : iterable of (X, y)
         For example from ``load_data_fashion_mnist``; the global batch is split over devices.
     devices : list of mxnet.Context, optional
@@ -131,23 +182,42 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         that watch training as it goes; an exception it raises stops training.
     on_epoch : callable, optional
         ``on_epoch(record)`` after each epoch's record is complete (and printed).
+    trainer : mxnet.gluon.Trainer, optional
+        Continue with this Trainer and the parameters ``net`` holds on ``devices`` (for example
+        restored from a checkpoint) instead of ``init_training``; ``lr`` and ``seed`` are then
+        not used.
+    start_epoch : int, default 0
+        The number of epochs already done: training runs epochs ``start_epoch + 1`` to
+        ``num_epochs``. ``train_iter.set_epoch(start_epoch)`` is called when it has that method
+        (``ArrayBatches``), so the data come in the order the uninterrupted run would use.
+    history : list of dict, optional
+        The records of the epochs already done; the returned history starts with them.
 
     Returns
     -------
     list of dict
         One per epoch: ``epoch``, ``seconds`` (training only), ``train_loss``, ``train_acc``,
         ``test_acc``, ``images_per_sec`` (training images per second).
+
+    Raises
+    ------
+    LossNotFiniteError
+        When the training loss becomes NaN or infinite (its ``epoch`` and ``step`` say where).
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    if seed is not None:
-        mx.random.seed(seed)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+    if trainer is None:
+        trainer = init_training(net, devices, lr, seed)
+    if start_epoch and hasattr(train_iter, 'set_epoch'):
+        train_iter.set_epoch(start_epoch)
     loss = gloss.SoftmaxCrossEntropyLoss()
-    history = []
-    for epoch in range(num_epochs):
+    history = list(history or [])
+    for epoch in range(start_epoch, num_epochs):
         step_hook = None if on_step is None else functools.partial(on_step, epoch + 1)
-        stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook)
+        try:
+            stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook)
+        except LossNotFiniteError as e:
+            e.epoch = epoch + 1
+            raise
         record = {'epoch': epoch + 1,
                   'seconds': stats['seconds'],
                   'train_loss': stats['train_loss'],

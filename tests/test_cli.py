@@ -110,9 +110,9 @@ def test_broken_data_file_is_named(capsys, tmp_path, data_dir):
     (tmp_path / 'train-images-idx3-ubyte.gz').write_bytes(b'broken')
     assert main(['--device', 'cpu', '--data-dir', str(tmp_path)]) == 2
     err = capsys.readouterr().err
-    assert err == ('python -m gluon_mgpu.train: error: %s is not a complete gzip file '
-                   "(Not a gzipped file (b'br')); replace it with a fresh copy\n"
-                   % (tmp_path / 'train-images-idx3-ubyte.gz'))
+    assert err == ('python -m gluon_mgpu.train: error: --data-dir %s: %s is not a complete gzip '
+                   "file (Not a gzipped file (b'br')); replace it with a fresh copy\n"
+                   % (tmp_path, tmp_path / 'train-images-idx3-ubyte.gz'))
 
 
 def test_package_train_stays_the_function_after_importing_the_cli():
