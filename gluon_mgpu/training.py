@@ -62,11 +62,14 @@ def evaluate_accuracy(data_iter, net, devices=None):
     return sum(c.asscalar() for c in correct) / n
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
+def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, on_batch=None):
     """Run one pass over ``train_iter``; return ``{'seconds', 'train_loss', 'train_acc', 'examples'}``.
 
     ``seconds`` is measured after ``nd.waitall()``, since MXNet computes asynchronously.
     ``on_step(step)``, if given, is called after every ``trainer.step`` (``step`` counts from 1).
+    ``on_batch(step, examples, running_loss)``, if given, is called there too, with the batch's
+    size and a function returning the mean training loss of the epoch so far; that function
+    waits for the devices, so call it only when the value will be shown.
     """
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
@@ -89,6 +92,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
         n += X.shape[0]
         if on_step is not None:
             on_step(step)
+        if on_batch is not None:
+            on_batch(step, X.shape[0], lambda: sum(v.asscalar() for v in loss_sum) / n)
     nd.waitall()
     seconds = time.time() - start
     return {'seconds': seconds,
@@ -104,7 +109,7 @@ def format_epoch(record):
 
 
 def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=None,
-          verbose=True, on_step=None, on_epoch=None):
+          verbose=True, on_step=None, on_epoch=None, on_batch=None):
     """Train ``net`` data-parallel on ``devices`` and return the per-epoch history.
 
     The chapter's loop: initialize with ``Normal(sigma=0.01)`` on every device (``force_reinit``),
@@ -131,6 +136,10 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         that watch training as it goes; an exception it raises stops training.
     on_epoch : callable, optional
         ``on_epoch(record)`` after each epoch's record is complete (and printed).
+    on_batch : callable, optional
+        ``on_batch(epoch, step, examples, running_loss)`` after every ``trainer.step``, for a
+        progress display: ``examples`` is the batch's size, ``running_loss()`` the epoch's mean
+        training loss so far (it waits for the devices; call it only to show it).
 
     Returns
     -------
@@ -147,7 +156,9 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
     history = []
     for epoch in range(num_epochs):
         step_hook = None if on_step is None else functools.partial(on_step, epoch + 1)
-        stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook)
+        batch_hook = None if on_batch is None else functools.partial(on_batch, epoch + 1)
+        stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook,
+                            on_batch=batch_hook)
         record = {'epoch': epoch + 1,
                   'seconds': stats['seconds'],
                   'train_loss': stats['train_loss'],
