@@ -2,14 +2,17 @@
 
     python -m gluon_mgpu.train --num-gpus 2
 
-prints ``running on: [gpu(0), gpu(1)]`` and one line per epoch in the book's form. On a
-machine with no GPU the devices are simulated on the CPU (one warning line says so).
-Bad input gets one line on stderr and exit code 2.
+prints ``running on: [gpu(0), gpu(1)]``, one line per epoch in the book's form (on a terminal,
+a progress bar while the epoch runs) and a summary line in the newer edition's form:
+``test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]``. On a machine with no GPU the devices
+are simulated on the CPU (one warning line says so). ``--metrics-json`` and ``--plot`` write
+the run's numbers and curves to files. Bad input gets one line on stderr and exit code 2.
 """
 import argparse
+import os
 import sys
 
-from . import data, devices as devices_mod, training
+from . import data, devices as devices_mod, metrics, plotting, progress, training
 from .model import resnet18
 
 PROG = 'python -m gluon_mgpu.train'
@@ -63,6 +66,34 @@ def _int(flag):
     return parse
 
 
+def output_file_problem(path):
+    """Return why ``path`` cannot be written as a new or replaced file, or None if it can."""
+    if os.path.isdir(path):
+        return 'it is a folder; name a file in it'
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        return 'folder %s does not exist; create it first' % folder
+    if not os.path.isdir(folder):
+        return '%s is not a folder; name a file in a folder' % folder
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return 'folder %s is not writable; choose another folder' % folder
+    return None
+
+
+def _output_file(flag, suffixes=None, example='run.json'):
+    def parse(text):
+        path = os.path.expanduser(text)
+        problem = output_file_problem(path)
+        if problem:
+            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
+        if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
+            raise argparse.ArgumentTypeError(
+                '%s %s: the name must end in %s; for example %s %s'
+                % (flag, text, ' or '.join(suffixes), flag, example))
+        return path
+    return parse
+
+
 def build_parser():
     p = _Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                 'with data parallelism over several devices (GPUs, or simulated CPU devices).')
@@ -95,6 +126,17 @@ def build_parser():
     p.add_argument('--seed', type=_int('--seed'), default=None,
                    help='seed for initialization and data order (default: none, a new run '
                         'each time)')
+    p.add_argument('--quiet', action='store_true',
+                   help='print only the final summary line (warnings and errors still go to '
+                        'stderr)')
+    p.add_argument('--metrics-json', type=_output_file('--metrics-json'), default=None,
+                   metavar='PATH',
+                   help='write arguments, devices, per-epoch numbers and the summary to this '
+                        'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
+    p.add_argument('--plot', type=_output_file('--plot', plotting.PLOT_SUFFIXES, 'curves.png'),
+                   default=None, metavar='PATH',
+                   help='draw test accuracy and training loss per epoch into this .png (an '
+                        '.svg name writes the .svg and a .png beside it), redrawn every epoch')
     return p
 
 
@@ -113,7 +155,10 @@ def parse_args(argv=None):
 
 
 def run(args):
-    """Train as ``args`` say; print the running-on line and the epoch lines; return the history."""
+    """Train as ``args`` say; print progress and the summary; write metrics and plot.
+
+    Returns ``train()``'s history.
+    """
     try:
         devices = devices_mod.get_devices(args.num_gpus, args.device)
     except ValueError as e:
@@ -128,14 +173,45 @@ def run(args):
     except ValueError as e:
         raise UsageError('%s: error: %s' % (PROG, str(e).replace('train_limit', '--train-limit')
                                             .replace('test_limit', '--test-limit'))) from None
-    print('running on:', devices_mod.format_devices(devices), flush=True)
+    mode = progress.choose_mode(quiet=args.quiet)
+    if mode != 'quiet':
+        print('running on:', devices_mod.format_devices(devices), flush=True)
     net = resnet18(10)
     if args.hybridize:
         # Not static_shape=True: on several devices MXNet 1.9.1 then loses one BatchNorm
         # running-statistics update per device (measured; the trained weights still match).
         net.hybridize(static_alloc=True)
-    return training.train(net, train_iter, test_iter, devices, lr=args.lr,
-                          num_epochs=args.epochs, seed=args.seed)
+    metrics_file = None
+    if args.metrics_json:
+        try:
+            metrics_file = metrics.MetricsFile(args.metrics_json, vars(args), devices)
+        except OSError as e:
+            raise UsageError('%s: error: --metrics-json %s: cannot write it (%s); choose '
+                             'another path' % (PROG, args.metrics_json, e.strerror or e)) from None
+    report = progress.Progress(args.epochs, getattr(train_iter, 'num_examples', None), mode)
+    title = 'ResNet-18, Fashion-MNIST: %s, batch %d, lr %g' % (
+        devices_mod.format_devices(devices), args.batch_size, args.lr)
+    done = []
+
+    def on_epoch(record):
+        report.on_epoch(record)
+        done.append(record)
+        if metrics_file is not None:
+            metrics_file.add_epoch(record)
+        if args.plot:
+            plotting.plot_history(done, args.plot, title=title, num_epochs=args.epochs)
+
+    try:
+        history = training.train(net, train_iter, test_iter, devices, lr=args.lr,
+                                 num_epochs=args.epochs, seed=args.seed, verbose=False,
+                                 on_batch=report.on_batch, on_epoch=on_epoch)
+    finally:
+        report.close()
+    summary = metrics.summarize(history, devices)
+    print(summary['line'], flush=True)
+    if metrics_file is not None:
+        metrics_file.finish(summary)
+    return history
 
 
 def main(argv=None):
