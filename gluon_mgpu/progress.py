@@ -22,7 +22,10 @@ LOSS_REFRESH_SECONDS = 0.5
 
 
 def choose_mode(quiet=False, stream=None):
-    """Return ``'quiet'`` if asked, else ``'bar'`` on a terminal (default stdout), else ``'lines'``."""
+    """Return the output mode: ``'quiet'`` if asked, ``'bar'`` on a terminal, else ``'lines'``.
+
+    ``stream`` (default ``sys.stdout``) is the stream that is checked for being a terminal.
+    """
     if quiet:
         return 'quiet'
     stream = sys.stdout if stream is None else stream
