@@ -2,9 +2,11 @@
 
     python -m gluon_mgpu.train --num-gpus 2
 
-prints ``running on: [gpu(0), gpu(1)]`` and one line per epoch in the book's form. On a
-machine with no GPU the devices are simulated on the CPU (one warning line says so).
-Bad input gets one line on stderr and exit code 2.
+prints ``running on: [gpu(0), gpu(1)]``, one line per epoch in the book's form (on a terminal,
+a progress bar while the epoch runs) and a summary line in the newer edition's form:
+``test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]``. On a machine with no GPU the devices
+are simulated on the CPU (one warning line says so). ``--metrics-json`` and ``--plot`` write
+the run's numbers and curves to files. Bad input gets one line on stderr and exit code 2.
 
 With ``--checkpoint-dir DIR`` every finished epoch is saved (see ``gluon_mgpu.checkpoint``) and
 ``--resume`` continues the run. Exit codes: 0 done, 1 training diverged or an unexpected error
@@ -18,7 +20,7 @@ import shlex
 import sys
 import traceback
 
-from . import checkpoint, data, devices as devices_mod, training
+from . import checkpoint, data, devices as devices_mod, metrics, plotting, progress, training
 from .model import resnet18
 
 PROG = 'python -m gluon_mgpu.train'
@@ -80,6 +82,34 @@ def _seed(text):
     return value
 
 
+def output_file_problem(path):
+    """Return why ``path`` cannot be written as a new or replaced file, or None if it can."""
+    if os.path.isdir(path):
+        return 'it is a folder; name a file in it'
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        return 'folder %s does not exist; create it first' % folder
+    if not os.path.isdir(folder):
+        return '%s is not a folder; name a file in a folder' % folder
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return 'folder %s is not writable; choose another folder' % folder
+    return None
+
+
+def _output_file(flag, suffixes=None, example='run.json'):
+    def parse(text):
+        path = os.path.expanduser(text)
+        problem = output_file_problem(path)
+        if problem:
+            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
+        if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
+            raise argparse.ArgumentTypeError(
+                '%s %s: the name must end in %s; for example %s %s'
+                % (flag, text, ' or '.join(suffixes), flag, example))
+        return path
+    return parse
+
+
 def build_parser():
     p = _Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                 'with data parallelism over several devices (GPUs, or simulated CPU devices).')
@@ -120,6 +150,17 @@ def build_parser():
     p.add_argument('--debug', action='store_true',
                    help='on an error, show the full traceback (for bug reports); the '
                         'environment variable %s=1 does the same' % DEBUG_ENV)
+    p.add_argument('--quiet', action='store_true',
+                   help='print only the final summary line (warnings and errors still go to '
+                        'stderr)')
+    p.add_argument('--metrics-json', type=_output_file('--metrics-json'), default=None,
+                   metavar='PATH',
+                   help='write arguments, devices, per-epoch numbers and the summary to this '
+                        'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
+    p.add_argument('--plot', type=_output_file('--plot', plotting.PLOT_SUFFIXES, 'curves.png'),
+                   default=None, metavar='PATH',
+                   help='draw test accuracy and training loss per epoch into this .png (an '
+                        '.svg name writes the .svg and a .png beside it), redrawn every epoch')
     return p
 
 
@@ -203,7 +244,10 @@ def _saver(args, net, trainer, devices, history):
 
 
 def run(args):
-    """Train as ``args`` say; print the running-on line and the epoch lines; return the history."""
+    """Train as ``args`` say; print progress and the summary; write checkpoints, metrics, plot.
+
+    Returns ``train()``'s history.
+    """
     record = None
     if args.checkpoint_dir is not None:
         record = _prepare_checkpoints(args)
@@ -225,14 +269,16 @@ def run(args):
     except ValueError as e:
         raise UsageError('%s: error: --num-gpus %d --device %s: %s'
                          % (PROG, args.num_gpus, args.device, e)) from None
-    print('running on:', devices_mod.format_devices(devices), flush=True)
+    mode = progress.choose_mode(quiet=args.quiet)
+    if mode != 'quiet':
+        print('running on:', devices_mod.format_devices(devices), flush=True)
     net = resnet18(10)
     if args.hybridize:
         # Not static_shape=True: on several devices MXNet 1.9.1 then loses one BatchNorm
         # running-statistics update per device (measured; the trained weights still match).
         net.hybridize(static_alloc=True)
     trainer = training.init_training(net, devices, args.lr, args.seed)
-    start, history, on_epoch = 0, [], None
+    start, history = 0, []
     if record is not None:
         try:
             checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
@@ -240,14 +286,50 @@ def run(args):
             raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
         trainer.set_learning_rate(args.lr)
         start, history = record['epoch'], record['history']
-        print('resuming after epoch %d of %d from %s' % (
-            start, args.epochs, checkpoint.checkpoint_path(args.checkpoint_dir, start, 'json')),
-            flush=True)
-    if args.checkpoint_dir is not None:
-        on_epoch = _saver(args, net, trainer, devices, history)
-    return training.train(net, train_iter, test_iter, devices, lr=args.lr,
-                          num_epochs=args.epochs, seed=args.seed, trainer=trainer,
-                          start_epoch=start, history=history, on_epoch=on_epoch)
+        if mode != 'quiet':
+            print('resuming after epoch %d of %d from %s' % (
+                start, args.epochs,
+                checkpoint.checkpoint_path(args.checkpoint_dir, start, 'json')), flush=True)
+    save = None if args.checkpoint_dir is None else _saver(args, net, trainer, devices, history)
+    metrics_file = None
+    if args.metrics_json:
+        try:
+            metrics_file = metrics.MetricsFile(
+                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
+                devices)
+            for done_record in history:
+                metrics_file.add_epoch(done_record)
+        except OSError as e:
+            raise UsageError('%s: error: --metrics-json %s: cannot write it (%s); choose '
+                             'another path' % (PROG, args.metrics_json, e.strerror or e)) from None
+    report = progress.Progress(args.epochs, getattr(train_iter, 'num_examples', None), mode)
+    title = 'ResNet-18, Fashion-MNIST: %s, batch %d, lr %g' % (
+        devices_mod.format_devices(devices), args.batch_size, args.lr)
+    done = list(history)
+
+    def on_epoch(record):
+        # The checkpoint first: it is what a crash must not lose.
+        if save is not None:
+            save(record)
+        report.on_epoch(record)
+        done.append(record)
+        if metrics_file is not None:
+            metrics_file.add_epoch(record)
+        if args.plot:
+            plotting.plot_history(done, args.plot, title=title, num_epochs=args.epochs)
+
+    try:
+        history = training.train(net, train_iter, test_iter, devices, lr=args.lr,
+                                 num_epochs=args.epochs, seed=args.seed, verbose=False,
+                                 trainer=trainer, start_epoch=start, history=history,
+                                 on_batch=report.on_batch, on_epoch=on_epoch)
+    finally:
+        report.close()
+    summary = metrics.summarize(history, devices)
+    print(summary['line'], flush=True)
+    if metrics_file is not None:
+        metrics_file.finish(summary)
+    return history
 
 
 def _saved_epochs(args):

@@ -88,7 +88,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     return sum(c.asscalar() for c in correct) / n
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
+def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, on_batch=None):
     """Run one pass over ``train_iter``; return ``{'seconds', 'train_loss', 'train_acc', 'examples'}``.
 
     ``seconds`` is measured after ``nd.waitall()``, since MXNet computes asynchronously.
@@ -97,6 +97,10 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
     Raises ``LossNotFiniteError`` when the loss becomes NaN or infinite, naming the step. The
     check reads the running loss sum one step late: while Python waits for the sum of step
     ``s - 1``, step ``s`` is already queued, so MXNet never runs out of work because of it.
+
+    ``on_batch(step, examples, running_loss)``, if given, is called there too, with the batch's
+    size and a function returning the mean training loss of the epoch so far; that function
+    waits for the devices, so call it only when the value will be shown.
     """
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
@@ -124,6 +128,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None):
         previous = list(loss_sum)
         if on_step is not None:
             on_step(step)
+        if on_batch is not None:
+            on_batch(step, X.shape[0], lambda: sum(v.asscalar() for v in loss_sum) / n)
     nd.waitall()
     seconds = time.time() - start
     if previous is not None:
@@ -153,8 +159,8 @@ def init_training(net, devices, lr, seed=None):
 
 
 def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=None,
-          verbose=True, on_step=None, on_epoch=None, trainer=None, start_epoch=0,
-          history=None):
+          verbose=True, on_step=None, on_epoch=None, on_batch=None, trainer=None,
+          start_epoch=0, history=None):
     """Train ``net`` data-parallel on ``devices`` and return the per-epoch history.
 
     The chapter's loop: ``init_training`` (``Normal(sigma=0.01)`` on every device, an SGD
@@ -182,6 +188,10 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         that watch training as it goes; an exception it raises stops training.
     on_epoch : callable, optional
         ``on_epoch(record)`` after each epoch's record is complete (and printed).
+    on_batch : callable, optional
+        ``on_batch(epoch, step, examples, running_loss)`` after every ``trainer.step``, for a
+        progress display: ``examples`` is the batch's size, ``running_loss()`` the epoch's mean
+        training loss so far (it waits for the devices; call it only to show it).
     trainer : mxnet.gluon.Trainer, optional
         Continue with this Trainer and the parameters ``net`` holds on ``devices`` (for example
         restored from a checkpoint) instead of ``init_training``; ``lr`` and ``seed`` are then
@@ -213,8 +223,10 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
     history = list(history or [])
     for epoch in range(start_epoch, num_epochs):
         step_hook = None if on_step is None else functools.partial(on_step, epoch + 1)
+        batch_hook = None if on_batch is None else functools.partial(on_batch, epoch + 1)
         try:
-            stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook)
+            stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook,
+                                on_batch=batch_hook)
         except LossNotFiniteError as e:
             e.epoch = epoch + 1
             raise

@@ -69,6 +69,13 @@ CASES = [
      'leave out --resume to start a new run'),
     (['--resume', '--checkpoint-dir', '{file}'], '--resume', '{file}',
      'leave out --resume to start a new run'),
+    (['--metrics-json', '{file}/run.json'], '--metrics-json', '{file}/run.json',
+     'name a file in a folder'),
+    (['--metrics-json', '{tmp}/none/run.json'], '--metrics-json', '{tmp}/none/run.json',
+     'create it first'),
+    (['--plot', '{tmp}/curves.pdf'], '--plot', '{tmp}/curves.pdf', 'for example --plot curves.png'),
+    (['--plot', '{empty}'], '--plot', '{empty}', 'name a file in it'),
+    (['--quiet', 'yes'], 'unrecognized arguments', 'yes', 'see --help'),
     (['--bogus', '3'], '--bogus', '3', 'see --help'),
 ]
 SUBPROCESS = ['--num-gpus two', '--lr -0.1', '--train-limit 60001', '--device tpu',
@@ -115,7 +122,7 @@ def _check_line(err, flag, value, fix):
 def test_the_table_covers_every_flag():
     flags = {a.option_strings[0] for a in
              sys.modules['gluon_mgpu.train'].build_parser()._actions if a.option_strings}
-    covered = {case[1] for case in CASES}
+    covered = {case[1] for case in CASES} | {case[0][0] for case in CASES}
     # --hybridize/--no-hybridize take no value; --debug is tested below; -h is argparse's.
     assert flags - covered == {'-h', '--hybridize', '--debug'}
     assert len(CASES) >= 40

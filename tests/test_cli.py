@@ -23,10 +23,12 @@ def test_cli_trains_on_simulated_devices_and_prints_the_books_lines(data_dir):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == 'running on: [cpu(0), cpu(1)]'
-    assert len(lines) == 3
-    for i, line in enumerate(lines[1:], 1):
+    assert len(lines) == 4
+    for i, line in enumerate(lines[1:3], 1):
         assert re.fullmatch(r'epoch %d, training time: \d+\.\d sec, test_acc (0|1)\.\d\d' % i,
                             line), line
+    assert re.fullmatch(r'test acc: (0|1)\.\d\d, \d+\.\d sec/epoch on \[cpu\(0\), cpu\(1\)\]',
+                        lines[3]), lines[3]
     assert result.stderr.splitlines() == [
         "warning: no GPU found, so [cpu(0), cpu(1)] are simulated devices sharing this "
         "machine's CPU: the data parallelism is real, a speed-up is not expected"]

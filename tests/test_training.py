@@ -269,3 +269,20 @@ def test_train_continues_from_start_epoch_with_the_given_trainer(data_dir, two_c
     assert trainer.learning_rate == 0.1  # the given trainer: lr=99 is not used
     assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) > 0  # not re-initialized...
     assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) < 0.5  # ...but trained
+
+
+def test_train_gives_the_batch_hook_sizes_and_the_running_loss(data_dir):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=10, test_limit=4, seed=1)
+    seen = []
+
+    def on_batch(epoch, step, examples, running_loss):
+        seen.append((epoch, step, examples, running_loss()))
+
+    history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0), mx.cpu(1)],
+                               num_epochs=2, verbose=False, on_batch=on_batch)
+    assert [s[:3] for s in seen] == [(1, 1, 4), (1, 2, 4), (1, 3, 2),
+                                     (2, 1, 4), (2, 2, 4), (2, 3, 2)]
+    # After the last batch the running loss is the epoch's loss.
+    assert seen[2][3] == history[0]['train_loss'] and seen[5][3] == history[1]['train_loss']
+    assert all(s[3] > 0 for s in seen)
