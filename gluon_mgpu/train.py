@@ -12,6 +12,10 @@ With ``--checkpoint-dir DIR`` every finished epoch is saved (see ``gluon_mgpu.ch
 ``--resume`` continues the run. Exit codes: 0 done, 1 training diverged or an unexpected error
 (one line; ``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input or a
 checkpoint that cannot be used, 130 interrupted by Ctrl-C.
+
+With ``--check-replicas N`` the replicas of the parameters on the devices are compared every N
+steps and after each epoch (one summary line per epoch, see ``gluon_mgpu.replicas``); trained
+parameters that differ stop the run with one line on stderr and exit code 1.
 """
 import argparse
 import os
@@ -20,7 +24,8 @@ import shlex
 import sys
 import traceback
 
-from . import checkpoint, data, devices as devices_mod, metrics, plotting, progress, training
+from . import (checkpoint, data, devices as devices_mod, metrics, plotting, progress, replicas,
+               training)
 from .model import resnet18
 
 PROG = 'python -m gluon_mgpu.train'
@@ -34,9 +39,13 @@ class UsageError(Exception):
     """Bad command-line input; the message is the whole line shown to the user."""
 
 
+class ReplicaCheckFailed(Exception):
+    """``--check-replicas`` found trained parameters that differ; the message is the whole line."""
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (PROG, message))
+        raise UsageError('%s: error: %s (see --help)' % (self.prog, message))
 
 
 def _count(flag):
@@ -150,6 +159,11 @@ def build_parser():
     p.add_argument('--debug', action='store_true',
                    help='on an error, show the full traceback (for bug reports); the '
                         'environment variable %s=1 does the same' % DEBUG_ENV)
+    p.add_argument('--check-replicas', type=_count('--check-replicas'), default=None,
+                   metavar='N',
+                   help='every N steps and after each epoch, check that the trained parameters '
+                        'are identical on every device; print one summary line per epoch and '
+                        'stop with exit code 1 on a mismatch (default: no check)')
     p.add_argument('--quiet', action='store_true',
                    help='print only the final summary line (warnings and errors still go to '
                         'stderr)')
@@ -306,12 +320,16 @@ def run(args):
     title = 'ResNet-18, Fashion-MNIST: %s, batch %d, lr %g' % (
         devices_mod.format_devices(devices), args.batch_size, args.lr)
     done = list(history)
+    check_step, check_epoch = (None, None) if args.check_replicas is None else \
+        replica_checks(net, args.check_replicas, verbose=mode != 'quiet')
 
     def on_epoch(record):
         # The checkpoint first: it is what a crash must not lose.
         if save is not None:
             save(record)
         report.on_epoch(record)
+        if check_epoch is not None:
+            check_epoch(record)
         done.append(record)
         if metrics_file is not None:
             metrics_file.add_epoch(record)
@@ -322,7 +340,8 @@ def run(args):
         history = training.train(net, train_iter, test_iter, devices, lr=args.lr,
                                  num_epochs=args.epochs, seed=args.seed, verbose=False,
                                  trainer=trainer, start_epoch=start, history=history,
-                                 on_batch=report.on_batch, on_epoch=on_epoch)
+                                 on_step=check_step, on_batch=report.on_batch,
+                                 on_epoch=on_epoch)
     finally:
         report.close()
     summary = metrics.summarize(history, devices)
@@ -330,6 +349,33 @@ def run(args):
     if metrics_file is not None:
         metrics_file.finish(summary)
     return history
+
+
+def _check(net, where):
+    try:
+        return replicas.assert_replicas_match(net)
+    except replicas.ReplicaMismatchError as e:
+        raise ReplicaCheckFailed('%s: error: --check-replicas: at %s, %s'
+                                 % (PROG, where, e)) from None
+
+
+def replica_checks(net, every, verbose=True):
+    """Return ``(on_step, on_epoch)`` hooks for ``train()`` that check ``net``'s replicas.
+
+    ``on_step`` checks after every ``every``-th step of an epoch; ``on_epoch`` checks again and,
+    if ``verbose``, prints ``format_summary`` of the report. A mismatch raises
+    ``ReplicaCheckFailed``.
+    """
+    def on_step(epoch, step):
+        if step % every == 0:
+            _check(net, 'epoch %d, step %d' % (epoch, step))
+
+    def on_epoch(record):
+        report = _check(net, 'the end of epoch %d' % record['epoch'])
+        if verbose:
+            print(replicas.format_summary(report), flush=True)
+
+    return on_step, on_epoch
 
 
 def _saved_epochs(args):
@@ -386,7 +432,8 @@ def _fail(e, message, code, debug):
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.train``; returns the exit code.
 
-    0: done. 1: training diverged (NaN or infinite loss), or an unexpected error. 2: bad input,
+    0: done. 1: training diverged (NaN or infinite loss), trained parameters differ between
+    devices (``--check-replicas``), or an unexpected error. 2: bad input,
     or a checkpoint that cannot be used. 130: interrupted (Ctrl-C). Every failure prints one
     line on stderr; with ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first.
     """
@@ -402,6 +449,8 @@ def main(argv=None):
         return _fail(e, _interrupted(args), 130, debug)
     except training.LossNotFiniteError as e:
         return _fail(e, _diverged(e, args), 1, debug)
+    except ReplicaCheckFailed as e:
+        return _fail(e, str(e), 1, debug)
     except Exception as e:
         hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
                                  'include it in a bug report' % DEBUG_ENV)
