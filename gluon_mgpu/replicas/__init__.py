@@ -230,6 +230,18 @@ def get_replica(param, ctx, what='data'):
 
     Like ``param.data(ctx)`` / ``param.grad(ctx)``, with errors that say what to do.
 
+    Parameters
+    ----------
+    param : mxnet.gluon.Parameter
+        For example ``net[0].params.get('weight')``, as in the chapter.
+    ctx : mxnet.Context
+    what : {'data', 'grad'}, default 'data'
+
+    Returns
+    -------
+    mxnet.nd.NDArray
+        The replica itself, not a copy: writing to it changes that device's parameter.
+
     Raises
     ------
     ValueError
@@ -254,13 +266,20 @@ def get_replica(param, ctx, what='data'):
     return param.data(ctx)
 
 
-def _difference(a, b):
-    """``(max |a - b|, that / max(|a|, |b|))`` for two numpy arrays of one shape."""
+def _difference(replica, first):
+    """``(max |replica - first|, that / max(|replica|, |first|))``; ``first`` is a numpy array.
+
+    The common case, identical replicas, costs one copy to the host and one pass in place
+    (new temporary arrays of this size would cost more than the comparison itself).
+    """
+    d = replica.asnumpy()
     with np.errstate(invalid='ignore', over='ignore'):
-        d = np.abs(a - b)
+        np.subtract(d, first, out=d)
+        np.abs(d, out=d)
     m = float(d.max()) if d.size else 0.0
     if m == 0.0:
         return 0.0, 0.0
+    a, b = replica.asnumpy(), first
     if not math.isfinite(m):
         # NaN or infinity: replicas agree where both hold NaN or the same infinity.
         agree = (a == b) | (np.isnan(a) & np.isnan(b))
@@ -277,8 +296,9 @@ def _difference(a, b):
 def inspect_replicas(net, what='data', devices=None):
     """Compare every parameter's replicas across devices.
 
-    Each replica is copied to the host and compared with the parameter's first replica (about
-    50 ms for the chapter's ResNet-18 on two CPU contexts). Call it outside ``record()``; it
+    Each replica is copied to the host and compared with the parameter's first replica (a few
+    tens of milliseconds for the chapter's ResNet-18 on two CPU contexts, see
+    docs/replica-check.md). Call it outside ``record()``; it
     waits for pending computation on the arrays it reads.
 
     Parameters
@@ -323,7 +343,7 @@ def inspect_replicas(net, what='data', devices=None):
         contexts = _check_initialized(param) if devices is None else devices
         arrays = [get_replica(param, c, what) for c in contexts]
         first = arrays[0].asnumpy()
-        diffs = [(0.0, 0.0)] + [_difference(a.asnumpy(), first) for a in arrays[1:]]
+        diffs = [(0.0, 0.0)] + [_difference(a, first) for a in arrays[1:]]
         rows.append(ParameterReplicas(
             name=param.name, shape=tuple(first.shape), contexts=tuple(contexts),
             kind='trained' if param.grad_req != 'null' else 'auxiliary',

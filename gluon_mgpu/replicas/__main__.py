@@ -5,7 +5,6 @@ initialization), split a random batch of 4 images with ``split_and_load``, run o
 per device, ask for the first convolution's weight on a device it does not live on, print
 ``weight.data(ctx)[0]`` on every device as the book does, then the full replica report.
 """
-import argparse
 import sys
 
 import mxnet as mx
