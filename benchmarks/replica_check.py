@@ -96,7 +96,7 @@ def measure(batch_size, pairs, steps, check_repeats, devices, images, labels):
         alone.append(time.time() - start)
     return {'batch_size': batch_size, 'steps': steps, 'pairs': pairs, 'plain': plain,
             'checked': checked, 'plain_cpu': plain_cpu, 'checked_cpu': checked_cpu,
-            'alone': alone, 'summary': gluon_mgpu.format_summary(report)}
+            'alone': alone, 'summary': gluon_mgpu.format_replica_summary(report)}
 
 
 def _paired(plain, checked):

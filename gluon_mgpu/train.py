@@ -363,7 +363,7 @@ def replica_checks(net, every, verbose=True):
     """Return ``(on_step, on_epoch)`` hooks for ``train()`` that check ``net``'s replicas.
 
     ``on_step`` checks after every ``every``-th step of an epoch; ``on_epoch`` checks again and,
-    if ``verbose``, prints ``format_summary`` of the report. A mismatch raises
+    if ``verbose``, prints ``format_replica_summary`` of the report. A mismatch raises
     ``ReplicaCheckFailed``.
     """
     def on_step(epoch, step):
@@ -373,7 +373,7 @@ def replica_checks(net, every, verbose=True):
     def on_epoch(record):
         report = _check(net, 'the end of epoch %d' % record['epoch'])
         if verbose:
-            print(replicas.format_summary(report), flush=True)
+            print(replicas.format_replica_summary(report), flush=True)
 
     return on_step, on_epoch
 

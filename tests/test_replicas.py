@@ -94,7 +94,7 @@ def test_trained_parameters_identical_after_init_and_5_steps_batchnorm_stats_dif
     assert (len(after_init.trained), len(after_init.auxiliary)) == (76, 34)
     assert after_init.contexts == tuple(devices)
     assert all(p.identical for p in after_init.parameters)
-    assert gluon_mgpu.format_summary(after_init) == (
+    assert gluon_mgpu.format_replica_summary(after_init) == (
         'replicas: 76 trained parameters identical on %d devices; '
         '34 BatchNorm statistics identical' % ndev)
 
@@ -115,7 +115,7 @@ def test_trained_parameters_identical_after_init_and_5_steps_batchnorm_stats_dif
     params = net.collect_params()
     expected = max(host_max_diff(params[p.name], devices) for p in aux)
     assert report.auxiliary_max_abs_diff == expected > 0
-    assert gluon_mgpu.format_summary(report) == (
+    assert gluon_mgpu.format_replica_summary(report) == (
         'replicas: 76 trained parameters identical on %d devices; 34 BatchNorm statistics '
         'differ by at most %.1e %s' % (ndev, expected, BN_WHY))
 
@@ -145,7 +145,7 @@ def test_gradients_differ_before_step_and_with_the_default_kvstore_after_it(two_
     assert not before.ok
     dense = net[-1].weight.name
     assert dense in [p.name for p in before.mismatched]
-    assert gluon_mgpu.format_summary(before).startswith(
+    assert gluon_mgpu.format_replica_summary(before).startswith(
         'gradients: %d of 76 trained parameters differ on 2 devices, worst '
         % len(before.mismatched))
     with pytest.raises(gluon_mgpu.ReplicaMismatchError,
@@ -180,7 +180,7 @@ def test_gradients_are_the_identical_sum_after_step_when_the_trainer_reduces(two
     trainer.step(X.shape[0])
     after = gluon_mgpu.assert_replicas_match(net, what='grad')
     assert after.ok and len(after.parameters) == 76
-    assert gluon_mgpu.format_summary(after) == \
+    assert gluon_mgpu.format_replica_summary(after) == \
         'gradients: 76 trained parameters identical on 2 devices'
     for name, g in _grads(net, two_cpus).items():
         assert np.array_equal(g[0], grads[name][0] + grads[name][1]), name
@@ -263,7 +263,7 @@ def test_format_report_has_one_row_per_parameter(two_cpus, images):
     net = initialized_resnet(two_cpus, images[0][:2])
     net[-1].bias.data(mx.cpu(1))[:] += 0.25
     report = gluon_mgpu.inspect_replicas(net)
-    lines = gluon_mgpu.format_report(report).splitlines()
+    lines = gluon_mgpu.format_replica_report(report).splitlines()
     assert lines[0] == 'values of 110 parameters on [cpu(0), cpu(1)], each compared with the ' \
                        'first device'
     assert lines[1].split() == ['parameter', 'shape', 'kind', 'max', 'abs', 'diff', 'max', 'rel',
@@ -272,7 +272,7 @@ def test_format_report_has_one_row_per_parameter(two_cpus, images):
     assert lines[2].split() == [net[0].weight.name, '(64,', '1,', '3,', '3)', 'trained', '0',
                                 '0']
     assert lines[-2].split()[:4] == [net[-1].bias.name, '(10,)', 'trained', '2.5e-01']
-    assert lines[-1] == gluon_mgpu.format_summary(report) == (
+    assert lines[-1] == gluon_mgpu.format_replica_summary(report) == (
         'replicas: 1 of 76 trained parameters differ on 2 devices, worst %s by 2.5e-01 '
         '(cpu(0) vs cpu(1)); 34 BatchNorm statistics identical' % net[-1].bias.name)
 
@@ -281,7 +281,7 @@ def test_one_device_has_nothing_to_compare(images):
     net = initialized_resnet([mx.cpu(0)], images[0][:2])
     report = gluon_mgpu.assert_replicas_match(net)
     assert report.ok and report.contexts == (mx.cpu(0),)
-    assert gluon_mgpu.format_summary(report) == \
+    assert gluon_mgpu.format_replica_summary(report) == \
         'replicas: 76 trained parameters on 1 device only, nothing to compare'
 
 
@@ -399,7 +399,7 @@ def test_replicas_main_bad_input_is_one_line_and_exit_2(capsys):
 
 def test_public_names_are_exported():
     for name in ('inspect_replicas', 'assert_replicas_match', 'ReplicaMismatchError',
-                 'ReplicaReport', 'ParameterReplicas', 'get_replica', 'format_report',
-                 'format_summary'):
+                 'ReplicaReport', 'ParameterReplicas', 'get_replica', 'format_replica_report',
+                 'format_replica_summary'):
         assert getattr(gluon_mgpu, name) is getattr(replicas, name)
         assert name in gluon_mgpu.__all__

@@ -12,9 +12,10 @@ auxiliary states (``grad_req='null'``): in training mode each device updates its
 its own slice of the batch, and the Trainer never reduces them. They are reported with the size
 of their divergence, never as a failure.
 
-The library returns data (``inspect_replicas`` -> ``ReplicaReport``); ``format_report`` and
-``format_summary`` turn a report into text. ``python -m gluon_mgpu.replicas`` walks the chapter's
-inspection cells (``gluon_mgpu/replicas/__main__.py``).
+The library returns data (``inspect_replicas`` -> ``ReplicaReport``);
+``format_replica_report`` and ``format_replica_summary`` turn a report into text.
+``python -m gluon_mgpu.replicas`` walks the chapter's inspection cells
+(``gluon_mgpu/replicas/__main__.py``).
 """
 import math
 from dataclasses import dataclass
@@ -23,8 +24,8 @@ import numpy as np
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
-           'assert_replicas_match', 'get_replica', 'format_report', 'format_summary',
-           'KINDS', 'AUXILIARY_WHY', 'GRADIENT_WHY']
+           'assert_replicas_match', 'get_replica', 'format_replica_report',
+           'format_replica_summary', 'KINDS', 'AUXILIARY_WHY', 'GRADIENT_WHY']
 
 KINDS = ('trained', 'auxiliary')
 _WHATS = ('data', 'grad')
@@ -431,7 +432,7 @@ def _auxiliary_phrase(report):
         count, _number(report.auxiliary_max_abs_diff), AUXILIARY_WHY)
 
 
-def format_summary(report):
+def format_replica_summary(report):
     """One line about a report, for example (after a few steps on two devices)::
 
         replicas: 76 trained parameters identical on 2 devices; 34 BatchNorm statistics
@@ -459,7 +460,7 @@ def format_summary(report):
     return head + _auxiliary_phrase(report)
 
 
-def format_report(report):
+def format_replica_report(report):
     """A table of the report, one row per parameter, then the summary line.
 
     Columns: name, shape, kind, largest absolute and relative difference from the first
@@ -474,4 +475,4 @@ def format_report(report):
         _plural(len(report.parameters), 'parameter'), _format_contexts(report.contexts))
     lines = [title] + ['  '.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
                        for r in [header] + rows]
-    return '\n'.join(lines + [format_summary(report)])
+    return '\n'.join(lines + [format_replica_summary(report)])

@@ -15,7 +15,7 @@ from mxnet.gluon.parameter import DeferredInitializationError
 from .. import devices as devices_mod
 from ..model import resnet18
 from ..train import UsageError, _count, _Parser, _seed
-from . import format_report, get_replica, inspect_replicas
+from . import format_replica_report, get_replica, inspect_replicas
 
 PROG = 'python -m gluon_mgpu.replicas'
 
@@ -76,7 +76,7 @@ def run(args):
     for d in devices:
         print('weight.data(%s)[0]:%r' % (d, weight.data(d)[0]))
     print()
-    print(format_report(inspect_replicas(net)))
+    print(format_replica_report(inspect_replicas(net)))
 
 
 def main(argv=None):
