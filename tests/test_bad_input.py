@@ -75,6 +75,11 @@ CASES = [
      'create it first'),
     (['--plot', '{tmp}/curves.pdf'], '--plot', '{tmp}/curves.pdf', 'for example --plot curves.png'),
     (['--plot', '{empty}'], '--plot', '{empty}', 'name a file in it'),
+    (['--check-replicas', '0'], '--check-replicas', '0', 'for example --check-replicas 2'),
+    (['--check-replicas', '1.5'], '--check-replicas', "'1.5'",
+     'for example --check-replicas 2'),
+    (['--check-replicas', 'often'], '--check-replicas', "'often'",
+     'for example --check-replicas 2'),
     (['--quiet', 'yes'], 'unrecognized arguments', 'yes', 'see --help'),
     (['--bogus', '3'], '--bogus', '3', 'see --help'),
 ]
