@@ -35,8 +35,8 @@ def parse_args(argv=None):
     p.add_argument('--batch-sizes', default='64,512',
                    help='global batch sizes to measure, comma-separated (default: 64,512; '
                         '512 is the chapter\'s 256 per device on 2 devices)')
-    p.add_argument('--pairs', default='20,2',
-                   help='alternating plain/checked pairs per batch size (default: 20,2)')
+    p.add_argument('--pairs', default='20,4',
+                   help='alternating plain/checked pairs per batch size (default: 20,4)')
     p.add_argument('--steps', default='1,1',
                    help='training steps per timed train_epoch call, per batch size '
                         '(default: 1,1)')

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from mxnet import nd
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
@@ -299,8 +300,9 @@ def inspect_replicas(net, what='data', devices=None):
 
     Each replica is copied to the host and compared with the parameter's first replica (a few
     tens of milliseconds for the chapter's ResNet-18 on two CPU contexts, see
-    docs/replica-check.md). Call it outside ``record()``; it
-    waits for pending computation on the arrays it reads.
+    docs/replica-check.md). Call it outside ``record()``. It first waits for all pending
+    computation (``nd.waitall()``): the values are then final, and the copies do not compete for
+    the cores with a step still running.
 
     Parameters
     ----------
@@ -337,8 +339,10 @@ def inspect_replicas(net, what='data', devices=None):
     devices = None if devices is None else list(devices)
     if devices is not None and not devices:
         raise ValueError('devices is empty; pass at least one context, or None for all')
+    params = _params_of(net)
+    nd.waitall()
     rows, seen = [], []
-    for param in _params_of(net):
+    for param in params:
         if what == 'grad' and param.grad_req == 'null':
             continue
         contexts = _check_initialized(param) if devices is None else devices
