@@ -16,6 +16,9 @@ from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnis
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
 from .model import Residual, resnet18
+from .replicas import (ParameterReplicas, ReplicaMismatchError, ReplicaReport,
+                       assert_replicas_match, format_replica_report, format_replica_summary,
+                       get_replica, inspect_replicas)
 from .training import evaluate_accuracy, split_batch, train, train_epoch
 
 __version__ = '0.1.0'
@@ -23,7 +26,9 @@ __version__ = '0.1.0'
 __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'format_devices',
            'load_data_fashion_mnist', 'find_data_dir', 'get_fashion_mnist_labels', 'DataError',
            'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train', 'train_epoch', 'thread_settings',
-           'format_thread_settings']
+           'format_thread_settings', 'inspect_replicas', 'assert_replicas_match',
+           'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
+           'format_replica_report', 'format_replica_summary']
 
 
 class _Package(types.ModuleType):

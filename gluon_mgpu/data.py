@@ -68,9 +68,10 @@ def find_data_dir(data_dir=None):
         if all(os.path.isfile(os.path.join(folder, n)) for n in names):
             return folder
     if data_dir is not None and not os.path.isdir(candidates[0]):
-        raise DataNotFoundError('data dir %s does not exist; pass a folder that holds %s, or '
-                                'leave it out to search the default places'
-                                % (candidates[0], ', '.join(names)))
+        what = 'is a file, not a folder' if os.path.exists(candidates[0]) else 'does not exist'
+        raise DataNotFoundError('data dir %s %s; pass a folder that holds %s, or leave it out '
+                                'to search the default places'
+                                % (candidates[0], what, ', '.join(names)))
     raise DataNotFoundError('Fashion-MNIST not found: searched %s for %s; %s'
                             % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
 
@@ -190,6 +191,13 @@ class ArrayBatches:
     @property
     def num_examples(self):
         return len(self.labels)
+
+    @property
+    def examples_per_epoch(self):
+        """How many examples one pass yields: all of them, or this part's share."""
+        if self.num_parts is None:
+            return self.num_examples
+        return len(self) * (self.batch_size // self.num_parts)
 
     def __len__(self):
         if self.num_parts is not None:

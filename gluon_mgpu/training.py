@@ -22,7 +22,32 @@ from mxnet.gluon import loss as gloss, utils as gutils
 from .devices import try_all_gpus
 
 __all__ = ['split_batch', 'slice_sizes', 'check_device_weights', 'measure_device_speeds',
-           'evaluate_accuracy', 'train_epoch', 'train', 'format_epoch']
+           'evaluate_accuracy', 'train_epoch', 'train', 'format_epoch', 'init_training',
+           'LossNotFiniteError']
+
+
+class LossNotFiniteError(RuntimeError):
+    """The training loss became NaN or infinite: training diverged.
+
+    Attributes ``epoch`` (None when raised by ``train_epoch`` alone), ``step`` (both from 1),
+    ``lr`` (the learning rate in use) and ``loss`` (the running loss sum, ``nan`` or ``inf``).
+    """
+
+    def __init__(self, step, lr, loss, epoch=None):
+        super().__init__(step, lr, loss, epoch)
+        self.step, self.lr, self.loss, self.epoch = step, lr, loss, epoch
+
+    def __str__(self):
+        where = 'step %d' % self.step if self.epoch is None else 'epoch %d, step %d' % (
+            self.epoch, self.step)
+        return ('the training loss became %s at %s with learning rate %g: training diverged; '
+                'use a smaller learning rate' % (self.loss, where, self.lr))
+
+
+def _check_finite(loss_sums, step, trainer):
+    loss = sum(v.asscalar() for v in loss_sums)
+    if not math.isfinite(loss):
+        raise LossNotFiniteError(step, trainer.learning_rate, loss)
 
 
 def check_device_weights(device_weights, num_devices):
@@ -171,12 +196,21 @@ def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=
     return speeds
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, device_weights=None,
-                num_workers=1):
+def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, on_batch=None,
+                device_weights=None, num_workers=1):
     """Run one pass over ``train_iter``; return ``{'seconds', 'train_loss', 'train_acc', 'examples'}``.
 
     ``seconds`` is measured after ``nd.waitall()``, since MXNet computes asynchronously.
     ``on_step(step)``, if given, is called after every ``trainer.step`` (``step`` counts from 1).
+
+    Raises ``LossNotFiniteError`` when the loss becomes NaN or infinite, naming the step. The
+    check reads the running loss sum one step late: while Python waits for the sum of step
+    ``s - 1``, step ``s`` is already queued, so MXNet never runs out of work because of it.
+
+    ``on_batch(step, examples, running_loss)``, if given, is called there too, with the batch's
+    size and a function returning the mean training loss of the epoch so far; that function
+    waits for the devices, so call it only when the value will be shown.
+
     ``device_weights`` is passed to ``split_batch``. With a dist kvstore, ``num_workers``
     processes each hold an equal share of every global batch (``ArrayBatches.set_part``),
     so the step divides by ``num_workers`` times the local batch size. The returned
@@ -185,6 +219,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, device_we
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
     n = 0
+    previous = None
     start = time.time()
     for step, (X, y) in enumerate(train_iter, 1):
         Xs, ys, weights = split_batch(X, y, devices, device_weights)
@@ -199,13 +234,21 @@ def train_epoch(net, train_iter, loss, trainer, devices, on_step=None, device_we
         trainer.step(X.shape[0] * num_workers)
         for i, (o, y_d, l, w) in enumerate(zip(outs, ys, ls, weights)):
             if w is None:
-                loss_sum[i] += l.sum()
+                # A new array, not +=: `previous` keeps the sums up to the last step.
+                loss_sum[i] = loss_sum[i] + l.sum()
                 correct[i] += (o.argmax(axis=1) == y_d.astype('float32')).sum()
         n += X.shape[0]
+        if previous is not None:
+            _check_finite(previous, step - 1, trainer)
+        previous = list(loss_sum)
         if on_step is not None:
             on_step(step)
+        if on_batch is not None:
+            on_batch(step, X.shape[0], lambda: sum(v.asscalar() for v in loss_sum) / n)
     nd.waitall()
     seconds = time.time() - start
+    if previous is not None:
+        _check_finite(previous, step, trainer)
     return {'seconds': seconds,
             'train_loss': sum(v.asscalar() for v in loss_sum) / n,
             'train_acc': sum(v.asscalar() for v in correct) / n,
@@ -218,18 +261,34 @@ def format_epoch(record):
         record['epoch'], record['seconds'], record['test_acc'])
 
 
+def init_training(net, devices, lr, seed=None, kvstore='device'):
+    """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
+
+    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after seeding MXNet's random
+    generators with ``seed`` when given; then ``gluon.Trainer(..., 'sgd', {'learning_rate': lr},
+    kvstore=kvstore)``.
+    """
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
+    return gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr},
+                         kvstore=kvstore)
+
+
 def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=None,
-          verbose=True, on_step=None, on_epoch=None, kvstore='device', device_weights=None):
+          verbose=True, on_step=None, on_epoch=None, on_batch=None, trainer=None,
+          start_epoch=0, history=None, kvstore='device', device_weights=None):
     """Train ``net`` data-parallel on ``devices`` and return the per-epoch history.
 
-    The chapter's loop: initialize with ``Normal(sigma=0.01)`` on every device (``force_reinit``),
-    an SGD ``Trainer``, then per batch ``split_and_load``, losses recorded per device,
-    ``backward`` on each, ``trainer.step`` with the batch's real size.
+    The chapter's loop: ``init_training`` (``Normal(sigma=0.01)`` on every device, an SGD
+    ``Trainer``), then per batch ``split_and_load``, losses recorded per device, ``backward`` on
+    each, ``trainer.step`` with the batch's real size.
 
     Parameters
     ----------
     net : mxnet.gluon.Block
-        For example ``resnet18(10)``; (re)initialized here on ``devices``.
+        For example ``resnet18(10)``; (re)initialized here on ``devices`` unless ``trainer`` is
+        given.
     train_iter, test_iter : iterable of (X, y)
         For example from ``load_data_fashion_mnist``; the global batch is split over devices.
     devices : list of mxnet.Context, optional
@@ -246,6 +305,20 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         that watch training as it goes; an exception it raises stops training.
     on_epoch : callable, optional
         ``on_epoch(record)`` after each epoch's record is complete (and printed).
+    on_batch : callable, optional
+        ``on_batch(epoch, step, examples, running_loss)`` after every ``trainer.step``, for a
+        progress display: ``examples`` is the batch's size, ``running_loss()`` the epoch's mean
+        training loss so far (it waits for the devices; call it only to show it).
+    trainer : mxnet.gluon.Trainer, optional
+        Continue with this Trainer and the parameters ``net`` holds on ``devices`` (for example
+        restored from a checkpoint) instead of ``init_training``; ``lr`` and ``seed`` are then
+        not used.
+    start_epoch : int, default 0
+        The number of epochs already done: training runs epochs ``start_epoch + 1`` to
+        ``num_epochs``. ``train_iter.set_epoch(start_epoch)`` is called when it has that method
+        (``ArrayBatches``), so the data come in the order the uninterrupted run would use.
+    history : list of dict, optional
+        The records of the epochs already done; the returned history starts with them.
     kvstore : str or mxnet.kvstore.KVStore, default 'device'
         Passed to ``gluon.Trainer``: ``'device'`` (the book's default: gradients summed on the
         devices), ``'local'`` (summed on the CPU), or a dist kvstore such as ``'dist_sync'``
@@ -254,7 +327,8 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         ``seed`` and its own shard, ``train_iter.set_part(kv.num_workers, kv.rank)``; only
         rank 0 prints. Parameters are then updated on the servers (MXNet's default), which
         fix the gradient scale at the first step: every step must see the same global batch,
-        which ``set_part`` ensures.
+        which ``set_part`` ensures. A given ``trainer`` must have been made with the same
+        kvstore.
     device_weights : list of float, optional
         One positive weight per device: each batch is split in proportion (``split_batch``),
         for devices of different speed. Default: even slices, as the book.
@@ -265,6 +339,11 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         One per epoch: ``epoch``, ``seconds`` (training only), ``train_loss``, ``train_acc``,
         ``test_acc``, ``images_per_sec`` (training images per second). In a dist job the
         training numbers are this worker's (its shard); ``test_acc`` is on the whole test set.
+
+    Raises
+    ------
+    LossNotFiniteError
+        When the training loss becomes NaN or infinite (its ``epoch`` and ``step`` say where).
     """
     devices = try_all_gpus() if devices is None else list(devices)
     if device_weights is not None:
@@ -273,17 +352,22 @@ def train(net, train_iter, test_iter, devices=None, lr=0.1, num_epochs=4, seed=N
         kvstore = mx.kv.create(kvstore)
     distributed = isinstance(kvstore, mx.kv.KVStore) and 'dist' in kvstore.type
     rank, num_workers = (kvstore.rank, kvstore.num_workers) if distributed else (0, 1)
-    if seed is not None:
-        mx.random.seed(seed)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices, force_reinit=True)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr},
-                            kvstore=kvstore)
+    if trainer is None:
+        trainer = init_training(net, devices, lr, seed, kvstore)
+    if start_epoch and hasattr(train_iter, 'set_epoch'):
+        train_iter.set_epoch(start_epoch)
     loss = gloss.SoftmaxCrossEntropyLoss()
-    history = []
-    for epoch in range(num_epochs):
+    history = list(history or [])
+    for epoch in range(start_epoch, num_epochs):
         step_hook = None if on_step is None else functools.partial(on_step, epoch + 1)
-        stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook,
-                            device_weights=device_weights, num_workers=num_workers)
+        batch_hook = None if on_batch is None else functools.partial(on_batch, epoch + 1)
+        try:
+            stats = train_epoch(net, train_iter, loss, trainer, devices, on_step=step_hook,
+                                on_batch=batch_hook, device_weights=device_weights,
+                                num_workers=num_workers)
+        except LossNotFiniteError as e:
+            e.epoch = epoch + 1
+            raise
         record = {'epoch': epoch + 1,
                   'seconds': stats['seconds'],
                   'train_loss': stats['train_loss'],

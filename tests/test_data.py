@@ -212,6 +212,8 @@ def test_shards_are_disjoint_equal_and_match_a_split_over_devices():
         per_part = [_shard_labels(s) for s in shards]
         # 70 examples, global batch 16: 4 full batches; the 6 left over are skipped.
         assert [len(p) for p in per_part] == [4, 4] and [len(s) for s in shards] == [4, 4]
+        assert [s.examples_per_epoch for s in shards] == [32, 32]
+        assert whole.examples_per_epoch == 70
         assert all(len(b) == 8 for p in per_part for b in p)
         for g, (b0, b1) in enumerate(zip(*per_part)):
             assert b0 == global_batches[g][:8] and b1 == global_batches[g][8:]

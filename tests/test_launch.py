@@ -268,8 +268,9 @@ def test_two_workers_equal_one_process_on_two_devices(tmp_path):
     lines = job.stdout.splitlines()
     # Only rank 0 prints; the default lr counts the devices of all workers: 0.1 * 2.
     assert lines[0] == 'running on: [cpu(0)] (worker 0 of 2, kvstore dist_sync)'
-    assert len(lines) == 2 and re.fullmatch(r'epoch 1, training time: \d+\.\d sec, '
+    assert len(lines) == 3 and re.fullmatch(r'epoch 1, training time: \d+\.\d sec, '
                                             r'test_acc (0|1)\.\d\d', lines[1])
+    assert re.fullmatch(r'test acc: (0|1)\.\d\d, \d+\.\d sec/epoch on \[cpu\(0\)\]', lines[2])
     assert re.match(r'launch: started scheduler \(pid \d+\), server 0 \(pid \d+\), '
                     r'worker 0 \(pid \d+\), worker 1 \(pid \d+\)', job.stderr)
     rank0 = nd.load(str(tmp_path / 'dist.rank0.params'))

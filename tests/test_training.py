@@ -1,3 +1,5 @@
+import types
+
 import d2lzh
 import mxnet as mx
 import numpy as np
@@ -318,3 +320,95 @@ def test_kvstore_reaches_the_trainer_and_local_equals_device(two_cpus, data_dir,
     assert seen == ['device', 'local']
     for pd, pl in zip(nets[0].collect_params().values(), nets[1].collect_params().values()):
         assert max_abs_diff(pl.data(two_cpus[0]), pd.data(two_cpus[0])) <= 1e-6
+
+
+def _loss_turning(value, from_step, ndev):
+    """The chapter's loss, times ``value`` (nan or inf) from step ``from_step`` on."""
+    base, calls = gloss.SoftmaxCrossEntropyLoss(), [0]
+
+    def loss(*args):
+        calls[0] += 1
+        step = (calls[0] - 1) // ndev + 1
+        return base(*args) * value if step >= from_step else base(*args)
+    return loss
+
+
+@pytest.mark.parametrize('value,from_step', [(float('nan'), 2), (float('inf'), 3),
+                                             (float('nan'), 1)])
+def test_train_epoch_names_the_step_where_the_loss_stops_being_finite(value, from_step,
+                                                                      real_batch, two_cpus):
+    X, y = real_batch
+    batches = [(X[i:i + 4], y[i:i + 4]) for i in range(0, 12, 4)]
+    mx.random.seed(1)
+    net = _small_cnn()
+    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.3)
+    with pytest.raises(gluon_mgpu.training.LossNotFiniteError) as info:
+        gluon_mgpu.train_epoch(net, batches, _loss_turning(value, from_step, 2), trainer,
+                               two_cpus)
+    e = info.value
+    assert (e.step, e.lr, e.epoch) == (from_step, 0.3, None)
+    assert str(e.loss) == str(value)
+    assert str(e) == ('the training loss became %s at step %d with learning rate 0.3: training '
+                      'diverged; use a smaller learning rate' % (value, from_step))
+
+
+def test_a_loss_turning_nan_at_the_last_step_is_caught(real_batch, two_cpus):
+    X, y = real_batch
+    net = _small_cnn()
+    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.3, seed=1)
+    with pytest.raises(gluon_mgpu.training.LossNotFiniteError, match='at step 3 '):
+        gluon_mgpu.train_epoch(net, [(X[:4], y[:4])] * 3,
+                               _loss_turning(float('nan'), 3, 2), trainer, two_cpus)
+
+
+def test_train_names_the_epoch_of_a_diverging_loss(monkeypatch, data_dir, two_cpus):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=8, test_limit=4, seed=1)
+    # Two steps per epoch: step 4 overall is epoch 2, step 2.
+    monkeypatch.setattr(gluon_mgpu.training, 'gloss', types.SimpleNamespace(
+        SoftmaxCrossEntropyLoss=lambda: _loss_turning(float('nan'), 4, 2)))
+    epochs = []
+    with pytest.raises(gluon_mgpu.training.LossNotFiniteError,
+                       match=r'^the training loss became nan at epoch 2, step 2 with learning '
+                             r'rate 0\.1: '):
+        gluon_mgpu.train(_small_cnn(), train_iter, test_iter, two_cpus, lr=0.1, num_epochs=3,
+                         verbose=False, on_epoch=epochs.append)
+    assert [r['epoch'] for r in epochs] == [1]
+
+
+def test_train_continues_from_start_epoch_with_the_given_trainer(data_dir, two_cpus):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=8, test_limit=4, seed=1)
+    net = _small_cnn()
+    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.1, seed=0)
+    net(nd.zeros((1, 1, 28, 28), ctx=two_cpus[0]))
+    before = net[0].weight.data(two_cpus[0]).copy()
+    earlier = [{'epoch': 1}, {'epoch': 2}]
+    steps = []
+    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=99.0, num_epochs=3,
+                               seed=5, verbose=False, trainer=trainer, start_epoch=2,
+                               history=earlier, on_step=lambda e, s: steps.append((e, s)))
+    assert [h['epoch'] for h in history] == [1, 2, 3] and history[:2] == earlier
+    assert earlier == [{'epoch': 1}, {'epoch': 2}]
+    assert steps == [(3, 1), (3, 2)]
+    assert train_iter.epoch == 3  # set_epoch(2), then one pass
+    assert trainer.learning_rate == 0.1  # the given trainer: lr=99 is not used
+    assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) > 0  # not re-initialized...
+    assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) < 0.5  # ...but trained
+
+
+def test_train_gives_the_batch_hook_sizes_and_the_running_loss(data_dir):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=10, test_limit=4, seed=1)
+    seen = []
+
+    def on_batch(epoch, step, examples, running_loss):
+        seen.append((epoch, step, examples, running_loss()))
+
+    history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0), mx.cpu(1)],
+                               num_epochs=2, verbose=False, on_batch=on_batch)
+    assert [s[:3] for s in seen] == [(1, 1, 4), (1, 2, 4), (1, 3, 2),
+                                     (2, 1, 4), (2, 2, 4), (2, 3, 2)]
+    # After the last batch the running loss is the epoch's loss.
+    assert seen[2][3] == history[0]['train_loss'] and seen[5][3] == history[1]['train_loss']
+    assert all(s[3] > 0 for s in seen)

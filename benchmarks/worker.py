@@ -1,0 +1,157 @@
+"""One benchmark measurement, in a fresh process (so thread settings apply); prints JSON.
+
+Run by benchmarks/run.py as ``python benchmarks/worker.py '<json config>'``. The import order
+matters: MXNet reads OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet
+first and never lets gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
+"""
+import json
+import os
+import sys
+import time
+
+CONFIG = json.loads(sys.argv[1])
+if CONFIG.get('threads') == 'package':
+    import gluon_mgpu  # noqa: F401  (chooses OMP_NUM_THREADS before MXNet starts)
+
+import mxnet as mx  # noqa: E402
+import numpy as np  # noqa: E402
+from mxnet import autograd, gluon, init, nd  # noqa: E402
+from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
+
+from gluon_mgpu import data, training  # noqa: E402
+from gluon_mgpu.model import resnet18  # noqa: E402
+
+
+def _book_loader(images, labels, batch_size):
+    """d2lzh.load_data_fashion_mnist's pipeline: ToTensor per image, DataLoader, 4 workers."""
+    dataset = gdata.ArrayDataset(nd.array(images[:, :, :, None], dtype='uint8'),
+                                 labels.astype(np.int32))
+    return gdata.DataLoader(dataset.transform_first(gdata.vision.transforms.ToTensor()),
+                            batch_size, shuffle=True, num_workers=4)
+
+
+def _batches(cfg, n_images):
+    images, labels = data.load_fashion_mnist_arrays('train')
+    images, labels = images[:n_images], labels[:n_images]
+    if cfg['loader'] == 'book':
+        return _book_loader(images, labels, cfg['batch_size'])
+    return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
+
+
+def train_speed(cfg):
+    devices = [mx.cpu(i) for i in range(cfg['devices'])]
+    batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
+    if cfg['model'] == 'd2lzh':
+        import d2lzh
+        net = d2lzh.resnet18(10)
+    else:
+        net = resnet18(10)
+    if cfg['mode'] == 'hybrid':
+        net.hybridize(static_alloc=True)
+    mx.random.seed(0)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    loss = gloss.SoftmaxCrossEntropyLoss()
+    it = iter(_batches(cfg, batch * (warmup + steps)))
+    start = None
+    for i in range(warmup + steps):
+        if i == warmup:
+            nd.waitall()
+            start = time.time()
+        X, y = next(it)
+        if cfg['loop'] == 'book':
+            # The chapter's loop, as printed.
+            gpu_Xs = gutils.split_and_load(X, devices)
+            gpu_ys = gutils.split_and_load(y, devices)
+            with autograd.record():
+                ls = [loss(net(gpu_X), gpu_y) for gpu_X, gpu_y in zip(gpu_Xs, gpu_ys)]
+            for l in ls:
+                l.backward()
+            trainer.step(batch)
+        else:
+            training.train_epoch(net, [(X, y)], loss, trainer, devices)
+    nd.waitall()
+    return batch * steps / (time.time() - start)
+
+
+def data_speed(cfg):
+    images, labels = data.load_fashion_mnist_arrays('train')
+    n = cfg['images']
+    if cfg['loader'] == 'book':
+        it = _book_loader(images[:n], labels[:n], 256)
+    else:
+        it = data.ArrayBatches(images[:n], labels[:n], 256, shuffle=True, seed=0)
+        next(iter(it))  # the one-time conversion to float32 is not per-batch cost
+    start = time.time()
+    count = 0
+    for X, y in it:
+        X.wait_to_read()
+        count += X.shape[0]
+    return count / (time.time() - start)
+
+
+def eval_speed(cfg):
+    devices = [mx.cpu(i) for i in range(cfg['devices'])]
+    net = resnet18(10)
+    net.hybridize(static_alloc=True)
+    mx.random.seed(0)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    images, labels = data.load_fashion_mnist_arrays('test')
+    warm = data.ArrayBatches(images[:256], labels[:256], 256)
+    training.evaluate_accuracy(warm, net, devices)
+    it = data.ArrayBatches(images[:cfg['images']], labels[:cfg['images']], 256)
+    start = time.time()
+    training.evaluate_accuracy(it, net, devices)
+    return cfg['images'] / (time.time() - start)
+
+
+def torch_speed(cfg):
+    import torch
+    from torch import nn
+    from torch.nn import functional as F
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+    class Residual(nn.Module):  # the PyTorch edition's d2l.Residual
+        def __init__(self, cin, cout, use_1x1conv=False, strides=1):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, padding=1, stride=strides)
+            self.conv2 = nn.Conv2d(cout, cout, 3, padding=1)
+            self.conv3 = nn.Conv2d(cin, cout, 1, stride=strides) if use_1x1conv else None
+            self.bn1, self.bn2 = nn.BatchNorm2d(cout), nn.BatchNorm2d(cout)
+
+        def forward(self, X):
+            Y = F.relu(self.bn1(self.conv1(X)))
+            Y = self.bn2(self.conv2(Y))
+            if self.conv3:
+                X = self.conv3(X)
+            return F.relu(Y + X)
+
+    def block(cin, cout, n, first=False):
+        return nn.Sequential(*[Residual(cin if i == 0 else cout, cout, use_1x1conv=True,
+                                        strides=2) if i == 0 and not first
+                               else Residual(cout, cout) for i in range(n)])
+
+    net = nn.Sequential(nn.Conv2d(1, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
+                        block(64, 64, 2, True), block(64, 128, 2), block(128, 256, 2),
+                        block(256, 512, 2), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
+                        nn.Linear(512, 10))
+    model = torch.compile(net) if cfg['mode'] == 'compile' else net
+    opt = torch.optim.SGD(net.parameters(), 0.1)
+    lossf = nn.CrossEntropyLoss()
+    batch = cfg['batch_size']
+    X, y = torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    for i in range(cfg['warmup'] + cfg['steps']):
+        if i == cfg['warmup']:
+            start = time.time()
+        opt.zero_grad()
+        lossf(model(X), y).backward()
+        opt.step()
+    return batch * cfg['steps'] / (time.time() - start)
+
+
+if __name__ == '__main__':
+    kind = CONFIG['kind']
+    value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed,
+             'torch': torch_speed}[kind](CONFIG)
+    print(json.dumps({'images_per_sec': value,
+                      'omp_num_threads': os.environ.get('OMP_NUM_THREADS')}))

@@ -1,0 +1,303 @@
+"""What a training run measured: the final summary and the ``--metrics-json`` file.
+
+The file's layout is ``SCHEMA``, a JSON Schema; ``docs/metrics-schema.md`` is generated from
+it (``python -m gluon_mgpu.metrics``) and a test checks the two agree. The file is rewritten
+after every epoch, atomically, so a run that stops early leaves the epochs it finished.
+"""
+import contextlib
+import json
+import math
+import os
+import platform
+import tempfile
+
+from .devices import format_devices
+
+__all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'summarize', 'format_summary',
+           'atomic_path', 'write_json_atomic', 'MetricsFile', 'schema_markdown']
+
+FORMAT = 'gluon_mgpu-metrics/1'
+EPOCH_FIELDS = ('epoch', 'seconds', 'images_per_sec', 'train_loss', 'train_acc', 'test_acc')
+
+_FRACTION = {'type': 'number', 'minimum': 0, 'maximum': 1}
+_POSITIVE = {'type': 'number', 'exclusiveMinimum': 0}
+_LOSS = {'type': ['number', 'null'], 'minimum': 0}
+
+SCHEMA = {
+    '$schema': 'https://json-schema.org/draft/2020-12/schema',
+    'title': 'gluon_mgpu training metrics',
+    'type': 'object',
+    'required': ['format', 'status', 'arguments', 'devices', 'versions', 'history', 'summary'],
+    'additionalProperties': False,
+    'properties': {
+        'format': {'const': FORMAT,
+                   'description': 'Name and version of this layout.'},
+        'status': {'enum': ['running', 'finished'],
+                   'description': '"running" while training goes on (still so after the '
+                                  'process ended: the run stopped early); "finished" once '
+                                  'the summary is written.'},
+        'arguments': {
+            'type': 'object',
+            'description': 'The command line after defaults were filled in: one key per flag, '
+                           'dashes turned into underscores (`--num-gpus` is `num_gpus`).',
+            'required': ['num_gpus', 'batch_size', 'lr', 'epochs', 'device', 'data_dir',
+                         'train_limit', 'test_limit', 'seed'],
+            'additionalProperties': {
+                'type': ['string', 'integer', 'number', 'boolean', 'null', 'array']},
+            'properties': {
+                'num_gpus': {'type': 'integer', 'minimum': 1,
+                             'description': 'Number of devices.'},
+                'batch_size': {'type': 'integer', 'minimum': 1,
+                               'description': 'Global batch size, split over the devices.'},
+                'lr': dict(_POSITIVE, description='SGD learning rate.'),
+                'epochs': {'type': 'integer', 'minimum': 1,
+                           'description': 'Number of epochs asked for.'},
+                'device': {'enum': ['auto', 'gpu', 'cpu'],
+                           'description': 'How devices were chosen.'},
+                'data_dir': {'type': ['string', 'null'],
+                             'description': 'Data folder given, or null (searched).'},
+                'train_limit': {'type': ['integer', 'null'], 'minimum': 1,
+                                'description': 'First N training images, or null (all).'},
+                'test_limit': {'type': ['integer', 'null'], 'minimum': 1,
+                               'description': 'First N test images, or null (all).'},
+                'seed': {'type': ['integer', 'null'],
+                         'description': 'Random seed, or null (none).'},
+            },
+        },
+        'devices': {
+            'type': 'array', 'minItems': 1,
+            'description': 'The MXNet contexts trained on, as MXNet prints them.',
+            'items': {'type': 'string', 'pattern': r'^(cpu|gpu|cpu_pinned|cpu_shared)\(\d+\)$'},
+        },
+        'versions': {
+            'type': 'object',
+            'description': 'Versions of the software that ran.',
+            'required': ['gluon_mgpu', 'mxnet', 'python'],
+            'additionalProperties': False,
+            'properties': {
+                'gluon_mgpu': {'type': 'string', 'description': 'This package.'},
+                'mxnet': {'type': 'string', 'description': 'MXNet.'},
+                'python': {'type': 'string', 'description': 'Python.'},
+            },
+        },
+        'history': {
+            'type': 'array',
+            'description': 'One entry per finished epoch, in order: what `train()` returns.',
+            'items': {
+                'type': 'object',
+                'description': 'One epoch.',
+                'required': list(EPOCH_FIELDS),
+                'additionalProperties': False,
+                'properties': {
+                    'epoch': {'type': 'integer', 'minimum': 1,
+                              'description': 'Epoch number, from 1.'},
+                    'seconds': dict(_POSITIVE, description=(
+                        'Training time of the epoch (test evaluation not included), measured '
+                        'after all devices finished.')),
+                    'images_per_sec': dict(_POSITIVE, description=(
+                        'Training images per second in this epoch.')),
+                    'train_loss': dict(_LOSS, description=(
+                        'Mean softmax cross-entropy over the epoch\'s training images; null if '
+                        'it was not finite (training diverged).')),
+                    'train_acc': dict(_FRACTION, description=(
+                        'Fraction of training images classified right while training.')),
+                    'test_acc': dict(_FRACTION, description=(
+                        'Fraction of test images classified right after the epoch.')),
+                },
+            },
+        },
+        'summary': {
+            'type': ['object', 'null'],
+            'description': 'null until training finished; then the final numbers.',
+            'required': ['test_acc', 'train_loss', 'sec_per_epoch', 'images_per_sec', 'epochs',
+                         'line'],
+            'additionalProperties': False,
+            'properties': {
+                'test_acc': dict(_FRACTION, description='Test accuracy after the last epoch.'),
+                'train_loss': dict(_LOSS, description='Training loss of the last epoch.'),
+                'sec_per_epoch': dict(_POSITIVE, description='Mean training seconds per epoch.'),
+                'images_per_sec': dict(_POSITIVE, description=(
+                    'Training images per second over all epochs.')),
+                'epochs': {'type': 'integer', 'minimum': 1,
+                           'description': 'Number of epochs trained.'},
+                'line': {'type': 'string',
+                         'description': 'The summary line printed at the end, e.g. '
+                                        '`test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]`.'},
+            },
+        },
+    },
+}
+
+
+def _finite_or_none(x):
+    return x if math.isfinite(x) else None
+
+
+def format_summary(history, devices):
+    """The newer edition's closing line: ``test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]``."""
+    seconds = sum(r['seconds'] for r in history) / len(history)
+    return 'test acc: %.2f, %.1f sec/epoch on %s' % (history[-1]['test_acc'], seconds,
+                                                    format_devices(devices))
+
+
+def summarize(history, devices):
+    """Return the final numbers of a run (the ``summary`` of ``SCHEMA``) from ``train()``'s history.
+
+    ``sec_per_epoch`` is the mean training time per epoch; ``images_per_sec`` is all training
+    images over all training seconds.
+    """
+    if not history:
+        raise ValueError('history is empty; train at least one epoch before summarizing')
+    seconds = sum(r['seconds'] for r in history)
+    images = sum(r['images_per_sec'] * r['seconds'] for r in history)
+    return {'test_acc': history[-1]['test_acc'],
+            'train_loss': _finite_or_none(history[-1]['train_loss']),
+            'sec_per_epoch': seconds / len(history),
+            'images_per_sec': images / seconds,
+            'epochs': len(history),
+            'line': format_summary(history, devices)}
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one step.
+
+    Readers see the old file or the new one, never half of it (``os.replace`` is atomic on
+    one file system). On an error the temporary file is removed and ``path`` is untouched.
+    """
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % os.path.basename(path),
+                               suffix='.tmp')
+    os.close(fd)
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def write_json_atomic(path, obj):
+    """Write ``obj`` as JSON to ``path`` atomically (see ``atomic_path``), flushed to disk."""
+    with atomic_path(path) as tmp:
+        with open(tmp, 'w') as f:
+            json.dump(obj, f, indent=2, allow_nan=False)
+            f.write('\n')
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class MetricsFile:
+    """The ``--metrics-json`` file of one run, rewritten atomically at every change.
+
+    Creating it writes the file at once (``status`` "running", empty ``history``), so a path
+    that cannot be written fails before training starts.
+
+    Parameters
+    ----------
+    path : str
+        Where to write.
+    arguments : dict
+        The run's settings (``vars(args)`` of the command line).
+    devices : list of mxnet.Context
+    """
+
+    def __init__(self, path, arguments, devices):
+        import mxnet as mx
+        from . import __version__
+        self.path = path
+        self.data = {'format': FORMAT,
+                     'status': 'running',
+                     'arguments': dict(arguments),
+                     'devices': [str(d) for d in devices],
+                     'versions': {'gluon_mgpu': __version__, 'mxnet': mx.__version__,
+                                  'python': platform.python_version()},
+                     'history': [],
+                     'summary': None}
+        self.write()
+
+    def write(self):
+        write_json_atomic(self.path, self.data)
+
+    def add_epoch(self, record):
+        """Append one epoch's record (from ``train()``'s ``on_epoch``) and rewrite the file."""
+        entry = {k: record[k] for k in EPOCH_FIELDS}
+        entry['train_loss'] = _finite_or_none(entry['train_loss'])
+        self.data['history'].append(entry)
+        self.write()
+
+    def finish(self, summary):
+        """Store the summary (from ``summarize``), mark the run finished and rewrite the file."""
+        self.data['summary'] = dict(summary)
+        self.data['status'] = 'finished'
+        self.write()
+
+
+def _type_text(node):
+    if 'const' in node:
+        return '`%s`' % json.dumps(node['const'])
+    if 'enum' in node:
+        return ' or '.join('`%s`' % json.dumps(v) for v in node['enum'])
+    types = node.get('type', 'any')
+    text = ' or '.join(types) if isinstance(types, list) else types
+    bounds = []
+    if 'minimum' in node:
+        bounds.append('>= %s' % node['minimum'])
+    if 'exclusiveMinimum' in node:
+        bounds.append('> %s' % node['exclusiveMinimum'])
+    if 'maximum' in node:
+        bounds.append('<= %s' % node['maximum'])
+    if 'minItems' in node:
+        bounds.append('at least %d item' % node['minItems'])
+    return text + (' (%s)' % ', '.join(bounds) if bounds else '')
+
+
+def _rows(node, path):
+    rows = [(path, _type_text(node), node.get('description', ''))] if path else []
+    if 'properties' in node:
+        for name, child in node['properties'].items():
+            rows += _rows(child, '%s.%s' % (path, name) if path else name)
+        extra = node.get('additionalProperties')
+        if isinstance(extra, dict):
+            rows.append(('%s.*' % path, _type_text(extra), 'Further flags (other options).'))
+    if 'items' in node:
+        item = node['items']
+        if 'properties' in item:
+            rows += _rows(item, '%s[]' % path)
+        else:
+            rows.append(('%s[]' % path, _type_text(item),
+                         'Pattern `%s`.' % item['pattern'] if 'pattern' in item else ''))
+    return rows
+
+
+def schema_markdown():
+    """Return the Markdown of ``docs/metrics-schema.md``, generated from ``SCHEMA``."""
+    lines = ['# The `--metrics-json` file', '',
+             '<!-- Generated by `python -m gluon_mgpu.metrics > docs/metrics-schema.md` from',
+             '     gluon_mgpu/metrics.py (SCHEMA); tests/test_metrics.py checks they agree. -->',
+             '',
+             '`python -m gluon_mgpu.train --metrics-json run.json` writes one JSON object. It is '
+             'written',
+             'when training starts and again after every epoch, each time to a temporary file '
+             'that then',
+             'replaces `run.json`, so a reader never sees half a file and a run that stops early '
+             'keeps the',
+             'epochs it finished (`status` stays `"running"`, `summary` stays `null`).',
+             '',
+             '| field | type | meaning |',
+             '| --- | --- | --- |']
+    # A '|' inside a cell would end it.
+    lines += ['| `%s` | %s | %s |' % tuple(cell.replace('|', '\\|') for cell in row)
+              for row in _rows(SCHEMA, '')]
+    lines += ['', 'Format `%s`. The same as a JSON Schema (draft 2020-12):' % FORMAT, '',
+              '```json', json.dumps(SCHEMA, indent=2), '```', '']
+    return '\n'.join(lines)
+
+
+if __name__ == '__main__':
+    print(schema_markdown(), end='')

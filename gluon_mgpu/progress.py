@@ -1,0 +1,97 @@
+"""What the command lines show while training: a progress bar on a terminal, plain lines otherwise.
+
+``Progress`` is driven by ``train()``'s ``on_batch`` and ``on_epoch`` hooks. On a terminal each
+epoch gets a tqdm bar (images, images/s, running loss) that is replaced by the book's epoch
+line when the epoch ends; written to a file or a pipe (logs, CI) only the book's lines appear,
+with no carriage returns; ``quiet`` shows nothing here (the caller prints the summary).
+"""
+import os
+import sys
+import time
+
+from tqdm import tqdm
+
+from .training import format_epoch
+
+__all__ = ['MODES', 'choose_mode', 'Progress']
+
+MODES = ('bar', 'lines', 'quiet')
+
+# How often the running loss in the bar is refreshed: reading it waits for the devices.
+LOSS_REFRESH_SECONDS = 0.5
+
+
+def choose_mode(quiet=False, stream=None):
+    """Return the output mode: ``'quiet'`` if asked, ``'bar'`` on a terminal, else ``'lines'``.
+
+    ``stream`` (default ``sys.stdout``) is the stream that is checked for being a terminal.
+    """
+    if quiet:
+        return 'quiet'
+    stream = sys.stdout if stream is None else stream
+    isatty = getattr(stream, 'isatty', None)
+    return 'bar' if isatty is not None and isatty() else 'lines'
+
+
+def _terminal_columns(stream):
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):
+        return 0
+
+
+class Progress:
+    """Per-epoch output of a run: ``train(..., on_batch=p.on_batch, on_epoch=p.on_epoch)``.
+
+    Parameters
+    ----------
+    num_epochs : int
+        Shown in the bar's label (``epoch 2/4``).
+    num_examples : int, optional
+        Training images per epoch, the bar's total; without it the bar counts up.
+    mode : {'bar', 'lines', 'quiet'}, optional
+        Default ``choose_mode(stream=stream)``.
+    stream : file, optional
+        Where to write (default ``sys.stdout`` at the time of the call).
+    label : str, optional
+        Put before ``epoch 1/4`` in the bar (the sweep names the setting there).
+    """
+
+    def __init__(self, num_epochs, num_examples=None, mode=None, stream=None, label=''):
+        self.stream = sys.stdout if stream is None else stream
+        self.mode = choose_mode(stream=self.stream) if mode is None else mode
+        if self.mode not in MODES:
+            raise ValueError('mode must be one of %s, got %r' % ('/'.join(MODES), self.mode))
+        self.num_epochs, self.num_examples, self.label = num_epochs, num_examples, label
+        self.bar = None
+        self._loss_shown_at = 0.0
+
+    def on_batch(self, epoch, step, examples, running_loss):
+        """``train()``'s ``on_batch`` hook: advance the bar (bar mode only)."""
+        if self.mode != 'bar':
+            return
+        if self.bar is None:
+            # tqdm hides the bar on a terminal that reports a size of 0 x 0 (a pseudo-terminal
+            # nobody sized), so such a terminal gets a fixed size.
+            sized = _terminal_columns(self.stream) > 0
+            self.bar = tqdm(total=self.num_examples, unit='img', file=self.stream, leave=False,
+                            dynamic_ncols=sized, ncols=None if sized else 100,
+                            nrows=None if sized else 24,
+                            desc='%sepoch %d/%d' % (self.label, epoch, self.num_epochs))
+        self.bar.update(examples)
+        now = time.monotonic()
+        if step == 1 or now - self._loss_shown_at >= LOSS_REFRESH_SECONDS:
+            self._loss_shown_at = now
+            self.bar.set_postfix(loss='%.4f' % running_loss())
+
+    def on_epoch(self, record):
+        """``train()``'s ``on_epoch`` hook: close the bar and print the book's epoch line."""
+        self.close()
+        if self.mode != 'quiet':
+            print(format_epoch(record), file=self.stream, flush=True)
+
+    def close(self):
+        """Remove the bar, if one is shown (call it also when training stops with an error)."""
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None

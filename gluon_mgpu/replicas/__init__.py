@@ -1,0 +1,482 @@
+"""The parameter-replica inspector: are the weights the same on every device?
+
+``net.initialize(ctx=devices)`` gives every parameter one copy (replica) per device. In the
+chapter's loop every device computes the gradient of its own slice of the batch;
+``trainer.step`` sums the gradients over the devices and applies the same update to every
+replica, so the trained parameters stay bit for bit identical. The chapter shows this by
+printing ``weight.data(ctx[0])[0]`` and ``weight.data(ctx[1])[0]`` side by side; this module
+compares every parameter on every device.
+
+Not everything is meant to agree. BatchNorm's ``running_mean`` and ``running_var`` are
+auxiliary states (``grad_req='null'``): in training mode each device updates its own copy from
+its own slice of the batch, and the Trainer never reduces them. They are reported with the size
+of their divergence, never as a failure.
+
+The library returns data (``inspect_replicas`` -> ``ReplicaReport``);
+``format_replica_report`` and ``format_replica_summary`` turn a report into text.
+``python -m gluon_mgpu.replicas`` walks the chapter's inspection cells
+(``gluon_mgpu/replicas/__main__.py``).
+"""
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from mxnet import nd
+from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
+
+__all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
+           'assert_replicas_match', 'get_replica', 'format_replica_report',
+           'format_replica_summary', 'KINDS', 'AUXILIARY_WHY', 'GRADIENT_WHY']
+
+KINDS = ('trained', 'auxiliary')
+_WHATS = ('data', 'grad')
+_BATCHNORM_STATS = ('running_mean', 'running_var')
+
+AUXILIARY_WHY = ('each device updates its own BatchNorm running statistics from its own slice '
+                 'of the batch, and the Trainer never reduces them')
+GRADIENT_WHY = ('before trainer.step each device holds the gradient of its own slice; step sums '
+                'them, and writes the sum back into every device\'s gradient only when the '
+                'Trainer reduces gradients itself (update_on_kvstore=False), not when the '
+                'kvstore applies the update (the default)')
+
+
+class ReplicaMismatchError(RuntimeError):
+    """Replicas of a trained parameter differ between devices by more than allowed.
+
+    Attributes
+    ----------
+    parameter : str
+        Name of the parameter with the largest difference.
+    contexts : tuple of mxnet.Context
+        The two devices compared: the parameter's first context and the one that differs most.
+    abs_diff, rel_diff : float
+        Largest absolute and relative difference between those two replicas.
+    atol : float
+        The tolerance that was exceeded.
+    report : ReplicaReport
+        The whole inspection.
+    """
+
+    def __init__(self, message, parameter, contexts, abs_diff, rel_diff, atol, report):
+        super().__init__(message)
+        self.parameter = parameter
+        self.contexts = contexts
+        self.abs_diff = abs_diff
+        self.rel_diff = rel_diff
+        self.atol = atol
+        self.report = report
+
+
+def _json_float(x):
+    # json.dumps would write inf as `Infinity`, which is not JSON.
+    return x if math.isfinite(x) else 'inf'
+
+
+@dataclass(frozen=True)
+class ParameterReplicas:
+    """One parameter's replicas, each compared with the first.
+
+    Attributes
+    ----------
+    name : str
+    shape : tuple of int
+    contexts : tuple of mxnet.Context
+        The devices compared, in the parameter's own order; the first is the reference.
+    kind : {'trained', 'auxiliary'}
+        ``'trained'`` when ``grad_req != 'null'`` (the Trainer updates it); ``'auxiliary'``
+        otherwise (BatchNorm ``running_mean`` / ``running_var``, or a frozen parameter).
+    abs_diff : tuple of float
+        Per context, ``max |replica - first replica|``; ``0.0`` for the first itself.
+    rel_diff : tuple of float
+        Per context, ``abs_diff`` divided by the largest magnitude in either of the two
+        replicas (``0.0`` when both are all zeros), so it lies in ``[0, 2]``. Both are ``inf``
+        when one replica holds a NaN or an infinity where the other does not.
+    """
+
+    name: str
+    shape: tuple
+    contexts: tuple
+    kind: str
+    abs_diff: tuple
+    rel_diff: tuple
+
+    @property
+    def max_abs_diff(self):
+        """Largest absolute difference of any replica from the first."""
+        return max(self.abs_diff)
+
+    @property
+    def max_rel_diff(self):
+        """Largest relative difference of any replica from the first."""
+        return max(self.rel_diff)
+
+    @property
+    def identical(self):
+        """True when every replica equals the first bit for bit (NaN equals NaN here)."""
+        return self.max_abs_diff == 0.0
+
+    @property
+    def worst_context(self):
+        """The context whose replica differs most from the first (the first if all agree)."""
+        return self.contexts[self.abs_diff.index(self.max_abs_diff)]
+
+    @property
+    def is_batchnorm_statistic(self):
+        """True for BatchNorm's ``running_mean`` / ``running_var``."""
+        return self.kind == 'auxiliary' and self.name.endswith(_BATCHNORM_STATS)
+
+    def to_dict(self):
+        """A JSON-ready dict: contexts as strings, ``inf`` as the string ``'inf'``."""
+        return {'name': self.name, 'shape': list(self.shape), 'kind': self.kind,
+                'contexts': [str(c) for c in self.contexts],
+                'abs_diff': [_json_float(x) for x in self.abs_diff],
+                'rel_diff': [_json_float(x) for x in self.rel_diff],
+                'max_abs_diff': _json_float(self.max_abs_diff),
+                'max_rel_diff': _json_float(self.max_rel_diff),
+                'identical': self.identical}
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """The result of ``inspect_replicas``: every parameter's replicas compared.
+
+    Attributes
+    ----------
+    what : {'data', 'grad'}
+        Parameter values or their gradients.
+    contexts : tuple of mxnet.Context
+        Every device any parameter lives on, in first-seen order.
+    parameters : tuple of ParameterReplicas
+        In ``collect_params()`` order. For ``what='grad'`` only trained parameters (auxiliary
+        states have no gradient).
+    """
+
+    what: str
+    contexts: tuple
+    parameters: tuple
+
+    @property
+    def trained(self):
+        """The trained parameters (``grad_req != 'null'``)."""
+        return [p for p in self.parameters if p.kind == 'trained']
+
+    @property
+    def auxiliary(self):
+        """The auxiliary states (``grad_req == 'null'``), allowed to differ."""
+        return [p for p in self.parameters if p.kind == 'auxiliary']
+
+    @property
+    def mismatched(self):
+        """The trained parameters whose replicas are not identical."""
+        return [p for p in self.trained if not p.identical]
+
+    @property
+    def ok(self):
+        """True when every trained parameter is identical on every device."""
+        return not self.mismatched
+
+    @property
+    def worst(self):
+        """The trained parameter that differs most, or None when all are identical."""
+        mismatched = self.mismatched
+        return max(mismatched, key=lambda p: p.max_abs_diff) if mismatched else None
+
+    @property
+    def auxiliary_max_abs_diff(self):
+        """Largest difference among the auxiliary states (0.0 when there are none)."""
+        return max((p.max_abs_diff for p in self.auxiliary), default=0.0)
+
+    def to_dict(self):
+        """A JSON-ready dict of the whole report (``json.dumps`` accepts it as is)."""
+        worst = self.worst
+        return {'what': self.what, 'contexts': [str(c) for c in self.contexts], 'ok': self.ok,
+                'worst': None if worst is None else worst.name,
+                'num_trained': len(self.trained), 'num_auxiliary': len(self.auxiliary),
+                'auxiliary_max_abs_diff': _json_float(self.auxiliary_max_abs_diff),
+                'parameters': [p.to_dict() for p in self.parameters]}
+
+
+def _params_of(net):
+    if isinstance(net, ParameterDict):
+        return list(net.values())
+    if hasattr(net, 'collect_params'):
+        return list(net.collect_params().values())
+    raise ValueError('expected a gluon Block (e.g. resnet18(10)) or a ParameterDict, got %r; '
+                     'pass the network itself' % (type(net).__name__,))
+
+
+def _format_contexts(contexts):
+    return '[%s]' % ', '.join(str(c) for c in contexts)
+
+
+def _check_initialized(param):
+    """Raise a clear error if ``param`` has no arrays yet; return its contexts."""
+    try:
+        param.list_data()
+    except DeferredInitializationError:
+        raise DeferredInitializationError(
+            "parameter '%s' is not initialized yet: its initialization on %s is deferred until "
+            "the first forward pass tells its input shape; pass one batch through the network "
+            "first, e.g. net(X) with X on one of those devices (the chapter runs "
+            "net(gpu_x[0]), net(gpu_x[1]))"
+            % (param.name, _format_contexts(param.list_ctx()))) from None
+    except RuntimeError:
+        raise RuntimeError("parameter '%s' is not initialized; call "
+                           "net.initialize(ctx=devices) and pass one batch through the network "
+                           "first" % param.name) from None
+    return param.list_ctx()
+
+
+def get_replica(param, ctx, what='data'):
+    """Return ``param``'s replica (``what='data'``) or gradient (``'grad'``) on ``ctx``.
+
+    Like ``param.data(ctx)`` / ``param.grad(ctx)``, with errors that say what to do.
+
+    Parameters
+    ----------
+    param : mxnet.gluon.Parameter
+        For example ``net[0].params.get('weight')``, as in the chapter.
+    ctx : mxnet.Context
+    what : {'data', 'grad'}, default 'data'
+
+    Returns
+    -------
+    mxnet.nd.NDArray
+        The replica itself, not a copy: writing to it changes that device's parameter.
+
+    Raises
+    ------
+    ValueError
+        If ``param`` does not live on ``ctx`` (the message lists where it lives), if ``what``
+        is unknown, or for ``'grad'`` of a parameter with ``grad_req='null'``.
+    mxnet.gluon.parameter.DeferredInitializationError
+        (a ``RuntimeError``) if no batch has passed through the network yet.
+    RuntimeError
+        If the parameter was never initialized.
+    """
+    if what not in _WHATS:
+        raise ValueError("what must be 'data' or 'grad', got %r" % (what,))
+    contexts = _check_initialized(param)
+    if ctx not in contexts:
+        raise ValueError("parameter '%s' is not initialized on %s; it lives on %s: ask for one "
+                         "of those" % (param.name, ctx, _format_contexts(contexts)))
+    if what == 'grad':
+        if param.grad_req == 'null':
+            raise ValueError("parameter '%s' has no gradient (grad_req='null'); inspect its "
+                             "data instead" % param.name)
+        return param.grad(ctx)
+    return param.data(ctx)
+
+
+def _difference(replica, first):
+    """``(max |replica - first|, that / max(|replica|, |first|))``; ``first`` is a numpy array.
+
+    The common case, identical replicas, costs one copy to the host and one pass in place
+    (new temporary arrays of this size would cost more than the comparison itself).
+    """
+    d = replica.asnumpy()
+    with np.errstate(invalid='ignore', over='ignore'):
+        np.subtract(d, first, out=d)
+        np.abs(d, out=d)
+    m = float(d.max()) if d.size else 0.0
+    if m == 0.0:
+        return 0.0, 0.0
+    a, b = replica.asnumpy(), first
+    if not math.isfinite(m):
+        # NaN or infinity: replicas agree where both hold NaN or the same infinity.
+        agree = (a == b) | (np.isnan(a) & np.isnan(b))
+        if agree.all():
+            return 0.0, 0.0
+        m = float(np.where(agree, 0.0, np.nan_to_num(d, nan=np.inf)).max())
+        if not math.isfinite(m):
+            return math.inf, math.inf
+    scale = max(float(np.abs(a[np.isfinite(a)]).max(initial=0.0)),
+                float(np.abs(b[np.isfinite(b)]).max(initial=0.0)))
+    return m, m / scale
+
+
+def inspect_replicas(net, what='data', devices=None):
+    """Compare every parameter's replicas across devices.
+
+    Each replica is copied to the host and compared with the parameter's first replica (a few
+    tens of milliseconds for the chapter's ResNet-18 on two CPU contexts, see
+    docs/replica-check.md). Call it outside ``record()``. It first waits for all pending
+    computation (``nd.waitall()``): the values are then final, and the copies do not compete for
+    the cores with a step still running.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.Block or ParameterDict
+        An initialized network that has seen one batch (so deferred shapes are known).
+    what : {'data', 'grad'}, default 'data'
+        ``'data'``: the parameter values. ``'grad'``: the gradient buffers of the trained
+        parameters. Between ``backward`` and ``trainer.step`` they differ (each device saw
+        its own slice). After the step they are the summed gradient, identical, only if the
+        Trainer was made with ``update_on_kvstore=False``; with MXNet 1.9's default
+        (``'device'`` kvstore, update on the kvstore) they stay per device and only the
+        updated weights agree.
+    devices : list of mxnet.Context, optional
+        Compare only these replicas, the first as reference. Default: every context each
+        parameter lives on.
+
+    Returns
+    -------
+    ReplicaReport
+
+    Raises
+    ------
+    ValueError
+        For an unknown ``what``, or a device some parameter does not live on (the message lists
+        where it lives).
+    mxnet.gluon.parameter.DeferredInitializationError
+        (a ``RuntimeError``) when no batch has passed through the network yet.
+    RuntimeError
+        When the network was never initialized.
+    """
+    if what not in _WHATS:
+        raise ValueError("what must be 'data' (parameter values) or 'grad' (gradients), got %r"
+                         % (what,))
+    devices = None if devices is None else list(devices)
+    if devices is not None and not devices:
+        raise ValueError('devices is empty; pass at least one context, or None for all')
+    params = _params_of(net)
+    nd.waitall()
+    rows, seen = [], []
+    for param in params:
+        if what == 'grad' and param.grad_req == 'null':
+            continue
+        contexts = _check_initialized(param) if devices is None else devices
+        arrays = [get_replica(param, c, what) for c in contexts]
+        first = arrays[0].asnumpy()
+        diffs = [(0.0, 0.0)] + [_difference(a, first) for a in arrays[1:]]
+        rows.append(ParameterReplicas(
+            name=param.name, shape=tuple(first.shape), contexts=tuple(contexts),
+            kind='trained' if param.grad_req != 'null' else 'auxiliary',
+            abs_diff=tuple(d[0] for d in diffs), rel_diff=tuple(d[1] for d in diffs)))
+        seen.extend(c for c in contexts if c not in seen)
+    return ReplicaReport(what=what, contexts=tuple(seen), parameters=tuple(rows))
+
+
+def _number(x):
+    return '0' if x == 0 else ('inf' if math.isinf(x) else '%.1e' % x)
+
+
+def _plural(n, word):
+    return '%d %s%s' % (n, word, '' if n == 1 else 's')
+
+
+def assert_replicas_match(net, atol=0.0, what='data', devices=None):
+    """Check that every trained parameter is the same on every device; return the report.
+
+    Auxiliary states (BatchNorm running statistics) are reported but never checked: see
+    ``AUXILIARY_WHY``.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.Block or ParameterDict
+    atol : float, default 0.0
+        Largest absolute difference allowed. Data-parallel SGD keeps replicas bit for bit
+        identical, so the default allows none.
+    what : {'data', 'grad'}, default 'data'
+    devices : list of mxnet.Context, optional
+        As in ``inspect_replicas``.
+
+    Returns
+    -------
+    ReplicaReport
+
+    Raises
+    ------
+    ReplicaMismatchError
+        (a ``RuntimeError``) naming the parameter that differs most, the two contexts and the
+        difference.
+    ValueError
+        For a negative or non-numeric ``atol`` (and as ``inspect_replicas``).
+    """
+    try:
+        atol = float(atol)
+    except (TypeError, ValueError):
+        raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0' % (atol,))
+    if not atol >= 0:
+        raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0' % (atol,))
+    report = inspect_replicas(net, what=what, devices=devices)
+    over = [p for p in report.trained if p.max_abs_diff > atol]
+    if not over:
+        return report
+    worst = max(over, key=lambda p: p.max_abs_diff)
+    pair = (worst.contexts[0], worst.worst_context)
+    subject = "parameter '%s'" % worst.name if what == 'data' else \
+        "the gradient of parameter '%s'" % worst.name
+    if what == 'data':
+        why = ('trainer.step applies the same summed gradient to every replica, so one replica '
+               'was changed on its own (for example by writing to param.data(ctx) on one device '
+               'or by updating it outside the Trainer)')
+    else:
+        why = GRADIENT_WHY
+    message = ('%s %s differs between %s and %s by %s (relative %s, atol %s); %d of %s differ; %s'
+               % (subject, worst.shape, pair[0], pair[1], _number(worst.max_abs_diff),
+                  _number(worst.max_rel_diff), _number(atol), len(over),
+                  _plural(len(report.trained), 'trained parameter'), why))
+    raise ReplicaMismatchError(message, worst.name, pair, worst.max_abs_diff,
+                               worst.max_rel_diff, atol, report)
+
+
+def _auxiliary_phrase(report):
+    aux = report.auxiliary
+    if not aux:
+        return ''
+    noun = 'BatchNorm statistic' if all(p.is_batchnorm_statistic for p in aux) else \
+        'auxiliary state'
+    differ = [p for p in aux if not p.identical]
+    if not differ:
+        return '; %s identical' % _plural(len(aux), noun)
+    count = _plural(len(aux), noun) if len(differ) == len(aux) else \
+        '%d of %s' % (len(differ), _plural(len(aux), noun))
+    return '; %s differ by at most %s (expected: %s)' % (
+        count, _number(report.auxiliary_max_abs_diff), AUXILIARY_WHY)
+
+
+def format_replica_summary(report):
+    """One line about a report, for example (after a few steps on two devices)::
+
+        replicas: 76 trained parameters identical on 2 devices; 34 BatchNorm statistics
+        differ by at most 3.1e-02 (expected: each device updates its own BatchNorm running
+        statistics from its own slice of the batch, and the Trainer never reduces them)
+
+    (printed as one line).
+    """
+    label = 'replicas' if report.what == 'data' else 'gradients'
+    trained = report.trained
+    devices = _plural(len(report.contexts), 'device')
+    if len(report.contexts) < 2:
+        return '%s: %s on %s only, nothing to compare' % (
+            label, _plural(len(trained), 'trained parameter'), devices)
+    if report.ok:
+        head = '%s: %s identical on %s' % (label, _plural(len(trained), 'trained parameter'),
+                                           devices)
+    else:
+        worst = report.worst
+        head = '%s: %d of %s differ on %s, worst %s by %s (%s vs %s)' % (
+            label, len(report.mismatched), _plural(len(trained), 'trained parameter'), devices,
+            worst.name, _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
+        if report.what == 'grad':
+            head += ' (%s)' % GRADIENT_WHY
+    return head + _auxiliary_phrase(report)
+
+
+def format_replica_report(report):
+    """A table of the report, one row per parameter, then the summary line.
+
+    Columns: name, shape, kind, largest absolute and relative difference from the first
+    replica. A zero difference prints as ``0``.
+    """
+    header = ('parameter', 'shape', 'kind', 'max abs diff', 'max rel diff')
+    rows = [(p.name, str(p.shape), p.kind, _number(p.max_abs_diff), _number(p.max_rel_diff))
+            for p in report.parameters]
+    widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
+    title = '%s of %s on %s, each compared with the first device' % (
+        'values' if report.what == 'data' else 'gradients',
+        _plural(len(report.parameters), 'parameter'), _format_contexts(report.contexts))
+    lines = [title] + ['  '.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
+                       for r in [header] + rows]
+    return '\n'.join(lines + [format_replica_summary(report)])

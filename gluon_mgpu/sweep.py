@@ -1,0 +1,294 @@
+"""The chapter's exercise as a command: train on 1, 2, 4 ... devices and compare.
+
+    python -m gluon_mgpu.sweep --num-gpus 1 2 4
+
+trains the chapter's ResNet-18 once per device count, with the batch size and learning rate
+growing with the devices as in the book (256 and 0.1 per device), then prints a Markdown table
+(devices, global batch, lr, sec/epoch, images/s, speed-up over 1 device, final test accuracy)
+and writes it, with one figure, to ``--output-dir``. The library part (``plan_sweep``,
+``run_setting``, ``run_sweep``, ``format_table``) returns data; only ``main`` prints.
+"""
+import argparse
+import os
+import sys
+
+from . import data, devices as devices_mod, metrics, progress, training
+from .model import resnet18
+from .train import UsageError, _count, _positive_float, _seed
+
+__all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'run_sweep', 'add_speedups',
+           'format_table', 'write_outputs', 'build_parser', 'parse_args', 'main']
+
+PROG = 'python -m gluon_mgpu.sweep'
+TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
+
+
+def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='auto'):
+    """Resolve every device count to its devices, global batch size and learning rate.
+
+    Done before any training, so a count the machine cannot give fails at once.
+
+    Parameters
+    ----------
+    num_gpus : list of int
+        Device counts, each at least 1 and each once, e.g. ``[1, 2, 4]``.
+    batch_size_per_device, lr_per_device : int, float
+        The global batch is ``batch_size_per_device * n`` and the learning rate
+        ``lr_per_device * n``, the book's scaling (256 and 0.1 for 1 device, 512 and 0.2 for 2).
+    device : {'auto', 'gpu', 'cpu'}
+        As in ``get_devices``.
+
+    Returns
+    -------
+    list of dict
+        One per count: ``num_devices``, ``devices`` (contexts), ``batch_size``, ``lr``.
+
+    Raises
+    ------
+    ValueError
+        For an empty list, a count below 1, a repeated count, or a count the machine cannot give.
+    """
+    counts = list(num_gpus)
+    if not counts:
+        raise ValueError('num_gpus is empty; pass device counts such as [1, 2, 4]')
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError('every device count must be a whole number >= 1, got %r; for '
+                             'example [1, 2, 4]' % (n,))
+    repeated = sorted({n for n in counts if counts.count(n) > 1})
+    if repeated:
+        raise ValueError('device count %d is listed more than once; list each count once, '
+                         'for example [1, 2, 4]' % repeated[0])
+    return [{'num_devices': n,
+             'devices': devices_mod.get_devices(n, device),
+             'batch_size': batch_size_per_device * n,
+             'lr': lr_per_device * n} for n in counts]
+
+
+def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
+                on_batch=None, on_epoch=None):
+    """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
+
+    ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
+    ``load_setting_data``). ``on_batch`` and ``on_epoch`` are passed to ``train()`` (for a
+    progress display).
+
+    Returns
+    -------
+    dict
+        ``num_devices``, ``devices`` (as text), ``batch_size``, ``lr``, ``epochs``,
+        ``train_images``, ``test_images``, ``timed_epochs`` (epoch 2 on, or epoch 1 if it is
+        the only one), ``sec_per_epoch`` (their mean training seconds), ``images_per_sec``
+        (over them), ``test_acc`` (after the last epoch), ``cpu`` (all devices are CPU
+        contexts), ``line`` (the summary line, over all epochs) and ``history``.
+    """
+    devices = setting['devices']
+    net = resnet18(10)
+    if hybridize:
+        # As in train.py: static_alloc only (static_shape loses BatchNorm updates on MXNet 1.9.1).
+        net.hybridize(static_alloc=True)
+    history = training.train(net, train_iter, test_iter, devices, lr=setting['lr'],
+                             num_epochs=num_epochs, seed=seed, verbose=False,
+                             on_batch=on_batch, on_epoch=on_epoch)
+    summary = metrics.summarize(history, devices)
+    # Epoch 1 also pays one-time set-up (graph building, memory allocation), and the first
+    # setting of a process pays the most: time the later epochs when there are any.
+    timed = metrics.summarize(history[1:] or history, devices)
+    return {'num_devices': setting['num_devices'],
+            'devices': [str(d) for d in devices],
+            'batch_size': setting['batch_size'],
+            'lr': setting['lr'],
+            'epochs': num_epochs,
+            'train_images': train_iter.num_examples,
+            'test_images': test_iter.num_examples,
+            'timed_epochs': [r['epoch'] for r in (history[1:] or history)],
+            'sec_per_epoch': timed['sec_per_epoch'],
+            'images_per_sec': timed['images_per_sec'],
+            'test_acc': summary['test_acc'],
+            'cpu': all(d.device_type == 'cpu' for d in devices),
+            'line': summary['line'],
+            'history': history}
+
+
+def load_setting_data(setting, data_dir=None, train_limit=None, test_limit=None, seed=None):
+    """Return ``(train_iter, test_iter)`` batched by the setting's global batch size."""
+    return data.load_data_fashion_mnist(setting['batch_size'], data_dir=data_dir,
+                                        train_limit=train_limit, test_limit=test_limit,
+                                        seed=seed)
+
+
+def add_speedups(rows):
+    """Set every row's ``speedup``: its images/s over the 1-device row's (None without one)."""
+    base = [r['images_per_sec'] for r in rows if r['num_devices'] == 1]
+    for r in rows:
+        r['speedup'] = r['images_per_sec'] / base[0] if base else None
+    return rows
+
+
+def run_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, num_epochs=4,
+              device='auto', data_dir=None, train_limit=None, test_limit=None, seed=None,
+              hybridize=True):
+    """Plan, then train every setting in turn; return the rows, with speed-ups.
+
+    See ``plan_sweep`` and ``run_setting`` for the arguments and the rows.
+    """
+    rows = []
+    for s in plan_sweep(num_gpus, batch_size_per_device, lr_per_device, device):
+        train_iter, test_iter = load_setting_data(s, data_dir, train_limit, test_limit, seed)
+        rows.append(run_setting(s, train_iter, test_iter, num_epochs, seed, hybridize))
+    return add_speedups(rows)
+
+
+def format_table(rows):
+    """Return the sweep as Markdown: one line saying what ran, the table, and notes."""
+    first = rows[0]
+    per_device = first['batch_size'] // first['num_devices']
+    lines = ['ResNet-18 on Fashion-MNIST (%d training, %d test images), %d epoch%s, batch %d '
+             'and lr %g per device.' % (first['train_images'], first['test_images'],
+                                        first['epochs'], '' if first['epochs'] == 1 else 's',
+                                        per_device, first['lr'] / first['num_devices']),
+             '',
+             '| devices | global batch | lr | sec/epoch | images/s | speed-up over 1 device '
+             '| final test acc |',
+             '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        lines.append('| %d: [%s] | %d | %g | %.1f | %.1f | %s | %.2f |' % (
+            r['num_devices'], ', '.join(r['devices']), r['batch_size'], r['lr'],
+            r['sec_per_epoch'], r['images_per_sec'],
+            'n/a' if r.get('speedup') is None else '%.2f' % r['speedup'], r['test_acc']))
+    notes = ['sec/epoch is the mean training time per epoch (test evaluation not included) '
+             'and images/s counts training images, both %s.' % (
+                 'from epoch 2 on: epoch 1 also pays one-time set-up (graph building, memory '
+                 'allocation)' if first['epochs'] > 1 else
+                 'in the only epoch, which also pays one-time set-up (graph building, memory '
+                 'allocation): run 2 epochs or more to leave it out')]
+    if all(r.get('speedup') is None for r in rows):
+        notes.append('There is no 1-device setting, so no speed-up is given; add 1 to '
+                     '--num-gpus.')
+    if any(r['cpu'] for r in rows):
+        notes.append('These devices are CPU contexts sharing one machine\'s cores (no GPU was '
+                     'used): the data parallelism is real, but a speed-up is not expected here. '
+                     'Run the sweep on GPUs to measure scaling.')
+    lines += [''] + ['Note: %s' % n for n in notes]
+    return '\n'.join(lines) + '\n'
+
+
+def write_outputs(rows, output_dir):
+    """Write ``sweep.md`` (``format_table``) and ``sweep.png`` into ``output_dir``; return paths."""
+    from . import plotting
+    table_path = os.path.join(output_dir, TABLE_FILE)
+    with metrics.atomic_path(table_path) as tmp:
+        with open(tmp, 'w') as f:
+            f.write(format_table(rows))
+    title = 'ResNet-18 on Fashion-MNIST, data-parallel on %s devices' % ', '.join(
+        str(r['num_devices']) for r in rows)
+    if any(r['cpu'] for r in rows):
+        title += ' (CPU contexts sharing one machine: no speed-up expected)'
+    plot_path = os.path.join(output_dir, PLOT_FILE)
+    return [table_path] + plotting.plot_sweep(rows, plot_path, title=title)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError('%s: error: %s (see --help)' % (PROG, message))
+
+
+def build_parser():
+    p = _Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
+                'and compare time, throughput and accuracy in a Markdown table and a figure.')
+    p.add_argument('--num-gpus', type=_count('--num-gpus'), nargs='+', required=True,
+                   metavar='N', help='device counts to compare, e.g. 1 2 4')
+    p.add_argument('--batch-size-per-device', type=_count('--batch-size-per-device'),
+                   default=256, help='batch size per device; the global batch is this times '
+                                     'the device count (default: 256, as the book)')
+    p.add_argument('--lr-per-device', type=_positive_float('--lr-per-device'), default=0.1,
+                   help='learning rate per device; the run uses this times the device count '
+                        '(default: 0.1, as the book)')
+    p.add_argument('--epochs', type=_count('--epochs'), default=4,
+                   help='epochs per setting (default: 4)')
+    p.add_argument('--device', choices=devices_mod.DEVICE_CHOICES, default='auto',
+                   help='auto: GPUs if there are enough, simulated CPU devices if there is no '
+                        'GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
+    p.add_argument('--data-dir', default=None,
+                   help='folder with the four Fashion-MNIST IDX .gz files (default: searched)')
+    p.add_argument('--train-limit', type=_count('--train-limit'), default=None,
+                   help='use only the first N training images (default: all 60000)')
+    p.add_argument('--test-limit', type=_count('--test-limit'), default=None,
+                   help='use only the first N test images (default: all 10000)')
+    p.add_argument('--seed', type=_seed, default=None,
+                   help='seed for every setting\'s initialization and data order (default: none)')
+    p.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
+                   help='compile the network into one graph (default: hybridize)')
+    p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
+                   help='folder for %s and %s, created if missing (default: sweep-results)'
+                        % (TABLE_FILE, PLOT_FILE))
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``UsageError`` for bad input)."""
+    return build_parser().parse_args(argv)
+
+
+def _prepare_output_dir(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError('%s: error: --output-dir %s: cannot create the folder (%s); choose '
+                         'another folder' % (PROG, path, e.strerror or e)) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError('%s: error: --output-dir %s: the folder is not writable; choose '
+                         'another folder' % (PROG, path))
+
+
+def _run(args):
+    try:
+        settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
+                              args.device)
+    except ValueError as e:
+        raise UsageError('%s: error: --num-gpus %s --device %s: %s' % (
+            PROG, ' '.join(map(str, args.num_gpus)), args.device, e)) from None
+    _prepare_output_dir(args.output_dir)
+    mode = progress.choose_mode()
+    rows = []
+    for s in settings:
+        try:
+            train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
+                                                      args.test_limit, args.seed)
+        except (data.DataError, data.DataNotFoundError) as e:
+            raise UsageError('%s: error: %s' % (PROG, e)) from None
+        except ValueError as e:
+            raise UsageError('%s: error: %s' % (PROG, str(e).replace(
+                'train_limit', '--train-limit').replace('test_limit', '--test-limit'))) from None
+        print('running on: %s (global batch %d, lr %g)' % (
+            devices_mod.format_devices(s['devices']), s['batch_size'], s['lr']), flush=True)
+        report = progress.Progress(args.epochs, train_iter.num_examples, mode,
+                                   label='%d device%s, ' % (s['num_devices'],
+                                                            '' if s['num_devices'] == 1 else 's'))
+        try:
+            row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
+                              report.on_batch, report.on_epoch)
+        finally:
+            report.close()
+        print(row['line'], flush=True)
+        rows.append(row)
+    add_speedups(rows)
+    print()
+    print(format_table(rows), end='')
+    paths = write_outputs(rows, args.output_dir)
+    print('\nwrote %s' % ', '.join(paths), flush=True)
+    return rows
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code."""
+    try:
+        _run(parse_args(argv))
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

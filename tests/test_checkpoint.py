@@ -1,0 +1,502 @@
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import nd
+from mxnet.gluon import nn
+
+import gluon_mgpu
+from gluon_mgpu import checkpoint, training
+from gluon_mgpu.train import main
+
+TINY = ['--num-gpus', '2', '--batch-size', '16', '--train-limit', '48', '--test-limit', '16',
+        '--seed', '0']
+
+
+def _bn_cnn():
+    """Small, with BatchNorm: each device keeps its own running statistics."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(4, kernel_size=3), nn.BatchNorm(), nn.Activation('relu'),
+            nn.MaxPool2D(2), nn.Dense(10))
+    return net
+
+
+def _saver(directory, net, trainer, history=()):
+    history = list(history)
+
+    def save(record):
+        history.append(record)
+        checkpoint.save_checkpoint(directory, record['epoch'], net, trainer,
+                                   {'history': history, 'args': {'epochs': 3}})
+    return save
+
+
+def _load(path):
+    return {k: v.asnumpy() for k, v in (nd.load(path) or {}).items()}
+
+
+def _assert_bit_equal(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.fixture(scope='module')
+def small_data(data_dir):
+    return gluon_mgpu.load_data_fashion_mnist(8, data_dir=data_dir, train_limit=24,
+                                              test_limit=8, seed=4)
+
+
+def _first_run(directory, small_data, devices):
+    net = _bn_cnn()
+    trainer = training.init_training(net, devices, 0.5, seed=1)
+    history = gluon_mgpu.train(net, *small_data, devices, num_epochs=3, trainer=trainer,
+                               verbose=False, on_epoch=_saver(directory, net, trainer))
+    return net, history
+
+
+def _resume(directory, small_data, devices, epoch):
+    net = _bn_cnn()
+    trainer = training.init_training(net, devices, 0.5, seed=99)
+    record = checkpoint.read_checkpoint(directory, epoch)
+    checkpoint.restore(directory, record, net, trainer, devices)
+    return net, trainer, record
+
+
+def test_a_resumed_run_ends_bit_equal_to_an_uninterrupted_one(tmp_path, small_data, two_cpus):
+    full, resumed = tmp_path / 'full', tmp_path / 'resumed'
+    os.mkdir(full)
+    _, history = _first_run(str(full), small_data, two_cpus)
+    assert checkpoint.list_checkpoints(str(full)) == [1, 2, 3]
+    os.mkdir(resumed)
+    for kind in ('json',) + checkpoint.KINDS:
+        shutil.copy(checkpoint.checkpoint_path(str(full), 1, kind), resumed)
+    net, trainer, record = _resume(str(resumed), small_data, two_cpus, None)
+    assert record['epoch'] == 1 and record['history'] == history[:1]
+    resumed_history = gluon_mgpu.train(
+        net, *small_data, two_cpus, num_epochs=3, trainer=trainer, start_epoch=1,
+        history=record['history'], verbose=False,
+        on_epoch=_saver(str(resumed), net, trainer, record['history']))
+    assert [h['epoch'] for h in resumed_history] == [1, 2, 3]
+    for key in ('train_loss', 'train_acc', 'test_acc'):
+        assert [h[key] for h in resumed_history] == [h[key] for h in history]
+    for kind in checkpoint.KINDS:
+        with open(checkpoint.checkpoint_path(str(full), 3, kind), 'rb') as a, \
+                open(checkpoint.checkpoint_path(str(resumed), 3, kind), 'rb') as b:
+            assert a.read() == b.read(), kind
+
+
+def test_the_replicas_file_holds_each_devices_batchnorm_statistics(tmp_path, small_data,
+                                                                   two_cpus):
+    net, _ = _first_run(str(tmp_path), small_data, two_cpus)
+    replicas = _load(checkpoint.checkpoint_path(str(tmp_path), 3, 'replicas'))
+    # Conv, Dense weights and biases, BatchNorm gamma/beta are the same on both devices;
+    # only BatchNorm's running statistics differ, and they are all kept, per device.
+    assert sorted(replicas) == ['1.running_mean@0', '1.running_mean@1', '1.running_var@0',
+                                '1.running_var@1']
+    assert not np.array_equal(replicas['1.running_var@0'], replicas['1.running_var@1'])
+    averaged = _load(checkpoint.checkpoint_path(str(tmp_path), 3, 'params'))
+    bn = net[1]
+    for i, d in enumerate(two_cpus):
+        assert np.array_equal(replicas['1.running_var@%d' % i], bn.running_var.data(d).asnumpy())
+    # What save_parameters alone keeps: the average, which a resumed run could not split again.
+    assert np.allclose(averaged['1.running_var'],
+                       (replicas['1.running_var@0'] + replicas['1.running_var@1']) / 2)
+    assert not np.array_equal(averaged['1.running_var'], replicas['1.running_var@0'])
+
+
+def test_one_device_needs_no_replicas(tmp_path, small_data):
+    devices = [mx.cpu(0)]
+    net = _bn_cnn()
+    trainer = training.init_training(net, devices, 0.5, seed=1)
+    gluon_mgpu.train(net, *small_data, devices, num_epochs=1, trainer=trainer, verbose=False,
+                     on_epoch=_saver(str(tmp_path), net, trainer))
+    assert _load(checkpoint.checkpoint_path(str(tmp_path), 1, 'replicas')) == {}
+    net2, _, _ = _resume(str(tmp_path), small_data, devices, 1)
+    for p, q in zip(net.collect_params().values(), net2.collect_params().values()):
+        assert p.data().asnumpy().tobytes() == q.data().asnumpy().tobytes()
+
+
+@pytest.fixture(scope='module')
+def saved_run(tmp_path_factory, data_dir):
+    """Two epochs of the small network on two devices, checkpointed."""
+    directory = str(tmp_path_factory.mktemp('saved'))
+    devices = [mx.cpu(0), mx.cpu(1)]
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        8, data_dir=data_dir, train_limit=16, test_limit=8, seed=4)
+    net = _bn_cnn()
+    trainer = training.init_training(net, devices, 0.5, seed=1)
+    gluon_mgpu.train(net, train_iter, test_iter, devices, num_epochs=2, trainer=trainer,
+                     verbose=False, on_epoch=_saver(directory, net, trainer))
+    return directory
+
+
+@pytest.fixture
+def run_dir(saved_run, tmp_path):
+    directory = str(tmp_path / 'run')
+    shutil.copytree(saved_run, directory)
+    return directory
+
+
+def test_the_json_records_every_file_with_its_size_and_sha256(run_dir):
+    record = checkpoint.read_checkpoint(run_dir)
+    assert record['epoch'] == 2 and record['format'] == checkpoint.FORMAT
+    assert [h['epoch'] for h in record['history']] == [1, 2]
+    for kind in checkpoint.KINDS:
+        entry = record['files'][kind]
+        path = checkpoint.checkpoint_path(run_dir, 2, kind)
+        assert entry['name'] == os.path.basename(path)
+        assert entry['bytes'] == os.path.getsize(path)
+        assert entry['sha256'] == checkpoint._sha256(path)
+    assert sorted(os.listdir(run_dir)) == ['epoch-%04d.%s' % (e, k) for e in (1, 2)
+                                           for k in ('json', 'params', 'replicas', 'states')]
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(run_dir, two_cpus):
+    net, trainer, _ = _resume(run_dir, None, two_cpus, 2)
+
+    def disk_full(path):
+        with open(path, 'wb') as f:
+            f.write(b'half')
+        raise OSError(28, 'No space left on device')
+    trainer.save_states = disk_full
+    with pytest.raises(OSError, match='No space left'):
+        checkpoint.save_checkpoint(run_dir, 3, net, trainer, {'history': []})
+    assert checkpoint.list_checkpoints(run_dir) == [1, 2]
+    assert not any(n.startswith('.') for n in os.listdir(run_dir))
+    assert not os.path.exists(checkpoint.checkpoint_path(run_dir, 3, 'states'))
+    assert checkpoint.read_checkpoint(run_dir)['epoch'] == 2
+
+
+def test_temporary_files_of_a_killed_run_are_ignored_then_deleted(run_dir):
+    leftover = os.path.join(run_dir, '.epoch-0003.params.4242.tmp')
+    with open(leftover, 'wb') as f:
+        f.write(b'cut short')
+    assert checkpoint.list_checkpoints(run_dir) == [1, 2]
+    assert checkpoint.prepare_dir(run_dir) == ['.epoch-0003.params.4242.tmp']
+    assert not os.path.exists(leftover)
+
+
+class _Marker:
+    """Unpickling this creates a file: proof that a pickle was loaded."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, 'w'))
+
+
+@pytest.mark.parametrize('same_size', [True, False])
+def test_a_replaced_states_pickle_is_refused_before_it_is_loaded(run_dir, tmp_path, same_size,
+                                                                  two_cpus):
+    states = checkpoint.checkpoint_path(run_dir, 2, 'states')
+    marker = str(tmp_path / 'unpickled')
+    evil = pickle.dumps(_Marker(marker))
+    size = os.path.getsize(states)
+    if same_size:
+        assert len(evil) < size
+        evil = evil + b'\0' * (size - len(evil))
+    with open(states, 'wb') as f:
+        f.write(evil)
+    expected = (r'epoch-0002\.states has sha256 [0-9a-f]{12}\.\.\., but the run recorded '
+                r'[0-9a-f]{12}\.\.\.: it was changed' if same_size else
+                r'epoch-0002\.states is truncated: %d bytes, but the run wrote %d bytes'
+                % (len(evil), size))
+    with pytest.raises(checkpoint.CheckpointError, match=expected + r'.*; delete .*epoch-0002\.\* '
+                       r'to resume from epoch 1 instead'):
+        checkpoint.read_checkpoint(run_dir)
+    assert not os.path.exists(marker)
+    # The file really is a working pickle: loading it without the check would have run it.
+    with open(states, 'rb') as f:
+        pickle.load(f)
+    assert os.path.exists(marker)
+
+
+def test_a_truncated_params_file_is_named(run_dir):
+    params = checkpoint.checkpoint_path(run_dir, 2, 'params')
+    size = os.path.getsize(params)
+    with open(params, 'r+b') as f:
+        f.truncate(size // 2)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'epoch-0002\.params is truncated: %d bytes, but the run wrote %d '
+                             r'bytes' % (size // 2, size)):
+        checkpoint.read_checkpoint(run_dir)
+
+
+def test_a_broken_json_or_a_missing_file_is_named(run_dir):
+    path = checkpoint.checkpoint_path(run_dir, 2, 'json')
+    text = open(path).read()
+    with open(path, 'w') as f:
+        f.write(text[:len(text) // 2])
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'epoch-0002\.json cannot be read \(.*\); delete .*epoch-0002\.\* '
+                             r'to resume from epoch 1 instead'):
+        checkpoint.read_checkpoint(run_dir)
+    os.remove(checkpoint.checkpoint_path(run_dir, 1, 'replicas'))
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'epoch-0001\.replicas is missing, but epoch-0001\.json lists it; '
+                             r'start a new run with an empty --checkpoint-dir'):
+        checkpoint.read_checkpoint(run_dir, 1)
+
+
+def test_no_checkpoint_is_named(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'%s holds no checkpoint \(no epoch-NNNN\.json file\), so there is '
+                             r'nothing to resume' % re.escape(str(tmp_path))):
+        checkpoint.read_checkpoint(str(tmp_path))
+    with pytest.raises(checkpoint.CheckpointError, match=r'/nope does not exist'):
+        checkpoint.read_checkpoint(str(tmp_path / 'nope'))
+
+
+def test_parameters_of_another_network_do_not_fit(run_dir, two_cpus):
+    net = nn.HybridSequential()
+    net.add(nn.Dense(3))
+    trainer = training.init_training(net, two_cpus, 0.1)
+    record = checkpoint.read_checkpoint(run_dir)
+    with pytest.raises(checkpoint.CheckpointError,
+                       match=r'epoch-0002\.params does not fit this network'):
+        checkpoint.restore(run_dir, record, net, trainer, two_cpus)
+
+
+def test_prepare_dir_refuses_a_path_under_a_file(tmp_path):
+    (tmp_path / 'file').write_text('')
+    with pytest.raises(ValueError, match=r'cannot write checkpoints to %s \(Not a directory\); '
+                                         r'pass a folder you can write to'
+                                         % re.escape(str(tmp_path / 'file' / 'ck'))):
+        checkpoint.prepare_dir(str(tmp_path / 'file' / 'ck'))
+
+
+def test_resume_settings_names_every_difference_and_keeps_what_may_change():
+    record = {'epoch': 2, 'args': {'num_gpus': 2, 'batch_size': 16, 'seed': 3, 'lr': 0.2,
+                                   'train_limit': 48, 'test_limit': 16, 'epochs': 3,
+                                   'data_dir': None}}
+    with pytest.raises(ValueError, match=r'cannot continue the run with other settings: '
+                                         r'--batch-size 32 \(the run used 16\), --seed 4 \(the '
+                                         r'run used 3\); leave these flags out'):
+        checkpoint.resume_settings(record, {'batch_size': 32, 'seed': 4, 'lr': 0.1})
+    merged = checkpoint.resume_settings(record, {'lr': 0.05, 'epochs': 5, 'batch_size': 16,
+                                                 'data_dir': '/data'})
+    assert merged == dict(record['args'], lr=0.05, epochs=5, data_dir='/data')
+    with pytest.raises(ValueError, match='the run already finished all its 2 epochs; pass '
+                                         '--epochs 3 or more'):
+        checkpoint.resume_settings(dict(record, args=dict(record['args'], epochs=2)), {})
+    with pytest.raises(ValueError, match='--epochs 1 is fewer than the 2 epochs the run already '
+                                         'finished; pass --epochs 3 or more'):
+        checkpoint.resume_settings(record, {'epochs': 1})
+
+
+# The command line: real processes, real signals.
+
+def _cli(*args):
+    return [sys.executable, '-m', 'gluon_mgpu.train', *args]
+
+
+def _start(directory, *extra):
+    return subprocess.Popen(_cli(*TINY, '--epochs', '3', '--checkpoint-dir', directory, *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(path, proc, timeout=300):
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, 'no %s after %d s' % (path, timeout)
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_epoch_resumes_to_bit_equal_parameters(tmp_path, data_dir):
+    full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
+    proc = _start(killed, '--data-dir', data_dir)
+    _wait_for(checkpoint.checkpoint_path(killed, 1, 'json'), proc)
+    time.sleep(0.2)  # into epoch 2 (the assertion below checks it was not over)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    assert proc.returncode == -signal.SIGKILL
+    assert checkpoint.list_checkpoints(killed) == [1], 'the kill came after epoch 2 finished'
+
+    resumed = subprocess.run(_cli('--checkpoint-dir', killed, '--resume'), capture_output=True,
+                             text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    uninterrupted = subprocess.run(_cli(*TINY, '--epochs', '3', '--checkpoint-dir', full,
+                                        '--data-dir', data_dir),
+                                   capture_output=True, text=True, timeout=600)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+
+    lines = resumed.stdout.splitlines()
+    assert lines[:2] == ['running on: [cpu(0), cpu(1)]', 'resuming after epoch 1 of 3 from %s'
+                         % checkpoint.checkpoint_path(killed, 1, 'json')]
+    assert [re.sub(r'time: [\d.]+', '', l) for l in lines[2:]] == [
+        re.sub(r'time: [\d.]+', '', l) for l in uninterrupted.stdout.splitlines()[2:]]
+    for kind in checkpoint.KINDS:
+        with open(checkpoint.checkpoint_path(full, 3, kind), 'rb') as a, \
+                open(checkpoint.checkpoint_path(killed, 3, kind), 'rb') as b:
+            assert a.read() == b.read(), kind
+    a, b = (checkpoint.read_checkpoint(d) for d in (full, killed))
+    for key in ('train_loss', 'train_acc', 'test_acc'):
+        assert [h[key] for h in a['history']] == [h[key] for h in b['history']]
+    assert a['args'] == b['args'] and a['data_seed'] == b['data_seed'] == 0
+
+
+def test_ctrl_c_stops_keeps_the_checkpoint_and_prints_the_resume_command(tmp_path, data_dir):
+    directory = str(tmp_path / 'ck dir')
+    proc = _start(directory, '--data-dir', data_dir)
+    _wait_for(checkpoint.checkpoint_path(directory, 1, 'json'), proc)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert 'Traceback' not in err
+    assert err.splitlines()[-1] == (
+        "python -m gluon_mgpu.train: interrupted (Ctrl-C); the checkpoint of epoch 1 in %s is "
+        "complete; to resume: python -m gluon_mgpu.train --checkpoint-dir '%s' --resume"
+        % (directory, directory))
+    assert checkpoint.list_checkpoints(directory) == [1]
+    assert checkpoint.read_checkpoint(directory)['history'][0]['epoch'] == 1
+    assert not any(n.startswith('.') for n in os.listdir(directory))
+
+
+def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, data_dir):
+    directory = str(tmp_path / 'ck')
+    result = subprocess.run(_cli(*TINY, '--epochs', '3', '--lr', '1000', '--checkpoint-dir',
+                                 directory, '--data-dir', data_dir),
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1
+    assert 'Traceback' not in result.stderr
+    message = result.stderr.splitlines()[-1]
+    match = re.fullmatch(
+        r"python -m gluon_mgpu.train: error: the training loss became (nan|inf) at epoch (\d), "
+        r"step (\d) with --lr 1000: training diverged; use a smaller learning rate, for example "
+        r"--lr 100: start again in a new --checkpoint-dir, or continue from epoch (\d), the "
+        r"last checkpoint with a finite loss: python -m gluon_mgpu.train --checkpoint-dir (\S+) "
+        r"--resume --lr 100", message)
+    assert match, message
+    epoch, step, kept = int(match.group(2)), int(match.group(3)), int(match.group(4))
+    assert epoch >= 2 and kept == epoch - 1 and 1 <= step <= 3
+    assert match.group(5) == directory
+    assert checkpoint.list_checkpoints(directory) == list(range(1, epoch))
+    record = checkpoint.read_checkpoint(directory)
+    assert [h['epoch'] for h in record['history']] == list(range(1, epoch))
+    assert all(np.isfinite(h['train_loss']) for h in record['history'])
+    assert len(result.stdout.splitlines()) == epoch  # running on, then one line per good epoch
+
+
+@pytest.fixture(scope='module')
+def cli_run(tmp_path_factory, data_dir):
+    """One epoch of the real CLI into a checkpoint folder."""
+    directory = str(tmp_path_factory.mktemp('cli') / 'ck')
+    assert main(['--num-gpus', '2', '--batch-size', '8', '--train-limit', '16', '--test-limit',
+                 '8', '--epochs', '1', '--seed', '5', '--data-dir', data_dir,
+                 '--checkpoint-dir', directory]) == 0
+    return directory
+
+
+@pytest.fixture
+def cli_dir(cli_run, tmp_path):
+    directory = str(tmp_path / 'ck')
+    shutil.copytree(cli_run, directory)
+    return directory
+
+
+def _refused(argv, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and 'Traceback' not in err, err
+    return err.strip()
+
+
+def test_cli_records_the_run(cli_dir):
+    record = checkpoint.read_checkpoint(cli_dir)
+    assert record['network'] == 'resnet18(10)' and record['devices'] == ['cpu(0)', 'cpu(1)']
+    assert record['data_seed'] == 5
+    assert {k: record['args'][k] for k in ('num_gpus', 'batch_size', 'lr', 'seed', 'epochs',
+                                           'train_limit', 'test_limit')} == {
+        'num_gpus': 2, 'batch_size': 8, 'lr': 0.2, 'seed': 5, 'epochs': 1, 'train_limit': 16,
+        'test_limit': 8}
+    assert not {'checkpoint_dir', 'resume', 'debug', 'given'} & set(record['args'])
+
+
+def test_cli_chooses_and_records_a_seed_when_none_is_given(tmp_path, data_dir):
+    directory = str(tmp_path / 'ck')
+    assert main(['--batch-size', '8', '--train-limit', '8', '--test-limit', '8', '--epochs', '1',
+                 '--data-dir', data_dir, '--checkpoint-dir', directory]) == 0
+    record = checkpoint.read_checkpoint(directory)
+    assert isinstance(record['args']['seed'], int) and 0 <= record['args']['seed'] < 2 ** 31
+    assert record['data_seed'] == record['args']['seed']
+
+
+def test_cli_refuses_a_finished_run_and_other_settings(cli_dir, capsys):
+    assert _refused(['--checkpoint-dir', cli_dir, '--resume'], capsys) == (
+        'python -m gluon_mgpu.train: error: --resume: the run already finished all its 1 '
+        'epochs; pass --epochs 2 or more to train it further')
+    assert _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2', '--batch-size',
+                     '16', '--num-gpus', '1'], capsys) == (
+        "python -m gluon_mgpu.train: error: --resume: cannot continue the run with other "
+        "settings: --num-gpus 1 (the run used 2), --batch-size 16 (the run used 8); leave "
+        "these flags out (the run's values are used) or start a new run in another "
+        "--checkpoint-dir")
+    assert _refused(['--checkpoint-dir', cli_dir], capsys) == (
+        'python -m gluon_mgpu.train: error: --checkpoint-dir %s already holds the checkpoints '
+        'of a run (up to epoch 1); add --resume to continue it, or pass another folder to '
+        'start a new run' % cli_dir)
+
+
+def test_cli_refuses_a_changed_states_file(cli_dir, capsys):
+    states = checkpoint.checkpoint_path(cli_dir, 1, 'states')
+    with open(states, 'r+b') as f:
+        f.seek(-1, os.SEEK_END)
+        last = f.read(1)
+        f.seek(-1, os.SEEK_END)
+        f.write(bytes([last[0] ^ 1]))
+    err = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
+    assert re.fullmatch(r'python -m gluon_mgpu.train: error: --resume: %s has sha256 \w{12}\.\.\., '
+                        r'but the run recorded \w{12}\.\.\.: it was changed after the run wrote '
+                        r'it, and only files the run wrote are loaded; start a new run with an '
+                        r'empty --checkpoint-dir' % re.escape(states), err), err
+
+
+def test_cli_refuses_another_network(cli_dir, capsys, monkeypatch):
+    cli = sys.modules['gluon_mgpu.train']  # the module; gluon_mgpu.train is the function
+    monkeypatch.setattr(cli, 'resnet18', lambda num_classes: gluon_mgpu.resnet18(5))
+    assert main(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2']) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1
+    assert err.startswith('python -m gluon_mgpu.train: error: --resume: %s does not fit this '
+                          'network (' % checkpoint.checkpoint_path(cli_dir, 1, 'params'))
+    assert 'shape incompatible' in err
+
+
+def test_cli_refuses_a_checkpoint_of_another_program(cli_dir, capsys):
+    path = checkpoint.checkpoint_path(cli_dir, 1, 'json')
+    record = json.load(open(path))
+    record['network'] = 'resnet50(1000)'
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    assert _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys) == (
+        'python -m gluon_mgpu.train: error: --resume: the run in %s trained resnet50(1000), this '
+        'program trains resnet18(10); start a new run in another --checkpoint-dir' % cli_dir)
+
+
+def test_cli_resumes_with_a_new_learning_rate_and_records_it(cli_dir, capsys, two_cpus):
+    assert main(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2', '--lr', '0.05']) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == 'resuming after epoch 1 of 2 from %s' % checkpoint.checkpoint_path(
+        cli_dir, 1, 'json')
+    assert re.fullmatch(r'epoch 2, training time: \d+\.\d sec, test_acc \d\.\d\d', out[2])
+    record = checkpoint.read_checkpoint(cli_dir)
+    assert record['epoch'] == 2 and record['args']['lr'] == 0.05
+    assert record['args']['batch_size'] == 8 and record['args']['seed'] == 5
+    assert [h['epoch'] for h in record['history']] == [1, 2]
+    net = gluon_mgpu.resnet18(10)
+    trainer = training.init_training(net, two_cpus, 1.0)
+    checkpoint.restore(cli_dir, record, net, trainer, two_cpus)
+    assert trainer.learning_rate == 0.05

@@ -1,0 +1,209 @@
+"""The notebooks, executed headlessly as a user would (``jupyter nbconvert --execute``).
+
+Both are run once each with ``GLUON_MGPU_QUICK=1``, by a kernel that is this test's Python with
+the repository first on its path; the tests then read the executed notebooks and check what the
+cells printed against the book and against the package.
+"""
+import inspect
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+import tokenize
+
+import nbformat
+import numpy as np
+import pytest
+
+import gluon_mgpu
+from gluon_mgpu import compare, model, training
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
+             'zh': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.zh.ipynb')}
+SIMULATED = gluon_mgpu.devices.num_gpus() < 2
+
+
+def _read(path):
+    return nbformat.read(path, as_version=4)
+
+
+def _code_cells(nb):
+    return [c for c in nb.cells if c.cell_type == 'code']
+
+
+def _cell(nb, tag):
+    found = [c for c in nb.cells if tag in c.metadata.get('tags', [])]
+    assert len(found) == 1, 'expected one cell tagged %r, found %d' % (tag, len(found))
+    return found[0]
+
+
+def _stream(cell, name):
+    return ''.join(o.text for o in cell.outputs
+                   if o.output_type == 'stream' and o.name == name)
+
+
+def _result(cell):
+    results = [o for o in cell.outputs if o.output_type == 'execute_result']
+    assert len(results) == 1, cell.outputs
+    return results[0].data['text/plain']
+
+
+def _without_comments(source):
+    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
+    return [(t.type, t.string) for t in tokens
+            if t.type not in (tokenize.COMMENT, tokenize.NL)]
+
+
+@pytest.fixture(scope='module')
+def kernel_dir(tmp_path_factory):
+    """A kernelspec ``python3`` that starts this very interpreter, found before any other."""
+    root = tmp_path_factory.mktemp('jupyter')
+    spec = root / 'kernels' / 'python3'
+    spec.mkdir(parents=True)
+    (spec / 'kernel.json').write_text(json.dumps({
+        'argv': [sys.executable, '-m', 'ipykernel_launcher', '-f', '{connection_file}'],
+        'display_name': 'Python 3', 'language': 'python'}))
+    return str(root)
+
+
+@pytest.fixture(scope='module', params=sorted(NOTEBOOKS))
+def executed(request, kernel_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp('executed-' + request.param)
+    env = dict(os.environ, GLUON_MGPU_QUICK='1', JUPYTER_PATH=kernel_dir,
+               PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+    result = subprocess.run(
+        [sys.executable, '-m', 'jupyter', 'nbconvert', '--to', 'notebook', '--execute',
+         '--ExecutePreprocessor.kernel_name=python3', '--ExecutePreprocessor.timeout=600',
+         '--output-dir', str(out), NOTEBOOKS[request.param]],
+        capture_output=True, text=True, env=env, timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return _read(str(out / os.path.basename(NOTEBOOKS[request.param])))
+
+
+def test_kernel_imports_the_package_from_this_repository(executed):
+    # The source the notebook showed is this checkout's, not another installed copy.
+    shown = _result(_cell(executed, 'source-network'))
+    assert shown == '\n\n'.join(inspect.getsource(o) for o in (
+        model.Residual, model.resnet_block, model.resnet18)).rstrip('\n')
+
+
+def test_shown_training_code_is_the_packages(executed):
+    shown = _result(_cell(executed, 'source-training'))
+    assert shown == '\n\n'.join(inspect.getsource(o) for o in (
+        training.train, training.train_epoch)).rstrip('\n')
+    assert 'trainer.step(X.shape[0])' in shown
+
+
+def test_first_convolution_weights_print_the_books_digits(executed):
+    cell = _cell(executed, 'weights')
+    text = _result(cell)
+    book = compare.printed_numbers(compare.BOOK['out5'])
+    assert compare.printed_numbers(text) == book + book
+    for block in compare.BOOK['out5'].splitlines():
+        assert text.count(block.strip()) == 2, block
+    expected = 'cpu(2)' if SIMULATED else 'cpu(0)'
+    assert _stream(cell, 'stdout') == 'not initialized on %s\n' % expected
+
+
+def test_forward_pass_outputs_match_the_book(executed):
+    text = _result(_cell(executed, 'forward'))
+    ours = np.array([float(v) for v in compare.printed_numbers(text)]).reshape(2, 2, 10)
+    for i, book_text in enumerate(compare.BOOK['out4']):
+        book = np.array([float(v) for v in compare.printed_numbers(book_text)]).reshape(2, 10)
+        np.testing.assert_allclose(ours[i], book, rtol=compare.OUT4_RTOL, atol=0)
+    devices = ['cpu(0)', 'cpu(1)'] if SIMULATED else ['gpu(0)', 'gpu(1)']
+    assert re.findall(r'<NDArray 2x10 @(\w+\(\d\))>', text) == devices
+
+
+def test_devices_cell_falls_back_with_one_warning(executed):
+    cell = _cell(executed, 'devices')
+    if SIMULATED:
+        assert _result(cell) == '[cpu(0), cpu(1)]'
+        assert _stream(cell, 'stderr').splitlines() == [
+            "warning: no GPU found, so [cpu(0), cpu(1)] are simulated devices sharing this "
+            "machine's CPU: the data parallelism is real, a speed-up is not expected"]
+    else:
+        assert _result(cell) == '[gpu(0), gpu(1)]'
+
+
+def test_uneven_batch_is_split_three_and_two(executed):
+    devices = ['cpu(0)', 'cpu(1)'] if SIMULATED else ['gpu(0)', 'gpu(1)']
+    assert _result(_cell(executed, 'uneven')) == '[(3, %s), (2, %s)]' % tuple(devices)
+
+
+@pytest.mark.parametrize('tag,running_on', [
+    ('train-1', ['cpu(0)'] if SIMULATED else ['gpu(0)']),
+    ('train-2', ['cpu(0)', 'cpu(1)'] if SIMULATED else ['gpu(0)', 'gpu(1)'])])
+def test_training_cells_print_the_books_lines(executed, tag, running_on):
+    lines = _stream(_cell(executed, tag), 'stdout').splitlines()
+    assert lines[0] == 'running on: [%s]' % ', '.join(running_on)
+    assert len(lines) == 3  # quick mode: 2 epochs
+    for epoch, line in enumerate(lines[1:], 1):
+        assert re.fullmatch(r'epoch %d, training time: \d+\.\d sec, test_acc [01]\.\d\d' % epoch,
+                            line), line
+
+
+def test_speed_up_line_uses_both_histories(executed):
+    line = _stream(_cell(executed, 'speed-up'), 'stdout').strip()
+    match = re.fullmatch(r'seconds per epoch: (\d+\.\d) on 1 device, (\d+\.\d) on 2; '
+                         r'speed-up (\d+\.\d\d)x', line)
+    assert match, line
+    one, two, speedup = (float(v) for v in match.groups())
+    # The seconds are printed rounded to 0.1 s, the speed-up from the unrounded values.
+    assert speedup == pytest.approx(one / two, rel=0.02, abs=0.01)
+
+
+def test_no_cell_reports_an_error(executed):
+    for cell in _code_cells(executed):
+        assert not [o for o in cell.outputs if o.output_type == 'error'], cell.source
+
+
+# The notebooks as committed: no execution needed.
+
+@pytest.mark.parametrize('lang', sorted(NOTEBOOKS))
+def test_notebooks_call_the_package_and_copy_none_of_it(lang):
+    code = '\n'.join(c.source for c in _code_cells(_read(NOTEBOOKS[lang])))
+    for call in ('gluon_mgpu.resnet18(10)', 'gluon_mgpu.get_devices(2)', 'gluon_mgpu.train(',
+                 'gluon_mgpu.load_data_fashion_mnist(', 'gluon_mgpu.split_batch(',
+                 'show(gluon_mgpu.Residual, gluon_mgpu.model.resnet_block, gluon_mgpu.resnet18)',
+                 'show(gluon_mgpu.train, gluon_mgpu.train_epoch)'):
+        assert call in code, call
+    for pasted in ('class Residual', 'def resnet_block', 'def resnet18', 'nn.Conv2D',
+                   'autograd.record', '.backward()', 'trainer.step', 'gluon.Trainer',
+                   'mx.random.seed'):
+        assert pasted not in code, pasted
+
+
+def test_both_languages_run_the_same_code():
+    en, zh = (_code_cells(_read(NOTEBOOKS[lang])) for lang in ('en', 'zh'))
+    assert [_without_comments(c.source) for c in en] == [_without_comments(c.source) for c in zh]
+    assert [c.metadata.get('tags') for c in en] == [c.metadata.get('tags') for c in zh]
+
+
+@pytest.mark.parametrize('lang', sorted(NOTEBOOKS))
+def test_notebooks_are_committed_without_outputs(lang):
+    nb = _read(NOTEBOOKS[lang])
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == 'python3'
+    for cell in _code_cells(nb):
+        assert cell.outputs == [] and cell.execution_count is None
+
+
+def _settings(environ):
+    nb = _read(NOTEBOOKS['en'])
+    namespace = {'os': type('FakeOs', (), {'environ': environ}), 'gluon_mgpu': gluon_mgpu}
+    exec(_cell(nb, 'settings').source, namespace)
+    return tuple(namespace[k] for k in ('num_epochs', 'batch_per_device', 'train_limit',
+                                        'test_limit'))
+
+
+def test_training_settings_are_the_books_unless_quick():
+    assert _settings({}) == (4, 256, None, None)
+    assert _settings({'GLUON_MGPU_QUICK': '0'}) == (4, 256, None, None)
+    assert _settings({'GLUON_MGPU_QUICK': '1'}) == (2, 32, 256, 100)
+    with pytest.raises(ValueError, match=r"GLUON_MGPU_QUICK must be 1 \(a quick look\) or 0 "
+                                         r"\(the book's settings\), got 'yes'"):
+        _settings({'GLUON_MGPU_QUICK': 'yes'})

@@ -1,0 +1,126 @@
+import os
+import re
+import subprocess
+import sys
+
+import mxnet as mx
+import pytest
+
+from gluon_mgpu import devices, sweep
+from test_plotting import png_size
+
+
+def _row(n, seconds, acc, cpu=True, epochs=2):
+    history = [{'epoch': e, 'seconds': seconds, 'images_per_sec': 1000 / seconds,
+                'train_loss': 1.0 / e, 'train_acc': acc, 'test_acc': acc}
+               for e in range(1, epochs + 1)]
+    return {'num_devices': n, 'devices': ['%s(%d)' % ('cpu' if cpu else 'gpu', i)
+                                          for i in range(n)],
+            'batch_size': 256 * n, 'lr': 0.1 * n, 'epochs': epochs, 'train_images': 1000,
+            'test_images': 500, 'timed_epochs': list(range(2, epochs + 1)),
+            'sec_per_epoch': seconds, 'images_per_sec': 1000 / seconds,
+            'test_acc': acc, 'cpu': cpu, 'line': '', 'history': history}
+
+
+def test_table_has_one_row_per_setting_with_speedups_over_one_device():
+    rows = sweep.add_speedups([_row(1, 10.0, 0.91, cpu=False), _row(2, 5.5, 0.87, cpu=False),
+                               _row(4, 3.2, 0.85, cpu=False)])
+    assert [round(r['speedup'], 4) for r in rows] == [1.0, round(10 / 5.5, 4), 3.125]
+    table = sweep.format_table(rows)
+    lines = table.splitlines()
+    assert lines[0] == ('ResNet-18 on Fashion-MNIST (1000 training, 500 test images), 2 epochs, '
+                        'batch 256 and lr 0.1 per device.')
+    assert lines[2:7] == [
+        '| devices | global batch | lr | sec/epoch | images/s | speed-up over 1 device '
+        '| final test acc |',
+        '| --- | ---: | ---: | ---: | ---: | ---: | ---: |',
+        '| 1: [gpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.91 |',
+        '| 2: [gpu(0), gpu(1)] | 512 | 0.2 | 5.5 | 181.8 | 1.82 | 0.87 |',
+        '| 4: [gpu(0), gpu(1), gpu(2), gpu(3)] | 1024 | 0.4 | 3.2 | 312.5 | 3.12 | 0.85 |']
+    assert 'not expected' not in table
+    assert 'and images/s counts training images, both from epoch 2 on: epoch 1 also pays' in table
+
+
+def test_table_says_when_a_speedup_is_not_expected_or_not_measurable():
+    table = sweep.format_table(sweep.add_speedups([_row(2, 9.0, 0.5, epochs=1),
+                                                   _row(4, 9.5, 0.5, epochs=1)]))
+    assert 'both in the only epoch, which also pays one-time set-up' in table
+    assert '| 2: [cpu(0), cpu(1)] | 512 | 0.2 | 9.0 | 111.1 | n/a | 0.50 |' in table
+    assert 'There is no 1-device setting, so no speed-up is given; add 1 to --num-gpus.' in table
+    assert ("Note: These devices are CPU contexts sharing one machine's cores (no GPU was used): "
+            "the data parallelism is real, but a speed-up is not expected here.") in table
+
+
+def test_plan_scales_batch_and_lr_with_the_devices():
+    plan = sweep.plan_sweep([1, 2, 4], 64, 0.05, device='cpu')
+    assert [(s['num_devices'], s['batch_size'], s['lr']) for s in plan] == [
+        (1, 64, 0.05), (2, 128, 0.1), (4, 256, 0.2)]
+    assert plan[2]['devices'] == [mx.cpu(i) for i in range(4)]
+
+
+@pytest.mark.parametrize('counts,expected', [
+    ([], r'num_gpus is empty; pass device counts such as \[1, 2, 4\]'),
+    ([1, 0], r'every device count must be a whole number >= 1, got 0'),
+    ([1, 2, 1], r'device count 1 is listed more than once; list each count once'),
+])
+def test_plan_refuses_bad_counts(counts, expected):
+    with pytest.raises(ValueError, match=expected):
+        sweep.plan_sweep(counts)
+
+
+def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_dir):
+    out_dir = tmp_path / 'results'
+    result = subprocess.run(
+        [sys.executable, '-m', 'gluon_mgpu.sweep', '--num-gpus', '1', '2', '--train-limit', '16',
+         '--test-limit', '16', '--batch-size-per-device', '8', '--epochs', '2', '--seed', '0',
+         '--data-dir', data_dir, '--output-dir', str(out_dir)],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr
+    assert '\r' not in result.stdout
+    out = result.stdout
+    assert out.startswith('running on: [cpu(0)] (global batch 8, lr 0.1)\n'
+                          'epoch 1, training time: ')
+    assert 'running on: [cpu(0), cpu(1)] (global batch 16, lr 0.2)\n' in out
+    table = (out_dir / 'sweep.md').read_text()
+    assert table in out
+    rows = [line for line in table.splitlines() if re.match(r'\| \d+: \[', line)]
+    assert len(rows) == 2
+    assert re.fullmatch(r'\| 1: \[cpu\(0\)\] \| 8 \| 0\.1 \| \d+\.\d \| \d+\.\d \| 1\.00 \| '
+                        r'(0|1)\.\d\d \|', rows[0]), rows[0]
+    assert re.fullmatch(r'\| 2: \[cpu\(0\), cpu\(1\)\] \| 16 \| 0\.2 \| \d+\.\d \| \d+\.\d \| '
+                        r'\d+\.\d\d \| (0|1)\.\d\d \|', rows[1]), rows[1]
+    assert 'a speed-up is not expected here' in table
+    # sec/epoch leaves out epoch 1: with 2 epochs it is epoch 2's time.
+    epoch2 = re.findall(r'epoch 2, training time: (\d+\.\d) sec', out)
+    assert [row.split(' | ')[3] for row in rows] == epoch2
+    assert png_size(out_dir / 'sweep.png') == (1000, 400)
+    assert out.endswith('wrote %s, %s\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
+    assert sorted(os.listdir(out_dir)) == ['sweep.md', 'sweep.png']
+
+
+@pytest.mark.parametrize('argv,expected', [
+    (['--num-gpus', '0'], r'argument --num-gpus: --num-gpus must be at least 1, got 0'),
+    (['--num-gpus'], r'argument --num-gpus: expected at least one argument'),
+    ([], r'the following arguments are required: --num-gpus'),
+    (['--num-gpus', '1', '2', '1'], r'--num-gpus 1 2 1 --device auto: device count 1 is listed '
+                                    r'more than once'),
+    (['--num-gpus', '1', '--lr-per-device', '0'], r'--lr-per-device must be a finite number '
+                                                  r'above 0'),
+    (['--num-gpus', '1', '--output-dir', '{tmp}/file/results'],
+     r'--output-dir \S+/file/results: cannot create the folder \(Not a directory\)'),
+    (['--num-gpus', '1', '--train-limit', '60001'],
+     r'--train-limit=60001 is more than the 60000 training images'),
+])
+def test_sweep_bad_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys, monkeypatch,
+                                                data_dir):
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    (tmp_path / 'file').write_text('a regular file\n')
+    argv = [a.format(tmp=tmp_path) for a in argv] + ['--data-dir', data_dir]
+    if '--output-dir' not in argv:
+        argv += ['--output-dir', str(tmp_path / 'out')]
+    assert sweep.main(argv) == 2
+    out, err = capsys.readouterr()
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith('python -m gluon_mgpu.sweep: error: ')
+    assert re.search(expected, err), err
+    assert 'running on' not in out
