@@ -207,3 +207,15 @@ def test_training_settings_are_the_books_unless_quick():
     with pytest.raises(ValueError, match=r"GLUON_MGPU_QUICK must be 1 \(a quick look\) or 0 "
                                          r"\(the book's settings\), got 'yes'"):
         _settings({'GLUON_MGPU_QUICK': 'yes'})
+
+
+def test_replica_inspector_cells(executed):
+    after_init = _stream(_cell(executed, 'replicas-init'), 'stdout')
+    assert after_init == ('replicas: 76 trained parameters identical on 2 devices; '
+                          '34 BatchNorm statistics identical\n')
+    after_training = _stream(_cell(executed, 'replicas-trained'), 'stdout')
+    assert re.fullmatch(
+        r'replicas: 76 trained parameters identical on 2 devices; 34 BatchNorm statistics '
+        r'differ by at most \S+ \(expected: each device updates its own BatchNorm running '
+        r'statistics from its own slice of the batch, and the Trainer never reduces them\)\n',
+        after_training), after_training
