@@ -18,7 +18,7 @@ test: install data
 install: $(VENV)/.installed
 
 $(VENV)/.installed: $(REQUIREMENTS) setup.py
-	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 8) <= v <= (3, 11) else "gluon_mgpu needs Python 3.8 to 3.11: mxnet 1.9.1 needs numpy 1.23.5, which has no wheel for Python %d.%d; run make PYTHON=python3.11 ..." % v)'
+	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "gluon_mgpu needs Python 3.9 to 3.11: mxnet 1.9.1 needs numpy 1.23.5, which has no wheel for Python %d.%d; run make PYTHON=python3.11 ..." % v)'
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -r $(REQUIREMENTS) -e .
 	touch $@

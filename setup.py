@@ -6,7 +6,7 @@ setup(
     description='The d2l chapter "Gluon Implementation for Multi-GPU Computation", '
                 'runnable with or without GPUs',
     packages=find_packages(include=['gluon_mgpu', 'gluon_mgpu.*']),
-    python_requires='>=3.8,<3.12',
+    python_requires='>=3.9,<3.12',
     # MXNet itself is not listed: the CPU wheel (mxnet) and the GPU wheel (mxnet-cu112) are
     # different distributions of the same module, and listing one would pull it in on top of
     # the other. requirements.txt / requirements-gpu.txt choose.
