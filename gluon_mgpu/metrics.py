@@ -27,7 +27,8 @@ SCHEMA = {
     '$schema': 'https://json-schema.org/draft/2020-12/schema',
     'title': 'gluon_mgpu training metrics',
     'type': 'object',
-    'required': ['format', 'status', 'arguments', 'devices', 'versions', 'history', 'summary'],
+    'required': ['format', 'status', 'arguments', 'devices', 'versions', 'threads', 'history',
+                 'summary'],
     'additionalProperties': False,
     'properties': {
         'format': {'const': FORMAT,
@@ -78,6 +79,25 @@ SCHEMA = {
                 'gluon_mgpu': {'type': 'string', 'description': 'This package.'},
                 'mxnet': {'type': 'string', 'description': 'MXNet.'},
                 'python': {'type': 'string', 'description': 'Python.'},
+            },
+        },
+        'threads': {
+            'type': 'object',
+            'description': 'The OpenMP thread count MXNet computes with and who chose it '
+                           '(`gluon_mgpu.thread_settings()`).',
+            'required': ['omp_num_threads', 'cores', 'source'],
+            'additionalProperties': False,
+            'properties': {
+                'omp_num_threads': {'type': ['integer', 'string', 'null'],
+                                    'description': 'OMP_NUM_THREADS in force, or null when '
+                                                   'MXNet chose (half the cores on x86).'},
+                'cores': {'type': 'integer', 'minimum': 1,
+                          'description': 'Cores this process may use.'},
+                'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'],
+                           'description': 'Who chose: gluon_mgpu (one thread per usable '
+                                          'core), the user (OMP_NUM_THREADS or '
+                                          'MXNET_OMP_MAX_THREADS was set), or nobody (MXNet '
+                                          'was imported before gluon_mgpu).'},
             },
         },
         'history': {
@@ -210,6 +230,7 @@ class MetricsFile:
     def __init__(self, path, arguments, devices):
         import mxnet as mx
         from . import __version__
+        from .threads import thread_settings
         self.path = path
         self.data = {'format': FORMAT,
                      'status': 'running',
@@ -217,6 +238,7 @@ class MetricsFile:
                      'devices': [str(d) for d in devices],
                      'versions': {'gluon_mgpu': __version__, 'mxnet': mx.__version__,
                                   'python': platform.python_version()},
+                     'threads': thread_settings(),
                      'history': [],
                      'summary': None}
         self.write()

@@ -7,6 +7,7 @@ import jsonschema  # installed with nbformat (requirements.txt)
 import mxnet as mx
 import pytest
 
+import gluon_mgpu
 from gluon_mgpu import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -58,6 +59,10 @@ def test_metrics_file_is_rewritten_after_every_epoch(tmp_path):
     assert (doc['status'], doc['history'], doc['summary']) == ('running', [], None)
     assert doc['arguments'] == ARGUMENTS and doc['devices'] == ['cpu(0)', 'cpu(1)']
     assert doc['versions']['mxnet'] == mx.__version__
+    # conftest imports gluon_mgpu first; OMP_NUM_THREADS may come from the caller (CI, a user).
+    assert doc['threads'] == gluon_mgpu.thread_settings()
+    assert doc['threads']['source'] in ('gluon_mgpu', 'user')
+    assert doc['threads']['omp_num_threads'] == int(os.environ['OMP_NUM_THREADS'])
     for n, record in enumerate(HISTORY, 1):
         f.add_epoch(dict(record, extra_key='not written'))
         doc = json.loads(path.read_text())
