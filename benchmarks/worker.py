@@ -105,6 +105,48 @@ def eval_speed(cfg):
     return cfg['images'] / (time.time() - start)
 
 
+def replica_cost(cfg):
+    """Seconds of one hybridized training step on 2 devices, and of one replica check after it."""
+    from gluon_mgpu.replicas import assert_replicas_match
+    devices = [mx.cpu(0), mx.cpu(1)]
+    net = resnet18(10)
+    net.hybridize(static_alloc=True)
+    mx.random.seed(0)
+    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    loss = gloss.SoftmaxCrossEntropyLoss()
+    batches = list(_batches(dict(cfg, loader='array'), cfg['batch_size'] * cfg['steps']))
+    training.train_epoch(net, batches[:1], loss, trainer, devices)  # warm-up
+    step = training.train_epoch(net, batches, loss, trainer, devices)['seconds'] / cfg['steps']
+    checks = []
+    for _ in range(cfg['checks']):
+        start = time.time()
+        assert_replicas_match(net)
+        checks.append(time.time() - start)
+    check = sorted(checks)[len(checks) // 2]
+    return {'step_seconds': step, 'check_seconds': check, 'check_share': check / step}
+
+
+def gemm_flops(cfg):
+    """FP32 FLOP/s of a large square matrix product: MXNet (oneDNN inner product) and numpy."""
+    n = cfg['size']
+    a = nd.random.uniform(shape=(n, n))
+    w = nd.random.uniform(shape=(n, n))
+    an, wn = a.asnumpy(), w.asnumpy()
+
+    def best(product):
+        product()  # warm-up
+        fastest = float('inf')
+        for _ in range(cfg['repeats']):
+            start = time.time()
+            product()
+            fastest = min(fastest, time.time() - start)
+        return 2.0 * n ** 3 / fastest
+    return {'mxnet': best(lambda: nd.FullyConnected(a, w, num_hidden=n,
+                                                    no_bias=True).wait_to_read()),
+            'numpy': best(lambda: an @ wn.T)}
+
+
 def torch_speed(cfg):
     import torch
     from torch import nn
@@ -135,11 +177,14 @@ def torch_speed(cfg):
                         block(64, 64, 2, True), block(64, 128, 2), block(128, 256, 2),
                         block(256, 512, 2), nn.AdaptiveAvgPool2d((1, 1)), nn.Flatten(),
                         nn.Linear(512, 10))
+    batch = cfg['batch_size']
+    X, y = torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
+    if cfg['mode'] == 'channels_last':
+        net, X = net.to(memory_format=torch.channels_last), X.to(
+            memory_format=torch.channels_last)
     model = torch.compile(net) if cfg['mode'] == 'compile' else net
     opt = torch.optim.SGD(net.parameters(), 0.1)
     lossf = nn.CrossEntropyLoss()
-    batch = cfg['batch_size']
-    X, y = torch.rand(batch, 1, 28, 28), torch.randint(0, 10, (batch,))
     for i in range(cfg['warmup'] + cfg['steps']):
         if i == cfg['warmup']:
             start = time.time()
@@ -151,7 +196,9 @@ def torch_speed(cfg):
 
 if __name__ == '__main__':
     kind = CONFIG['kind']
-    value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed,
-             'torch': torch_speed}[kind](CONFIG)
-    print(json.dumps({'images_per_sec': value,
-                      'omp_num_threads': os.environ.get('OMP_NUM_THREADS')}))
+    value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed, 'torch': torch_speed,
+             'replica': replica_cost, 'gemm': gemm_flops}[kind](CONFIG)
+    result = value if isinstance(value, dict) else {'value': value}
+    result['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS')
+    result['engine'] = os.environ.get('MXNET_ENGINE_TYPE', 'ThreadedEnginePerDevice')
+    print(json.dumps(result))
