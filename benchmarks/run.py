@@ -63,6 +63,7 @@ def measure(config):
     env = dict(os.environ)
     if config.get('threads') == 'mxnet':
         env.pop('OMP_NUM_THREADS', None)
+    env.update(config.get('env', {}))
     out = subprocess.run([sys.executable, os.path.join(HERE, 'worker.py'), json.dumps(config)],
                          capture_output=True, text=True, cwd=ROOT, env=env)
     if out.returncode != 0:
