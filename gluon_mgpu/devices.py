@@ -39,12 +39,12 @@ def _plural(n, word):
     return '%d %s%s' % (n, word, '' if n == 1 else 's')
 
 
-def get_devices(num_gpus_wanted, device='auto'):
+def get_devices(num_gpus, device='auto'):
     """Resolve a device count to a list of MXNet contexts.
 
     Parameters
     ----------
-    num_gpus_wanted : int
+    num_gpus : int
         How many devices to train on (``--num-gpus``); at least 1.
     device : {'auto', 'gpu', 'cpu'}, default 'auto'
         ``'auto'``: GPUs when the machine has enough of them; on a machine with no GPU at all,
@@ -63,19 +63,17 @@ def get_devices(num_gpus_wanted, device='auto'):
         machine has GPUs (``'auto'``) or when GPUs were required (``'gpu'``). The message names
         both numbers and the fix.
     """
-    if isinstance(num_gpus_wanted, bool) or not isinstance(num_gpus_wanted, int) \
-            or num_gpus_wanted < 1:
-        raise ValueError('num_gpus must be a whole number >= 1, got %r; pass 1 or more'
-                         % (num_gpus_wanted,))
+    n = num_gpus
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError('num_gpus must be a whole number >= 1, got %r; pass 1 or more' % (n,))
     if device not in DEVICE_CHOICES:
         raise ValueError('device must be one of %s, got %r; pass device=\'auto\' to use GPUs '
                          'when there are enough and CPU contexts otherwise'
                          % ('/'.join(DEVICE_CHOICES), device))
-    n = num_gpus_wanted
     cpus = [mx.cpu(i) for i in range(n)]
     if device == 'cpu':
         return cpus
-    found = num_gpus()
+    found = _count_gpus()
     if found >= n:
         return [mx.gpu(i) for i in range(n)]
     if device == 'gpu' or found > 0:
@@ -92,6 +90,11 @@ def get_devices(num_gpus_wanted, device='auto'):
                        "machine's CPU: the data parallelism is real, a speed-up is not expected",
                        format_devices(cpus))
     return cpus
+
+
+def _count_gpus():
+    # get_devices' argument is called num_gpus (the public signature), hiding the function.
+    return num_gpus()
 
 
 def format_devices(devices):

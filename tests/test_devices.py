@@ -41,6 +41,8 @@ def test_enough_gpus_gives_gpus_and_no_warning(gpus, caplog):
     gpus(4)
     assert gluon_mgpu.get_devices(2) == [mx.gpu(0), mx.gpu(1)]
     assert gluon_mgpu.get_devices(4, 'gpu') == [mx.gpu(i) for i in range(4)]
+    # The public signature, by keyword: get_devices(num_gpus, device='auto').
+    assert gluon_mgpu.get_devices(num_gpus=3, device='auto') == [mx.gpu(i) for i in range(3)]
     assert _warnings(caplog) == []
 
 
