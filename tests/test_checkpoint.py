@@ -484,8 +484,15 @@ def test_cli_refuses_a_checkpoint_of_another_program(cli_dir, capsys):
     with open(path, 'w') as f:
         json.dump(record, f)
     assert _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys) == (
-        'python -m gluon_mgpu.train: error: --resume: the run in %s trained resnet50(1000), this '
-        'program trains resnet18(10); start a new run in another --checkpoint-dir' % cli_dir)
+        'python -m gluon_mgpu.train: error: --resume: the run in %s trained resnet50(1000), these '
+        'flags train resnet18(10); start a new run in another --checkpoint-dir' % cli_dir)
+
+
+def test_cli_refuses_to_resume_a_run_with_another_network_flag(cli_dir, capsys):
+    assert _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2', '--model',
+                     'lenet'], capsys) == (
+        'python -m gluon_mgpu.train: error: --resume: the run in %s trained resnet18(10), these '
+        'flags train lenet(10); start a new run in another --checkpoint-dir' % cli_dir)
 
 
 def test_cli_resumes_with_a_new_learning_rate_and_records_it(cli_dir, capsys, two_cpus):
