@@ -15,10 +15,18 @@ demo: install data
 test: install data
 	$(PY) -m pytest -v --durations=10 tests
 
-install: $(VENV)/.installed
+# One stamp per requirements file: switching files reinstalls (use another VENV for the GPU
+# build: mxnet and mxnet-cu112 are the same module and must not share an environment).
+STAMP := $(VENV)/.installed-$(notdir $(REQUIREMENTS))
 
-$(VENV)/.installed: $(REQUIREMENTS) setup.py
+install: $(STAMP)
+
+$(STAMP): $(REQUIREMENTS) setup.py
 	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "gluon_mgpu needs Python 3.9 to 3.11: mxnet 1.9.1 needs numpy 1.23.5, which has no wheel for Python %d.%d; run make PYTHON=python3.11 ..." % v)'
+	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
+	  echo "$(PYTHON) cannot create a virtualenv: installing Debian's package python3-venv"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update && $$SUDO apt-get install -y python3-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -r $(REQUIREMENTS) -e .
 	touch $@

@@ -10,6 +10,10 @@ setup(
     # MXNet itself is not listed: the CPU wheel (mxnet) and the GPU wheel (mxnet-cu112) are
     # different distributions of the same module, and listing one would pull it in on top of
     # the other. requirements.txt / requirements-gpu.txt choose.
-    install_requires=['numpy==1.23.5'],
-    extras_require={'test': ['pytest', 'd2lzh==1.0.0', 'nbformat', 'nbconvert', 'ipykernel']},
+    # What the package imports besides MXNet: the progress bar (tqdm) and --plot (matplotlib,
+    # whose contourpy must still accept numpy 1.23.5).
+    install_requires=['numpy==1.23.5', 'tqdm>=4.60', 'matplotlib>=3.7,<3.11', 'contourpy<1.3.3'],
+    extras_require={'test': ['pytest', 'd2lzh==1.0.0', 'nbformat', 'nbconvert', 'ipykernel'],
+                    # benchmarks/run.py's PyTorch rows only; never needed to train.
+                    'bench': ['torch==2.13.0']},
 )
