@@ -468,7 +468,7 @@ def test_cli_refuses_a_changed_states_file(cli_dir, capsys):
 
 def test_cli_refuses_another_network(cli_dir, capsys, monkeypatch):
     cli = sys.modules['gluon_mgpu.train']  # the module; gluon_mgpu.train is the function
-    monkeypatch.setattr(cli, 'resnet18', lambda num_classes: gluon_mgpu.resnet18(5))
+    monkeypatch.setattr(cli, 'resnet18', lambda num_classes, **kwargs: gluon_mgpu.resnet18(5))
     assert main(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2']) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1
