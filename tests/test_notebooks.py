@@ -94,7 +94,7 @@ def test_shown_training_code_is_the_packages(executed):
     shown = _result(_cell(executed, 'source-training'))
     assert shown == '\n\n'.join(inspect.getsource(o) for o in (
         training.train, training.train_epoch)).rstrip('\n')
-    assert 'trainer.step(X.shape[0])' in shown
+    assert 'trainer.step(X.shape[0] * num_workers)' in shown
 
 
 def test_first_convolution_weights_print_the_books_digits(executed):
