@@ -36,7 +36,9 @@ def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='a
         The global batch is ``batch_size_per_device * n`` and the learning rate
         ``lr_per_device * n``, the book's scaling (256 and 0.1 for 1 device, 512 and 0.2 for 2).
     device : {'auto', 'gpu', 'cpu'}
-        As in ``get_devices``.
+        As in ``get_devices``. With ``'auto'`` on a machine with no GPU, the devices are
+        simulated on the CPU and one warning line for the whole sweep says so (naming the
+        largest setting's devices, which include all the others).
 
     Returns
     -------
@@ -59,8 +61,12 @@ def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='a
     if repeated:
         raise ValueError('device count %d is listed more than once; list each count once, '
                          'for example [1, 2, 4]' % repeated[0])
+    # The largest count first: it is the one a machine may not give, and the only one to warn.
+    largest = max(counts)
+    resolved = {n: devices_mod.get_devices(n, device, warn=n == largest)
+                for n in sorted(counts, reverse=True)}
     return [{'num_devices': n,
-             'devices': devices_mod.get_devices(n, device),
+             'devices': resolved[n],
              'batch_size': batch_size_per_device * n,
              'lr': lr_per_device * n} for n in counts]
 

@@ -1,3 +1,4 @@
+import logging
 import os
 import re
 import subprocess
@@ -94,6 +95,10 @@ def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_di
     epoch2 = re.findall(r'epoch 2, training time: (\d+\.\d) sec', out)
     assert [row.split(' | ')[3] for row in rows] == epoch2
     assert png_size(out_dir / 'sweep.png') == (1000, 400)
+    # One warning for the whole sweep, not one per device count.
+    assert result.stderr.splitlines() == [
+        "warning: no GPU found, so [cpu(0), cpu(1)] are simulated devices sharing this "
+        "machine's CPU: the data parallelism is real, a speed-up is not expected"]
     assert out.endswith('wrote %s, %s\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
     assert sorted(os.listdir(out_dir)) == ['sweep.md', 'sweep.png']
 
@@ -124,3 +129,19 @@ def test_sweep_bad_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys
     assert err.startswith('python -m gluon_mgpu.sweep: error: ')
     assert re.search(expected, err), err
     assert 'running on' not in out
+
+
+def _gluon_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == 'gluon_mgpu' and r.levelno == logging.WARNING]
+
+
+def test_plan_without_gpu_warns_once_for_the_whole_sweep(monkeypatch, caplog):
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    plan = sweep.plan_sweep([1, 2, 4])
+    assert [s['devices'] for s in plan] == [[mx.cpu(0)], [mx.cpu(0), mx.cpu(1)],
+                                            [mx.cpu(i) for i in range(4)]]
+    assert _gluon_warnings(caplog) == [
+        "warning: no GPU found, so [cpu(0), cpu(1), cpu(2), cpu(3)] are simulated devices "
+        "sharing this machine's CPU: the data parallelism is real, a speed-up is not expected"]
+
