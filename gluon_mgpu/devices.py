@@ -39,7 +39,7 @@ def _plural(n, word):
     return '%d %s%s' % (n, word, '' if n == 1 else 's')
 
 
-def get_devices(num_gpus, device='auto'):
+def get_devices(num_gpus, device='auto', warn=True):
     """Resolve a device count to a list of MXNet contexts.
 
     Parameters
@@ -51,6 +51,9 @@ def get_devices(num_gpus, device='auto'):
         ``[cpu(0), ..., cpu(n-1)]``: simulated devices that share the CPU, announced by one
         warning line on the ``gluon_mgpu`` logger. ``'gpu'``: GPUs or an error, never a
         fallback. ``'cpu'``: CPU contexts even when GPUs exist.
+    warn : bool, default True
+        Log the warning about simulated devices. A caller that resolves several counts in a
+        row (the sweep) passes False for all but one, so the warning appears once.
 
     Returns
     -------
@@ -83,9 +86,9 @@ def get_devices(num_gpus, device='auto'):
                          '--device cpu (device=\'cpu\')'
                          % (_plural(n, 'GPU'), _plural(found, 'GPU') if found else 'no GPU was',
                             fix))
-    if n == 1:
+    if warn and n == 1:
         logger.warning('warning: no GPU found, so training runs on the CPU as [cpu(0)]')
-    else:
+    elif warn:
         logger.warning("warning: no GPU found, so %s are simulated devices sharing this "
                        "machine's CPU: the data parallelism is real, a speed-up is not expected",
                        format_devices(cpus))

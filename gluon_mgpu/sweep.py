@@ -7,6 +7,12 @@ growing with the devices as in the book (256 and 0.1 per device), then prints a 
 (devices, global batch, lr, sec/epoch, images/s, speed-up over 1 device, final test accuracy)
 and writes it, with one figure, to ``--output-dir``. The library part (``plan_sweep``,
 ``run_setting``, ``run_sweep``, ``format_table``) returns data; only ``main`` prints.
+
+Exit codes, as ``python -m gluon_mgpu.train``: 0 done, 1 training diverged in a setting or an
+unexpected error (``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input, 130
+interrupted by Ctrl-C. Every failure is one line on stderr naming the setting it stopped in; the
+settings that finished before it are still printed and written, with a note that the sweep
+stopped early.
 """
 import argparse
 import os
@@ -14,7 +20,8 @@ import sys
 
 from . import data, devices as devices_mod, metrics, progress, training
 from .model import resnet18
-from .train import UsageError, _count, _positive_float, _seed
+from .train import (DEBUG_ENV, UsageError, _count, _debug_requested, _fail, _one_line,
+                    _positive_float, _seed, _unexpected)
 
 __all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'run_sweep', 'add_speedups',
            'format_table', 'write_outputs', 'build_parser', 'parse_args', 'main']
@@ -36,7 +43,9 @@ def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='a
         The global batch is ``batch_size_per_device * n`` and the learning rate
         ``lr_per_device * n``, the book's scaling (256 and 0.1 for 1 device, 512 and 0.2 for 2).
     device : {'auto', 'gpu', 'cpu'}
-        As in ``get_devices``.
+        As in ``get_devices``. With ``'auto'`` on a machine with no GPU, the devices are
+        simulated on the CPU and one warning line for the whole sweep says so (naming the
+        largest setting's devices, which include all the others).
 
     Returns
     -------
@@ -59,8 +68,12 @@ def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='a
     if repeated:
         raise ValueError('device count %d is listed more than once; list each count once, '
                          'for example [1, 2, 4]' % repeated[0])
+    # The largest count first: it is the one a machine may not give, and the only one to warn.
+    largest = max(counts)
+    resolved = {n: devices_mod.get_devices(n, device, warn=n == largest)
+                for n in sorted(counts, reverse=True)}
     return [{'num_devices': n,
-             'devices': devices_mod.get_devices(n, device),
+             'devices': resolved[n],
              'batch_size': batch_size_per_device * n,
              'lr': lr_per_device * n} for n in counts]
 
@@ -139,8 +152,12 @@ def run_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, num_epochs
     return add_speedups(rows)
 
 
-def format_table(rows):
-    """Return the sweep as Markdown: one line saying what ran, the table, and notes."""
+def format_table(rows, stopped=None):
+    """Return the sweep as Markdown: one line saying what ran, the table, and notes.
+
+    ``stopped`` says why the sweep ended before its last setting, e.g. ``'training diverged in
+    the 4-device setting'``; a note then says that only the finished settings are listed.
+    """
     first = rows[0]
     per_device = first['batch_size'] // first['num_devices']
     lines = ['ResNet-18 on Fashion-MNIST (%d training, %d test images), %d epoch%s, batch %d '
@@ -156,7 +173,9 @@ def format_table(rows):
             r['num_devices'], ', '.join(r['devices']), r['batch_size'], r['lr'],
             r['sec_per_epoch'], r['images_per_sec'],
             'n/a' if r.get('speedup') is None else '%.2f' % r['speedup'], r['test_acc']))
-    notes = ['sec/epoch is the mean training time per epoch (test evaluation not included) '
+    notes = [] if stopped is None else [
+        'The sweep stopped early (%s): only the settings that finished are listed.' % stopped]
+    notes += ['sec/epoch is the mean training time per epoch (test evaluation not included) '
              'and images/s counts training images, both %s.' % (
                  'from epoch 2 on: epoch 1 also pays one-time set-up (graph building, memory '
                  'allocation)' if first['epochs'] > 1 else
@@ -173,13 +192,16 @@ def format_table(rows):
     return '\n'.join(lines) + '\n'
 
 
-def write_outputs(rows, output_dir):
-    """Write ``sweep.md`` (``format_table``) and ``sweep.png`` into ``output_dir``; return paths."""
+def write_outputs(rows, output_dir, stopped=None):
+    """Write ``sweep.md`` (``format_table(rows, stopped)``) and ``sweep.png`` into ``output_dir``.
+
+    Returns the paths written.
+    """
     from . import plotting
     table_path = os.path.join(output_dir, TABLE_FILE)
     with metrics.atomic_path(table_path) as tmp:
         with open(tmp, 'w') as f:
-            f.write(format_table(rows))
+            f.write(format_table(rows, stopped))
     title = 'ResNet-18 on Fashion-MNIST, data-parallel on %s devices' % ', '.join(
         str(r['num_devices']) for r in rows)
     if any(r['cpu'] for r in rows):
@@ -222,6 +244,9 @@ def build_parser():
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
+    p.add_argument('--debug', action='store_true',
+                   help='on an error, show the full traceback (for bug reports); the '
+                        'environment variable %s=1 does the same' % DEBUG_ENV)
     return p
 
 
@@ -241,7 +266,12 @@ def _prepare_output_dir(path):
                          'another folder' % (PROG, path))
 
 
-def _run(args):
+def _run(args, state):
+    """Plan, train every setting and write the results; ``state`` tracks how far it got.
+
+    ``state['rows']`` collects the finished rows and ``state['setting']`` is the setting being
+    prepared or trained (None before the first and after the last), for ``main``'s error line.
+    """
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
@@ -250,8 +280,9 @@ def _run(args):
             PROG, ' '.join(map(str, args.num_gpus)), args.device, e)) from None
     _prepare_output_dir(args.output_dir)
     mode = progress.choose_mode()
-    rows = []
+    rows = state['rows']
     for s in settings:
+        state['setting'] = s
         try:
             train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
                                                       args.test_limit, args.seed)
@@ -272,6 +303,7 @@ def _run(args):
             report.close()
         print(row['line'], flush=True)
         rows.append(row)
+    state['setting'] = None
     add_speedups(rows)
     print()
     print(format_table(rows), end='')
@@ -280,13 +312,80 @@ def _run(args):
     return rows
 
 
-def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code."""
+def _where(state):
+    if state['setting'] is not None:
+        return 'in the %d-device setting' % state['setting']['num_devices']
+    return 'after the last setting' if state['rows'] else 'before training started'
+
+
+def _device_counts(rows):
+    counts = [str(r['num_devices']) for r in rows]
+    text = counts[0] if len(counts) == 1 else '%s and %s' % (', '.join(counts[:-1]), counts[-1])
+    return '%s device%s' % (text, '' if counts == ['1'] else 's')
+
+
+def _keep_finished(args, state, why):
+    """After a failure in a setting, print and write the finished rows.
+
+    Returns the clause of the error line that says what was written ('' when the failure came
+    before the first setting or after the last).
+    """
+    rows = state['rows']
+    if state['setting'] is None:
+        return ''
+    if not rows:
+        return '; no setting had finished, so nothing was written'
+    stopped = '%s %s' % (why, _where(state))
+    add_speedups(rows)
+    print()
+    print(format_table(rows, stopped), end='', flush=True)
     try:
-        _run(parse_args(argv))
+        paths = write_outputs(rows, args.output_dir, stopped)
+    except Exception as e:
+        return '; the finished settings (%s) could not be written: %s: %s' % (
+            _device_counts(rows), type(e).__name__, _one_line(e))
+    return '; the finished settings (%s) are in %s' % (_device_counts(rows), ', '.join(paths))
+
+
+def _diverged(e, args, state, kept):
+    s = state['setting']
+    run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
+    return ('%s: error: the training loss became %s at epoch %s, step %d %s%s: training '
+            'diverged%s; start again with a smaller learning rate, for example --lr-per-device '
+            '%g' % (PROG, e.loss, e.epoch, e.step, _where(state), run, kept,
+                    args.lr_per_device / 10))
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code.
+
+    0: done. 1: training diverged (NaN or infinite loss) in a setting, or an unexpected error.
+    2: bad input. 130: interrupted (Ctrl-C). Every failure prints one line on stderr; with
+    ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first. Settings that finished
+    before a failure are printed and written to ``--output-dir`` all the same.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = _debug_requested(argv)
+    args, state = None, {'rows': [], 'setting': None}
+    try:
+        args = parse_args(argv)
+        _run(args, state)
     except UsageError as e:
-        print(e, file=sys.stderr)
-        return 2
+        # Bad input is found before any setting finishes; a data file that breaks later must
+        # not lose the rows before it either.
+        kept = _keep_finished(args, state, 'an error') if state['rows'] else ''
+        return _fail(e, str(e) + kept, 2, debug)
+    except KeyboardInterrupt as e:
+        kept = _keep_finished(args, state, 'interrupted (Ctrl-C)')
+        return _fail(e, '%s: interrupted (Ctrl-C) %s%s' % (PROG, _where(state), kept), 130,
+                     debug)
+    except training.LossNotFiniteError as e:
+        kept = _keep_finished(args, state, 'training diverged')
+        return _fail(e, _diverged(e, args, state, kept), 1, debug)
+    except Exception as e:
+        kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
+        return _fail(e, _unexpected(PROG, e, debug, ' (%s)%s' % (_where(state), kept)), 1,
+                     debug)
     return 0
 
 

@@ -571,6 +571,19 @@ def _one_line(e):
     return line[len(prefix):] if line.startswith(prefix) else line
 
 
+def _debug_requested(argv):
+    """Whether to show tracebacks: ``--debug`` in ``argv`` or ``GLUON_MGPU_DEBUG`` set, not to 0."""
+    return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
+
+
+def _unexpected(prog, e, debug, context=''):
+    """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
+    hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
+                             'include it in a bug report' % DEBUG_ENV)
+    return '%s: error: unexpected %s: %s%s%s' % (prog, type(e).__name__, _one_line(e), context,
+                                                 hint)
+
+
 def _fail(e, message, code, debug):
     if debug:
         traceback.print_exception(type(e), e, e.__traceback__)
@@ -587,7 +600,7 @@ def main(argv=None):
     line on stderr; with ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
+    debug = _debug_requested(argv)
     args = None
     code = 0
     try:
@@ -602,10 +615,7 @@ def main(argv=None):
     except ReplicaCheckFailed as e:
         code = _fail(e, str(e), 1, debug)
     except Exception as e:
-        hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
-                                 'include it in a bug report' % DEBUG_ENV)
-        code = _fail(e, '%s: error: unexpected %s: %s%s'
-                     % (PROG, type(e).__name__, _one_line(e), hint), 1, debug)
+        code = _fail(e, _unexpected(PROG, e, debug), 1, debug)
     if code and getattr(args, 'joined', False):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients.

@@ -64,6 +64,13 @@ def test_one_device_without_gpu_says_it_runs_on_the_cpu(gpus, caplog):
         'warning: no GPU found, so training runs on the CPU as [cpu(0)]']
 
 
+def test_warn_false_gives_the_same_devices_without_the_warning(gpus, caplog):
+    gpus(0)
+    assert gluon_mgpu.get_devices(1, warn=False) == [mx.cpu(0)]
+    assert gluon_mgpu.get_devices(3, warn=False) == [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
+    assert _warnings(caplog) == []
+
+
 def test_fewer_gpus_than_asked_is_an_error_naming_both_numbers(gpus):
     gpus(1)
     with pytest.raises(ValueError, match=r'asked for 3 GPUs but 1 GPU found; pass --num-gpus 1 '

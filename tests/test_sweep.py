@@ -1,12 +1,15 @@
+import logging
 import os
 import re
 import subprocess
 import sys
+import types
 
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import devices, sweep
+import gluon_mgpu
+from gluon_mgpu import devices, sweep, training
 from test_plotting import png_size
 
 
@@ -94,6 +97,10 @@ def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_di
     epoch2 = re.findall(r'epoch 2, training time: (\d+\.\d) sec', out)
     assert [row.split(' | ')[3] for row in rows] == epoch2
     assert png_size(out_dir / 'sweep.png') == (1000, 400)
+    # One warning for the whole sweep, not one per device count.
+    assert result.stderr.splitlines() == [
+        "warning: no GPU found, so [cpu(0), cpu(1)] are simulated devices sharing this "
+        "machine's CPU: the data parallelism is real, a speed-up is not expected"]
     assert out.endswith('wrote %s, %s\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
     assert sorted(os.listdir(out_dir)) == ['sweep.md', 'sweep.png']
 
@@ -124,3 +131,161 @@ def test_sweep_bad_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys
     assert err.startswith('python -m gluon_mgpu.sweep: error: ')
     assert re.search(expected, err), err
     assert 'running on' not in out
+
+
+def _gluon_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == 'gluon_mgpu' and r.levelno == logging.WARNING]
+
+
+def test_plan_without_gpu_warns_once_for_the_whole_sweep(monkeypatch, caplog):
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    plan = sweep.plan_sweep([1, 2, 4])
+    assert [s['devices'] for s in plan] == [[mx.cpu(0)], [mx.cpu(0), mx.cpu(1)],
+                                            [mx.cpu(i) for i in range(4)]]
+    assert _gluon_warnings(caplog) == [
+        "warning: no GPU found, so [cpu(0), cpu(1), cpu(2), cpu(3)] are simulated devices "
+        "sharing this machine's CPU: the data parallelism is real, a speed-up is not expected"]
+
+
+# Failures in a setting: main() with run_setting replaced, so nothing trains for real.
+
+@pytest.fixture
+def failing_sweep(monkeypatch, tmp_path, caplog):
+    """Return ``run(argv, fail_at, error)``: the sweep CLI where setting ``fail_at`` raises."""
+    monkeypatch.delenv('GLUON_MGPU_DEBUG', raising=False)
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    monkeypatch.setattr(sweep, 'load_setting_data', lambda s, *args: (
+        types.SimpleNamespace(num_examples=1000), types.SimpleNamespace(num_examples=500)))
+
+    def run(argv, fail_at, error):
+        def run_setting(setting, *args):
+            n = setting['num_devices']
+            if n == fail_at:
+                raise error
+            row = _row(n, 10.0 / n, 0.5)
+            row['line'] = 'test acc: 0.50, %.1f sec/epoch on %d devices' % (10.0 / n, n)
+            return row
+        monkeypatch.setattr(sweep, 'run_setting', run_setting)
+        code = sweep.main(argv + ['--output-dir', str(tmp_path / 'out')])
+        # Whatever happens, the no-GPU warning comes once.
+        assert len(_gluon_warnings(caplog)) == 1
+        return code
+    return run
+
+
+def _table_rows(text):
+    return [line for line in text.splitlines() if re.match(r'\| \d+: \[', line)]
+
+
+def test_a_diverged_setting_is_one_line_exit_1_and_the_finished_rows_are_kept(
+        failing_sweep, tmp_path, capsys):
+    nan = training.LossNotFiniteError(3, 0.2, float('nan'), epoch=1)
+    assert failing_sweep(['--num-gpus', '1', '2', '4'], 2, nan) == 1
+    out, err = capsys.readouterr()
+    out_dir = tmp_path / 'out'
+    assert err == (
+        'python -m gluon_mgpu.sweep: error: the training loss became nan at epoch 1, step 3 in '
+        'the 2-device setting (global batch 512, lr 0.2): training diverged; the finished '
+        'settings (1 device) are in %s, %s; start again with a smaller learning rate, for '
+        'example --lr-per-device 0.01\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
+    table = (out_dir / 'sweep.md').read_text()
+    assert _table_rows(table) == ['| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |']
+    assert ('Note: The sweep stopped early (training diverged in the 2-device setting): only '
+            'the settings that finished are listed.') in table
+    assert out.endswith('\n\n' + table)
+    assert 'running on: [cpu(0), cpu(1)] (global batch 512, lr 0.2)' in out
+    assert 'cpu(3)' not in out
+    assert png_size(out_dir / 'sweep.png') == (1000, 400)
+
+
+def test_a_failure_in_the_first_setting_says_nothing_was_written(failing_sweep, tmp_path,
+                                                                  capsys):
+    nan = training.LossNotFiniteError(1, 0.5, float('inf'), epoch=2)
+    assert failing_sweep(['--num-gpus', '1', '2', '--lr-per-device', '0.5'], 1, nan) == 1
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.sweep: error: the training loss became inf at epoch 2, step 1 in '
+        'the 1-device setting (global batch 256, lr 0.5): training diverged; no setting had '
+        'finished, so nothing was written; start again with a smaller learning rate, for '
+        'example --lr-per-device 0.05\n')
+    assert os.listdir(tmp_path / 'out') == []
+
+
+def test_ctrl_c_is_one_line_exit_130_and_the_finished_rows_are_kept(failing_sweep, tmp_path,
+                                                                     capsys):
+    assert failing_sweep(['--num-gpus', '1', '2', '4'], 4, KeyboardInterrupt()) == 130
+    out_dir = tmp_path / 'out'
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.sweep: interrupted (Ctrl-C) in the 4-device setting; the finished '
+        'settings (1 and 2 devices) are in %s, %s\n' % (out_dir / 'sweep.md',
+                                                       out_dir / 'sweep.png'))
+    table = (out_dir / 'sweep.md').read_text()
+    assert _table_rows(table) == [
+        '| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |',
+        '| 2: [cpu(0), cpu(1)] | 512 | 0.2 | 5.0 | 200.0 | 2.00 | 0.50 |']
+    assert ('Note: The sweep stopped early (interrupted (Ctrl-C) in the 4-device setting): only '
+            'the settings that finished are listed.') in table
+
+
+def test_an_unexpected_error_is_one_line_with_the_setting_and_a_hint(failing_sweep, tmp_path,
+                                                                      capsys):
+    assert failing_sweep(['--num-gpus', '1', '2'], 2, RuntimeError('out of memory')) == 1
+    out_dir = tmp_path / 'out'
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.sweep: error: unexpected RuntimeError: out of memory (in the '
+        '2-device setting); the finished settings (1 device) are in %s, %s; rerun with --debug '
+        '(or GLUON_MGPU_DEBUG=1) for the full traceback, and include it in a bug report\n'
+        % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
+    assert ('Note: The sweep stopped early (unexpected RuntimeError in the 2-device setting)'
+            in (out_dir / 'sweep.md').read_text())
+
+
+def test_finished_rows_that_cannot_be_written_are_named_in_the_line(failing_sweep, monkeypatch,
+                                                                    capsys):
+    def refuse(rows, output_dir, stopped=None):
+        raise OSError(28, 'No space left on device')
+    monkeypatch.setattr(sweep, 'write_outputs', refuse)
+    assert failing_sweep(['--num-gpus', '1', '2'], 2, KeyboardInterrupt()) == 130
+    out, err = capsys.readouterr()
+    assert err == ('python -m gluon_mgpu.sweep: interrupted (Ctrl-C) in the 2-device setting; '
+                   'the finished settings (1 device) could not be written: OSError: [Errno 28] '
+                   'No space left on device\n')
+    # They are still on standard output.
+    assert '| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |' in out
+
+
+def test_a_data_error_in_a_later_setting_is_exit_2_and_keeps_the_finished_rows(
+        failing_sweep, monkeypatch, tmp_path, capsys):
+    load = sweep.load_setting_data
+
+    def load_then_break(setting, *args):
+        if setting['num_devices'] == 2:
+            raise gluon_mgpu.DataError('/data/train-images-idx3-ubyte.gz is not a complete gzip '
+                                       'file; replace it with a fresh copy')
+        return load(setting, *args)
+    monkeypatch.setattr(sweep, 'load_setting_data', load_then_break)
+    assert failing_sweep(['--num-gpus', '1', '2'], None, None) == 2
+    out_dir = tmp_path / 'out'
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.sweep: error: /data/train-images-idx3-ubyte.gz is not a complete '
+        'gzip file; replace it with a fresh copy; the finished settings (1 device) are in %s, '
+        '%s\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
+    assert ('Note: The sweep stopped early (an error in the 2-device setting)'
+            in (out_dir / 'sweep.md').read_text())
+
+
+@pytest.mark.parametrize('how', ['flag', 'env'])
+def test_debug_shows_the_traceback_first(failing_sweep, monkeypatch, capsys, how):
+    argv = ['--num-gpus', '1']
+    if how == 'flag':
+        argv.append('--debug')
+    else:
+        monkeypatch.setenv('GLUON_MGPU_DEBUG', '1')
+    assert failing_sweep(argv, 1, RuntimeError('out of memory')) == 1
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == 'Traceback (most recent call last):'
+    assert any('in run_setting' in line for line in err)
+    assert err[-2] == 'RuntimeError: out of memory'
+    assert err[-1] == ('python -m gluon_mgpu.sweep: error: unexpected RuntimeError: out of memory '
+                       '(in the 1-device setting); no setting had finished, so nothing was '
+                       'written')
