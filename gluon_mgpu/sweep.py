@@ -19,6 +19,7 @@ import os
 import sys
 
 from . import data, devices as devices_mod, metrics, progress, training
+from .interrupts import DeferredInterrupt
 from .model import resnet18
 from .train import (DEBUG_ENV, UsageError, _count, _debug_requested, _fail, _one_line,
                     _positive_float, _seed, _unexpected)
@@ -270,7 +271,8 @@ def _run(args, state):
     """Plan, train every setting and write the results; ``state`` tracks how far it got.
 
     ``state['rows']`` collects the finished rows and ``state['setting']`` is the setting being
-    prepared or trained (None before the first and after the last), for ``main``'s error line.
+    prepared or trained (None before the first and after the last), for ``main``'s error line;
+    ``state['interrupt']``, a ``DeferredInterrupt`` if given, is checked after every step.
     """
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
@@ -296,9 +298,20 @@ def _run(args, state):
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label='%d device%s, ' % (s['num_devices'],
                                                             '' if s['num_devices'] == 1 else 's'))
+        interrupt = state.get('interrupt')
+
+        def on_batch(*hook_args, report=report):
+            report.on_batch(*hook_args)
+            if interrupt is not None:  # Ctrl-C stops after the step in progress
+                interrupt.check()
+
+        def on_epoch(record, report=report):
+            report.on_epoch(record)
+            if interrupt is not None:
+                interrupt.check()
         try:
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
-                              report.on_batch, report.on_epoch)
+                              on_batch, on_epoch)
         finally:
             report.close()
         print(row['line'], flush=True)
@@ -369,7 +382,9 @@ def main(argv=None):
     args, state = None, {'rows': [], 'setting': None}
     try:
         args = parse_args(argv)
-        _run(args, state)
+        with DeferredInterrupt() as interrupt:
+            state['interrupt'] = interrupt
+            _run(args, state)
     except UsageError as e:
         # Bad input is found before any setting finishes; a data file that breaks later must
         # not lose the rows before it either.

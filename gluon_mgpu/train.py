@@ -33,6 +33,7 @@ import mxnet as mx
 
 from . import (checkpoint, data, devices as devices_mod, dist, metrics, plotting, progress,
                replicas, training)
+from .interrupts import DeferredInterrupt
 from .model import lenet, resnet18, sync_batch_norm
 
 PROG = 'python -m gluon_mgpu.train'
@@ -341,10 +342,11 @@ def _saver(args, net, trainer, devices, history):
     return save
 
 
-def run(args):
+def run(args, interrupt=None):
     """Train as ``args`` say; print progress and the summary; write checkpoints, metrics, plot.
 
-    Returns ``train()``'s history.
+    ``interrupt``, a ``DeferredInterrupt``, is checked after every step and every epoch (after
+    its checkpoint), so that Ctrl-C stops the run there. Returns ``train()``'s history.
     """
     record = None
     if args.checkpoint_dir is not None:
@@ -429,6 +431,12 @@ def run(args):
     check_step, check_epoch = (None, None) if args.check_replicas is None else \
         replica_checks(net, args.check_replicas, verbose=mode != 'quiet')
 
+    def on_step(epoch, step):
+        if check_step is not None:
+            check_step(epoch, step)
+        if interrupt is not None:
+            interrupt.check()
+
     def on_epoch(record):
         # The checkpoint first: it is what a crash must not lose.
         if save is not None:
@@ -441,12 +449,14 @@ def run(args):
             metrics_file.add_epoch(record)
         if args.plot and lead:
             plotting.plot_history(done, args.plot, title=title, num_epochs=args.epochs)
+        if interrupt is not None:
+            interrupt.check()
 
     try:
         history = training.train(net, train_iter, test_iter, devices, lr=args.lr,
                                  num_epochs=args.epochs, seed=args.seed, verbose=False,
                                  trainer=trainer, start_epoch=start, history=history,
-                                 on_step=check_step, on_batch=report.on_batch,
+                                 on_step=on_step, on_batch=report.on_batch,
                                  on_epoch=on_epoch, kvstore=kvstore, device_weights=weights)
     finally:
         report.close()
@@ -605,7 +615,8 @@ def main(argv=None):
     code = 0
     try:
         args = parse_args(argv)
-        run(args)
+        with DeferredInterrupt() as interrupt:
+            run(args, interrupt)
     except UsageError as e:
         code = _fail(e, str(e), 2, debug)
     except KeyboardInterrupt as e:

@@ -192,7 +192,7 @@ def test_more_devices_than_gpus_present(monkeypatch, capsys, data_dir):
 # Unexpected errors: one line and a hint, or the traceback with --debug.
 
 def _boom(message, cls=TypeError):
-    def run(args):
+    def run(args, interrupt=None):
         raise cls(message)
     return run
 
