@@ -29,6 +29,7 @@ import sys
 import time
 
 from .threads import thread_settings
+from .train import _count  # the same whole-number check and message as the training CLI
 
 __all__ = ['build_parser', 'parse_args', 'read_hostfile', 'free_port', 'guess_host_ip',
            'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
@@ -47,20 +48,6 @@ class UsageError(Exception):
 class _Parser(argparse.ArgumentParser):
     def error(self, message):
         raise UsageError('%s: error: %s (see --help)' % (PROG, message))
-
-
-def _count(flag, minimum=1):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(
-                '%s expects a whole number, got %r; for example %s 2' % (flag, text, flag))
-        if value < minimum:
-            raise argparse.ArgumentTypeError(
-                '%s must be at least %d, got %d' % (flag, minimum, value))
-        return value
-    return parse
 
 
 def _seconds(text):
