@@ -175,9 +175,9 @@ def build_parser():
     p.add_argument('--test-limit', type=_count('--test-limit'), default=None,
                    help='use only the first N test images (default: all 10000)')
     p.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
-                   help='compile the network into one graph (same results as imperative, about '
-                        'twice as fast on CPU); --no-hybridize runs it line by line as the book '
-                        'does (default: hybridize)')
+                   help='compile the network into one graph (same results as imperative, '
+                        '1.2x as fast on a 2-core CPU, docs/benchmarks.md); --no-hybridize runs '
+                        'it line by line as the book does (default: hybridize)')
     p.add_argument('--loader', choices=tuple(data.LOADERS), default='array',
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
