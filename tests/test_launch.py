@@ -289,6 +289,28 @@ def test_two_workers_equal_one_process_on_two_devices(tmp_path):
     assert seconds < 300
 
 
+@pytest.mark.slow
+def test_dist_device_sync_with_two_devices_per_worker_equals_one_process_on_four(tmp_path):
+    """dist_device_sync sums each worker's devices on the devices, then over the servers.
+
+    2 workers x 2 CPU devices with a global batch of 16 must give the parameters of one
+    process on 4 devices (LeNet, no BatchNorm; same tolerance as above).
+    """
+    flags = ['--train-limit', '64', '--batch-size', '16', '--epochs', '1', '--num-gpus', '2']
+    job = _launch('-n', '2', '-s', '1', '--', *TRAIN, *flags, '--kvstore', 'dist_device_sync',
+                  '--save-params', str(tmp_path / 'dist.params'))
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.splitlines()[0] == ('running on: [cpu(0), cpu(1)] (worker 0 of 2, '
+                                          'kvstore dist_device_sync)')
+    rank0 = nd.load(str(tmp_path / 'dist.rank0.params'))
+    assert _max_diff(rank0, nd.load(str(tmp_path / 'dist.rank1.params'))) == 0.0
+    single = subprocess.run(TRAIN + flags[:-1] + ['4', '--save-params',
+                                                  str(tmp_path / 'single.params')],
+                            capture_output=True, text=True, timeout=300, env=_env())
+    assert single.returncode == 0, single.stderr
+    assert _max_diff(rank0, nd.load(str(tmp_path / 'single.params'))) <= 1e-6
+
+
 def _reader(stream, lines):
     for line in stream:
         lines.put(line)
