@@ -279,6 +279,23 @@ def _stop(running):
             p.wait()
 
 
+def _die_with(parent):
+    """Return a ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL.
+
+    Linux's ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing happens. Without it, a launcher
+    killed with SIGKILL (or by the out-of-memory killer) would leave the job waiting forever.
+    """
+    def preexec():
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
 def run_job(processes, grace=30.0, poll=0.1, log=None):
     """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code.
 
@@ -296,9 +313,13 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
     started = []
     try:
         for name, argv, env, host in processes:
-            stdin = subprocess.PIPE if env is None else subprocess.DEVNULL
-            started.append((name, subprocess.Popen(argv, env=env, stdin=stdin,
-                                                   start_new_session=True)))
+            # Remote processes (env None: ssh) stop when their connection closes; local ones
+            # when the launcher dies.
+            local = env is not None
+            stdin = subprocess.DEVNULL if local else subprocess.PIPE
+            started.append((name, subprocess.Popen(
+                argv, env=env, stdin=stdin, start_new_session=True,
+                preexec_fn=_die_with(os.getpid()) if local else None)))
         say('started %s' % ', '.join('%s (pid %d)' % (n, p.pid) for n, p in started))
         first_end = None
         while True:

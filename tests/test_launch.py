@@ -389,3 +389,27 @@ def test_workers_agree_on_a_seed_and_take_disjoint_shards():
     orders = [f['order'] for f in found]
     assert len(orders[0]) == len(orders[1]) == 32 and not set(orders[0]) & set(orders[1])
     assert sorted(orders[0] + orders[1]) == sorted(found[0]['whole'][:64])
+
+
+def _alive(pid):
+    try:
+        with open('/proc/%d/status' % pid) as f:
+            return 'State:\tZ' not in f.read()  # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_local_processes_along():
+    job = subprocess.Popen([PY, '-m', 'gluon_mgpu.launch', '-n', '2', '-s', '1', '--', PY,
+                            '-c', 'import time; time.sleep(120)'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    first = job.stderr.readline()
+    pids = [int(p) for p in re.findall(r'\(pid (\d+)\)', first)]
+    assert len(pids) == 4, first  # scheduler, server, 2 workers
+    assert all(_alive(p) for p in pids)
+    job.kill()  # SIGKILL: the launcher cannot stop anything itself
+    job.wait()
+    deadline = time.monotonic() + 30
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [p for p in pids if _alive(p)] == []
