@@ -1,12 +1,12 @@
-"""Ctrl-C during training: stop between two steps, never inside MXNet.
+"""Ctrl-C during training: stop at once, and never let MXNet swallow it.
 
 With the default kvstore, ``trainer.step`` runs the optimizer as a Python function that MXNet
-calls back through ctypes, once per parameter, on the main thread. A Ctrl-C whose
-``KeyboardInterrupt`` is raised inside such a callback is printed as "Exception ignored on
-calling ctypes callback function" and dropped: the run goes on as if nothing happened. So the
-command-line tools catch the first Ctrl-C themselves, note it, and raise ``KeyboardInterrupt``
-from their own hooks, after the step in progress (or after the epoch's evaluation). A second
-Ctrl-C raises at once, as usual.
+calls back through ctypes, once per parameter, on the main thread. A ``KeyboardInterrupt``
+raised inside such a callback is printed as "Exception ignored on calling ctypes callback
+function" and dropped: the run goes on as if nothing happened. ``DeferredInterrupt`` raises
+``KeyboardInterrupt`` at once, as Python does, except when Ctrl-C arrives inside that
+callback: then it only notes it, and the training loop's hook (``check``) raises it right
+after the step.
 """
 import signal
 import threading
@@ -14,12 +14,26 @@ import threading
 __all__ = ['DeferredInterrupt']
 
 
+def _callback_codes():
+    """Code objects of the Python functions MXNet calls from C during a training step."""
+    try:
+        from mxnet.kvstore.kvstore import _updater_wrapper
+    except ImportError:  # another MXNet layout: nothing to recognize
+        return ()
+    return (_updater_wrapper(None).__code__,)
+
+
 class DeferredInterrupt:
-    """Context manager: the first SIGINT sets ``requested``; ``check()`` then raises.
+    """Context manager for SIGINT during training; ``check()`` raises a deferred Ctrl-C.
 
     It takes over SIGINT only in the main thread and only while Python's own handler is
     installed (a process started with SIGINT ignored, or a caller with its own handler, is
     left alone); on exit the previous handler comes back.
+
+    Attributes
+    ----------
+    requested : bool
+        True once a Ctrl-C arrived inside an MXNet callback and waits for ``check()``.
 
     Examples
     --------
@@ -30,6 +44,7 @@ class DeferredInterrupt:
     def __init__(self):
         self.requested = False
         self._previous = None
+        self._callbacks = _callback_codes()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread() and \
@@ -43,12 +58,21 @@ class DeferredInterrupt:
             self._previous = None
         return False
 
+    def _in_callback(self, frame):
+        while frame is not None:
+            if frame.f_code in self._callbacks:
+                return True
+            frame = frame.f_back
+        return False
+
     def _handle(self, signum, frame):
-        if self.requested:  # the second Ctrl-C: do not wait
+        if self._in_callback(frame):
+            self.requested = True  # raised here it would be dropped; check() raises it
+        else:
             raise KeyboardInterrupt
-        self.requested = True
 
     def check(self, *args):
-        """Raise ``KeyboardInterrupt`` if Ctrl-C was pressed; takes any hook arguments."""
+        """Raise ``KeyboardInterrupt`` if a Ctrl-C is waiting; takes any hook arguments."""
         if self.requested:
+            self.requested = False
             raise KeyboardInterrupt

@@ -302,7 +302,7 @@ def _run(args, state):
 
         def on_batch(*hook_args, report=report):
             report.on_batch(*hook_args)
-            if interrupt is not None:  # Ctrl-C stops after the step in progress
+            if interrupt is not None:  # a Ctrl-C noted inside MXNet's optimizer callback
                 interrupt.check()
 
         def on_epoch(record, report=report):

@@ -346,7 +346,8 @@ def run(args, interrupt=None):
     """Train as ``args`` say; print progress and the summary; write checkpoints, metrics, plot.
 
     ``interrupt``, a ``DeferredInterrupt``, is checked after every step and every epoch (after
-    its checkpoint), so that Ctrl-C stops the run there. Returns ``train()``'s history.
+    its checkpoint), where it raises a Ctrl-C that came inside MXNet's optimizer callback.
+    Returns ``train()``'s history.
     """
     record = None
     if args.checkpoint_dir is not None:

@@ -1,37 +1,55 @@
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 
 import pytest
+from mxnet.kvstore.kvstore import _updater_wrapper
 
 from gluon_mgpu.interrupts import DeferredInterrupt
+
+# What MXNet's kvstore hands to C as the optimizer: key, two NDArray handles, a void pointer.
+_UPDATER_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                                 ctypes.c_void_p)
 
 
 def _ctrl_c():
     os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_the_first_ctrl_c_is_noted_and_raised_by_check():
-    with DeferredInterrupt() as interrupt:
-        _ctrl_c()  # delivered here; no exception in this frame
-        assert interrupt.requested
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check(1, 2)  # hooks pass their own arguments
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+def _mxnet_style_callback(work, monkeypatch):
+    """A ctypes callback made as MXNet makes the kvstore's updater (``_updater_wrapper``)."""
+    import mxnet.kvstore.kvstore as kvstore
+    monkeypatch.setattr(kvstore, '_ndarray_cls', lambda handle: None)  # no arrays here
+
+    def updater(key, lhs, rhs):
+        work()
+    return _UPDATER_TYPE(_updater_wrapper(updater))
 
 
-def test_the_second_ctrl_c_raises_at_once():
+def test_outside_mxnets_callbacks_ctrl_c_stops_at_once():
     with pytest.raises(KeyboardInterrupt):
         with DeferredInterrupt():
             _ctrl_c()
-            _ctrl_c()
+            sum(range(10))
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_without_ctrl_c_check_does_nothing():
+def test_inside_mxnets_updater_callback_ctrl_c_waits_for_check(monkeypatch):
+    calls = []
+
+    def work():
+        _ctrl_c()
+        calls.append('went on')  # the handler only noted the Ctrl-C
+    callback = _mxnet_style_callback(work, monkeypatch)
     with DeferredInterrupt() as interrupt:
-        assert interrupt.check() is None and not interrupt.requested
+        callback(0, None, None, None)
+        assert calls == ['went on'] and interrupt.requested
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.check(1, 2)  # hooks pass their own arguments
+        assert not interrupt.requested
+        assert interrupt.check() is None
 
 
 def test_an_ignored_sigint_stays_ignored():
@@ -43,24 +61,6 @@ def test_an_ignored_sigint_stays_ignored():
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                          timeout=120)
     assert out.stdout.strip() == 'True', out.stderr
-
-
-def test_an_interrupt_requested_in_a_ctypes_callback_is_not_lost():
-    # What MXNet's kvstore does: the optimizer runs as a Python callback called from C. A
-    # KeyboardInterrupt raised inside it would be printed and dropped; a noted one is not.
-    import ctypes
-    callback_type = ctypes.CFUNCTYPE(None)
-    calls = []
-
-    def updater():
-        _ctrl_c()
-        calls.append(1)  # runs: the handler only noted the Ctrl-C
-    callback = callback_type(updater)
-    with DeferredInterrupt() as interrupt:
-        callback()
-        assert calls == [1] and interrupt.requested
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check()
 
 
 def test_without_it_a_ctrl_c_inside_a_ctypes_callback_is_dropped():
