@@ -55,6 +55,10 @@ OTHER = {
                   dict(kind='data', loader='book', images=10000, threads='package')),
     'eval-1': ('(g) evaluation, hybridized, 1 device',
                dict(kind='eval', devices=1, images=2048, threads='package')),
+    'eval-1-mkldnn': ("(g) evaluation, the exported graph with MXNet's MKLDNN backend "
+                      '(inference fusion), 1 device',
+                      dict(kind='eval', devices=1, images=2048, threads='package',
+                           backend='MKLDNN')),
 }
 
 
@@ -175,6 +179,8 @@ def targets(best, extra):
         best['ours-hyb-2'] / best['ours-hyb-1'], 0.90)
     add('data path >= 100x the training rate', best['data-array'] / best['ours-hyb-1'], 100)
     add('evaluation >= 4x the training rate', best['eval-1'] / best['ours-hyb-1'], 4)
+    add('evaluation with the MKLDNN backend >= 4x the training rate',
+        best['eval-1-mkldnn'] / best['ours-hyb-1'], 4)
     return rows
 
 

@@ -99,6 +99,16 @@ def eval_speed(cfg):
     images, labels = data.load_fashion_mnist_arrays('test')
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
+    if cfg.get('backend'):
+        # The same network and weights as an exported graph, partitioned by MXNet's backend
+        # (oneDNN: BatchNorm folded into the convolutions, for inference only).
+        import tempfile
+        folder = tempfile.mkdtemp()
+        net.export(os.path.join(folder, 'net'))
+        net = gluon.SymbolBlock.imports(os.path.join(folder, 'net-symbol.json'), ['data'],
+                                        os.path.join(folder, 'net-0000.params'), ctx=devices)
+        net.hybridize(static_alloc=True, backend=cfg['backend'])
+        training.evaluate_accuracy(warm, net, devices)
     it = data.ArrayBatches(images[:cfg['images']], labels[:cfg['images']], 256)
     start = time.time()
     training.evaluate_accuracy(it, net, devices)
