@@ -319,7 +319,7 @@ def test_a_run_killed_mid_epoch_resumes_to_bit_equal_parameters(tmp_path, data_d
     full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
     proc = _start(killed, '--data-dir', data_dir)
     _wait_for(checkpoint.checkpoint_path(killed, 1, 'json'), proc)
-    time.sleep(0.2)  # into epoch 2 (the assertion below checks it was not over)
+    time.sleep(0.05)  # into epoch 2 (the assertion below checks it was not over)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
     assert proc.returncode == -signal.SIGKILL
