@@ -222,21 +222,3 @@ def test_sync_bn_gives_every_device_the_whole_batch_statistics():
     _, plain_across, plain_to_ref = found['plain']
     assert plain_across > 1e-4 and plain_to_ref > 1e-4
 
-
-def test_mxnets_fused_batchnorm_relu_run_imperatively_leaves_the_running_statistics_alone():
-    # Why the README says resnet18 does not use nn.BatchNormReLU (one oneDNN pass for BatchNorm
-    # and ReLU): in MXNet 1.9.1, on the chapter's first-stage shape (64 channels, 28x28), its
-    # training step run imperatively does not move running_mean/running_var, while
-    # nn.BatchNorm does. (Hybridized, or on tiny inputs such as 4 channels of 5x5, it does
-    # update.) If this fails, MXNet fixed it.
-    x = nd.random.uniform(shape=(8, 64, 28, 28), ctx=mx.cpu(0))
-    means = {}
-    for layer in (nn.BatchNorm(), nn.BatchNormReLU()):
-        layer.initialize(ctx=mx.cpu(0))
-        with autograd.record():
-            y = layer(x)
-        y.backward()
-        means[type(layer).__name__] = layer.running_mean.data().asnumpy()
-    expected = 0.1 * x.mean(axis=(0, 2, 3)).asnumpy()  # momentum 0.9, starting at 0
-    np.testing.assert_allclose(means['BatchNorm'], expected, rtol=1e-5)
-    assert (means['BatchNormReLU'] == 0).all()
