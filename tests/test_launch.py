@@ -365,6 +365,7 @@ def test_a_worker_refusing_its_arguments_stops_the_job():
 
 SHARD_CHECK = '''
 import json
+import os
 import numpy as np
 import mxnet as mx
 from gluon_mgpu import data, dist
@@ -372,9 +373,12 @@ kv = mx.kv.create("dist_sync")
 seed = dist.shared_seed(kv)
 batches = data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70), 16, shuffle=True,
                             seed=seed, num_parts=kv.num_workers, part_index=kv.rank)
-print(json.dumps({"rank": kv.rank, "seed": seed, "order": batches.order(0).tolist(),
-                  "whole": data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70),
-                                             16, shuffle=True, seed=seed).order(0).tolist()}))
+line = json.dumps({"rank": kv.rank, "seed": seed, "order": batches.order(0).tolist(),
+                   "whole": data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70),
+                                              16, shuffle=True, seed=seed).order(0).tolist()})
+# Both workers share the launcher's stdout: one write per line (atomic on a pipe below 4 KiB),
+# not print's two (text, then newline, when PYTHONUNBUFFERED is set), so lines never interleave.
+os.write(1, (line + "\\n").encode())
 '''
 
 
