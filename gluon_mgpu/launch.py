@@ -308,7 +308,8 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
     log = sys.stderr if log is None else log
 
     def say(text):
-        print('launch: %s' % text, file=log, flush=True)
+        log.write('launch: %s\n' % text)  # one write: the job's processes share this stream
+        log.flush()
 
     started = []
     try:

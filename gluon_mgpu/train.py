@@ -598,7 +598,9 @@ def _unexpected(prog, e, debug, context=''):
 def _fail(e, message, code, debug):
     if debug:
         traceback.print_exception(type(e), e, e.__traceback__)
-    print(message, file=sys.stderr, flush=True)
+    # One write for the whole line: the workers of a dist job share the launcher's stderr.
+    sys.stderr.write(message + '\n')
+    sys.stderr.flush()
     return code
 
 
