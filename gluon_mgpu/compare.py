@@ -15,7 +15,6 @@ real run (``--full``: the book's settings, the full data set); otherwise they sa
 Library functions return rows (dicts); only ``main`` prints. The command exits with 0 when
 no row is a mismatch, 1 when one is, 2 on bad input (one line on stderr).
 """
-import argparse
 import datetime
 import json
 import os
@@ -24,6 +23,8 @@ import subprocess
 import sys
 
 import numpy as np
+
+from .cli import UsageError, _Parser
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'ACC_BAND', 'ACC_BAND_FIRST_EPOCH', 'SPEEDUP_BAND',
            'printed_numbers', 'format_like_book', 'run_chapter_cells', 'chapter_cells',
@@ -430,16 +431,7 @@ def format_markdown(report):
     return '\n'.join(lines).rstrip() + '\n'
 
 
-class UsageError(Exception):
-    """Bad command-line input; the message is the whole line shown to the user."""
-
-
 PROG = 'python -m gluon_mgpu.compare'
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (PROG, message))
 
 
 def build_parser():

@@ -28,6 +28,7 @@ import subprocess
 import sys
 import time
 
+from .cli import UsageError, _Parser
 from .threads import thread_settings
 from .train import _count  # the same whole-number check and message as the training CLI
 
@@ -39,15 +40,6 @@ PROG = 'python -m gluon_mgpu.launch'
 PASS_ENV = ('OMP_NUM_THREADS', 'LD_LIBRARY_PATH', 'DMLC_INTERFACE', 'PYTHONPATH')
 SSH_OPTIONS = ('-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes')
 STOP_SECONDS = 5.0
-
-
-class UsageError(Exception):
-    """Bad command-line input; the message is the whole line shown to the user."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (PROG, message))
 
 
 def _seconds(text):

@@ -19,6 +19,7 @@ import os
 import sys
 
 from . import data, devices as devices_mod, metrics, progress, training
+from .cli import _Parser, add_device_flag
 from .interrupts import DeferredInterrupt
 from .model import resnet18
 from .train import (DEBUG_ENV, UsageError, _count, _debug_requested, _fail, _one_line,
@@ -211,11 +212,6 @@ def write_outputs(rows, output_dir, stopped=None):
     return [table_path] + plotting.plot_sweep(rows, plot_path, title=title)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (PROG, message))
-
-
 def build_parser():
     p = _Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
                 'and compare time, throughput and accuracy in a Markdown table and a figure.')
@@ -229,9 +225,7 @@ def build_parser():
                         '(default: 0.1, as the book)')
     p.add_argument('--epochs', type=_count('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
-    p.add_argument('--device', choices=devices_mod.DEVICE_CHOICES, default='auto',
-                   help='auto: GPUs if there are enough, simulated CPU devices if there is no '
-                        'GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
+    add_device_flag(p)
     p.add_argument('--data-dir', default=None,
                    help='folder with the four Fashion-MNIST IDX .gz files (default: searched)')
     p.add_argument('--train-limit', type=_count('--train-limit'), default=None,

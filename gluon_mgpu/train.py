@@ -33,6 +33,7 @@ import mxnet as mx
 
 from . import (checkpoint, data, devices as devices_mod, dist, metrics, plotting, progress,
                replicas, training)
+from .cli import UsageError, _Parser, add_device_flag
 from .interrupts import DeferredInterrupt
 from .model import lenet, resnet18, sync_batch_norm
 
@@ -44,17 +45,8 @@ KVSTORES = ('device', 'local') + dist.DIST_KVSTORES
 _NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug')
 
 
-class UsageError(Exception):
-    """Bad command-line input; the message is the whole line shown to the user."""
-
-
 class ReplicaCheckFailed(Exception):
     """``--check-replicas`` found trained parameters that differ; the message is the whole line."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (self.prog, message))
 
 
 def _count(flag):
@@ -164,9 +156,7 @@ def build_parser():
                    help='SGD learning rate (default: 0.1 per device, as the book: 0.1, 0.2)')
     p.add_argument('--epochs', type=_count('--epochs'), default=4,
                    help='number of epochs (default: 4)')
-    p.add_argument('--device', choices=devices_mod.DEVICE_CHOICES, default='auto',
-                   help='auto: GPUs if there are enough, simulated CPU devices if there is no '
-                        'GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
+    add_device_flag(p)
     p.add_argument('--data-dir', default=None,
                    help='folder with the four Fashion-MNIST IDX .gz files (default: search '
                         '$MXNET_HOME/datasets/fashion-mnist, then /usr/share/datasets/fashion-mnist)')

@@ -14,7 +14,8 @@ from mxnet.gluon.parameter import DeferredInitializationError
 
 from .. import devices as devices_mod
 from ..model import resnet18
-from ..train import UsageError, _count, _Parser, _seed
+from ..cli import UsageError, _Parser, add_device_flag
+from ..train import _count, _seed
 from . import format_replica_report, get_replica, inspect_replicas
 
 PROG = 'python -m gluon_mgpu.replicas'
@@ -25,9 +26,7 @@ def build_parser():
                 "parameters on every device after initialization and one forward pass.")
     p.add_argument('--num-gpus', type=_count('--num-gpus'), default=2,
                    help='number of devices (default: 2, as the chapter)')
-    p.add_argument('--device', choices=devices_mod.DEVICE_CHOICES, default='auto',
-                   help='auto: GPUs if there are enough, simulated CPU devices if there is no '
-                        'GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
+    add_device_flag(p)
     p.add_argument('--seed', type=_seed, default=None,
                    help='seed for the initialization and the random batch (default: none)')
     return p
