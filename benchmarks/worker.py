@@ -38,18 +38,24 @@ def _batches(cfg, n_images):
     return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
 
 
-def train_speed(cfg):
-    devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
-    if cfg['model'] == 'd2lzh':
+def _network(devices, model='ours', hybrid=True):
+    """The chapter's ResNet-18 (ours or d2lzh's), initialized as the book does on ``devices``."""
+    if model == 'd2lzh':
         import d2lzh
         net = d2lzh.resnet18(10)
     else:
         net = resnet18(10)
-    if cfg['mode'] == 'hybrid':
+    if hybrid:
         net.hybridize(static_alloc=True)
     mx.random.seed(0)
     net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    return net
+
+
+def train_speed(cfg):
+    devices = [mx.cpu(i) for i in range(cfg['devices'])]
+    batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
+    net = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     loss = gloss.SoftmaxCrossEntropyLoss()
     it = iter(_batches(cfg, batch * (warmup + steps)))
@@ -92,10 +98,7 @@ def data_speed(cfg):
 
 def eval_speed(cfg):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    net = resnet18(10)
-    net.hybridize(static_alloc=True)
-    mx.random.seed(0)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    net = _network(devices)
     images, labels = data.load_fashion_mnist_arrays('test')
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
@@ -119,10 +122,7 @@ def replica_cost(cfg):
     """Seconds of one hybridized training step on 2 devices, and of one replica check after it."""
     from gluon_mgpu.replicas import assert_replicas_match
     devices = [mx.cpu(0), mx.cpu(1)]
-    net = resnet18(10)
-    net.hybridize(static_alloc=True)
-    mx.random.seed(0)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices)
+    net = _network(devices)
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
     loss = gloss.SoftmaxCrossEntropyLoss()
     batches = list(_batches(dict(cfg, loader='array'), cfg['batch_size'] * cfg['steps']))
