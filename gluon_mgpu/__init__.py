@@ -1,40 +1,44 @@
 """gluon_mgpu: the d2l chapter "Gluon Implementation for Multi-GPU Computation", runnable anywhere.
 
 ``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
-line (the module ``gluon_mgpu/train.py``). Importing that module would normally replace the
-package attribute ``train`` with the module, so the package keeps the function in place.
+line (the module ``gluon_mgpu/train.py``).
 """
 import sys
 import types
 
-from .threads import configure_threads, format_thread_settings, thread_settings
+from .threads import configure_threads, thread_settings
 
 # Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
 configure_threads()
 
+from .book import book_setting, init_training, new_network
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
+from .events import EpochLine, LossGuard, LossNotFiniteError
 from .model import Residual, resnet18
-from .replicas import (ParameterReplicas, ReplicaMismatchError, ReplicaReport,
+from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, ReplicaReport,
                        assert_replicas_match, format_replica_report, format_replica_summary,
                        get_replica, inspect_replicas)
-from .training import evaluate_accuracy, split_batch, train, train_epoch
+from .training import evaluate_accuracy, split_batch, train, train_batch, train_epoch
 
 __version__ = '0.1.0'
 
 __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'format_devices',
            'load_data_fashion_mnist', 'find_data_dir', 'get_fashion_mnist_labels', 'DataError',
-           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train', 'train_epoch', 'thread_settings',
-           'format_thread_settings', 'inspect_replicas', 'assert_replicas_match',
+           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train_batch', 'train_epoch',
+           'train', 'book_setting', 'new_network', 'init_training', 'EpochLine', 'LossGuard',
+           'LossNotFiniteError', 'thread_settings', 'inspect_replicas', 'assert_replicas_match',
            'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
-           'format_replica_report', 'format_replica_summary']
+           'format_replica_report', 'format_replica_summary', 'ReplicaCheck']
 
 
 class _Package(types.ModuleType):
+    # Importing the submodule gluon_mgpu.train (the command line) makes Python set the package
+    # attribute `train` to that module, hiding the function. `python -m gluon_mgpu.train` does
+    # not (runpy runs it as __main__), but `from gluon_mgpu.train import main` does; renaming
+    # either would break the chapter's call or the documented command, so the function stays.
     def __setattr__(self, name, value):
-        # The import system sets `gluon_mgpu.train = <module gluon_mgpu.train>` after the CLI
-        # module is first imported; keep the function, the module stays in sys.modules.
         if name == 'train' and isinstance(value, types.ModuleType):
             return
         super().__setattr__(name, value)

@@ -32,9 +32,11 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
+from .events import EpochEnd, TrainBegin
+
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'prepare_dir', 'save_checkpoint', 'read_checkpoint',
-           'restore', 'resume_settings']
+           'restore', 'resume_settings', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 1'
 KINDS = ('params', 'replicas', 'states')
@@ -333,3 +335,33 @@ def resume_settings(record, given):
         raise ValueError('the run already finished all its %d epochs; pass --epochs %d or more '
                          'to train it further' % (done, done + 1))
     return settings
+
+
+class CheckpointHandler(TrainBegin, EpochEnd):
+    """Event handler: save a checkpoint at the end of every epoch; continue a restored run.
+
+    Parameters
+    ----------
+    directory : str
+        A folder prepared with ``prepare_dir``.
+    info : dict
+        Stored in every checkpoint's JSON (see ``save_checkpoint``), with ``history`` set to
+        the records of all finished epochs.
+    resume : dict, optional
+        The record (``read_checkpoint``) of a checkpoint already loaded into the network and
+        the Trainer with ``restore``: training goes on after its epoch, with its history.
+    """
+
+    priority = -100  # first at the end of an epoch: what a later crash must not lose
+
+    def __init__(self, directory, info, resume=None):
+        self.directory, self.info, self.resume = directory, dict(info), resume
+
+    def train_begin(self, estimator, *args, **kwargs):
+        if self.resume is not None:
+            estimator.resume(self.resume['epoch'], self.resume['history'])
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        save_checkpoint(self.directory, estimator.record['epoch'], estimator.net,
+                        estimator.trainer, dict(self.info, history=list(estimator.history)))
+        return False

@@ -162,7 +162,8 @@ class ArrayBatches:
         Class indices, shape (N,); batches carry them as ``int32`` (as the book's loader does).
     batch_size : int
         Examples per batch; the last batch holds the rest (it is not dropped, except in a
-        shard: see ``set_part``).
+        shard: see ``set_part``). A last batch smaller than ``min_batch`` joins the one before
+        it (see ``set_min_batch``).
     shuffle : bool, default False
         Draw a new order for each pass (each ``for`` loop over the object is one epoch).
     seed : int, optional
@@ -184,6 +185,7 @@ class ArrayBatches:
         self.seed = int(np.random.randint(2 ** 31)) if seed is None else int(seed)
         self.epoch = 0
         self.num_parts = self.part_index = None
+        self.min_batch = 1
         self._X = self._y = None
         if num_parts is not None:
             self.set_part(num_parts, part_index)
@@ -202,7 +204,26 @@ class ArrayBatches:
     def __len__(self):
         if self.num_parts is not None:
             return self.num_examples // self.batch_size
-        return -(-self.num_examples // self.batch_size)
+        return len(self._bounds(self.num_examples, self.batch_size))
+
+    def set_min_batch(self, min_batch):
+        """Make a last batch of fewer than ``min_batch`` examples join the batch before it.
+
+        ``train()`` calls it with the number of devices: a batch must give every device at
+        least one example (60,000 images in batches of 512 leave 96 for the last batch, which is
+        plenty; 9 images in batches of 4 on 2 devices would leave 1, so the batches are 4 and 5).
+        """
+        if isinstance(min_batch, bool) or not isinstance(min_batch, (int, np.integer)) \
+                or min_batch < 1:
+            raise ValueError('min_batch must be a whole number >= 1, got %r' % (min_batch,))
+        self.min_batch = int(min_batch)
+
+    def _bounds(self, n, batch_size):
+        """``(start, stop)`` of every batch of ``n`` examples in order."""
+        bounds = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+        if len(bounds) > 1 and bounds[-1][1] - bounds[-1][0] < self.min_batch:
+            bounds[-2:] = [(bounds[-2][0], n)]
+        return bounds
 
     def set_part(self, num_parts, part_index):
         """Yield only shard ``part_index`` of ``num_parts``: one worker's share of a dist job.
@@ -260,8 +281,7 @@ class ArrayBatches:
             self._X = nd.array(to_tensor(self.images), dtype='float32')
             self._y = nd.array(self.labels, dtype='int32')
         in_order = not self.shuffle and self.num_parts is None
-        for start in range(0, len(idx), batch_size):
-            stop = min(start + batch_size, len(idx))
+        for start, stop in self._bounds(len(idx), batch_size):
             if in_order:
                 yield self._X[start:stop], self._y[start:stop]
             else:
@@ -288,20 +308,10 @@ class GluonBatches(ArrayBatches):
         dataset = gdata.ArrayDataset(nd.array(self.images[:, :, :, None], dtype='uint8'),
                                      self.labels.astype(np.int32))
         dataset = dataset.transform_first(gdata.vision.transforms.ToTensor())
-        sampler = gdata.BatchSampler(_ListSampler(idx), batch_size, 'keep')
-        for X, y in gdata.DataLoader(dataset, batch_sampler=sampler):
+        batches = [[int(i) for i in idx[start:stop]]
+                   for start, stop in self._bounds(len(idx), batch_size)]
+        for X, y in gdata.DataLoader(dataset, batch_sampler=batches):
             yield X, y.astype('int32')
-
-
-class _ListSampler:
-    def __init__(self, idx):
-        self.idx = [int(i) for i in idx]
-
-    def __iter__(self):
-        return iter(self.idx)
-
-    def __len__(self):
-        return len(self.idx)
 
 
 LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}

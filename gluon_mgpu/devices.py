@@ -8,7 +8,7 @@ import logging
 import mxnet as mx
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
-           'format_devices']
+           'format_devices', 'plural']
 
 DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
 
@@ -35,7 +35,8 @@ def try_all_gpus():
     return [mx.gpu(i) for i in range(n)] if n else [mx.cpu()]
 
 
-def _plural(n, word):
+def plural(n, word):
+    """``plural(1, 'GPU')`` is ``1 GPU``, ``plural(2, 'GPU')`` is ``2 GPUs``."""
     return '%d %s%s' % (n, word, '' if n == 1 else 's')
 
 
@@ -84,7 +85,7 @@ def get_devices(num_gpus, device='auto', warn=True):
             'install a CUDA build of MXNet (see the README)'
         raise ValueError('asked for %s but %s found; %s, or use CPU contexts with '
                          '--device cpu (device=\'cpu\')'
-                         % (_plural(n, 'GPU'), _plural(found, 'GPU') if found else 'no GPU was',
+                         % (plural(n, 'GPU'), plural(found, 'GPU') if found else 'no GPU was',
                             fix))
     if warn and n == 1:
         logger.warning('warning: no GPU found, so training runs on the CPU as [cpu(0)]')

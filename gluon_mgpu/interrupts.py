@@ -11,6 +11,8 @@ after the step.
 import signal
 import threading
 
+from .events import BatchEnd, EpochEnd
+
 __all__ = ['DeferredInterrupt']
 
 
@@ -23,8 +25,11 @@ def _callback_codes():
     return (_updater_wrapper(None).__code__,)
 
 
-class DeferredInterrupt:
+class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for SIGINT during training; ``check()`` raises a deferred Ctrl-C.
+
+    It is also an event handler of ``train()``: after every step and every epoch (last of
+    all handlers, after the checkpoint) it calls ``check()``.
 
     It takes over SIGINT only in the main thread and only while Python's own handler is
     installed (a process started with SIGINT ignored, or a caller with its own handler, is
@@ -38,8 +43,10 @@ class DeferredInterrupt:
     Examples
     --------
     >>> with DeferredInterrupt() as interrupt:
-    ...     train(..., on_step=lambda epoch, step: interrupt.check())
+    ...     train(..., event_handlers=[EpochLine(), interrupt])
     """
+
+    priority = float('inf')
 
     def __init__(self):
         self.requested = False
@@ -71,8 +78,16 @@ class DeferredInterrupt:
         else:
             raise KeyboardInterrupt
 
-    def check(self, *args):
-        """Raise ``KeyboardInterrupt`` if a Ctrl-C is waiting; takes any hook arguments."""
+    def check(self):
+        """Raise ``KeyboardInterrupt`` if a Ctrl-C is waiting."""
         if self.requested:
             self.requested = False
             raise KeyboardInterrupt
+
+    def batch_end(self, estimator, *args, **kwargs):
+        self.check()
+        return False
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.check()
+        return False

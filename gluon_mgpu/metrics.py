@@ -12,6 +12,7 @@ import platform
 import tempfile
 
 from .devices import format_devices
+from .events import EpochEnd, TrainBegin, TrainEnd
 
 __all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'summarize', 'format_summary',
            'atomic_path', 'write_json_atomic', 'MetricsFile', 'schema_markdown']
@@ -212,11 +213,13 @@ def write_json_atomic(path, obj):
             os.fsync(f.fileno())
 
 
-class MetricsFile:
+class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
     """The ``--metrics-json`` file of one run, rewritten atomically at every change.
 
     Creating it writes the file at once (``status`` "running", empty ``history``), so a path
-    that cannot be written fails before training starts.
+    that cannot be written fails before training starts. As an event handler of ``train()``
+    it records the epochs a resumed run already has (``train_begin``), each new epoch
+    (``epoch_end``) and the summary (``train_end``).
 
     Parameters
     ----------
@@ -245,6 +248,19 @@ class MetricsFile:
 
     def write(self):
         write_json_atomic(self.path, self.data)
+
+    priority = 20  # after the checkpoint, the epoch's line and the replica check
+
+    def train_begin(self, estimator, *args, **kwargs):
+        for record in estimator.history:
+            self.add_epoch(record)
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.add_epoch(estimator.record)
+        return False
+
+    def train_end(self, estimator, *args, **kwargs):
+        self.finish(summarize(estimator.history, estimator.devices))
 
     def add_epoch(self, record):
         """Append one epoch's record (from ``train()``'s ``on_epoch``) and rewrite the file."""

@@ -7,10 +7,11 @@ so nothing global changes in the caller's matplotlib.
 """
 import os
 
+from .events import EpochEnd
 from .metrics import atomic_path
 
 __all__ = ['PLOT_SUFFIXES', 'FIGSIZE', 'SWEEP_FIGSIZE', 'DPI', 'plot_paths', 'plot_history',
-           'plot_sweep']
+           'plot_sweep', 'PlotHandler']
 
 PLOT_SUFFIXES = ('.png', '.svg')
 FIGSIZE = (6.0, 4.0)         # inches: 600 x 400 pixels at DPI
@@ -139,3 +140,17 @@ def plot_sweep(rows, path, title=None):
     if title:
         fig.suptitle(title, fontsize='medium')
     return _save(fig, path)
+
+
+class PlotHandler(EpochEnd):
+    """Event handler: redraw ``plot_history`` into ``path`` after every epoch."""
+
+    priority = 30  # after the metrics file
+
+    def __init__(self, path, title=None):
+        self.path, self.title = path, title
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        plot_history(estimator.history, self.path, title=self.title,
+                     num_epochs=estimator.num_epochs)
+        return False

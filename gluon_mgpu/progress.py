@@ -1,9 +1,9 @@
 """What the command lines show while training: a progress bar on a terminal, plain lines otherwise.
 
-``Progress`` is driven by ``train()``'s ``on_batch`` and ``on_epoch`` hooks. On a terminal each
-epoch gets a tqdm bar (images, images/s, running loss) that is replaced by the book's epoch
-line when the epoch ends; written to a file or a pipe (logs, CI) only the book's lines appear,
-with no carriage returns; ``quiet`` shows nothing here (the caller prints the summary).
+``Progress`` is an event handler of ``train()``. On a terminal each epoch gets a tqdm bar
+(images, images/s, running loss) that is replaced by the book's epoch line when the epoch ends;
+written to a file or a pipe (logs, CI) only the book's lines appear, with no carriage returns;
+``quiet`` shows nothing here (the caller prints the summary).
 """
 import os
 import sys
@@ -11,7 +11,7 @@ import time
 
 from tqdm import tqdm
 
-from .training import format_epoch
+from .events import BatchEnd, EpochBegin, EpochEnd, TrainEnd, format_epoch
 
 __all__ = ['MODES', 'choose_mode', 'Progress']
 
@@ -40,8 +40,11 @@ def _terminal_columns(stream):
         return 0
 
 
-class Progress:
-    """Per-epoch output of a run: ``train(..., on_batch=p.on_batch, on_epoch=p.on_epoch)``.
+class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
+    """Event handler: the per-epoch output of a run, ``train(..., event_handlers=[Progress(4)])``.
+
+    It replaces ``train()``'s default ``EpochLine``: in every mode but ``quiet`` it prints the
+    book's line after each epoch.
 
     Parameters
     ----------
@@ -65,11 +68,28 @@ class Progress:
         self.num_epochs, self.num_examples, self.label = num_epochs, num_examples, label
         self.bar = None
         self._loss_shown_at = 0.0
+        self._epoch = self._examples = 0
+        self._loss_sums = None
 
-    def on_batch(self, epoch, step, examples, running_loss):
-        """``train()``'s ``on_batch`` hook: advance the bar (bar mode only)."""
+    def epoch_begin(self, estimator, *args, **kwargs):
+        self._epoch = getattr(estimator, 'epoch', self._epoch + 1)
+        self._examples = 0
+        self._loss_sums = None
+
+    def _running_loss(self):
+        # Reading the sums waits for the devices: only when the bar shows it.
+        return sum(s.asscalar() for s in self._loss_sums) / self._examples
+
+    def batch_end(self, estimator, *args, **kwargs):
+        """Add the batch to the epoch's running loss and advance the bar (bar mode only)."""
         if self.mode != 'bar':
-            return
+            return False
+        losses = kwargs['loss']
+        sums = [l.sum() for l in losses]
+        self._loss_sums = sums if self._loss_sums is None else [
+            a + b for a, b in zip(self._loss_sums, sums)]
+        examples = sum(l.shape[0] for l in losses)
+        self._examples += examples
         if self.bar is None:
             # tqdm hides the bar on a terminal that reports a size of 0 x 0 (a pseudo-terminal
             # nobody sized), so such a terminal gets a fixed size.
@@ -77,21 +97,27 @@ class Progress:
             self.bar = tqdm(total=self.num_examples, unit='img', file=self.stream, leave=False,
                             dynamic_ncols=sized, ncols=None if sized else 100,
                             nrows=None if sized else 24,
-                            desc='%sepoch %d/%d' % (self.label, epoch, self.num_epochs))
+                            desc='%sepoch %d/%d' % (self.label, self._epoch, self.num_epochs))
         self.bar.update(examples)
         now = time.monotonic()
-        if step == 1 or now - self._loss_shown_at >= LOSS_REFRESH_SECONDS:
+        if self._loss_shown_at == 0.0 or now - self._loss_shown_at >= LOSS_REFRESH_SECONDS:
             self._loss_shown_at = now
-            self.bar.set_postfix(loss='%.4f' % running_loss())
+            self.bar.set_postfix(loss='%.4f' % self._running_loss())
+        return False
 
-    def on_epoch(self, record):
-        """``train()``'s ``on_epoch`` hook: close the bar and print the book's epoch line."""
+    def epoch_end(self, estimator, *args, **kwargs):
+        """Close the bar and print the book's epoch line."""
         self.close()
         if self.mode != 'quiet':
-            print(format_epoch(record), file=self.stream, flush=True)
+            print(format_epoch(estimator.record), file=self.stream, flush=True)
+        return False
+
+    def train_end(self, estimator, *args, **kwargs):
+        self.close()
 
     def close(self):
         """Remove the bar, if one is shown (call it also when training stops with an error)."""
         if self.bar is not None:
             self.bar.close()
             self.bar = None
+        self._loss_shown_at = 0.0

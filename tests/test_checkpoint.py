@@ -30,14 +30,8 @@ def _bn_cnn():
     return net
 
 
-def _saver(directory, net, trainer, history=()):
-    history = list(history)
-
-    def save(record):
-        history.append(record)
-        checkpoint.save_checkpoint(directory, record['epoch'], net, trainer,
-                                   {'history': history, 'args': {'epochs': 3}})
-    return save
+def _saver(directory, resume=None):
+    return checkpoint.CheckpointHandler(directory, {'args': {'epochs': 3}}, resume=resume)
 
 
 def _load(path):
@@ -60,7 +54,7 @@ def _first_run(directory, small_data, devices):
     net = _bn_cnn()
     trainer = training.init_training(net, devices, 0.5, seed=1)
     history = gluon_mgpu.train(net, *small_data, devices, num_epochs=3, trainer=trainer,
-                               verbose=False, on_epoch=_saver(directory, net, trainer))
+                               event_handlers=[_saver(directory)])
     return net, history
 
 
@@ -83,9 +77,8 @@ def test_a_resumed_run_ends_bit_equal_to_an_uninterrupted_one(tmp_path, small_da
     net, trainer, record = _resume(str(resumed), small_data, two_cpus, None)
     assert record['epoch'] == 1 and record['history'] == history[:1]
     resumed_history = gluon_mgpu.train(
-        net, *small_data, two_cpus, num_epochs=3, trainer=trainer, start_epoch=1,
-        history=record['history'], verbose=False,
-        on_epoch=_saver(str(resumed), net, trainer, record['history']))
+        net, *small_data, two_cpus, num_epochs=3, trainer=trainer,
+        event_handlers=[_saver(str(resumed), resume=record)])
     assert [h['epoch'] for h in resumed_history] == [1, 2, 3]
     for key in ('train_loss', 'train_acc', 'test_acc'):
         assert [h[key] for h in resumed_history] == [h[key] for h in history]
@@ -118,8 +111,8 @@ def test_one_device_needs_no_replicas(tmp_path, small_data):
     devices = [mx.cpu(0)]
     net = _bn_cnn()
     trainer = training.init_training(net, devices, 0.5, seed=1)
-    gluon_mgpu.train(net, *small_data, devices, num_epochs=1, trainer=trainer, verbose=False,
-                     on_epoch=_saver(str(tmp_path), net, trainer))
+    gluon_mgpu.train(net, *small_data, devices, num_epochs=1, trainer=trainer,
+                     event_handlers=[_saver(str(tmp_path))])
     assert _load(checkpoint.checkpoint_path(str(tmp_path), 1, 'replicas')) == {}
     net2, _, _ = _resume(str(tmp_path), small_data, devices, 1)
     for p, q in zip(net.collect_params().values(), net2.collect_params().values()):
@@ -136,7 +129,7 @@ def saved_run(tmp_path_factory, data_dir):
     net = _bn_cnn()
     trainer = training.init_training(net, devices, 0.5, seed=1)
     gluon_mgpu.train(net, train_iter, test_iter, devices, num_epochs=2, trainer=trainer,
-                     verbose=False, on_epoch=_saver(directory, net, trainer))
+                     event_handlers=[_saver(directory)])
     return directory
 
 
@@ -467,8 +460,8 @@ def test_cli_refuses_a_changed_states_file(cli_dir, capsys):
 
 
 def test_cli_refuses_another_network(cli_dir, capsys, monkeypatch):
-    cli = sys.modules['gluon_mgpu.train']  # the module; gluon_mgpu.train is the function
-    monkeypatch.setattr(cli, 'resnet18', lambda num_classes, **kwargs: gluon_mgpu.resnet18(5))
+    monkeypatch.setattr(gluon_mgpu.book, 'resnet18',
+                        lambda num_classes, **kwargs: gluon_mgpu.resnet18(5))
     assert main(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2']) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1

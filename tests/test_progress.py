@@ -1,6 +1,8 @@
 import io
+import types
 
 import pytest
+from mxnet import nd
 
 from gluon_mgpu import progress
 
@@ -13,16 +15,23 @@ class FakeTerminal(io.StringIO):
 RECORD = {'epoch': 1, 'seconds': 2.04, 'test_acc': 0.5}
 
 
-def _drive(p, steps=4, batch=4):
+def _drive(p, steps=4, batch=4, monkeypatch=None):
+    """Send one epoch's events; return how often the running loss was read."""
     calls = []
+    read = p._running_loss
 
     def running_loss():
         calls.append(1)
-        return 2.25
+        return read()
 
+    p._running_loss = running_loss
+    run = types.SimpleNamespace(epoch=1, record=RECORD)
+    p.epoch_begin(run)
     for step in range(1, steps + 1):
-        p.on_batch(1, step, batch, running_loss)
-    p.on_epoch(RECORD)
+        # Two devices, half the batch each, every example's loss 2.25.
+        loss = [nd.full((batch // 2,), 2.25), nd.full((batch // 2,), 2.25)]
+        p.batch_end(run, batch=None, pred=None, label=None, loss=loss)
+    p.epoch_end(run)
     return calls
 
 

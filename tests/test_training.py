@@ -8,7 +8,9 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, nn
 
 import gluon_mgpu
-from gluon_mgpu import data
+from gluon_mgpu import balance, book, data, events
+from gluon_mgpu.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events, LossGuard,
+                               TrainBegin, TrainEnd, TrainingState)
 from conftest import max_abs_diff
 
 
@@ -45,23 +47,53 @@ def real_batch():
     return nd.array(data.to_tensor(images[:12])), nd.array(labels[:12], dtype='int32')
 
 
-@pytest.mark.parametrize('n,sizes', [(10, [4, 3, 3]), (12, [4, 4, 4]), (2, [1, 1, 1])])
-def test_split_batch_sizes_and_idle_devices(n, sizes):
+@pytest.mark.parametrize('n,sizes', [(10, [4, 3, 3]), (12, [4, 4, 4]), (3, [1, 1, 1])])
+def test_split_batch_sizes(n, sizes):
     devices = [mx.cpu(i) for i in range(3)]
     X, y = nd.arange(n).reshape((n, 1)), nd.arange(n)
-    Xs, ys, weights = gluon_mgpu.split_batch(X, y, devices)
-    assert [x.shape[0] for x in Xs] == sizes
+    Xs, ys = gluon_mgpu.split_batch(X, y, devices)
+    assert [x.shape[0] for x in Xs] == sizes and [v.shape[0] for v in ys] == sizes
     assert [x.context for x in Xs] == devices and [v.context for v in ys] == devices
-    assert np.array_equal(np.concatenate([x.asnumpy()[:, 0] for x in Xs])[:n], np.arange(n))
-    idle = [w is not None for w in weights]
-    assert idle == [i >= n for i in range(3)]
-    for w in weights:
-        if w is not None:
-            assert w.asnumpy().tolist() == [[0.0]]
+    assert np.array_equal(np.concatenate([x.asnumpy()[:, 0] for x in Xs]), np.arange(n))
+    assert np.array_equal(np.concatenate([v.asnumpy() for v in ys]), np.arange(n))
 
 
-@pytest.mark.parametrize('ndev,batch', [(2, 12), (3, 10), (2, 7), (3, 1)],
-                         ids=['even', 'uneven-3', 'uneven-2', 'fewer-examples-than-devices'])
+@pytest.mark.parametrize('X,y,message', [
+    (nd.zeros((8, 1)), nd.zeros(5), r'^X holds 8 examples but y holds 5 labels; pass one label '
+                                    r'per example$'),
+    (nd.zeros((2, 1)), nd.zeros(2), r'^a batch of 2 examples cannot give each of 3 devices one; '
+                                    r'use batches of 3 or more$')])
+def test_split_batch_refuses_misaligned_or_too_small_batches(X, y, message):
+    with pytest.raises(ValueError, match=message):
+        gluon_mgpu.split_batch(X, y, [mx.cpu(i) for i in range(3)])
+
+
+def test_a_last_batch_smaller_than_the_device_count_joins_the_one_before(real_batch, data_dir):
+    # 10 images in batches of 4 on 3 devices: 4, 4 and 2 would leave a device without data.
+    train_iter, _ = gluon_mgpu.load_data_fashion_mnist(4, data_dir=data_dir, train_limit=10,
+                                                       test_limit=1, shuffle=False)
+    train_iter.set_min_batch(3)
+    batches = list(train_iter)
+    assert [X.shape[0] for X, _ in batches] == [4, 6] and len(train_iter) == 2
+    X, y = real_batch[0][:10], real_batch[1][:10]
+    for (Xb, yb), (start, stop) in zip(batches, [(0, 4), (4, 10)]):
+        assert np.array_equal(Xb.asnumpy(), X[start:stop].asnumpy())
+        assert np.array_equal(yb.asnumpy(), y[start:stop].asnumpy())
+    devices = [mx.cpu(i) for i in range(3)]
+    nets = []
+    for devs, data_ in ((devices, batches), ([mx.cpu(0)], [(X[:4], y[:4]), (X[4:], y[4:])])):
+        mx.random.seed(11)
+        net = _small_cnn()
+        net.initialize(init.Normal(sigma=0.1), ctx=devs)
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
+        gluon_mgpu.train_epoch(net, data_, gloss.SoftmaxCrossEntropyLoss(), trainer, devs)
+        nets.append(net)
+    for pn, p1 in zip(nets[0].collect_params().values(), nets[1].collect_params().values()):
+        assert max_abs_diff(pn.data(devices[2]), p1.data(mx.cpu(0))) <= 1e-6
+
+
+@pytest.mark.parametrize('ndev,batch', [(2, 12), (3, 10), (2, 7), (3, 3)],
+                         ids=['even', 'uneven-3', 'uneven-2', 'one-example-per-device'])
 def test_data_parallel_step_equals_one_device(ndev, batch, real_batch):
     X, y = real_batch[0][:batch], real_batch[1][:batch]
     single, s1 = _one_step([mx.cpu(0)], X, y)
@@ -130,8 +162,9 @@ def test_train_records_history_and_uses_the_real_batch_sizes(capsys, data_dir):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         5, data_dir=data_dir, train_limit=12, test_limit=7, seed=1)
     devices = [mx.cpu(0), mx.cpu(1), mx.cpu(2)]
-    history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, devices, lr=0.1,
-                               num_epochs=2, seed=0)
+    net = _small_cnn()
+    history = gluon_mgpu.train(net, train_iter, test_iter, devices, num_epochs=2,
+                               trainer=gluon_mgpu.init_training(net, devices, 0.1, seed=0))
     lines = capsys.readouterr().out.splitlines()
     assert [h['epoch'] for h in history] == [1, 2]
     for h, line in zip(history, lines):
@@ -150,7 +183,7 @@ def test_train_is_silent_when_asked(capsys, data_dir):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         4, data_dir=data_dir, train_limit=4, test_limit=4, seed=1)
     gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0)], num_epochs=1,
-                     verbose=False)
+                     event_handlers=[])
     assert capsys.readouterr().out == ''
 
 
@@ -159,23 +192,85 @@ def test_resnet18_learns_on_real_data(two_cpus, data_dir):
     """The chapter's network on 2 devices, a real slice: clearly above chance (0.10)."""
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         32, data_dir=data_dir, train_limit=1000, test_limit=500, seed=0)
-    history = gluon_mgpu.train(gluon_mgpu.resnet18(10), train_iter, test_iter, two_cpus,
-                               lr=0.1, num_epochs=2, seed=0, verbose=False)
+    net = gluon_mgpu.resnet18(10)
+    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=2,
+                               trainer=gluon_mgpu.init_training(net, two_cpus, 0.1, seed=0),
+                               event_handlers=[])
     # 500 held-out images: chance gives 0.10 +- 0.013, so 0.2 is far outside it.
     assert history[-1]['test_acc'] >= 0.2
     assert history[-1]['train_loss'] < history[0]['train_loss']
 
 
-def test_train_calls_the_step_and_epoch_hooks(data_dir):
+class Recorder(TrainBegin, EpochBegin, BatchBegin, BatchEnd, EpochEnd, TrainEnd):
+    """Records every event: (event, epoch, batch size); stops where asked."""
+
+    def __init__(self, stop_batch=None, stop_epoch=None, priority=0, log=None):
+        self.seen = [] if log is None else log
+        self.stop_batch, self.stop_epoch, self.priority = stop_batch, stop_epoch, priority
+        self.records = []
+        self.steps = 0
+
+    def train_begin(self, estimator, *args, **kwargs):
+        self.seen.append(('train_begin', estimator.epoch, None))
+
+    def epoch_begin(self, estimator, *args, **kwargs):
+        self.steps = 0
+        self.seen.append(('epoch_begin', estimator.epoch, None))
+
+    def batch_begin(self, estimator, *args, **kwargs):
+        self.seen.append(('batch_begin', estimator.epoch, kwargs['batch'][0].shape[0]))
+
+    def batch_end(self, estimator, *args, **kwargs):
+        sizes = [l.shape[0] for l in kwargs['loss']]
+        assert sizes == [p.shape[0] for p in kwargs['pred']] == [y.shape[0] for y in
+                                                                 kwargs['label']]
+        self.seen.append(('batch_end', estimator.epoch, sum(sizes)))
+        self.steps += 1
+        return (estimator.epoch, self.steps) == self.stop_batch
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.records.append(dict(estimator.record))
+        self.seen.append(('epoch_end', estimator.epoch, None))
+        return estimator.epoch == self.stop_epoch
+
+    def train_end(self, estimator, *args, **kwargs):
+        self.seen.append(('train_end', estimator.epoch, None))
+
+
+def test_train_calls_every_event_in_order(data_dir):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         4, data_dir=data_dir, train_limit=10, test_limit=4, seed=1)
-    steps, epochs = [], []
+    recorder = Recorder()
     history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0), mx.cpu(1)],
-                               num_epochs=2, verbose=False,
-                               on_step=lambda e, s: steps.append((e, s)),
-                               on_epoch=epochs.append)
-    assert steps == [(1, 1), (1, 2), (1, 3), (2, 1), (2, 2), (2, 3)]
-    assert epochs == history
+                               num_epochs=2, event_handlers=[recorder])
+    epoch = lambda e: [('epoch_begin', e, None)] + [
+        step for size in (4, 4, 2) for step in (('batch_begin', e, size), ('batch_end', e, size))
+    ] + [('epoch_end', e, None)]
+    assert recorder.seen == [('train_begin', 0, None)] + epoch(1) + epoch(2) + \
+        [('train_end', 2, None)]
+    assert recorder.records == history
+
+
+def test_a_handler_can_stop_an_epoch_or_the_run_and_handlers_run_by_priority(data_dir):
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+        4, data_dir=data_dir, train_limit=12, test_limit=4, seed=1)
+    log = []
+    late = Recorder(stop_batch=(1, 2), stop_epoch=2, priority=5, log=log)
+    early = Recorder(priority=-5, log=log)
+    history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0)],
+                               num_epochs=4, event_handlers=[late, early])
+    # Epoch 1 stops after its second step, training after epoch 2.
+    assert [r['epoch'] for r in history] == [1, 2]
+    assert [e for e in log if e[0] == 'batch_end'].count(('batch_end', 1, 4)) == 2 * 2
+    assert [e for e in log if e[0] == 'batch_end'].count(('batch_end', 2, 4)) == 3 * 2
+    assert history[0]['images_per_sec'] == pytest.approx(8 / history[0]['seconds'])
+    # Every event reaches the early handler first: the log holds each entry twice in a row.
+    assert log[::2] == log[1::2]
+
+
+def test_an_object_that_handles_no_event_is_refused():
+    with pytest.raises(ValueError, match=r'subclasses none of TrainBegin, EpochBegin, '):
+        Events([object()], None)
 
 
 def test_hybridized_training_equals_imperative_training(two_cpus, data_dir):
@@ -183,11 +278,10 @@ def test_hybridized_training_equals_imperative_training(two_cpus, data_dir):
     for hybridize, loader in ((False, 'gluon'), (True, 'array')):
         train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
             8, data_dir=data_dir, train_limit=24, test_limit=8, seed=2, loader=loader)
-        net = gluon_mgpu.resnet18(10)
-        if hybridize:
-            net.hybridize(static_alloc=True)
-        history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=0.1, num_epochs=1,
-                                   seed=0, verbose=False)
+        net = gluon_mgpu.new_network('resnet18', hybridize)
+        history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=1,
+                                   trainer=gluon_mgpu.init_training(net, two_cpus, 0.1, seed=0),
+                                   event_handlers=[])
         nets.append((net, history))
     (book, h_book), (fast, h_fast) = nets
     assert h_fast[0]['train_loss'] == pytest.approx(h_book[0]['train_loss'], abs=1e-6)
@@ -206,7 +300,7 @@ def test_hybridized_training_equals_imperative_training(two_cpus, data_dir):
     (11, [2, 1, 1], [5, 3, 3]),  # shares 5.5, 2.75, 2.75: the two .75 get the 2 left
 ])
 def test_slice_sizes_follow_the_weights(n, weights, sizes):
-    assert gluon_mgpu.training.slice_sizes(n, weights) == sizes
+    assert balance.slice_sizes(n, weights) == sizes
 
 
 @pytest.mark.parametrize('weights,match', [
@@ -224,19 +318,18 @@ def test_bad_device_weights(weights, match, two_cpus):
 def test_slice_sizes_needs_one_example_per_device():
     with pytest.raises(ValueError, match=r'2 examples cannot give each of 3 devices at least '
                                          r'one; use a batch of 3 or more'):
-        gluon_mgpu.training.slice_sizes(2, [1, 1, 1])
+        balance.slice_sizes(2, [1, 1, 1])
 
 
 def test_weighted_split_covers_the_batch_in_order(two_cpus):
     X, y = nd.arange(16).reshape((16, 1)), nd.arange(16)
-    Xs, ys, weights = gluon_mgpu.split_batch(X, y, two_cpus, [3, 1])
+    Xs, ys = balance.split_by_weights([3, 1])(X, y, two_cpus)
     assert [x.shape[0] for x in Xs] == [12, 4] and [v.shape[0] for v in ys] == [12, 4]
     assert [x.context for x in Xs] == two_cpus and [v.context for v in ys] == two_cpus
     assert np.concatenate([x.asnumpy()[:, 0] for x in Xs]).tolist() == list(range(16))
-    assert weights == [None, None]
-    # Fewer examples than devices: the idle-device rule wins, as for an even split.
-    _, _, idle = gluon_mgpu.split_batch(X[:1], y[:1], two_cpus, [3, 1])
-    assert idle[0] is None and idle[1].asnumpy().tolist() == [[0.0]]
+    assert np.concatenate([v.asnumpy() for v in ys]).tolist() == list(range(16))
+    with pytest.raises(ValueError, match='a batch of 1 examples cannot give each of 2 devices'):
+        balance.split_by_weights([3, 1])(X[:1], y[:1], two_cpus)
 
 
 @pytest.mark.parametrize('weights', [[3, 1], [1, 5], [1, 1e6]])
@@ -248,8 +341,10 @@ def test_weighted_step_equals_the_even_step(weights, two_cpus, real_batch):
         net = _small_cnn()
         net.initialize(init.Normal(sigma=0.1), ctx=two_cpus)
         trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
+        split_f = gluon_mgpu.split_batch if device_weights is None else \
+            balance.split_by_weights(device_weights)
         stats = gluon_mgpu.train_epoch(net, [(X, y)], gloss.SoftmaxCrossEntropyLoss(),
-                                       trainer, two_cpus, device_weights=device_weights)
+                                       trainer, two_cpus, split_f)
         return net, stats
 
     even, s_even = step(None)
@@ -267,8 +362,11 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
         train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
             8, data_dir=data_dir, train_limit=24, test_limit=8, seed=4)
         net = gluon_mgpu.model.lenet()
-        history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=0.9, num_epochs=1,
-                                   seed=0, verbose=False, device_weights=weights)
+        history = gluon_mgpu.train(
+            net, train_iter, test_iter, two_cpus, num_epochs=1,
+            trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0), event_handlers=[],
+            split_f=gluon_mgpu.split_batch if weights is None else
+            balance.split_by_weights(weights))
         nets.append((net, history))
     (even, h_even), (weighted, h_weighted) = nets
     assert h_weighted[0]['test_acc'] == h_even[0]['test_acc']
@@ -284,8 +382,7 @@ def test_measure_device_speeds_leaves_the_network_as_it_was(two_cpus, real_batch
     net(X.as_in_context(two_cpus[0]))
     before = {p.name: [a.copy() for a in p.list_data()]
               for p in net.collect_params().values()}
-    speeds = gluon_mgpu.training.measure_device_speeds(net, X, y, two_cpus, repeats=1,
-                                                       min_seconds=0)
+    speeds = balance.measure_device_speeds(net, X, y, two_cpus, repeats=1, min_seconds=0)
     assert len(speeds) == 2 and all(s > 0 for s in speeds)
     running = [p for p in net.collect_params().values() if p.grad_req == 'null']
     assert len(running) == 34  # running mean and variance of the 17 BatchNorm layers
@@ -308,14 +405,15 @@ def test_kvstore_reaches_the_trainer_and_local_equals_device(two_cpus, data_dir,
             seen.append(kwargs.get('kvstore'))
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(gluon_mgpu.training.gluon, 'Trainer', Recording)
+    monkeypatch.setattr(book.gluon, 'Trainer', Recording)
     nets = []
     for kvstore in ('device', 'local'):
         train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
             8, data_dir=data_dir, train_limit=16, test_limit=8, seed=4)
         net = gluon_mgpu.model.lenet()
-        gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=0.9, num_epochs=1, seed=0,
-                         verbose=False, kvstore=kvstore)
+        trainer = gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0, kvstore=kvstore)
+        gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=1, trainer=trainer,
+                         event_handlers=[])
         nets.append(net)
     assert seen == ['device', 'local']
     for pd, pl in zip(nets[0].collect_params().values(), nets[1].collect_params().values()):
@@ -333,18 +431,26 @@ def _loss_turning(value, from_step, ndev):
     return loss
 
 
+def _guarded(net, trainer, devices):
+    """Events with only a LossGuard, as train() would give train_epoch."""
+    return Events([LossGuard()], TrainingState(net, trainer, None, devices, None, None, 1))
+
+
 @pytest.mark.parametrize('value,from_step', [(float('nan'), 2), (float('inf'), 3),
                                              (float('nan'), 1)])
-def test_train_epoch_names_the_step_where_the_loss_stops_being_finite(value, from_step,
-                                                                      real_batch, two_cpus):
+def test_the_loss_guard_names_the_step_where_the_loss_stops_being_finite(value, from_step,
+                                                                        real_batch, two_cpus):
     X, y = real_batch
     batches = [(X[i:i + 4], y[i:i + 4]) for i in range(0, 12, 4)]
     mx.random.seed(1)
     net = _small_cnn()
-    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.3)
-    with pytest.raises(gluon_mgpu.training.LossNotFiniteError) as info:
+    trainer = gluon_mgpu.init_training(net, two_cpus, 0.3)
+    guarded = _guarded(net, trainer, two_cpus)
+    with pytest.raises(gluon_mgpu.LossNotFiniteError) as info:
+        guarded.epoch_begin()
         gluon_mgpu.train_epoch(net, batches, _loss_turning(value, from_step, 2), trainer,
-                               two_cpus)
+                               two_cpus, events=guarded)
+        guarded.epoch_end()
     e = info.value
     assert (e.step, e.lr, e.epoch) == (from_step, 0.3, None)
     assert str(e.loss) == str(value)
@@ -355,60 +461,126 @@ def test_train_epoch_names_the_step_where_the_loss_stops_being_finite(value, fro
 def test_a_loss_turning_nan_at_the_last_step_is_caught(real_batch, two_cpus):
     X, y = real_batch
     net = _small_cnn()
-    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.3, seed=1)
-    with pytest.raises(gluon_mgpu.training.LossNotFiniteError, match='at step 3 '):
-        gluon_mgpu.train_epoch(net, [(X[:4], y[:4])] * 3,
-                               _loss_turning(float('nan'), 3, 2), trainer, two_cpus)
+    trainer = gluon_mgpu.init_training(net, two_cpus, 0.3, seed=1)
+    guarded = _guarded(net, trainer, two_cpus)
+    guarded.epoch_begin()
+    gluon_mgpu.train_epoch(net, [(X[:4], y[:4])] * 3, _loss_turning(float('nan'), 3, 2),
+                           trainer, two_cpus, events=guarded)
+    with pytest.raises(gluon_mgpu.LossNotFiniteError, match='at step 3 '):
+        guarded.epoch_end()
 
 
-def test_train_names_the_epoch_of_a_diverging_loss(monkeypatch, data_dir, two_cpus):
+def test_train_names_the_epoch_of_a_diverging_loss_and_saves_nothing_of_it(monkeypatch,
+                                                                           data_dir, two_cpus):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         4, data_dir=data_dir, train_limit=8, test_limit=4, seed=1)
-    # Two steps per epoch: step 4 overall is epoch 2, step 2.
+    # Two steps per epoch: step 4 overall is epoch 2, step 2, the epoch's last step.
     monkeypatch.setattr(gluon_mgpu.training, 'gloss', types.SimpleNamespace(
         SoftmaxCrossEntropyLoss=lambda: _loss_turning(float('nan'), 4, 2)))
-    epochs = []
-    with pytest.raises(gluon_mgpu.training.LossNotFiniteError,
+    recorder = Recorder(priority=-100)  # where the checkpoint handler runs: after the guard
+    with pytest.raises(gluon_mgpu.LossNotFiniteError,
                        match=r'^the training loss became nan at epoch 2, step 2 with learning '
                              r'rate 0\.1: '):
         gluon_mgpu.train(_small_cnn(), train_iter, test_iter, two_cpus, lr=0.1, num_epochs=3,
-                         verbose=False, on_epoch=epochs.append)
-    assert [r['epoch'] for r in epochs] == [1]
+                         event_handlers=[LossGuard(), recorder])
+    assert [r['epoch'] for r in recorder.records] == [1]
 
 
-def test_train_continues_from_start_epoch_with_the_given_trainer(data_dir, two_cpus):
+def test_train_continues_a_resumed_run_with_the_given_trainer(data_dir, two_cpus):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         4, data_dir=data_dir, train_limit=8, test_limit=4, seed=1)
     net = _small_cnn()
-    trainer = gluon_mgpu.training.init_training(net, two_cpus, 0.1, seed=0)
+    trainer = gluon_mgpu.init_training(net, two_cpus, 0.1, seed=0)
     net(nd.zeros((1, 1, 28, 28), ctx=two_cpus[0]))
     before = net[0].weight.data(two_cpus[0]).copy()
     earlier = [{'epoch': 1}, {'epoch': 2}]
-    steps = []
-    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, lr=99.0, num_epochs=3,
-                               seed=5, verbose=False, trainer=trainer, start_epoch=2,
-                               history=earlier, on_step=lambda e, s: steps.append((e, s)))
+
+    class Resume(TrainBegin):
+        def train_begin(self, estimator, *args, **kwargs):
+            estimator.resume(2, earlier)
+
+    recorder = Recorder()
+    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=3,
+                               trainer=trainer, event_handlers=[Resume(), recorder])
     assert [h['epoch'] for h in history] == [1, 2, 3] and history[:2] == earlier
     assert earlier == [{'epoch': 1}, {'epoch': 2}]
-    assert steps == [(3, 1), (3, 2)]
+    assert [e[:2] for e in recorder.seen if e[0] == 'batch_end'] == [('batch_end', 3)] * 2
     assert train_iter.epoch == 3  # set_epoch(2), then one pass
-    assert trainer.learning_rate == 0.1  # the given trainer: lr=99 is not used
+    assert trainer.learning_rate == 0.1
     assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) > 0  # not re-initialized...
     assert max_abs_diff(net[0].weight.data(two_cpus[0]), before) < 0.5  # ...but trained
 
 
-def test_train_gives_the_batch_hook_sizes_and_the_running_loss(data_dir):
+def test_batch_end_gets_the_losses_from_which_the_epoch_loss_is_summed(data_dir):
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         4, data_dir=data_dir, train_limit=10, test_limit=4, seed=1)
-    seen = []
+    sums = []
 
-    def on_batch(epoch, step, examples, running_loss):
-        seen.append((epoch, step, examples, running_loss()))
+    class Sums(BatchEnd, EpochBegin):
+        def epoch_begin(self, estimator, *args, **kwargs):
+            sums.append([0.0, 0])
+
+        def batch_end(self, estimator, *args, **kwargs):
+            sums[-1][0] += sum(l.sum().asscalar() for l in kwargs['loss'])
+            sums[-1][1] += sum(l.shape[0] for l in kwargs['loss'])
+            return False
 
     history = gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0), mx.cpu(1)],
-                               num_epochs=2, verbose=False, on_batch=on_batch)
-    assert [s[:3] for s in seen] == [(1, 1, 4), (1, 2, 4), (1, 3, 2),
-                                     (2, 1, 4), (2, 2, 4), (2, 3, 2)]
-    # After the last batch the running loss is the epoch's loss.
-    assert seen[2][3] == history[0]['train_loss'] and seen[5][3] == history[1]['train_loss']
-    assert all(s[3] > 0 for s in seen)
+                               num_epochs=2, event_handlers=[Sums()])
+    assert [n for _, n in sums] == [10, 10]
+    for (total, n), record in zip(sums, history):
+        assert total / n == pytest.approx(record['train_loss'], rel=1e-6)
+
+
+@pytest.mark.parametrize('kwargs,message', [
+    (dict(devices=[]), r'^devices is empty; pass a list of contexts such as \[mx\.cpu\(0\), '),
+    (dict(devices=[mx.cpu(0), mx.cpu(1), mx.cpu(0)]),
+     r'^devices \[cpu\(0\), cpu\(1\), cpu\(0\)\] lists cpu\(0\) twice; a device holds one '
+     r'replica, so list each once$'),
+    (dict(num_epochs=0), r'^num_epochs must be a whole number >= 1, got 0; for example '
+                         r'num_epochs=4$'),
+    (dict(num_epochs=2.5), r'^num_epochs must be a whole number >= 1, got 2\.5'),
+    (dict(lr=0.5, trainer='the trainer'), r'^lr=0\.5 and a trainer were both given, but the '
+                                          r'trainer has its own learning rate; pass one of them'),
+])
+def test_train_refuses_bad_arguments_before_training(kwargs, message):
+    args = dict(devices=[mx.cpu(0)], num_epochs=1)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        gluon_mgpu.train(_small_cnn(), [], [], event_handlers=[], **args)
+
+
+@pytest.mark.parametrize('train_iter', [[], iter([(nd.zeros((2, 1, 28, 28)), nd.zeros(2))])],
+                         ids=['empty', 'one-shot'])
+def test_an_iterator_with_no_examples_in_an_epoch_is_refused(train_iter):
+    test_iter = [(nd.zeros((2, 1, 28, 28)), nd.zeros(2))]
+    with pytest.raises(ValueError, match=r'^train_iter yielded no examples in this epoch; pass '
+                                         r'an iterable that yields \(X, y\) batches on every '
+                                         r'pass'):
+        gluon_mgpu.train(_small_cnn(), train_iter, test_iter, [mx.cpu(0)], num_epochs=2,
+                         event_handlers=[])
+
+
+def test_handlers_that_need_only_net_trainer_and_loss_work_with_mxnets_estimator(two_cpus,
+                                                                               real_batch):
+    from mxnet.gluon.contrib.estimator import Estimator
+    X, y = real_batch
+    loader = gluon.data.DataLoader(gluon.data.ArrayDataset(X, y), batch_size=6)
+    mx.random.seed(2)
+    net = _small_cnn()
+    trainer = gluon_mgpu.init_training(net, two_cpus, 0.3)
+    estimator = Estimator(net, gloss.SoftmaxCrossEntropyLoss(), trainer=trainer,
+                          context=two_cpus)
+    check = gluon_mgpu.ReplicaCheck(1, verbose=False)
+    estimator.fit(loader, epochs=2, event_handlers=[check, LossGuard()])
+    assert len(check.reports) == 2 and all(r.ok for r in check.reports)
+    assert len(check.reports[-1].trained) == 3 * 2  # 3 layers, weight and bias
+    # The guard stops Estimator.fit too.
+    class NanLoss(gloss.SoftmaxCrossEntropyLoss):
+        def hybrid_forward(self, F, pred, label, *args):
+            return super().hybrid_forward(F, pred, label, *args) * float('nan')
+
+    guard = LossGuard()
+    with pytest.raises(gluon_mgpu.LossNotFiniteError, match='at step 1 '):
+        Estimator(net, NanLoss(), trainer=trainer,
+                  context=two_cpus).fit(loader, epochs=1, event_handlers=[guard])

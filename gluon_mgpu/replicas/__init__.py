@@ -24,9 +24,13 @@ import numpy as np
 from mxnet import nd
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
+from ..devices import format_devices, plural
+from ..events import BatchEnd, EpochBegin, EpochEnd
+
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
-           'format_replica_summary', 'KINDS', 'AUXILIARY_WHY', 'GRADIENT_WHY']
+           'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'KINDS',
+           'AUXILIARY_WHY', 'GRADIENT_WHY']
 
 KINDS = ('trained', 'auxiliary')
 _WHATS = ('data', 'grad')
@@ -205,10 +209,6 @@ def _params_of(net):
                      'pass the network itself' % (type(net).__name__,))
 
 
-def _format_contexts(contexts):
-    return '[%s]' % ', '.join(str(c) for c in contexts)
-
-
 def _check_initialized(param):
     """Raise a clear error if ``param`` has no arrays yet; return its contexts."""
     try:
@@ -219,7 +219,7 @@ def _check_initialized(param):
             "the first forward pass tells its input shape; pass one batch through the network "
             "first, e.g. net(X) with X on one of those devices (the chapter runs "
             "net(gpu_x[0]), net(gpu_x[1]))"
-            % (param.name, _format_contexts(param.list_ctx()))) from None
+            % (param.name, format_devices(param.list_ctx()))) from None
     except RuntimeError:
         raise RuntimeError("parameter '%s' is not initialized; call "
                            "net.initialize(ctx=devices) and pass one batch through the network "
@@ -259,7 +259,7 @@ def get_replica(param, ctx, what='data'):
     contexts = _check_initialized(param)
     if ctx not in contexts:
         raise ValueError("parameter '%s' is not initialized on %s; it lives on %s: ask for one "
-                         "of those" % (param.name, ctx, _format_contexts(contexts)))
+                         "of those" % (param.name, ctx, format_devices(contexts)))
     if what == 'grad':
         if param.grad_req == 'null':
             raise ValueError("parameter '%s' has no gradient (grad_req='null'); inspect its "
@@ -361,10 +361,6 @@ def _number(x):
     return '0' if x == 0 else ('inf' if math.isinf(x) else '%.1e' % x)
 
 
-def _plural(n, word):
-    return '%d %s%s' % (n, word, '' if n == 1 else 's')
-
-
 def assert_replicas_match(net, atol=0.0, what='data', devices=None):
     """Check that every trained parameter is the same on every device; return the report.
 
@@ -416,7 +412,7 @@ def assert_replicas_match(net, atol=0.0, what='data', devices=None):
     message = ('%s %s differs between %s and %s by %s (relative %s, atol %s); %d of %s differ; %s'
                % (subject, worst.shape, pair[0], pair[1], _number(worst.max_abs_diff),
                   _number(worst.max_rel_diff), _number(atol), len(over),
-                  _plural(len(report.trained), 'trained parameter'), why))
+                  plural(len(report.trained), 'trained parameter'), why))
     raise ReplicaMismatchError(message, worst.name, pair, worst.max_abs_diff,
                                worst.max_rel_diff, atol, report)
 
@@ -429,9 +425,9 @@ def _auxiliary_phrase(report):
         'auxiliary state'
     differ = [p for p in aux if not p.identical]
     if not differ:
-        return '; %s identical' % _plural(len(aux), noun)
-    count = _plural(len(aux), noun) if len(differ) == len(aux) else \
-        '%d of %s' % (len(differ), _plural(len(aux), noun))
+        return '; %s identical' % plural(len(aux), noun)
+    count = plural(len(aux), noun) if len(differ) == len(aux) else \
+        '%d of %s' % (len(differ), plural(len(aux), noun))
     return '; %s differ by at most %s (expected: %s)' % (
         count, _number(report.auxiliary_max_abs_diff), AUXILIARY_WHY)
 
@@ -447,17 +443,17 @@ def format_replica_summary(report):
     """
     label = 'replicas' if report.what == 'data' else 'gradients'
     trained = report.trained
-    devices = _plural(len(report.contexts), 'device')
+    devices = plural(len(report.contexts), 'device')
     if len(report.contexts) < 2:
         return '%s: %s on %s only, nothing to compare' % (
-            label, _plural(len(trained), 'trained parameter'), devices)
+            label, plural(len(trained), 'trained parameter'), devices)
     if report.ok:
-        head = '%s: %s identical on %s' % (label, _plural(len(trained), 'trained parameter'),
+        head = '%s: %s identical on %s' % (label, plural(len(trained), 'trained parameter'),
                                            devices)
     else:
         worst = report.worst
         head = '%s: %d of %s differ on %s, worst %s by %s (%s vs %s)' % (
-            label, len(report.mismatched), _plural(len(trained), 'trained parameter'), devices,
+            label, len(report.mismatched), plural(len(trained), 'trained parameter'), devices,
             worst.name, _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
         if report.what == 'grad':
             head += ' (%s)' % GRADIENT_WHY
@@ -476,7 +472,60 @@ def format_replica_report(report):
     widths = [max(len(r[i]) for r in [header] + rows) for i in range(len(header))]
     title = '%s of %s on %s, each compared with the first device' % (
         'values' if report.what == 'data' else 'gradients',
-        _plural(len(report.parameters), 'parameter'), _format_contexts(report.contexts))
+        plural(len(report.parameters), 'parameter'), format_devices(report.contexts))
     lines = [title] + ['  '.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
                        for r in [header] + rows]
     return '\n'.join(lines + [format_replica_summary(report)])
+
+
+class ReplicaCheckFailed(RuntimeError):
+    """``ReplicaCheck`` found trained parameters that differ; ``where`` says when, ``error``
+    is the ``ReplicaMismatchError``."""
+
+    def __init__(self, where, error):
+        super().__init__('at %s, %s' % (where, error))
+        self.where, self.error = where, error
+
+
+class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
+    """Event handler: check the replicas of the trained parameters while training runs.
+
+    After every ``every``-th step of an epoch and at the end of every epoch,
+    ``assert_replicas_match(net)``; a mismatch raises ``ReplicaCheckFailed``, which stops
+    training. At the end of an epoch the report is kept in ``reports`` and, with
+    ``verbose``, its summary line is printed after the book's epoch line. Works with
+    ``train()`` and with MXNet's ``Estimator.fit``.
+    """
+
+    priority = 10  # after the checkpoint and the epoch's line
+
+    def __init__(self, every, verbose=True, stream=None):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError('every must be a whole number >= 1, got %r; for example every=10'
+                             % (every,))
+        self.every, self.verbose, self.stream = every, verbose, stream
+        self.epoch = self.step = 0
+        self.reports = []
+
+    def _check(self, estimator, where):
+        try:
+            return assert_replicas_match(estimator.net)
+        except ReplicaMismatchError as e:
+            raise ReplicaCheckFailed(where, e) from None
+
+    def epoch_begin(self, estimator, *args, **kwargs):
+        self.epoch = getattr(estimator, 'epoch', self.epoch + 1)
+        self.step = 0
+
+    def batch_end(self, estimator, *args, **kwargs):
+        self.step += 1
+        if self.step % self.every == 0:
+            self._check(estimator, 'epoch %d, step %d' % (self.epoch, self.step))
+        return False
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        report = self._check(estimator, 'the end of epoch %d' % self.epoch)
+        self.reports.append(report)
+        if self.verbose:
+            print(format_replica_summary(report), file=self.stream, flush=True)
+        return False

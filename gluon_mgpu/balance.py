@@ -1,0 +1,117 @@
+"""Devices of different speed: slices of a batch in proportion to per-device weights.
+
+The book splits every batch evenly, which suits identical GPUs. With a faster and a slower
+device, the step waits for the slower one; slices in proportion to each device's speed make
+both finish together. ``split_by_weights`` gives ``train()`` such a split, and
+``measure_device_speeds`` measures the weights.
+"""
+import functools
+import math
+import numbers
+import time
+from fractions import Fraction
+
+from mxnet import autograd, nd
+from mxnet.gluon import loss as gloss
+
+__all__ = ['check_device_weights', 'slice_sizes', 'split_by_weights', 'measure_device_speeds']
+
+
+def check_device_weights(device_weights, num_devices):
+    """Return ``device_weights`` as a list of floats, or raise ValueError naming what is wrong."""
+    weights = list(device_weights)
+    if len(weights) != num_devices:
+        raise ValueError('%d device weights for %d devices; give one weight per device'
+                         % (len(weights), num_devices))
+    for w in weights:
+        if isinstance(w, bool) or not isinstance(w, numbers.Real) or not math.isfinite(w) \
+                or w <= 0:
+            raise ValueError('device weights must be finite numbers above 0, got %r'
+                             % (device_weights,))
+    return [float(w) for w in weights]
+
+
+def slice_sizes(n, device_weights):
+    """Split ``n`` examples in proportion to ``device_weights``; return one size per device.
+
+    Largest-remainder rounding: each device gets the whole part of its exact share
+    ``n * w_i / sum(w)``, and the examples left over go to the largest fractional parts
+    (the first device on a tie). A device whose share rounds to 0 still gets one example,
+    taken from the largest slice. The sizes always add up to ``n``.
+
+    Examples: 16 examples with weights 3, 1 give 12, 4; 10 with 1, 1, 1 give 4, 3, 3 (what
+    ``split_and_load`` gives); 5 with 100, 1 give 4, 1.
+
+    Raises
+    ------
+    ValueError
+        If ``n`` is smaller than the number of devices, or a weight is not above 0.
+    """
+    weights = check_device_weights(device_weights, len(device_weights))
+    k = len(weights)
+    if n < k:
+        raise ValueError('%d examples cannot give each of %d devices at least one; '
+                         'use a batch of %d or more' % (n, k, k))
+    # Exact fractions: the rounding must not depend on float error in n * w / sum(w).
+    exact = [Fraction(w) for w in weights]
+    total = sum(exact)
+    quotas = [n * w / total for w in exact]
+    sizes = [math.floor(q) for q in quotas]
+    by_remainder = sorted(range(k), key=lambda i: (-(quotas[i] - sizes[i]), i))
+    for i in by_remainder[:n - sum(sizes)]:
+        sizes[i] += 1
+    for i in range(k):
+        if sizes[i] == 0:
+            largest = max(range(k), key=lambda j: (sizes[j], -j))
+            sizes[largest] -= 1
+            sizes[i] = 1
+    return sizes
+
+
+def split_by_weights(device_weights):
+    """Return a ``split_f`` for ``train()`` that slices every batch in proportion to the weights.
+
+    ``split_by_weights([3, 1])`` gives a 16-example batch to two devices as 12 and 4.
+    """
+    from .training import split_batch
+    weights = check_device_weights(device_weights, len(list(device_weights)))
+    return functools.partial(split_batch, device_weights=weights)
+
+
+def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):
+    """Time a training pass (forward and backward) of ``(X, y)`` on each device; return examples/s.
+
+    Each device first runs the batch once untimed (graph building, memory allocation), then
+    at least ``repeats`` times and at least ``min_seconds`` timed, each pass ended by
+    ``nd.waitall()`` (a very short measurement is mostly noise). BatchNorm running statistics are
+    restored afterwards, so the measurement leaves ``net`` as it was (gradients aside, which
+    the next ``backward`` overwrites). ``net`` must be initialized on every device.
+    Use the result as ``device_weights``: slices then take about equally long everywhere.
+    """
+    loss = gloss.SoftmaxCrossEntropyLoss() if loss is None else loss
+    for d in devices:
+        net(X.as_in_context(d))  # prediction mode: finishes deferred init, leaves statistics
+    saved = [(p, [a.copy() for a in p.list_data()])
+             for p in net.collect_params().values() if p.grad_req == 'null']
+    speeds = []
+    for d in devices:
+        X_d, y_d = X.as_in_context(d), y.as_in_context(d)
+
+        def one_pass():
+            with autograd.record():
+                l = loss(net(X_d), y_d)
+            l.backward()
+            nd.waitall()
+
+        one_pass()
+        passes, start = 0, time.time()
+        while passes < repeats or time.time() - start < min_seconds:
+            one_pass()
+            passes += 1
+        speeds.append(X.shape[0] * passes / (time.time() - start))
+    for p, copies in saved:
+        for a, copy in zip(p.list_data(), copies):
+            copy.copyto(a)
+    nd.waitall()
+    return speeds
+

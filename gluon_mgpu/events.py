@@ -1,0 +1,188 @@
+"""What happens around the chapter's step: events and their handlers.
+
+``train()`` runs the book's loop and, at six points of it, calls the handlers it was given,
+with the names and arguments of MXNet's own estimator (``mxnet.gluon.contrib.estimator``):
+
+==============  =================================================================
+train_begin     before the first epoch (a resumed run sets its start here)
+epoch_begin     before each epoch
+batch_begin     before each step, with ``batch=(X, y)``
+batch_end       after each ``trainer.step``, with ``batch``, ``pred``, ``label`` and ``loss``
+                (one array per device); returning True stops the epoch
+epoch_end       after each epoch, once ``estimator.record`` holds its numbers; True stops
+train_end       after the last epoch (not after an error)
+==============  =================================================================
+
+A handler is an object that subclasses the mixins it uses (``EpochEnd`` for ``epoch_end``, ...);
+the first argument of every method is the run (``TrainingState`` here, an ``Estimator`` under
+MXNet's own ``Estimator.fit``). Handlers run in ascending ``priority`` (default 0), as in
+``Estimator``; the checkpoint goes first, so a crash in a later handler cannot lose it.
+
+Handlers that use only what both give (``net``, ``trainer``, the ``loss`` of a batch) work with
+``Estimator.fit`` too: ``LossGuard`` here, ``replicas.ReplicaCheck`` and
+``interrupts.DeferredInterrupt``.
+"""
+import math
+
+from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, EpochBegin,
+                                                         EpochEnd, TrainBegin, TrainEnd)
+
+__all__ = ['TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
+           'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
+           'format_epoch']
+
+_KINDS = (('train_begin', TrainBegin), ('epoch_begin', EpochBegin),
+          ('batch_begin', BatchBegin), ('batch_end', BatchEnd), ('epoch_end', EpochEnd),
+          ('train_end', TrainEnd))
+
+
+def format_epoch(record):
+    """The book's per-epoch line: ``epoch 1, training time: 63.5 sec, test_acc 0.86``."""
+    return 'epoch %d, training time: %.1f sec, test_acc %.2f' % (
+        record['epoch'], record['seconds'], record['test_acc'])
+
+
+class TrainingState:
+    """What handlers see of a run of ``train()`` (the ``estimator`` argument of every event).
+
+    Attributes
+    ----------
+    net, trainer, loss
+        As ``train()`` uses them (``Estimator`` has the same three names).
+    context : list of mxnet.Context
+        The devices (``Estimator``'s name for them); ``devices`` is the same list.
+    train_iter, test_iter
+    num_epochs : int
+        The last epoch to train (counted from 1).
+    epoch : int
+        The epoch under way, from 1 (0 before the first).
+    history : list of dict
+        One record per finished epoch; ``record`` is the latest one.
+    """
+
+    def __init__(self, net, trainer, loss, devices, train_iter, test_iter, num_epochs):
+        self.net, self.trainer, self.loss = net, trainer, loss
+        self.context = self.devices = devices
+        self.train_iter, self.test_iter = train_iter, test_iter
+        self.num_epochs = num_epochs
+        self.epoch = 0
+        self.history = []
+        self.record = None
+
+    def resume(self, epochs_done, history):
+        """Continue after ``epochs_done`` finished epochs whose records are ``history``.
+
+        Call it from a ``train_begin`` handler (``checkpoint.CheckpointHandler`` does). An
+        iterator with ``set_epoch`` (``ArrayBatches``) then gives the data in the order the
+        uninterrupted run would have used.
+        """
+        self.epoch = epochs_done
+        self.history = list(history)
+        self.record = self.history[-1] if self.history else None
+        if hasattr(self.train_iter, 'set_epoch'):
+            self.train_iter.set_epoch(epochs_done)
+
+
+class Events:
+    """Calls every handler that has a method for an event, in ascending ``priority``."""
+
+    def __init__(self, handlers, state):
+        handlers = sorted(handlers, key=lambda h: getattr(h, 'priority', 0))
+        for h in handlers:
+            if not any(isinstance(h, kind) for _, kind in _KINDS):
+                raise ValueError('event handler %r subclasses none of TrainBegin, EpochBegin, '
+                                 'BatchBegin, BatchEnd, EpochEnd, TrainEnd; subclass the ones '
+                                 'whose methods it defines' % (h,))
+        self.state = state
+        self._handlers = {name: [h for h in handlers if isinstance(h, kind)]
+                          for name, kind in _KINDS}
+
+    def _call(self, name, **kwargs):
+        # Every handler runs, even after one asked to stop (as in Estimator.fit).
+        return any([getattr(h, name)(self.state, **kwargs) for h in self._handlers[name]])
+
+    def train_begin(self):
+        self._call('train_begin')
+
+    def epoch_begin(self):
+        self._call('epoch_begin')
+
+    def batch_begin(self, **kwargs):
+        self._call('batch_begin', **kwargs)
+
+    def batch_end(self, **kwargs):
+        return self._call('batch_end', **kwargs)
+
+    def epoch_end(self):
+        return self._call('epoch_end')
+
+    def train_end(self):
+        self._call('train_end')
+
+
+class EpochLine(EpochEnd):
+    """Print the book's line after every epoch (what ``train()`` does by default)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        print(format_epoch(estimator.record), file=self.stream, flush=True)
+        return False
+
+
+class LossNotFiniteError(RuntimeError):
+    """The training loss became NaN or infinite: training diverged.
+
+    Attributes ``epoch`` (None when not known), ``step`` (both from 1), ``lr`` (the learning
+    rate in use) and ``loss`` (the step's loss sum, ``nan`` or ``inf``).
+    """
+
+    def __init__(self, step, lr, loss, epoch=None):
+        super().__init__(step, lr, loss, epoch)
+        self.step, self.lr, self.loss, self.epoch = step, lr, loss, epoch
+
+    def __str__(self):
+        where = 'step %d' % self.step if self.epoch is None else 'epoch %d, step %d' % (
+            self.epoch, self.step)
+        return ('the training loss became %s at %s with learning rate %g: training diverged; '
+                'use a smaller learning rate' % (self.loss, where, self.lr))
+
+
+class LossGuard(EpochBegin, BatchEnd, EpochEnd):
+    """Stop with ``LossNotFiniteError`` once a step's loss is NaN or infinite.
+
+    The check of step ``s`` runs after step ``s + 1`` was queued: reading a loss waits for
+    the devices, and by then they have the next step to work on, so the check costs no
+    waiting. The error still names step ``s``; the epoch's last step is checked at its end.
+    """
+
+    # Before the checkpoint (-100): an epoch whose last step diverged is not saved.
+    priority = -200
+
+    def __init__(self):
+        self.step = 0
+        self.pending = None
+
+    def epoch_begin(self, estimator, *args, **kwargs):
+        self.step, self.pending = 0, None
+
+    def _check(self, estimator):
+        if self.pending is None:
+            return
+        loss = sum(l.sum().asscalar() for l in self.pending)
+        if not math.isfinite(loss):
+            raise LossNotFiniteError(self.step - 1, estimator.trainer.learning_rate, loss,
+                                     getattr(estimator, 'epoch', None) or None)
+
+    def batch_end(self, estimator, *args, **kwargs):
+        self.step += 1
+        self._check(estimator)
+        self.pending = kwargs['loss']
+        return False
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        self.step += 1  # the check names the step before the current count
+        self._check(estimator)
+        self.pending = None
+        return False
