@@ -24,7 +24,8 @@ import sys
 
 import numpy as np
 
-from .cli import UsageError, _Parser
+from . import book, cli
+from .cli import UsageError
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'ACC_BAND', 'ACC_BAND_FIRST_EPOCH', 'SPEEDUP_BAND',
            'printed_numbers', 'format_like_book', 'run_chapter_cells', 'chapter_cells',
@@ -118,7 +119,7 @@ def run_chapter_cells(devices):
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '
                          'contexts' % (len(devices), devices))
     net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
+    net.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
     x = nd.random.uniform(shape=(4, 1, 28, 28))
     shards = gutils.split_and_load(x, devices)
     outputs = [net(shards[0]), net(shards[1])]
@@ -254,20 +255,19 @@ def deterministic_rows(cells):
 def train_book_setting(devices, data_dir=None, num_epochs=4, train_limit=None, test_limit=None):
     """Train a new ResNet-18 as the book's ``train(num_gpus, batch_size, lr)`` does; return its history.
 
-    The book's setting for ``n = len(devices)``: a global batch of ``256 * n``, ``lr = 0.1 * n``,
-    4 epochs, the full data set, imperative (not hybridized) like the book. The limits make a
-    small run for tests. Prints the book's per-epoch lines (``gluon_mgpu.train``).
+    The book's setting for ``n = len(devices)`` (``book.book_setting``): a global batch of
+    ``256 * n``, ``lr = 0.1 * n``, 4 epochs, the full data set, imperative (not hybridized) like
+    the book. The limits make a small run for tests. Prints the book's per-epoch lines.
     """
     from .data import load_data_fashion_mnist
-    from .model import resnet18
     from .training import train
 
-    n = len(devices)
-    train_iter, test_iter = load_data_fashion_mnist(256 * n, data_dir=data_dir,
+    batch_size, lr = book.book_setting(len(devices))
+    train_iter, test_iter = load_data_fashion_mnist(batch_size, data_dir=data_dir,
                                                     train_limit=train_limit,
                                                     test_limit=test_limit)
-    return train(resnet18(10), train_iter, test_iter, devices, lr=0.1 * n,
-                 num_epochs=num_epochs)
+    return train(book.new_network('resnet18', hybridize=False), train_iter, test_iter, devices,
+                 lr=lr, num_epochs=num_epochs)
 
 
 def training_rows(devices, runs=None):
@@ -435,47 +435,45 @@ PROG = 'python -m gluon_mgpu.compare'
 
 
 def build_parser():
-    from .devices import DEVICE_CHOICES
-    p = _Parser(prog=PROG, description='Re-run the chapter\'s cells and print a table: the '
-                'book\'s printed values, ours, the difference, a verdict.')
+    p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and print a table: the '
+                   'book\'s printed values, ours, the difference, a verdict.')
     p.add_argument('--full', action='store_true',
                    help='also run the book\'s training (1 then 2 devices, 4 epochs, full data; '
                         'hours on a CPU) and compare accuracy and speed-up (default: off, those '
                         'rows say "not run")')
-    p.add_argument('--device', choices=DEVICE_CHOICES, default='auto',
-                   help='auto: 2 GPUs, or simulated CPU devices when there is no GPU; gpu: GPUs '
-                        'or an error; cpu: CPU contexts (default: auto)')
+    cli.add_device_flag(p)
     p.add_argument('--data-dir', default=None,
                    help='folder with the Fashion-MNIST files, for --full (default: searched)')
     p.add_argument('--output', default=None, metavar='PATH',
                    help='also write the table as Markdown to PATH, e.g. '
                         'docs/book-comparison.md (default: print only)')
+    cli.add_debug_flag(p)
     return p
 
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: _compare(argv, build_parser().parse_args(argv)))
+
+
+def _compare(argv, args):
     from .data import DataError, DataNotFoundError, find_data_dir
     from .devices import format_devices, get_devices
+    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        raise UsageError('%s: error: --output %s: folder %s does not exist; create it or '
+                         'pass another path' % (PROG, args.output,
+                                                os.path.dirname(args.output)))
     try:
-        args = build_parser().parse_args(argv)
-        if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-            raise UsageError('%s: error: --output %s: folder %s does not exist; create it or '
-                             'pass another path' % (PROG, args.output,
-                                                    os.path.dirname(args.output)))
+        pair = get_devices(2, args.device)
+        singles = get_devices(1, args.device) if args.full else None
+    except ValueError as e:
+        raise UsageError('%s: error: --device %s: %s' % (PROG, args.device, e)) from None
+    if args.full:
         try:
-            pair = get_devices(2, args.device)
-            singles = get_devices(1, args.device) if args.full else None
-        except ValueError as e:
-            raise UsageError('%s: error: --device %s: %s' % (PROG, args.device, e)) from None
-        if args.full:
-            try:
-                find_data_dir(args.data_dir)
-            except (DataError, DataNotFoundError) as e:
-                raise UsageError('%s: error: %s' % (PROG, e)) from None
-    except UsageError as e:
-        print(e, file=sys.stderr)
-        return 2
+            find_data_dir(args.data_dir)
+        except (DataError, DataNotFoundError) as e:
+            raise UsageError('%s: error: %s' % (PROG, e)) from None
 
     cells = chapter_cells(pair)
     rows = deterministic_rows(cells)
@@ -491,16 +489,14 @@ def main(argv=None):
     for line in notes():
         print('note:', line)
     if args.output:
-        command = ' '.join(['python -m gluon_mgpu.compare'] + (argv if argv is not None
-                                                                 else sys.argv[1:]))
-        report = {'rows': rows, 'cells': cells, 'full': args.full, 'command': command,
+        report = {'rows': rows, 'cells': cells, 'full': args.full,
+                  'command': ' '.join([PROG] + argv),
                   'mxnet_version': cells['mxnet_version'], 'date': datetime.date.today().isoformat()}
         with open(args.output, 'w') as f:
             f.write(format_markdown(report))
         print('wrote', args.output)
     bad = [r for r in rows if r['status'] == 'mismatch']
     return 1 if bad else 0
-
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -28,9 +28,8 @@ import subprocess
 import sys
 import time
 
-from .cli import UsageError, _Parser
+from .cli import Parser, UsageError, count
 from .threads import thread_settings
-from .train import _count  # the same whole-number check and message as the training CLI
 
 __all__ = ['build_parser', 'parse_args', 'read_hostfile', 'free_port', 'guess_host_ip',
            'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
@@ -54,14 +53,14 @@ def _seconds(text):
 
 
 def build_parser():
-    p = _Parser(prog=PROG, usage='%(prog)s -n WORKERS [-s SERVERS] [--hostfile FILE] '
+    p = Parser(prog=PROG, usage='%(prog)s -n WORKERS [-s SERVERS] [--hostfile FILE] '
                 '[--port P] [options] -- COMMAND ...',
                 description='Start a dist_sync job (scheduler, servers, workers: all run '
                             'COMMAND with the DMLC_* variables set), watch it, and stop it '
                             'all when one process fails.')
-    p.add_argument('-n', '--num-workers', type=_count('--num-workers'), required=True,
+    p.add_argument('-n', '--num-workers', type=count('--num-workers'), required=True,
                    help='number of worker processes')
-    p.add_argument('-s', '--num-servers', type=_count('--num-servers'), default=None,
+    p.add_argument('-s', '--num-servers', type=count('--num-servers'), default=None,
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile', default=None,
@@ -69,7 +68,7 @@ def build_parser():
                         'default 22); blank lines and # comments are skipped. Servers and '
                         'workers are spread over the hosts round-robin, the scheduler runs '
                         'here (default: everything here, on 127.0.0.1)')
-    p.add_argument('--port', type=_count('--port'), default=None,
+    p.add_argument('--port', type=count('--port'), default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--host-ip', default=None,
                    help="with --hostfile: this machine's address as the other hosts reach it "
@@ -191,7 +190,7 @@ def _local_threads(num_workers, environ):
     # Workers sharing this machine should not each start one thread per core.
     if thread_settings().get('source') == 'user' or 'OMP_NUM_THREADS' not in environ:
         return {}
-    cores = thread_settings().get('cores') or os.cpu_count() or 1
+    cores = thread_settings().get('cores') or os.cpucount() or 1
     return {'OMP_NUM_THREADS': str(max(1, cores // num_workers))}
 
 

@@ -6,7 +6,7 @@ trains the chapter's ResNet-18 once per device count, with the batch size and le
 growing with the devices as in the book (256 and 0.1 per device), then prints a Markdown table
 (devices, global batch, lr, sec/epoch, images/s, speed-up over 1 device, final test accuracy)
 and writes it, with one figure, to ``--output-dir``. The library part (``plan_sweep``,
-``run_setting``, ``run_sweep``, ``format_table``) returns data; only ``main`` prints.
+``run_setting``, ``format_table``) returns data; only ``main`` prints.
 
 Exit codes, as ``python -m gluon_mgpu.train``: 0 done, 1 training diverged in a setting or an
 unexpected error (``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input, 130
@@ -14,25 +14,23 @@ interrupted by Ctrl-C. Every failure is one line on stderr naming the setting it
 settings that finished before it are still printed and written, with a note that the sweep
 stopped early.
 """
-import argparse
 import os
 import sys
 
-from . import data, devices as devices_mod, metrics, progress, training
-from .cli import _Parser, add_device_flag
+from . import book, cli, data, devices as devices_mod, metrics, progress, training
+from .cli import UsageError
+from .events import LossGuard, LossNotFiniteError
 from .interrupts import DeferredInterrupt
-from .model import resnet18
-from .train import (DEBUG_ENV, UsageError, _count, _debug_requested, _fail, _one_line,
-                    _positive_float, _seed, _unexpected)
 
-__all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'run_sweep', 'add_speedups',
+__all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'add_speedups',
            'format_table', 'write_outputs', 'build_parser', 'parse_args', 'main']
 
 PROG = 'python -m gluon_mgpu.sweep'
 TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
 
 
-def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='auto'):
+def plan_sweep(num_gpus, batch_size_per_device=book.BATCH_SIZE_PER_DEVICE,
+               lr_per_device=book.LR_PER_DEVICE, device='auto'):
     """Resolve every device count to its devices, global batch size and learning rate.
 
     Done before any training, so a count the machine cannot give fails at once.
@@ -81,12 +79,12 @@ def plan_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, device='a
 
 
 def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
-                on_batch=None, on_epoch=None):
+                event_handlers=()):
     """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
 
     ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
-    ``load_setting_data``). ``on_batch`` and ``on_epoch`` are passed to ``train()`` (for a
-    progress display).
+    ``load_setting_data``). ``event_handlers`` are added to ``train()``'s (for a progress
+    display); the loss is always guarded (``LossGuard``).
 
     Returns
     -------
@@ -98,13 +96,10 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         contexts), ``line`` (the summary line, over all epochs) and ``history``.
     """
     devices = setting['devices']
-    net = resnet18(10)
-    if hybridize:
-        # As in train.py: static_alloc only (static_shape loses BatchNorm updates on MXNet 1.9.1).
-        net.hybridize(static_alloc=True)
-    history = training.train(net, train_iter, test_iter, devices, lr=setting['lr'],
-                             num_epochs=num_epochs, seed=seed, verbose=False,
-                             on_batch=on_batch, on_epoch=on_epoch)
+    net = book.new_network('resnet18', hybridize)
+    trainer = book.init_training(net, devices, setting['lr'], seed)
+    history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
+                             trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
     summary = metrics.summarize(history, devices)
     # Epoch 1 also pays one-time set-up (graph building, memory allocation), and the first
     # setting of a process pays the most: time the later epochs when there are any.
@@ -138,20 +133,6 @@ def add_speedups(rows):
     for r in rows:
         r['speedup'] = r['images_per_sec'] / base[0] if base else None
     return rows
-
-
-def run_sweep(num_gpus, batch_size_per_device=256, lr_per_device=0.1, num_epochs=4,
-              device='auto', data_dir=None, train_limit=None, test_limit=None, seed=None,
-              hybridize=True):
-    """Plan, then train every setting in turn; return the rows, with speed-ups.
-
-    See ``plan_sweep`` and ``run_setting`` for the arguments and the rows.
-    """
-    rows = []
-    for s in plan_sweep(num_gpus, batch_size_per_device, lr_per_device, device):
-        train_iter, test_iter = load_setting_data(s, data_dir, train_limit, test_limit, seed)
-        rows.append(run_setting(s, train_iter, test_iter, num_epochs, seed, hybridize))
-    return add_speedups(rows)
 
 
 def format_table(rows, stopped=None):
@@ -213,35 +194,29 @@ def write_outputs(rows, output_dir, stopped=None):
 
 
 def build_parser():
-    p = _Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
-                'and compare time, throughput and accuracy in a Markdown table and a figure.')
-    p.add_argument('--num-gpus', type=_count('--num-gpus'), nargs='+', required=True,
+    p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
+                   'and compare time, throughput and accuracy in a Markdown table and a figure.')
+    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
-    p.add_argument('--batch-size-per-device', type=_count('--batch-size-per-device'),
-                   default=256, help='batch size per device; the global batch is this times '
-                                     'the device count (default: 256, as the book)')
-    p.add_argument('--lr-per-device', type=_positive_float('--lr-per-device'), default=0.1,
+    p.add_argument('--batch-size-per-device', type=cli.count('--batch-size-per-device'),
+                   default=book.BATCH_SIZE_PER_DEVICE,
+                   help='batch size per device; the global batch is this times the device '
+                        'count (default: %d, as the book)' % book.BATCH_SIZE_PER_DEVICE)
+    p.add_argument('--lr-per-device', type=cli.positive_float('--lr-per-device'),
+                   default=book.LR_PER_DEVICE,
                    help='learning rate per device; the run uses this times the device count '
-                        '(default: 0.1, as the book)')
-    p.add_argument('--epochs', type=_count('--epochs'), default=4,
+                        '(default: %g, as the book)' % book.LR_PER_DEVICE)
+    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
-    add_device_flag(p)
-    p.add_argument('--data-dir', default=None,
-                   help='folder with the four Fashion-MNIST IDX .gz files (default: searched)')
-    p.add_argument('--train-limit', type=_count('--train-limit'), default=None,
-                   help='use only the first N training images (default: all 60000)')
-    p.add_argument('--test-limit', type=_count('--test-limit'), default=None,
-                   help='use only the first N test images (default: all 10000)')
-    p.add_argument('--seed', type=_seed, default=None,
-                   help='seed for every setting\'s initialization and data order (default: none)')
-    p.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
-                   help='compile the network into one graph (default: hybridize)')
+    cli.add_device_flag(p)
+    cli.add_data_flags(p)
+    cli.add_seed_flag(p, 'seed for every setting\'s initialization and data order (default: '
+                         'none)')
+    cli.add_hybridize_flag(p)
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
-    p.add_argument('--debug', action='store_true',
-                   help='on an error, show the full traceback (for bug reports); the '
-                        'environment variable %s=1 does the same' % DEBUG_ENV)
+    cli.add_debug_flag(p)
     return p
 
 
@@ -282,30 +257,19 @@ def _run(args, state):
         try:
             train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
                                                       args.test_limit, args.seed)
-        except (data.DataError, data.DataNotFoundError) as e:
-            raise UsageError('%s: error: %s' % (PROG, e)) from None
-        except ValueError as e:
-            raise UsageError('%s: error: %s' % (PROG, str(e).replace(
-                'train_limit', '--train-limit').replace('test_limit', '--test-limit'))) from None
+        except (data.DataError, data.DataNotFoundError, ValueError) as e:
+            raise cli.data_error(PROG, e) from None
         print('running on: %s (global batch %d, lr %g)' % (
             devices_mod.format_devices(s['devices']), s['batch_size'], s['lr']), flush=True)
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label='%d device%s, ' % (s['num_devices'],
                                                             '' if s['num_devices'] == 1 else 's'))
-        interrupt = state.get('interrupt')
-
-        def on_batch(*hook_args, report=report):
-            report.on_batch(*hook_args)
-            if interrupt is not None:  # a Ctrl-C noted inside MXNet's optimizer callback
-                interrupt.check()
-
-        def on_epoch(record, report=report):
-            report.on_epoch(record)
-            if interrupt is not None:
-                interrupt.check()
+        handlers = [report]
+        if state.get('interrupt') is not None:  # a Ctrl-C noted inside MXNet's optimizer callback
+            handlers.append(state['interrupt'])
         try:
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
-                              on_batch, on_epoch)
+                              handlers)
         finally:
             report.close()
         print(row['line'], flush=True)
@@ -350,7 +314,7 @@ def _keep_finished(args, state, why):
         paths = write_outputs(rows, args.output_dir, stopped)
     except Exception as e:
         return '; the finished settings (%s) could not be written: %s: %s' % (
-            _device_counts(rows), type(e).__name__, _one_line(e))
+            _device_counts(rows), type(e).__name__, cli.one_line(e))
     return '; the finished settings (%s) are in %s' % (_device_counts(rows), ', '.join(paths))
 
 
@@ -372,30 +336,30 @@ def main(argv=None):
     before a failure are printed and written to ``--output-dir`` all the same.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    debug = _debug_requested(argv)
     args, state = None, {'rows': [], 'setting': None}
-    try:
+
+    def body():
+        nonlocal args
         args = parse_args(argv)
         with DeferredInterrupt() as interrupt:
             state['interrupt'] = interrupt
             _run(args, state)
-    except UsageError as e:
-        # Bad input is found before any setting finishes; a data file that breaks later must
-        # not lose the rows before it either.
-        kept = _keep_finished(args, state, 'an error') if state['rows'] else ''
-        return _fail(e, str(e) + kept, 2, debug)
-    except KeyboardInterrupt as e:
-        kept = _keep_finished(args, state, 'interrupted (Ctrl-C)')
-        return _fail(e, '%s: interrupted (Ctrl-C) %s%s' % (PROG, _where(state), kept), 130,
-                     debug)
-    except training.LossNotFiniteError as e:
-        kept = _keep_finished(args, state, 'training diverged')
-        return _fail(e, _diverged(e, args, state, kept), 1, debug)
-    except Exception as e:
+
+    def explain(e):
+        if isinstance(e, UsageError):
+            # Bad input is found before any setting finishes; a data file that breaks later
+            # must not lose the rows before it either.
+            return 2, str(e) + (_keep_finished(args, state, 'an error') if state['rows'] else '')
+        if isinstance(e, KeyboardInterrupt):
+            kept = _keep_finished(args, state, 'interrupted (Ctrl-C)')
+            return 130, '%s: interrupted (Ctrl-C) %s%s' % (PROG, _where(state), kept)
+        if isinstance(e, LossNotFiniteError):
+            return 1, _diverged(e, args, state, _keep_finished(args, state, 'training diverged'))
         kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
-        return _fail(e, _unexpected(PROG, e, debug, ' (%s)%s' % (_where(state), kept)), 1,
-                     debug)
-    return 0
+        return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
+                                 ' (%s)%s' % (_where(state), kept))
+
+    return cli.run_command(PROG, argv, body, explain)
 
 
 if __name__ == '__main__':

@@ -12,23 +12,21 @@ from mxnet import init, nd
 from mxnet.gluon import utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from .. import devices as devices_mod
+from .. import book, cli, devices as devices_mod
 from ..model import resnet18
-from ..cli import UsageError, _Parser, add_device_flag
-from ..train import _count, _seed
 from . import format_replica_report, get_replica, inspect_replicas
 
 PROG = 'python -m gluon_mgpu.replicas'
 
 
 def build_parser():
-    p = _Parser(prog=PROG, description="Show that the chapter's ResNet-18 has the same "
-                "parameters on every device after initialization and one forward pass.")
-    p.add_argument('--num-gpus', type=_count('--num-gpus'), default=2,
+    p = cli.Parser(prog=PROG, description="Show that the chapter's ResNet-18 has the same "
+                   "parameters on every device after initialization and one forward pass.")
+    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=2,
                    help='number of devices (default: 2, as the chapter)')
-    add_device_flag(p)
-    p.add_argument('--seed', type=_seed, default=None,
-                   help='seed for the initialization and the random batch (default: none)')
+    cli.add_device_flag(p)
+    cli.add_seed_flag(p, 'seed for the initialization and the random batch (default: none)')
+    cli.add_debug_flag(p)
     return p
 
 
@@ -39,18 +37,14 @@ def _elsewhere(devices):
 
 
 def run(args):
-    try:
-        devices = devices_mod.get_devices(args.num_gpus, args.device)
-    except ValueError as e:
-        raise UsageError('%s: error: --num-gpus %d --device %s: %s'
-                         % (PROG, args.num_gpus, args.device, e)) from None
+    devices = cli.devices(PROG, args.num_gpus, args.device)
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)
     net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=0.01), ctx=devices)
-    print('net.initialize(init=init.Normal(sigma=0.01), ctx=%s)'
-          % devices_mod.format_devices(devices))
+    net.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
+    print('net.initialize(init=init.Normal(sigma=%g), ctx=%s)'
+          % (book.INIT_SIGMA, devices_mod.format_devices(devices)))
     try:
         inspect_replicas(net)
     except DeferredInitializationError as e:
@@ -79,13 +73,9 @@ def run(args):
 
 
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code."""
-    try:
-        run(build_parser().parse_args(argv))
-    except UsageError as e:
-        print(e, file=sys.stderr)
-        return 2
-    return 0
+    """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code (2: bad input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: run(build_parser().parse_args(argv)))
 
 
 if __name__ == '__main__':
