@@ -18,17 +18,14 @@ CHILD = r'''
 import json, sys, time
 import gluon_mgpu
 import mxnet as mx
-from mxnet import autograd, gluon, init, nd
+from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss
 from mxnet.contrib import amp
 dtype, task = sys.argv[1], sys.argv[2]
 if dtype == 'bfloat16':
     amp.init(target_dtype='bfloat16')
-mx.random.seed(0)
-net = gluon_mgpu.resnet18(10)
-net.initialize(init.Normal(sigma=0.01), ctx=mx.cpu())
-net.hybridize(static_alloc=True)
-trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+net = gluon_mgpu.new_network('resnet18', hybridize=True)
+trainer = gluon_mgpu.init_training(net, [mx.cpu()], 0.1, seed=0)
 if dtype == 'bfloat16':
     amp.init_trainer(trainer)
 loss = gloss.SoftmaxCrossEntropyLoss()
@@ -49,8 +46,8 @@ if task == 'speed':
 else:
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(32, train_limit=2000,
                                                                test_limit=1000, seed=0)
-    history = gluon_mgpu.train(net, train_iter, test_iter, [mx.cpu()], lr=0.1, num_epochs=1,
-                               seed=0, verbose=False)
+    history = gluon_mgpu.train(net, train_iter, test_iter, [mx.cpu()], num_epochs=1,
+                               trainer=trainer, event_handlers=[])
     print(json.dumps({'test_acc': history[-1]['test_acc'],
                       'train_loss': history[-1]['train_loss']}))
 '''

@@ -20,10 +20,11 @@ import gluon_mgpu  # noqa: I001  (first: it sets MXNet's thread count)
 
 import mxnet as mx
 import numpy as np
-from mxnet import gluon, init, nd
+from mxnet import nd
 from mxnet.gluon import loss as gloss
 
 from gluon_mgpu import data
+from gluon_mgpu.events import Events, TrainingState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Fewer pairs than this cannot resolve 5% when other jobs make step times vary by 10% or more.
@@ -59,34 +60,31 @@ def cpu_model():
 
 def measure(batch_size, pairs, steps, check_repeats, devices, images, labels):
     """Per-step seconds without and with a check after every step, alternating."""
-    mx.random.seed(0)
-    net = gluon_mgpu.resnet18(10)
-    net.hybridize(static_alloc=True)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    net = gluon_mgpu.new_network('resnet18', hybridize=True)
+    trainer = gluon_mgpu.init_training(net, devices, 0.1, seed=0)
     loss = gloss.SoftmaxCrossEntropyLoss()
     batches = [(nd.array(images[i * batch_size:(i + 1) * batch_size]),
                 nd.array(labels[i * batch_size:(i + 1) * batch_size]))
                for i in range(steps)]
 
-    def check(step):
-        gluon_mgpu.assert_replicas_match(net)
+    check = gluon_mgpu.ReplicaCheck(1, verbose=False)
 
-    def per_step(hook):
+    def per_step(handlers):
         # train_epoch ends with nd.waitall(), so both clocks see all the work.
+        events = Events(handlers, TrainingState(net, trainer, loss, devices, batches, [], 1))
         cpu = time.process_time()
         wall = gluon_mgpu.train_epoch(net, batches, loss, trainer, devices,
-                                      on_step=hook)['seconds']
+                                      events=events)['seconds']
         return wall / steps, (time.process_time() - cpu) / steps
 
-    per_step(None)  # warm-up: deferred initialization, graph compilation, memory pools
-    check(0)
+    per_step([])  # warm-up: deferred initialization, graph compilation, memory pools
+    gluon_mgpu.assert_replicas_match(net)
     plain, checked, plain_cpu, checked_cpu = [], [], [], []
     for i in range(pairs):
-        for hook in ((None, check) if i % 2 == 0 else (check, None)):
-            wall, cpu = per_step(hook)
-            (plain if hook is None else checked).append(wall)
-            (plain_cpu if hook is None else checked_cpu).append(cpu)
+        for handlers in (([], [check]) if i % 2 == 0 else ([check], [])):
+            wall, cpu = per_step(handlers)
+            (checked if handlers else plain).append(wall)
+            (checked_cpu if handlers else plain_cpu).append(cpu)
 
     nd.waitall()
     alone = []
@@ -134,7 +132,7 @@ def write_markdown(path, results, args, elapsed):
         'plain and checked units alternate (plain, checked, checked, plain, ...) on the same '
         'network after one warm-up unit; wall-clock time and this process\'s CPU time'
         % args.steps,
-        '- the check: `assert_replicas_match(net)` after every `trainer.step` (`on_step`): all '
+        '- the check: `assert_replicas_match(net)` after every `trainer.step` (the `ReplicaCheck(1)` event handler): all '
         '110 parameter arrays of both devices copied to the host and compared with numpy',
         '',
         '| global batch (per device) | pairs | plain step | checked step | paired ratio, '

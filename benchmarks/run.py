@@ -145,13 +145,6 @@ def run(quick=False, repeats=2):
             value = measure(cfg)['value']
             results.setdefault(name, []).append(value)
             print('%-14s run %d: %8.1f images/s' % (name, r + 1, value), flush=True)
-        # (f) the replica check against a step at the book's 2-device batch (256 per device)
-        replica = measure(dict(kind='replica', threads='package', batch_size=2 * GLOBAL_BATCH,
-                               steps=1, checks=3 if quick else 10))
-        extra.setdefault('replica', []).append(replica)
-        print('replica check  run %d: %6.1f ms, %.2f%% of a %.2f s step'
-              % (r + 1, 1e3 * replica['check_seconds'], 100 * replica['check_share'],
-                 replica['step_seconds']), flush=True)
         gemm = measure(dict(kind='gemm', threads='package', size=GEMM_SIZE,
                             repeats=3 if quick else 10))
         extra.setdefault('gemm', []).append(gemm)
@@ -208,17 +201,11 @@ def report(results, extra, info, date, quick=False):
     if not any(n in results for n in TORCH):
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
-    replica = min(extra['replica'], key=lambda r: r['check_seconds'])
     gemm = {lib: max(g[lib] for g in extra['gemm']) for lib in ('mxnet', 'numpy')}
     peak = max(gemm.values())
     limit = peak / extra['flops_per_image']
-    lines += ['', '(f) replica check (`assert_replicas_match` on 2 devices, every trained and '
-              'auxiliary array copied to the host and compared): %.1f ms, %.2f%% of one '
-              'hybridized training step at the book\'s 2-device batch of %d (%.2f s); raw: %s.'
-              % (1e3 * replica['check_seconds'], 100 * replica['check_share'], 2 * GLOBAL_BATCH,
-                 replica['step_seconds'],
-                 ', '.join('%.1f ms / %.2f s' % (1e3 * r['check_seconds'], r['step_seconds'])
-                           for r in extra['replica'])),
+    lines += ['', '(f) The replica check has its own benchmark: benchmarks/replica_check.py, '
+              'docs/replica-check.md.',
               '', '## Targets', '', '| target | measured | met |', '| --- | ---: | --- |']
     for text, measured, met in targets(best, extra):
         lines.append('| %s | %s | %s |' % (text, measured, 'yes' if met else '**no**'))

@@ -15,11 +15,10 @@ if CONFIG.get('threads') == 'package':
 
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
-from mxnet import autograd, gluon, init, nd  # noqa: E402
+from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
-from gluon_mgpu import data, training  # noqa: E402
-from gluon_mgpu.model import resnet18  # noqa: E402
+from gluon_mgpu import book, data, training  # noqa: E402
 
 
 def _book_loader(images, labels, batch_size):
@@ -39,24 +38,21 @@ def _batches(cfg, n_images):
 
 
 def _network(devices, model='ours', hybrid=True):
-    """The chapter's ResNet-18 (ours or d2lzh's), initialized as the book does on ``devices``."""
+    """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does."""
     if model == 'd2lzh':
         import d2lzh
         net = d2lzh.resnet18(10)
+        if hybrid:
+            net.hybridize(static_alloc=True)
     else:
-        net = resnet18(10)
-    if hybrid:
-        net.hybridize(static_alloc=True)
-    mx.random.seed(0)
-    net.initialize(init.Normal(sigma=0.01), ctx=devices)
-    return net
+        net = book.new_network('resnet18', hybrid)
+    return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0)
 
 
 def train_speed(cfg):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
-    net = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
+    net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     loss = gloss.SoftmaxCrossEntropyLoss()
     it = iter(_batches(cfg, batch * (warmup + steps)))
     start = None
@@ -75,7 +71,7 @@ def train_speed(cfg):
                 l.backward()
             trainer.step(batch)
         else:
-            training.train_epoch(net, [(X, y)], loss, trainer, devices)
+            training.train_batch(net, X, y, loss, trainer, devices)
     nd.waitall()
     return batch * steps / (time.time() - start)
 
@@ -98,7 +94,7 @@ def data_speed(cfg):
 
 def eval_speed(cfg):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    net = _network(devices)
+    net, _ = _network(devices)
     images, labels = data.load_fashion_mnist_arrays('test')
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
@@ -116,25 +112,6 @@ def eval_speed(cfg):
     start = time.time()
     training.evaluate_accuracy(it, net, devices)
     return cfg['images'] / (time.time() - start)
-
-
-def replica_cost(cfg):
-    """Seconds of one hybridized training step on 2 devices, and of one replica check after it."""
-    from gluon_mgpu.replicas import assert_replicas_match
-    devices = [mx.cpu(0), mx.cpu(1)]
-    net = _network(devices)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1})
-    loss = gloss.SoftmaxCrossEntropyLoss()
-    batches = list(_batches(dict(cfg, loader='array'), cfg['batch_size'] * cfg['steps']))
-    training.train_epoch(net, batches[:1], loss, trainer, devices)  # warm-up
-    step = training.train_epoch(net, batches, loss, trainer, devices)['seconds'] / cfg['steps']
-    checks = []
-    for _ in range(cfg['checks']):
-        start = time.time()
-        assert_replicas_match(net)
-        checks.append(time.time() - start)
-    check = sorted(checks)[len(checks) // 2]
-    return {'step_seconds': step, 'check_seconds': check, 'check_share': check / step}
 
 
 def gemm_flops(cfg):
@@ -207,7 +184,7 @@ def torch_speed(cfg):
 if __name__ == '__main__':
     kind = CONFIG['kind']
     value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed, 'torch': torch_speed,
-             'replica': replica_cost, 'gemm': gemm_flops}[kind](CONFIG)
+             'gemm': gemm_flops}[kind](CONFIG)
     result = value if isinstance(value, dict) else {'value': value}
     result['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS')
     result['engine'] = os.environ.get('MXNET_ENGINE_TYPE', 'ThreadedEnginePerDevice')
