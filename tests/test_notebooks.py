@@ -4,6 +4,7 @@ Both are run once each with ``GLUON_MGPU_QUICK=1``, by a kernel that is this tes
 the repository first on its path; the tests then read the executed notebooks and check what the
 cells printed against the book and against the package.
 """
+import ast
 import inspect
 import io
 import json
@@ -51,6 +52,21 @@ def _result(cell):
     return results[0].data['text/plain']
 
 
+def _shown(*objects):
+    """What the notebook's show() should display: the source without docstrings."""
+    texts = []
+    for o in objects:
+        source = inspect.getsource(o)
+        lines = source.splitlines()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+                doc = node.body[0]
+                for i in range(doc.lineno - 1, doc.end_lineno):
+                    lines[i] = None
+        texts.append('\n'.join(line for line in lines if line is not None))
+    return '\n\n'.join(texts)
+
+
 def _without_comments(source):
     tokens = tokenize.generate_tokens(io.StringIO(source).readline)
     return [(t.type, t.string) for t in tokens
@@ -86,15 +102,22 @@ def executed(request, kernel_dir, tmp_path_factory):
 def test_kernel_imports_the_package_from_this_repository(executed):
     # The source the notebook showed is this checkout's, not another installed copy.
     shown = _result(_cell(executed, 'source-network'))
-    assert shown == '\n\n'.join(inspect.getsource(o) for o in (
-        model.Residual, model.resnet_block, model.resnet18)).rstrip('\n')
+    assert shown == _shown(model.Residual, model.resnet_block, model.resnet18)
 
 
-def test_shown_training_code_is_the_packages(executed):
-    shown = _result(_cell(executed, 'source-training'))
-    assert shown == '\n\n'.join(inspect.getsource(o) for o in (
-        training.train, training.train_epoch)).rstrip('\n')
-    assert 'trainer.step(X.shape[0] * num_workers)' in shown
+def test_shown_step_is_the_books_and_the_packages(executed):
+    step = _result(_cell(executed, 'source-step'))
+    assert step == _shown(training.train_batch)
+    # The chapter's step, in its order, in one short cell.
+    code = step.splitlines()
+    assert len(code) <= 12, step
+    order = ['split_f(X, y, devices)', 'with autograd.record():', 'net(X_d)', 'loss(out, y_d)',
+             'l.backward()', 'trainer.step(X.shape[0])']
+    at = [next(i for i, line in enumerate(code) if text in line) for text in order]
+    assert at == sorted(at), step
+    loop = _result(_cell(executed, 'source-training'))
+    assert loop == _shown(training.train_epoch, training.train)
+    assert 'train_batch(net, X, y, loss, trainer, devices, split_f)' in loop
 
 
 def test_first_convolution_weights_print_the_books_digits(executed):
@@ -169,7 +192,8 @@ def test_notebooks_call_the_package_and_copy_none_of_it(lang):
     for call in ('gluon_mgpu.resnet18(10)', 'gluon_mgpu.get_devices(2)', 'gluon_mgpu.train(',
                  'gluon_mgpu.load_data_fashion_mnist(', 'gluon_mgpu.split_batch(',
                  'show(gluon_mgpu.Residual, gluon_mgpu.model.resnet_block, gluon_mgpu.resnet18)',
-                 'show(gluon_mgpu.train, gluon_mgpu.train_epoch)'):
+                 'show(gluon_mgpu.train_batch)',
+                 'show(gluon_mgpu.train_epoch, gluon_mgpu.train)'):
         assert call in code, call
     for pasted in ('class Residual', 'def resnet_block', 'def resnet18', 'nn.Conv2D',
                    'autograd.record', '.backward()', 'trainer.step', 'gluon.Trainer',
