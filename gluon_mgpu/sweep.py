@@ -18,7 +18,7 @@ import argparse
 import os
 import sys
 
-from . import data, devices as devices_mod, metrics, progress, training
+from . import data, devices as devices_mod, files, metrics, progress, training
 from .cli import _Parser, add_device_flag
 from .interrupts import DeferredInterrupt
 from .model import resnet18
@@ -201,7 +201,7 @@ def write_outputs(rows, output_dir, stopped=None):
     """
     from . import plotting
     table_path = os.path.join(output_dir, TABLE_FILE)
-    with metrics.atomic_path(table_path) as tmp:
+    with files.atomic_path(table_path) as tmp:
         with open(tmp, 'w') as f:
             f.write(format_table(rows, stopped))
     title = 'ResNet-18 on Fashion-MNIST, data-parallel on %s devices' % ', '.join(
