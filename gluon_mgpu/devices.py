@@ -10,8 +10,8 @@ import resource
 import mxnet as mx
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
-           'format_devices', 'abbreviate_devices', 'thread_limit', 'max_cpu_devices',
-           'check_cpu_device_count']
+           'format_devices', 'abbreviate_devices', 'thread_limit', 'threads_per_cpu_context',
+           'max_cpu_devices', 'check_cpu_device_count']
 
 DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
 
@@ -120,11 +120,21 @@ def abbreviate_devices(devices, limit=8):
     return '[%s, %s, ..., %s]' % tuple(str(d) for d in (devices[0], devices[1], devices[-1]))
 
 
-# Measured with MXNet 1.9.1's CPU build (threads in /proc/self/task): 2 after `import mxnet`,
-# 6 + 2n once n CPU contexts have run an operation (training included): MXNet's engine starts
-# its worker threads per context, and a CPU context is a device to it.
-THREADS_PER_CPU_CONTEXT = 2
+# Measured with MXNet 1.9.1's CPU build (threads in /proc/self/task after an operation with a
+# parallel loop on each of n CPU contexts): at most 6 + n * OMP_NUM_THREADS (5 + n with 1
+# OpenMP thread, 6 + 2n with 2, 6 + 4n with 4). MXNet's engine gives each context its own
+# worker thread, and each worker its own OpenMP team of OMP_NUM_THREADS - 1 more.
 ENGINE_BASE_THREADS = 6
+
+
+def threads_per_cpu_context():
+    """The threads MXNet starts for each CPU context: one engine worker and its OpenMP team,
+    ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set)."""
+    from .threads import thread_settings
+    value = thread_settings().get('omp_num_threads')
+    if isinstance(value, int) and value > 0:
+        return value
+    return max(1, (os.cpu_count() or 2) // 2)
 
 
 def _read_int(path):
@@ -177,18 +187,20 @@ def thread_limit():
 def max_cpu_devices():
     """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why.
 
-    Each CPU context costs MXNet ``THREADS_PER_CPU_CONTEXT`` engine threads; a run may take at
-    most half of the threads the tightest limit allows (``thread_limit``), leaving the other
-    half to every other process. Memory is not counted: it depends on the network (the
-    chapter's ResNet-18 needs about 190 MB per device, measured), and running out of it is an
-    error MXNet reports.
+    Each CPU context costs MXNet ``threads_per_cpu_context()`` threads; a run may take at most
+    half of the threads the tightest limit allows (``thread_limit``), leaving the other half
+    to every other process. Memory is not counted: it depends on the network (the chapter's
+    ResNet-18 needs about 190 MB per device, measured), and running out of it is an error
+    MXNet reports.
     """
     limit, source = thread_limit()
     if limit is None:
         return None, 'no limit on threads is known'
-    n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // THREADS_PER_CPU_CONTEXT)
-    return n, ('MXNet starts %d engine threads per CPU context, and one run may take half of '
-               'the %d threads %s allows' % (THREADS_PER_CPU_CONTEXT, limit, source))
+    per_context = threads_per_cpu_context()
+    n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // per_context)
+    return n, ('MXNet starts %d thread%s per CPU context (OMP_NUM_THREADS), and one run may '
+               'take half of the %d threads %s allows'
+               % (per_context, '' if per_context == 1 else 's', limit, source))
 
 
 def check_cpu_device_count(n):
