@@ -723,8 +723,9 @@ def _shape_fits(saved, expected):
     return len(saved) == len(expected) and all(e in (0, s) for s, e in zip(saved, expected))
 
 
-def _unpickle_states(data, path, trainer):
-    """Unpickle ``.states`` bytes with ``_StatesUnpickler`` and check the result."""
+def _unpickle_states(data, path, trainer, shapes=None):
+    """Unpickle ``.states`` bytes with ``_StatesUnpickler`` and check the result; ``shapes``
+    maps a Parameter to its shape when its own is not inferred yet."""
     def refuse(what):
         raise CheckpointError('%s %s; it is not a Trainer state gluon_mgpu wrote, and nothing '
                               'in it was run: start a new run in an empty --checkpoint-dir'
@@ -755,9 +756,10 @@ def _unpickle_states(data, path, trainer):
         if not _is_int(key) or not 0 <= key < len(params):
             refuse('holds a state for parameter %s, but the Trainer has %d parameters'
                    % (_short_repr(key), len(params)))
-        if not _state_fits(state, params[key].shape):
+        shape = (shapes or {}).get(params[key], params[key].shape)
+        if not _state_fits(state, shape):
             refuse('holds a state for parameter %d (%s) that does not fit its shape %s'
-                   % (key, params[key].name, params[key].shape))
+                   % (key, params[key].name, shape))
     return states, optimizer
 
 
@@ -859,12 +861,12 @@ def _check_params(loaded, params, path, network):
         if not _shape_fits(value.shape, param.shape):
             refuse('%s has shape %s in the file but %s in the network'
                    % (name, value.shape, param.shape))
-        if np.dtype(param.dtype) != value.dtype:
+        if np.dtype(param.dtype) != np.dtype(value.dtype):
             refuse('%s is %s in the file but %s in the network'
-                   % (name, value.dtype, np.dtype(param.dtype)))
+                   % (name, np.dtype(value.dtype), np.dtype(param.dtype)))
 
 
-def _check_replicas(loaded, params, path, num_devices):
+def _check_replicas(loaded, params, shapes, path, num_devices):
     def refuse(what):
         raise CheckpointError('%s %s; it does not belong to this run: start a new run in an '
                               'empty --checkpoint-dir' % (path, what))
@@ -879,9 +881,10 @@ def _check_replicas(loaded, params, path, num_devices):
                                   'resume with --num-gpus %d'
                                   % (path, index, num_devices, int(index) + 1))
         param = params[name]
-        if not _shape_fits(value.shape, param.shape) or np.dtype(param.dtype) != value.dtype:
+        shape = shapes.get(param, param.shape)
+        if value.shape != shape or np.dtype(param.dtype) != np.dtype(value.dtype):
             refuse('holds %s with shape %s (%s), but the parameter is %s (%s)'
-                   % (key, value.shape, value.dtype, param.shape, np.dtype(param.dtype)))
+                   % (key, value.shape, np.dtype(value.dtype), shape, np.dtype(param.dtype)))
         seen.setdefault(name, set()).add(int(index))
     for name, indices in seen.items():
         if indices != set(range(num_devices)):
@@ -911,9 +914,11 @@ def restore(directory, record, net, trainer, devices):
     params = _params_by_name(net)
     loaded = _load_arrays(data['params'], paths['params'], 'parameters')
     _check_params(loaded, params, paths['params'], record.get('network'))
+    # The shapes the .params file gives (a network not run yet has 0 for inferred sizes).
+    shapes = {param: loaded[name].shape for name, param in params.items() if name in loaded}
     replicas = _load_arrays(data['replicas'], paths['replicas'], 'arrays')
-    _check_replicas(replicas, params, paths['replicas'], len(devices))
-    states, optimizer = _unpickle_states(data['states'], paths['states'], trainer)
+    _check_replicas(replicas, params, shapes, paths['replicas'], len(devices))
+    states, optimizer = _unpickle_states(data['states'], paths['states'], trainer, shapes)
     for name, value in loaded.items():
         params[name]._load_init(value, devices)
     # Before the replicas: the Trainer's first use copies device 0's values to all devices
