@@ -67,12 +67,13 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from .files import atomic_path, input_problem, open_input, InputError
+from .files import InputError, atomic_path, input_problem, open_input
+from .interrupts import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'lock_dir', 'DirectoryLock', 'prepare_dir', 'save_checkpoint',
-           'read_checkpoint', 'validate_record', 'network_names', 'restore', 'load_states',
-           'resume_settings']
+           'read_checkpoint', 'validate_record', 'ARG_CHECKS', 'REQUIRED_ARGS', 'LR_RANGE',
+           'network_names', 'restore', 'load_states', 'resume_settings']
 
 FORMAT = 'gluon_mgpu checkpoint 1'
 KINDS = ('params', 'replicas', 'states')
@@ -736,7 +737,7 @@ def _unpickle_states(data, path, trainer, shapes=None):
         refuse('names %s, which a Trainer state does not hold (only MXNet\'s SGD, NDArray and '
                'bytearray are admitted)' % e)
     except Exception as e:  # a damaged pickle fails in many ways, none of which runs code
-        refuse('cannot be unpickled (%s: %s)' % (type(e).__name__, _first_line(e)))
+        refuse('cannot be unpickled (%s: %s)' % (type(e).__name__, one_line(e, 200)))
     if not (isinstance(loaded, tuple) and len(loaded) == 2):
         refuse('holds %s, not (states, optimizer)' % type(loaded).__name__)
     states, optimizer = loaded
@@ -766,18 +767,6 @@ def _unpickle_states(data, path, trainer, shapes=None):
 def _short_repr(value):
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + '...'
-
-
-def _first_line(e):
-    """An exception's message in one line (MXNet's start with a C++ stack trace)."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(e).__name__
-    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
-    for prefix in ('MXNetError: ', type(e).__name__ + ': '):
-        if line.startswith(prefix):
-            line = line[len(prefix):]
-    return line if len(line) <= 200 else line[:197] + '...'
 
 
 def _install_states(trainer, states, optimizer):
@@ -827,7 +816,7 @@ def _load_arrays(data, path, what):
     except Exception as e:
         raise CheckpointError('%s is not an MXNet %s file (%s); it was damaged or replaced: '
                               'start a new run in an empty --checkpoint-dir'
-                              % (path, what, _first_line(e))) from None
+                              % (path, what, one_line(e, 200))) from None
     if isinstance(loaded, list) and not loaded:
         return {}  # nd.save of an empty dict
     if not isinstance(loaded, dict) or not all(

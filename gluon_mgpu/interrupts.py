@@ -18,7 +18,8 @@ import signal
 import sys
 import threading
 
-__all__ = ['Interrupted', 'DeferredInterrupt', 'UpdateError', 'UpdateGuard', 'guard_updates']
+__all__ = ['Interrupted', 'DeferredInterrupt', 'UpdateError', 'UpdateGuard', 'guard_updates',
+           'one_line']
 
 
 def _callback_codes():
@@ -150,15 +151,20 @@ class UpdateError(RuntimeError):
         self.original = original
 
 
-def _one_line(e):
+def one_line(e, limit=300):
+    """An exception's message as one line of at most ``limit`` characters.
+
+    MXNet's messages start with a C++ stack trace ("Traceback ...") and end with
+    ``MXNetError: message``: the message is kept, without its type prefix.
+    """
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
-    # MXNet's errors start with a C++ stack trace and end with "MXNetError: message".
     line = lines[-1] if 'Traceback' in lines[0] else lines[0]
-    prefix = type(e).__name__ + ': '
-    line = line[len(prefix):] if line.startswith(prefix) else line
-    return line if len(line) <= 300 else line[:297] + '...'
+    for prefix in ('MXNetError: ', type(e).__name__ + ': '):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
 _GUARDED = []
@@ -251,7 +257,7 @@ class UpdateGuard:
             if isinstance(index, (list, tuple)) and len(index) > 1 else ''
         message = ('the optimizer failed while updating parameter %s%s%s: %s: %s; the step '
                    'was not completed, so training stops'
-                   % (name, more, where, type(error).__name__, _one_line(error)))
+                   % (name, more, where, type(error).__name__, one_line(error)))
         self.pending = UpdateError(message, error)
         self.pending.__cause__ = error
 

@@ -31,6 +31,7 @@ from mxnet.gluon import nn
 
 from gluon_mgpu import checkpoint, data, devices, files, launch, metrics, plotting, training
 from gluon_mgpu.interrupts import DeferredInterrupt, Interrupted, UpdateError, guard_updates
+from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
 
 PY = sys.executable
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -814,32 +815,13 @@ def test_ctrl_c_inside_the_callback_comes_out_as_it_is():
 
 # --- C, G: checkpoints --------------------------------------------------------------------------
 
-def _bn_cnn():
-    net = nn.HybridSequential()
-    net.add(nn.Conv2D(4, kernel_size=3), nn.BatchNorm(), nn.Activation('relu'),
-            nn.MaxPool2D(2), nn.Dense(10))
-    return net
-
-
-@pytest.fixture(scope='module')
-def saved(tmp_path_factory, data_dir):
-    """One epoch of a small BatchNorm network on two devices, checkpointed."""
-    directory = str(tmp_path_factory.mktemp('saved'))
-    two = [mx.cpu(0), mx.cpu(1)]
-    train_iter, test_iter = data.load_data_fashion_mnist(8, data_dir=data_dir, train_limit=16,
-                                                         test_limit=8, seed=4)
-    net = _bn_cnn()
-    trainer = training.init_training(net, two, 0.5, seed=1)
-    training.train(net, train_iter, test_iter, two, num_epochs=1, trainer=trainer, verbose=False,
-                   on_epoch=lambda r: checkpoint.save_checkpoint(directory, r['epoch'], net,
-                                                                 trainer, {'history': [r]}))
-    return directory
-
-
 @pytest.fixture
-def ck(saved, tmp_path):
+def ck(saved_run, tmp_path):
+    """The first epoch of test_checkpoint's small two-device run, alone in a folder."""
     directory = str(tmp_path / 'ck')
-    shutil.copytree(saved, directory)
+    os.mkdir(directory)
+    for kind in ('json',) + checkpoint.KINDS:
+        shutil.copy(checkpoint.checkpoint_path(saved_run, 1, kind), directory)
     return directory
 
 
@@ -1045,57 +1027,50 @@ def _replicas(ck):
     return {k: v for k, v in nd.load(checkpoint.checkpoint_path(ck, 1, 'replicas')).items()}
 
 
-@pytest.mark.parametrize('change,what', [
-    (lambda r: r.update({'9.weight@0': nd.ones(1)}),
-     'holds "9.weight@0", which is not "<parameter>@<device>" for a parameter of this network'),
-    (lambda r: r.update({'1.running_mean': r['1.running_mean@0']}),
+_NOT_THIS_RUN = '; it does not belong to this run: start a new run in an empty --checkpoint-dir'
+_OTHER_NETWORK = ': the checkpoint was written for another network (None)'
+
+
+@pytest.mark.parametrize('kind,change,message', [
+    ('replicas', lambda r: r.update({'9.weight@0': nd.ones(1)}),
+     'holds "9.weight@0", which is not "<parameter>@<device>" for a parameter of this network'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean': r['1.running_mean@0']}),
      'holds "1.running_mean", which is not "<parameter>@<device>" for a parameter of this '
-     'network'),
-    (lambda r: r.update({'1.running_mean@00': r['1.running_mean@0']}),
+     'network' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@00': r['1.running_mean@0']}),
      'holds "1.running_mean@00", which is not "<parameter>@<device>" for a parameter of this '
-     'network'),
-    (lambda r: r.update({'1.running_mean@0': nd.ones(5)}),
-     'holds 1.running_mean@0 with shape (5,) (float32), but the parameter is (4,) (float32)'),
-    (lambda r: r.update({'1.running_mean@0': nd.ones(4, dtype='float64')}),
-     'holds 1.running_mean@0 with shape (4,) (float64), but the parameter is (4,) (float32)'),
-    (lambda r: r.pop('1.running_mean@1'),
-     'holds copies of 1.running_mean for devices [0] only, not for all 2'),
+     'network' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@0': nd.ones(5)}),
+     'holds 1.running_mean@0 with shape (5,) (float32), but the parameter is (4,) (float32)'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@0': nd.ones(4, dtype='float64')}),
+     'holds 1.running_mean@0 with shape (4,) (float64), but the parameter is (4,) (float32)'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.pop('1.running_mean@1'),
+     'holds copies of 1.running_mean for devices [0] only, not for all 2' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@2': r['1.running_mean@0']}),
+     'holds a copy for device 2, but this run has 2 devices; resume with --num-gpus 3'),
+    ('params', lambda p: p.pop('4.weight'),
+     'does not fit this network (it lacks 4.weight)' + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'5.weight': nd.ones(1)}),
+     'does not fit this network (it holds 5.weight, which the network has not)' + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones(11)}),
+     'does not fit this network (4.bias has shape (11,) in the file but (10,) in the network)'
+     + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones((10, 1))}),
+     'does not fit this network (4.bias has shape (10, 1) in the file but (10,) in the network)'
+     + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones(10, dtype='float16')}),
+     'does not fit this network (4.bias is float16 in the file but float32 in the network)'
+     + _OTHER_NETWORK),
 ])
-def test_replicas_must_name_this_networks_parameters_and_devices(ck, change, what):
-    replicas = _replicas(ck)
-    change(replicas)
-    _forge(ck, 'replicas', _arrays(replicas))
-    assert _refused_restore(ck) == ('%s %s; it does not belong to this run: start a new run in '
-                                    'an empty --checkpoint-dir'
-                                    % (checkpoint.checkpoint_path(ck, 1, 'replicas'), what))
-
-
-def test_replicas_for_more_devices_name_the_count(ck):
-    replicas = _replicas(ck)
-    replicas['1.running_mean@2'] = replicas['1.running_mean@0']
-    _forge(ck, 'replicas', _arrays(replicas))
-    assert _refused_restore(ck) == ('%s holds a copy for device 2, but this run has 2 devices; '
-                                    'resume with --num-gpus 3'
-                                    % checkpoint.checkpoint_path(ck, 1, 'replicas'))
-
-
-@pytest.mark.parametrize('change,what', [
-    (lambda p: p.pop('4.weight'), 'it lacks 4.weight'),
-    (lambda p: p.update({'5.weight': nd.ones(1)}), 'it holds 5.weight, which the network has not'),
-    (lambda p: p.update({'4.bias': nd.ones(11)}),
-     '4.bias has shape (11,) in the file but (10,) in the network'),
-    (lambda p: p.update({'4.bias': nd.ones((10, 1))}),
-     '4.bias has shape (10, 1) in the file but (10,) in the network'),
-    (lambda p: p.update({'4.bias': nd.ones(10, dtype='float16')}),
-     '4.bias is float16 in the file but float32 in the network'),
-])
-def test_params_must_fit_the_network(ck, change, what):
-    params = nd.load(checkpoint.checkpoint_path(ck, 1, 'params'))
-    change(params)
-    _forge(ck, 'params', _arrays(params))
-    assert _refused_restore(ck) == ('%s does not fit this network (%s): the checkpoint was '
-                                    'written for another network (None)'
-                                    % (checkpoint.checkpoint_path(ck, 1, 'params'), what))
+def test_arrays_must_fit_this_network_and_these_devices(ck, kind, change, message):
+    path = checkpoint.checkpoint_path(ck, 1, kind)
+    arrays = nd.load(path)
+    change(arrays)
+    _forge(ck, kind, _arrays(arrays))
+    assert _refused_restore(ck) == '%s %s' % (path, message)
 
 
 def test_a_refused_checkpoint_leaves_the_network_as_it_was(ck):
@@ -1107,9 +1082,9 @@ def test_a_refused_checkpoint_leaves_the_network_as_it_was(ck):
     assert net[0].weight.shape == (4, 0, 3, 3) and net[4].weight.shape == (10, 0)
 
 
-def test_a_good_checkpoint_still_restores_every_file(ck, saved):
+def test_a_good_checkpoint_still_restores_every_file(ck):
     net, trainer = _restore(ck)
-    params = nd.load(checkpoint.checkpoint_path(saved, 1, 'params'))
+    params = nd.load(checkpoint.checkpoint_path(ck, 1, 'params'))
     for name, param in net._collect_params_with_prefix().items():
         if name.startswith('1.running'):  # per device: from .replicas
             for i, copy in enumerate(param.list_data()):
@@ -1209,21 +1184,19 @@ def test_the_clis_own_record_is_valid(cli_record):
     assert set(record['args']) == set(checkpoint.ARG_CHECKS)
 
 
-def _set(where, key, value):
+_DROP = object()
+
+
+def _set(where, key, value=_DROP):
+    """A change of the record: ``record[where...][key] = value``, or delete it."""
     def change(record):
         target = record
         for k in where:
             target = target[k]
-        target[key] = value
-    return change
-
-
-def _drop(where, key):
-    def change(record):
-        target = record
-        for k in where:
-            target = target[k]
-        del target[key]
+        if value is _DROP:
+            del target[key]
+        else:
+            target[key] = value
     return change
 
 
@@ -1273,15 +1246,15 @@ _BAD_RECORDS = [
     (_set(_A, 'sync_bn', None), 'args.sync_bn is null, expected true or false'),
     (_set(_A, 'checkpoint_dir', '/etc'), 'args has unknown setting "checkpoint_dir"'),
     (_set(_A, 'given', {}), 'args has unknown setting "given"'),
-    (_drop(_A, 'lr'), 'args lacks lr'),
+    (_set(_A, 'lr'), 'args lacks lr'),
     (_set(_A, 'batch_size', 0), 'args.batch_size is 0, expected a whole number >= 1'),
     (_set(_A, 'num_gpus', 9), 'args.batch_size 8 is smaller than args.num_gpus 9'),
-    (_drop((), 'args'), 'args is missing, expected the settings of the run (an object)'),
+    (_set((), 'args'), 'args is missing, expected the settings of the run (an object)'),
     (_set((), 'args', [1, 2]), 'args is [1, 2], expected the settings of the run (an object)'),
     (_set((), 'args', 'oops'), 'args is "oops", expected the settings of the run (an object)'),
     (_set((), 'history', 'oops'), 'history is "oops", expected a list of 1 epoch records'),
     (_set((), 'history', []), 'history is [], expected a list of 1 epoch records'),
-    (_drop((), 'history'), 'history is missing, expected a list of 1 epoch records'),
+    (_set((), 'history'), 'history is missing, expected a list of 1 epoch records'),
     (_set(('history',), 0, 'oops'), 'history[0] is "oops", expected an epoch record'),
     (_set(('history', 0), 'epoch', 2), 'history[0].epoch is 2, expected 1'),
     (_set(('history', 0), 'test_acc', 1.5), 'history[0].test_acc is 1.5, expected a number from '
@@ -1289,14 +1262,14 @@ _BAD_RECORDS = [
     (_set(('history', 0), 'seconds', 0), 'history[0].seconds is 0, expected a number above 0'),
     (_set(('history', 0), 'train_loss', None), 'history[0].train_loss is null, expected a '
                                                'number >= 0'),
-    (_drop(('history', 0), 'images_per_sec'), 'history[0] lacks images_per_sec'),
+    (_set(('history', 0), 'images_per_sec'), 'history[0] lacks images_per_sec'),
     (_set((), 'network', 'resnet50(1000)'), 'network is "resnet50(1000)", which is none of the '
                                             'networks gluon_mgpu trains (resnet18(10), '
                                             'lenet(10), resnet18(10, norm_layer='
                                             'sync_batch_norm(1)))'),
     (_set((), 'network', 'lenet(10)'), 'network is "lenet(10)", expected "resnet18(10)" for '
                                        'these settings'),
-    (_drop((), 'network'), 'network is null, which is none of the networks gluon_mgpu trains '
+    (_set((), 'network'), 'network is null, which is none of the networks gluon_mgpu trains '
                            '(resnet18(10), lenet(10), resnet18(10, norm_layer='
                            'sync_batch_norm(1)))'),
     (_set((), 'data_seed', 4), 'data_seed is 4, expected 3'),
