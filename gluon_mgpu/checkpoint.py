@@ -33,9 +33,10 @@ byte-level loader) and ``bytearray`` (only from bytes). Any other global is refu
 result is then checked field by field (the optimizer's attributes, one state per trained
 parameter with that parameter's shape) before it reaches the Trainer.
 
-Every value read from the JSON file is checked as strictly as the same value on the command
-line (``validate_record``) before anything else is read, and ``.replicas`` must name exactly
-the network's parameters and devices, with their shapes.
+Every value the CLI reads from the JSON file is checked as strictly as the same value on the
+command line (``validate_record``, called right after ``read_checkpoint``, before anything else
+is read), and ``.replicas`` must name exactly the network's parameters and devices, with their
+shapes.
 
 The sha256 sums in the JSON file only catch accidents (a truncated copy, a disk error, a file
 from another epoch): whoever can write the folder can rewrite a file and its sum together. Such
