@@ -6,8 +6,11 @@ line (the module ``gluon_mgpu/train.py``).
 import sys
 import types
 
+from . import startup
 from .threads import configure_threads, thread_settings
 
+# A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
+startup.guard()
 # Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
 configure_threads()
 
@@ -21,6 +24,8 @@ from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, Re
                        assert_replicas_match, format_replica_report, format_replica_summary,
                        get_replica, inspect_replicas)
 from .training import evaluate_accuracy, split_batch, train, train_batch, train_epoch
+
+startup.release()
 
 __version__ = '0.1.0'
 

@@ -8,10 +8,12 @@ One checkpoint per finished epoch, in one folder::
     epoch-0003.json      epoch, settings, history, data-order seed, sha256 of the three files
 
 Every file is written to a hidden temporary file in the same folder, flushed to disk and then
-renamed over its final name, which is atomic. The JSON file is written last: it is the commit
+renamed over its final name, which is atomic (``files.atomic_path``, which also refuses to
+replace anything that is not a regular file). The JSON file is written last: it is the commit
 point, so a run killed at any moment leaves every earlier checkpoint complete and the current
 one either complete or absent (its leftovers are hidden temporary files, which ``prepare_dir``
-deletes).
+deletes). A run holds the folder's lock (``lock_dir``) while it writes, so a second run cannot
+write into the same folder at the same time.
 
 ``save_parameters`` stores the *average* of a parameter's copies on the devices. The copies of a
 trained weight are identical (the Trainer updates them all the same way), but each device keeps
@@ -19,43 +21,91 @@ its own BatchNorm running statistics. The copies that differ from the stored ave
 per device in ``.replicas``, so that a resumed run continues with exactly the values the
 interrupted one had.
 
-Loading checks each file's size and sha256 against the JSON before reading it: ``.states`` is
-a pickle, and unpickling runs code, so only the bytes this run wrote (and recorded) are loaded.
+What is protected, and what is not
+----------------------------------
+Loading a checkpoint runs no code from it. ``.states`` is a pickle, and a pickle can name any
+Python function to be called while it is loaded; MXNet's own ``Trainer.load_states`` would call
+it. Here it is read by an unpickler that admits only what MXNet 1.9.1's SGD state holds: the
+``SGD`` optimizer class (rebuilt from its attributes, ``__init__`` is not called unless
+the pickle asks for it), ``NDArray`` (only as ``NDArray(None)`` followed by MXNet's own
+byte-level loader) and ``bytearray`` (only from bytes). Any other global is refused with a
+``CheckpointError`` naming the file and the global, before anything is called. The loaded
+result is then checked field by field (the optimizer's attributes, one state per trained
+parameter with that parameter's shape) before it reaches the Trainer.
+
+Every value the CLI reads from the JSON file is checked as strictly as the same value on the
+command line (``validate_record``, called right after ``read_checkpoint``, before anything else
+is read), and ``.replicas`` must name exactly the network's parameters and devices, with their
+shapes.
+
+The sha256 sums in the JSON file only catch accidents (a truncated copy, a disk error, a file
+from another epoch): whoever can write the folder can rewrite a file and its sum together. Such
+a person cannot make a resumed run execute code, but can still:
+
+- choose the weights, the optimizer's numbers and the recorded settings of the run (within the
+  checked ranges), so a resumed run trains whatever network state they wrote;
+- choose the output paths recorded in the run's settings (``--metrics-json``, ``--plot``,
+  ``--save-params``), which a resumed run writes to unless they are given again (outputs are
+  never written over anything but regular files, see ``files.atomic_path``);
+- feed crafted bytes to MXNet's C++ loader of ``.params`` and ``.replicas`` files
+  (``nd.load_frombuffer``), whose robustness is MXNet's, not ours.
+
+The bytes that are checked are the bytes that are loaded: each file is read once into memory,
+its size and sha256 compared with the JSON, and parsed from that copy.
 """
+import fcntl
 import hashlib
+import io
 import json
+import math
 import os
+import pickle
 import re
+import stat
 import tempfile
 
 import mxnet as mx
 import numpy as np
 from mxnet import nd
 
+from . import book
 from .events import EpochEnd, TrainBegin
+from .files import InputError, atomic_path, input_problem, open_input
+from .interrupts import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
-           'list_checkpoints', 'prepare_dir', 'save_checkpoint', 'read_checkpoint',
-           'restore', 'resume_settings', 'CheckpointHandler']
+           'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir', 'save_checkpoint',
+           'read_checkpoint', 'validate_record', 'ARG_CHECKS', 'REQUIRED_ARGS', 'LR_RANGE',
+           'network_names', 'restore', 'load_states', 'resume_settings', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 1'
 KINDS = ('params', 'replicas', 'states')
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit')
+LOCK_NAME = '.lock'
+JSON_LIMIT = 64 << 20  # bytes; a record with a thousand epochs is about 200 kB
 
 _NAME = re.compile(r'^epoch-(\d{4,})\.json$')
-_TEMP = re.compile(r'^\.epoch-\d{4,}\.\w+\.\d+\.tmp$')
+# Temporary files: '.epoch-0003.params.' + mkstemp's random part + '.tmp'.
+_TEMP = re.compile(r'^\.epoch-\d{4,}\.\w+\.\w+\.tmp$')
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, damaged, or does not fit this run; the message says which
-    file and what to do."""
+    """A checkpoint that is missing, damaged, or does not fit this run, or a folder in use; the
+    message is one line that says which file and what to do."""
 
 
 def checkpoint_path(directory, epoch, kind):
     """Return the path of one file of epoch ``epoch``'s checkpoint (``kind``: params, replicas,
     states or json)."""
     return os.path.join(directory, 'epoch-%04d.%s' % (epoch, kind))
+
+
+def is_checkpoint_file(name):
+    """Whether a file named ``name`` in a checkpoint folder is the folder's own (a checkpoint
+    file, its temporary file, or the lock)."""
+    return bool(re.match(r'^epoch-\d{4,}\.(%s|json)$' % '|'.join(KINDS), name)
+                or _TEMP.match(name)) or name == LOCK_NAME
 
 
 def list_checkpoints(directory):
@@ -70,9 +120,99 @@ def list_checkpoints(directory):
     return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
 
+class DirectoryLock:
+    """The lock of a checkpoint folder, held by this process (see ``lock_dir``).
+
+    ``release()`` (or leaving the ``with`` block) gives it up and deletes the lock file; the
+    operating system releases it anyway when the process ends, even by SIGKILL.
+    """
+
+    def __init__(self, directory, path, fd):
+        self.directory, self.path, self._fd = directory, path, fd
+
+    def release(self):
+        if self._fd is None:
+            return
+        try:
+            if os.stat(self.path).st_ino == os.fstat(self._fd).st_ino:
+                os.remove(self.path)  # still locked: whoever opens it next sees it is stale
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.release()
+        return False
+
+
+def _holder(fd):
+    os.lseek(fd, 0, os.SEEK_SET)
+    text = os.read(fd, 32).decode('ascii', 'replace').strip()
+    return 'pid %s' % text if text.isdigit() else 'pid unknown'
+
+
+def lock_dir(directory):
+    """Take the lock of checkpoint folder ``directory`` (created if needed); return it.
+
+    Call it before reading or writing anything in the folder (before ``prepare_dir``, which
+    deletes temporary files a running writer would still need). The lock is ``flock`` on the
+    file ``.lock`` in the folder, which holds the owner's pid; it dies with the process.
+
+    Returns
+    -------
+    DirectoryLock
+        A context manager; ``release()`` gives the lock up.
+
+    Raises
+    ------
+    CheckpointError
+        When another process holds the lock: ``runs/a is in use by another run (pid 4242); wait
+        for it to end, or pass another --checkpoint-dir``.
+    ValueError
+        When the folder cannot be created or written (naming it and the OS's reason).
+    """
+    path = os.path.join(directory, LOCK_NAME)
+    while True:
+        try:
+            os.makedirs(directory, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            what = ('%s is a symbolic link' % path if os.path.islink(path)
+                    else e.strerror or str(e))
+            raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write '
+                             'to' % (directory, what)) from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise ValueError('cannot write checkpoints to %s (%s is not a regular file); pass '
+                             'another folder' % (directory, path))
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _holder(fd)
+            os.close(fd)
+            raise CheckpointError('%s is in use by another run (%s); wait for it to end, or '
+                                  'pass another --checkpoint-dir' % (directory, holder)) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder deleted the file while releasing: lock the new one
+    os.ftruncate(fd, 0)
+    os.write(fd, b'%d\n' % os.getpid())
+    return DirectoryLock(directory, path, fd)
+
+
 def prepare_dir(directory):
     """Create ``directory`` if needed, check that files can be written there, and delete the
     temporary files a killed run left behind; return their names.
+
+    Hold the folder's lock (``lock_dir``) first: a temporary file may belong to a running run.
 
     Raises
     ------
@@ -94,35 +234,19 @@ def prepare_dir(directory):
 
 def _sha256(path):
     h = hashlib.sha256()
-    with open(path, 'rb') as f:
+    with open_input(path) as f:
         for block in iter(lambda: f.read(1 << 20), b''):
             h.update(block)
     return h.hexdigest()
 
 
-def _fsync_dir(directory):
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _atomic_write(path, write):
-    """Call ``write(tmp_path)``, flush the file to disk, rename it to ``path``; return its
+def _write(path, write):
+    """Call ``write(tmp_path)`` and put the file in place atomically; return its
     ``{'name', 'bytes', 'sha256'}``."""
-    directory, name = os.path.split(path)
-    tmp = os.path.join(directory, '.%s.%d.tmp' % (name, os.getpid()))
-    try:
+    with atomic_path(path) as tmp:
         write(tmp)
-        with open(tmp, 'rb') as f:
-            os.fsync(f.fileno())
-        entry = {'name': name, 'bytes': os.path.getsize(tmp), 'sha256': _sha256(tmp)}
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    _fsync_dir(directory)
+        entry = {'name': os.path.basename(path), 'bytes': os.path.getsize(tmp),
+                 'sha256': _sha256(tmp)}
     return entry
 
 
@@ -151,7 +275,7 @@ def save_checkpoint(directory, epoch, net, trainer, info):
     Parameters
     ----------
     directory : str
-        An existing, writable folder (see ``prepare_dir``).
+        An existing, writable folder (see ``prepare_dir``), whose lock this process holds.
     epoch : int
         The number of finished epochs (from 1).
     net : mxnet.gluon.Block
@@ -164,15 +288,21 @@ def save_checkpoint(directory, epoch, net, trainer, info):
         order, which also seeded the initialization), ``network`` and ``devices``. Stored as
         given, next to ``format``, ``epoch`` and ``files`` (name, size and sha256 of the other
         three files).
+
+    Raises
+    ------
+    files.OutputError
+        When a file cannot be written (its path and the reason: no space left on device, ...)
+        or a checkpoint's name is taken by something that is not a regular file. The earlier
+        checkpoints are untouched, and this one is not committed.
     """
     files = {}
-    files['params'] = _atomic_write(checkpoint_path(directory, epoch, 'params'),
-                                    net.save_parameters)
-    replicas = _differing_replicas(net, checkpoint_path(directory, epoch, 'params'))
-    files['replicas'] = _atomic_write(checkpoint_path(directory, epoch, 'replicas'),
-                                      lambda tmp: nd.save(tmp, replicas))
-    files['states'] = _atomic_write(checkpoint_path(directory, epoch, 'states'),
-                                    trainer.save_states)
+    params_path = checkpoint_path(directory, epoch, 'params')
+    files['params'] = _write(params_path, net.save_parameters)
+    replicas = _differing_replicas(net, params_path)
+    files['replicas'] = _write(checkpoint_path(directory, epoch, 'replicas'),
+                               lambda tmp: nd.save(tmp, replicas))
+    files['states'] = _write(checkpoint_path(directory, epoch, 'states'), trainer.save_states)
     record = dict(info, format=FORMAT, epoch=epoch, files=files)
     text = json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + '\n'
 
@@ -180,7 +310,7 @@ def save_checkpoint(directory, epoch, net, trainer, info):
         with open(tmp, 'w') as f:
             f.write(text)
     path = checkpoint_path(directory, epoch, 'json')
-    _atomic_write(path, write_json)
+    _write(path, write_json)
     return path
 
 
@@ -190,6 +320,25 @@ def _fix(directory, epoch):
         return ('delete %s to resume from epoch %d instead'
                 % (checkpoint_path(directory, epoch, '*'), earlier[-1]))
     return 'start a new run with an empty --checkpoint-dir'
+
+
+def _refuse_constant(name):
+    raise ValueError('%s is not a number JSON allows' % name)
+
+
+def _read_json(path, directory, epoch):
+    try:
+        with open_input(path) as f:
+            raw = f.read(JSON_LIMIT + 1)
+        if len(raw) > JSON_LIMIT:
+            raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
+        return json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+    except InputError as e:
+        reason = e.reason
+    except (OSError, ValueError, RecursionError) as e:
+        reason = ('it is nested too deeply' if isinstance(e, RecursionError)
+                  else getattr(e, 'strerror', None) or str(e))
+    raise CheckpointError('%s cannot be read (%s); %s' % (path, reason, _fix(directory, epoch)))
 
 
 def read_checkpoint(directory, epoch=None):
@@ -205,8 +354,9 @@ def read_checkpoint(directory, epoch=None):
     ------
     CheckpointError
         When there is no checkpoint, the JSON cannot be read, or one of the files it lists is
-        missing, has another size (truncated) or another sha256 than recorded. Nothing is
-        unpickled before these checks pass.
+        missing, not a regular file, has another size (truncated) or another sha256 than
+        recorded. The values the CLI stores (``args``, ``history``, ...) are checked by
+        ``validate_record``.
     """
     if epoch is None:
         epochs = list_checkpoints(directory)
@@ -218,12 +368,7 @@ def read_checkpoint(directory, epoch=None):
                                   % (directory, what))
         epoch = epochs[-1]
     path = checkpoint_path(directory, epoch, 'json')
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except (OSError, ValueError) as e:
-        raise CheckpointError('%s cannot be read (%s); %s'
-                              % (path, e, _fix(directory, epoch))) from None
+    record = _read_json(path, directory, epoch)
     if not isinstance(record, dict) or record.get('format') != FORMAT \
             or record.get('epoch') != epoch or not isinstance(record.get('files'), dict) \
             or set(record['files']) != set(KINDS):
@@ -231,29 +376,516 @@ def read_checkpoint(directory, epoch=None):
                               % (path, FORMAT, epoch, _fix(directory, epoch)))
     for kind in KINDS:
         entry = record['files'][kind]
-        if not (isinstance(entry, dict) and isinstance(entry.get('name'), str)
-                and isinstance(entry.get('bytes'), int) and isinstance(entry.get('sha256'), str)):
+        expected_name = os.path.basename(checkpoint_path(directory, epoch, kind))
+        if not (isinstance(entry, dict) and entry.get('name') == expected_name
+                and _is_int(entry.get('bytes')) and entry['bytes'] >= 0
+                and isinstance(entry.get('sha256'), str)
+                and re.fullmatch(r'[0-9a-f]{64}', entry['sha256'])):
             raise CheckpointError('%s has no valid entry for its .%s file; %s'
                                   % (path, kind, _fix(directory, epoch)))
-        file_path = os.path.join(directory, os.path.basename(entry['name']))
-        if not os.path.isfile(file_path):
-            raise CheckpointError('%s is missing, but %s lists it; %s'
-                                  % (file_path, os.path.basename(path),
-                                     _fix(directory, epoch)))
-        size = os.path.getsize(file_path)
-        if size != entry['bytes']:
-            raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s'
-                                  % (file_path, 'truncated' if size < entry['bytes']
-                                     else 'changed', size, entry['bytes'],
-                                     _fix(directory, epoch)))
-        digest = _sha256(file_path)
-        if digest != entry['sha256']:
-            raise CheckpointError('%s has sha256 %s..., but the run recorded %s...: it was '
-                                  'changed after the run wrote it, and only files the run '
-                                  'wrote are loaded; %s'
-                                  % (file_path, digest[:12], entry['sha256'][:12],
-                                     _fix(directory, epoch)))
+        _verified(directory, record, kind, path, read=False)
     return record
+
+
+def _verified(directory, record, kind, json_path=None, read=True):
+    """Check one file of a checkpoint against the JSON; return its bytes when ``read``."""
+    epoch = record['epoch']
+    entry = record['files'][kind]
+    json_name = os.path.basename(json_path or checkpoint_path(directory, epoch, 'json'))
+    file_path = os.path.join(directory, entry['name'])
+    problem = input_problem(file_path)
+    if problem == 'does not exist':
+        raise CheckpointError('%s is missing, but %s lists it; %s'
+                              % (file_path, json_name, _fix(directory, epoch)))
+    try:
+        if problem:
+            raise InputError(file_path, problem)
+        with open_input(file_path) as f:
+            if read:
+                data = f.read(entry['bytes'] + 1)
+                size = len(data)
+            else:
+                data = None
+                size = os.fstat(f.fileno()).st_size
+    except InputError as e:
+        raise CheckpointError('%s %s, but %s lists it; %s'
+                              % (file_path, e.reason, json_name, _fix(directory, epoch))) from None
+    except OSError as e:
+        raise CheckpointError('%s cannot be read (%s); %s'
+                              % (file_path, e.strerror or e, _fix(directory, epoch))) from None
+    if size != entry['bytes']:
+        raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s'
+                              % (file_path, 'truncated' if size < entry['bytes']
+                                 else 'changed', size, entry['bytes'],
+                                 _fix(directory, epoch)))
+    digest = hashlib.sha256(data).hexdigest() if read else _sha256(file_path)
+    if digest != entry['sha256']:
+        raise CheckpointError('%s has sha256 %s..., but the run recorded %s...: it was '
+                              'changed after the run wrote it, and only files the run '
+                              'wrote are loaded; %s'
+                              % (file_path, digest[:12], entry['sha256'][:12],
+                                 _fix(directory, epoch)))
+    return data
+
+
+# What validate_record accepts: the CLI's settings, as ``vars(args)`` records them.
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+# The learning rates MXNet's SGD operators take: float32's normal range (measured with 1.9.1:
+# sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value for lr").
+LR_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
+
+
+def _count(minimum):
+    def check(value):
+        if not _is_int(value):
+            return 'a whole number'
+        if value < minimum:
+            return 'a whole number >= %d' % minimum
+        return None
+    return check
+
+
+def _optional(check):
+    def optional(value):
+        if value is None:
+            return None
+        problem = check(value)
+        return problem and problem + ' or null'
+    return optional
+
+
+def _choice(options):
+    def check(value):
+        return None if value in options and isinstance(value, str) else \
+            'one of %s' % ', '.join(map(json.dumps, options))
+    return check
+
+
+def _boolean(value):
+    return None if isinstance(value, bool) else 'true or false'
+
+
+def _text(value):
+    return None if isinstance(value, str) and value and '\0' not in value else \
+        'a non-empty string without NUL characters'
+
+
+def _plot(value):
+    if _text(value) or os.path.splitext(value)[1].lower() not in ('.png', '.svg'):
+        return 'a file name ending in .png or .svg'
+    return None
+
+
+def _lr(value):
+    if not _is_number(value) or not LR_RANGE[0] <= value <= LR_RANGE[1]:
+        return 'a number from %.8g to %.8g (what float32 can hold)' % LR_RANGE
+    return None
+
+
+def _seed(value):
+    if not _is_int(value) or not 0 <= value < 2 ** 31:
+        return 'a whole number from 0 to %d' % (2 ** 31 - 1)
+    return None
+
+
+def _weights(value):
+    if not isinstance(value, list) or not value or \
+            not all(_is_number(w) and w > 0 for w in value):
+        return 'a list of numbers above 0'
+    return None
+
+
+def _exactly(expected):
+    def check(value):
+        return None if _is_int(value) and value == expected else json.dumps(expected)
+    return check
+
+
+ARG_CHECKS = {
+    'num_gpus': _count(1), 'batch_size': _count(1), 'lr': _lr, 'epochs': _count(1),
+    'device': _choice(('auto', 'gpu', 'cpu')), 'data_dir': _optional(_text),
+    'train_limit': _optional(_count(1)), 'test_limit': _optional(_count(1)), 'seed': _seed,
+    'hybridize': _boolean, 'loader': _choice(('array', 'gluon')),
+    'check_replicas': _optional(_count(1)), 'quiet': _boolean,
+    'metrics_json': _optional(_text), 'plot': _optional(_plot),
+    'model': _choice(('resnet18', 'lenet')), 'kvstore': _choice(('device', 'local')),
+    'device_weights': _optional(_weights), 'balance': _choice(('even', 'auto')),
+    'sync_bn': _boolean, 'save_params': _optional(_text),
+    'num_workers': _exactly(1), 'rank': _exactly(0),
+}
+# Recorded by every version of the CLI; the others may be missing from older checkpoints.
+REQUIRED_ARGS = ('num_gpus', 'batch_size', 'lr', 'epochs', 'seed', 'train_limit', 'test_limit')
+_HISTORY_CHECKS = {
+    'epoch': _count(1),
+    'seconds': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
+    'images_per_sec': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
+    'train_loss': lambda v: None if _is_number(v) and v >= 0 else 'a number >= 0',
+    'train_acc': lambda v: None if _is_number(v) and 0 <= v <= 1 else 'a number from 0 to 1',
+    'test_acc': lambda v: None if _is_number(v) and 0 <= v <= 1 else 'a number from 0 to 1',
+}
+_DEVICE = re.compile(r'(cpu|gpu)\((\d+)\)')
+
+
+def network_names(num_gpus):
+    """The networks the CLI trains, as checkpoints name them (``'resnet18(10)'``, ...)."""
+    return [book.network_name('resnet18'), book.network_name('lenet'),
+            book.network_name('resnet18', num_gpus)]
+
+
+def _network_of(args):
+    return book.network_name(args.get('model', 'resnet18'),
+                             args['num_gpus'] if args.get('sync_bn') else None)
+
+
+def _short(value):
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + '...'
+
+
+def validate_record(record, path):
+    """Check the values the CLI stores in a checkpoint as strictly as on its command line.
+
+    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be a dict of
+    known settings (``ARG_CHECKS``; the ``REQUIRED_ARGS`` present), each of the right type and
+    range; ``history`` a list of one record per finished epoch (``epoch`` 1, 2, ... with the
+    per-epoch fields in range); ``network`` the one these settings train; ``data_seed`` the
+    seed; ``devices`` one per ``num_gpus``.
+
+    Parameters
+    ----------
+    record : dict
+        From ``read_checkpoint``.
+    path : str
+        The JSON file's path, for the message.
+
+    Raises
+    ------
+    CheckpointError
+        One line: ``runs/a/epoch-0002.json: args.lr is -1, expected a number from ... ; the
+        file was not written by this version of gluon_mgpu.train or was changed: start a new
+        run in an empty --checkpoint-dir``.
+    """
+    def refuse(what):
+        raise CheckpointError('%s: %s; the file was not written by this version of '
+                              'gluon_mgpu.train or was changed: start a new run in an empty '
+                              '--checkpoint-dir' % (path, what))
+
+    def check(name, value, test):
+        problem = test(value)
+        if problem:
+            refuse('%s is %s, expected %s' % (name, _short(value), problem))
+
+    args = record.get('args')
+    if not isinstance(args, dict):
+        refuse('args is %s, expected the settings of the run (an object)'
+               % ('missing' if args is None else _short(args)))
+    unknown = sorted(set(args) - set(ARG_CHECKS))
+    if unknown:
+        refuse('args has unknown setting%s %s' % ('s' if len(unknown) > 1 else '',
+                                                  ', '.join(map(_short, unknown))))
+    missing = [k for k in REQUIRED_ARGS if k not in args]
+    if missing:
+        refuse('args lacks %s' % ', '.join(missing))
+    for name, value in args.items():
+        check('args.' + name, value, ARG_CHECKS[name])
+    if args['batch_size'] < args['num_gpus']:
+        refuse('args.batch_size %d is smaller than args.num_gpus %d'
+               % (args['batch_size'], args['num_gpus']))
+    if args.get('device_weights') is not None and \
+            len(args['device_weights']) != args['num_gpus']:
+        refuse('args.device_weights has %d weights for %d devices'
+               % (len(args['device_weights']), args['num_gpus']))
+    epoch = record['epoch']
+    if args['epochs'] < epoch:
+        refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
+    history = record.get('history')
+    if not isinstance(history, list) or len(history) != epoch:
+        refuse('history is %s, expected a list of %d epoch records'
+               % ('missing' if history is None else _short(history), epoch))
+    for i, entry in enumerate(history):
+        if not isinstance(entry, dict):
+            refuse('history[%d] is %s, expected an epoch record' % (i, _short(entry)))
+        for field, test in _HISTORY_CHECKS.items():
+            if field not in entry:
+                refuse('history[%d] lacks %s' % (i, field))
+            check('history[%d].%s' % (i, field), entry[field], test)
+        if entry['epoch'] != i + 1:
+            refuse('history[%d].epoch is %d, expected %d' % (i, entry['epoch'], i + 1))
+    network = record.get('network')
+    if network != _network_of(args):
+        known = network_names(args['num_gpus'])
+        refuse('network is %s, expected %s for these settings'
+               % (_short(network), json.dumps(_network_of(args))) if network in known else
+               'network is %s, which is none of the networks gluon_mgpu trains (%s)'
+               % (_short(network), ', '.join(known)))
+    if 'data_seed' in record or 'devices' in record:
+        check('data_seed', record.get('data_seed'), _exactly(args['seed']))
+        devices = record.get('devices')
+        if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
+                not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
+            refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
+                   % (_short(devices), args['num_gpus']))
+    return record
+
+
+# Loading: the Trainer's state without unpickling anything but MXNet's own SGD state.
+
+def _ndarray(handle=None, *rest):
+    # NDArray's __reduce__ is (NDArray, (None,), state): anything else would hand MXNet a raw
+    # pointer (NDArray(handle) with an int, freed in __del__).
+    if handle is not None or rest:
+        raise pickle.UnpicklingError('NDArray(%s) is not how MXNet pickles an NDArray'
+                                     % ', '.join(map(repr, (handle,) + rest))[:60])
+    return nd.NDArray(None)
+
+
+def _bytearray(data=b'', *rest):
+    # bytearray pickles as (bytearray, (bytes,)) with protocol 3 and later, and as
+    # (bytearray, (str, 'latin-1')) with 0 to 2; never from a size.
+    if isinstance(data, bytes) and not rest:
+        return bytearray(data)
+    if isinstance(data, str) and rest == ('latin-1',):
+        return bytearray(data, 'latin-1')
+    raise pickle.UnpicklingError('bytearray from %r is not how pickle stores bytes'
+                                 % (type(data).__name__,))
+
+
+_ADMITTED = {
+    ('mxnet.optimizer.optimizer', 'SGD'): mx.optimizer.SGD,
+    ('mxnet.ndarray.ndarray', 'NDArray'): _ndarray,
+    ('builtins', 'bytearray'): _bytearray,
+}
+
+
+class _Refused(pickle.UnpicklingError):
+    pass
+
+
+class _StatesUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        try:
+            return _ADMITTED[(module, name)]
+        except KeyError:
+            raise _Refused('%s.%s' % (module, name)) from None
+
+    def persistent_load(self, pid):
+        raise _Refused('a persistent id')
+
+
+# SGD's attributes in MXNet 1.9.1 (``vars(mx.optimizer.SGD())``, ``param_dict`` set to {} by
+# Optimizer.__setstate__) and what each may hold.
+def _mapping(key_types, check_value):
+    def check(value):
+        return isinstance(value, dict) and all(
+            isinstance(k, key_types) and not isinstance(k, bool) and check_value(v)
+            for k, v in value.items())
+    return check
+
+
+_SGD_FIELDS = {
+    'rescale_grad': lambda v: _is_number(v) and v > 0,
+    'lr': lambda v: _is_number(v) and v > 0,
+    'wd': _is_number, 'momentum': _is_number,
+    'clip_gradient': lambda v: v is None or (_is_number(v) and v > 0),
+    'lr_scheduler': lambda v: v is None,
+    'lr_mult': _mapping((str, int), _is_number), 'wd_mult': _mapping((str, int), _is_number),
+    'begin_num_update': lambda v: _is_int(v) and v >= 0,
+    'num_update': lambda v: _is_int(v) and v >= 0,
+    '_all_index_update_counts': _mapping(int, _mapping(int, _is_int)),
+    '_index_update_count': _mapping(int, _is_int),
+    'multi_precision': lambda v: isinstance(v, bool),
+    'aggregate_num': lambda v: _is_int(v) and v >= 0,
+    'idx2name': _mapping(int, lambda v: isinstance(v, str)),
+    'sym_info': lambda v: v == (),
+    'param_dict': lambda v: v == {},
+    'allow_np_array': lambda v: isinstance(v, bool),
+    'lazy_update': lambda v: isinstance(v, bool),
+}
+
+
+def _state_fits(state, shape):
+    """A per-parameter SGD state: None (no momentum), the momentum NDArray, or with
+    multi_precision a (float32 weight, momentum) pair."""
+    if isinstance(state, tuple) and len(state) == 2:
+        return all(s is None or _array_fits(s, shape) for s in state)
+    return state is None or _array_fits(state, shape)
+
+
+def _array_fits(array, shape):
+    return (type(array) is nd.NDArray and array.handle is not None
+            and array.stype == 'default' and _shape_fits(array.shape, shape))
+
+
+def _shape_fits(saved, expected):
+    # A parameter whose shape is still inferred (deferred initialization) has 0 for unknown
+    # dimensions, as MXNet's own loading code allows.
+    return len(saved) == len(expected) and all(e in (0, s) for s, e in zip(saved, expected))
+
+
+def _unpickle_states(data, path, trainer, shapes=None):
+    """Unpickle ``.states`` bytes with ``_StatesUnpickler`` and check the result; ``shapes``
+    maps a Parameter to its shape when its own is not inferred yet."""
+    def refuse(what):
+        raise CheckpointError('%s %s; it is not a Trainer state gluon_mgpu wrote, and nothing '
+                              'in it was run: start a new run in an empty --checkpoint-dir'
+                              % (path, what))
+    try:
+        loaded = _StatesUnpickler(io.BytesIO(data)).load()
+    except _Refused as e:
+        refuse('names %s, which a Trainer state does not hold (only MXNet\'s SGD, NDArray and '
+               'bytearray are admitted)' % e)
+    except Exception as e:  # a damaged pickle fails in many ways, none of which runs code
+        refuse('cannot be unpickled (%s: %s)' % (type(e).__name__, one_line(e, 200)))
+    if not (isinstance(loaded, tuple) and len(loaded) == 2):
+        refuse('holds %s, not (states, optimizer)' % type(loaded).__name__)
+    states, optimizer = loaded
+    if type(optimizer) is not mx.optimizer.SGD:
+        refuse('holds a %s optimizer, not SGD' % type(optimizer).__name__)
+    fields = vars(optimizer)
+    if set(fields) != set(_SGD_FIELDS):
+        refuse('holds an SGD optimizer with other attributes (%s)'
+               % ', '.join(sorted(set(fields) ^ set(_SGD_FIELDS))))
+    for name, fits in _SGD_FIELDS.items():
+        if not fits(fields[name]):
+            refuse('holds an SGD optimizer whose %s is %s' % (name, _short_repr(fields[name])))
+    params = trainer._params
+    if not isinstance(states, dict):
+        refuse('holds %s as its states, not a dict' % type(states).__name__)
+    for key, state in states.items():
+        if not _is_int(key) or not 0 <= key < len(params):
+            refuse('holds a state for parameter %s, but the Trainer has %d parameters'
+                   % (_short_repr(key), len(params)))
+        shape = (shapes or {}).get(params[key], params[key].shape)
+        if not _state_fits(state, shape):
+            refuse('holds a state for parameter %d (%s) that does not fit its shape %s'
+                   % (key, params[key].name, shape))
+    return states, optimizer
+
+
+def _short_repr(value):
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + '...'
+
+
+def _install_states(trainer, states, optimizer):
+    """What ``Trainer.load_states`` does after unpickling (MXNet 1.9.1), from checked objects."""
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    if trainer._update_on_kvstore:
+        updaters = [trainer._kvstore._updater]
+    else:
+        updaters = trainer._updaters
+    for updater in updaters:
+        # Each updater its own dict: it moves the states to its device on first use.
+        updater.states = dict(states)
+        updater.states_synced = dict.fromkeys(states, False)
+        updater.optimizer = optimizer
+    trainer._optimizer = optimizer
+    optimizer.param_dict = {i: param for i, param in enumerate(trainer._params)}
+
+
+def load_states(trainer, path, data=None):
+    """Load a ``trainer.save_states`` file into ``trainer`` without running code from it.
+
+    The replacement for ``trainer.load_states(path)`` (see the module's text for what is
+    admitted). ``data``, when given, are the file's bytes, already read and verified.
+
+    Raises
+    ------
+    CheckpointError
+        Naming the file and what was refused: a global other than SGD, NDArray, bytearray; a
+        damaged pickle; an optimizer or a state that does not fit ``trainer``.
+    """
+    if data is None:
+        try:
+            with open_input(path) as f:
+                data = f.read()
+        except OSError as e:
+            raise CheckpointError('%s cannot be read (%s)' % (path, e)) from None
+    states, optimizer = _unpickle_states(data, path, trainer)
+    _install_states(trainer, states, optimizer)
+
+
+def _load_arrays(data, path, what):
+    try:
+        loaded = nd.load_frombuffer(data)
+    except Exception as e:
+        raise CheckpointError('%s is not an MXNet %s file (%s); it was damaged or replaced: '
+                              'start a new run in an empty --checkpoint-dir'
+                              % (path, what, one_line(e, 200))) from None
+    if isinstance(loaded, list) and not loaded:
+        return {}  # nd.save of an empty dict
+    if not isinstance(loaded, dict) or not all(
+            type(v) is nd.NDArray and v.stype == 'default' for v in loaded.values()):
+        raise CheckpointError('%s does not hold named dense arrays, as an MXNet %s file does; '
+                              'start a new run in an empty --checkpoint-dir' % (path, what))
+    return loaded
+
+
+def _brief(names):
+    names = sorted(names)
+    return ', '.join(names[:3]) + (', ... (%d in all)' % len(names) if len(names) > 3 else '')
+
+
+def _check_params(loaded, params, path, network):
+    def refuse(what):
+        raise CheckpointError('%s does not fit this network (%s): the checkpoint was written '
+                              'for another network (%s)' % (path, what, network))
+    # A parameter shared by two blocks has two names but is saved once (MXNet >= 1.6).
+    names_of = {}
+    for name, param in params.items():
+        names_of.setdefault(param, []).append(name)
+    missing = [n for n, p in params.items() if not any(m in loaded for m in names_of[p])]
+    if missing:
+        refuse('it lacks %s' % _brief(missing))
+    extra = [n for n in loaded if n not in params]
+    if extra:
+        refuse('it holds %s, which the network has not' % _brief(extra))
+    for name, value in loaded.items():
+        param = params[name]
+        if not _shape_fits(value.shape, param.shape):
+            refuse('%s has shape %s in the file but %s in the network'
+                   % (name, value.shape, param.shape))
+        if np.dtype(param.dtype) != np.dtype(value.dtype):
+            refuse('%s is %s in the file but %s in the network'
+                   % (name, np.dtype(value.dtype), np.dtype(param.dtype)))
+
+
+def _check_replicas(loaded, params, shapes, path, num_devices):
+    def refuse(what):
+        raise CheckpointError('%s %s; it does not belong to this run: start a new run in an '
+                              'empty --checkpoint-dir' % (path, what))
+    seen = {}
+    for key, value in loaded.items():
+        name, at, index = key.rpartition('@')
+        if not at or not index.isdigit() or str(int(index)) != index or name not in params:
+            refuse('holds %s, which is not "<parameter>@<device>" for a parameter of this '
+                   'network' % _short(key))
+        if int(index) >= num_devices:
+            raise CheckpointError('%s holds a copy for device %s, but this run has %d devices; '
+                                  'resume with --num-gpus %d'
+                                  % (path, index, num_devices, int(index) + 1))
+        param = params[name]
+        shape = shapes.get(param, param.shape)
+        if value.shape != shape or np.dtype(param.dtype) != np.dtype(value.dtype):
+            refuse('holds %s with shape %s (%s), but the parameter is %s (%s)'
+                   % (key, value.shape, np.dtype(value.dtype), shape, np.dtype(param.dtype)))
+        seen.setdefault(name, set()).add(int(index))
+    for name, indices in seen.items():
+        if indices != set(range(num_devices)):
+            refuse('holds copies of %s for devices %s only, not for all %d'
+                   % (name, sorted(indices), num_devices))
 
 
 def restore(directory, record, net, trainer, devices):
@@ -262,37 +894,36 @@ def restore(directory, record, net, trainer, devices):
     Call it with ``record`` from ``read_checkpoint`` and ``trainer`` made for ``net`` (its
     parameters initialized on ``devices``, as ``training.init_training`` does); the values of
     the checkpoint replace them, including each device's own copies (``.replicas``) and the
-    optimizer with its learning rate (``.states``).
+    optimizer with its learning rate (``.states``). Each file is read once, checked against the
+    JSON's size and sha256, parsed from those bytes and checked against ``net`` before anything
+    is loaded; ``.states`` is unpickled by ``load_states``.
 
     Raises
     ------
     CheckpointError
-        When the parameters do not fit ``net`` (another network) or the devices (another count).
+        One line: a file changed since ``read_checkpoint``, is not an MXNet file, does not fit
+        ``net`` (another network), ``devices`` (another count) or ``trainer``, or a pickle that
+        names anything but MXNet's SGD state.
     """
-    files = {k: os.path.join(directory, os.path.basename(record['files'][k]['name']))
-             for k in KINDS}
-    try:
-        net.load_parameters(files['params'], ctx=devices)
-    except (AssertionError, ValueError, mx.base.MXNetError) as e:
-        reason = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if len(reason) > 200:  # a missing parameter's message lists all the file holds
-            reason = reason[:200] + '...'
-        raise CheckpointError('%s does not fit this network (%s): the checkpoint was written '
-                              'for another network (%s)'
-                              % (files['params'], reason, record.get('network'))) from None
-    # First: the Trainer's first use copies device 0's values to all devices (kvstore
-    # broadcast), which would undo the per-device copies set below.
-    trainer.load_states(files['states'])
+    paths = {k: os.path.join(directory, record['files'][k]['name']) for k in KINDS}
+    data = {k: _verified(directory, record, k) for k in KINDS}
     params = _params_by_name(net)
-    # nd.load gives [] for a file saved from an empty dict (one device: nothing differs).
-    for key, value in (nd.load(files['replicas']) or {}).items():
+    loaded = _load_arrays(data['params'], paths['params'], 'parameters')
+    _check_params(loaded, params, paths['params'], record.get('network'))
+    # The shapes the .params file gives (a network not run yet has 0 for inferred sizes).
+    shapes = {param: loaded[name].shape for name, param in params.items() if name in loaded}
+    replicas = _load_arrays(data['replicas'], paths['replicas'], 'arrays')
+    _check_replicas(replicas, params, shapes, paths['replicas'], len(devices))
+    states, optimizer = _unpickle_states(data['states'], paths['states'], trainer, shapes)
+    for name, value in loaded.items():
+        params[name]._load_init(value, devices)
+    # Before the replicas: the Trainer's first use copies device 0's values to all devices
+    # (kvstore broadcast), which would undo the per-device copies set below.
+    _install_states(trainer, states, optimizer)
+    for key, value in replicas.items():
         name, index = key.rsplit('@', 1)
-        copies = params[name].list_data()
-        if int(index) >= len(copies):
-            raise CheckpointError('%s holds a copy for device %s, but this run has %d devices; '
-                                  'resume with --num-gpus %d' % (files['replicas'], index,
-                                                                 len(copies), int(index) + 1))
-        copies[int(index)][:] = value.as_in_context(copies[int(index)].context)
+        copy = params[name].list_data()[int(index)]
+        copy[:] = value.as_in_context(copy.context)
 
 
 def resume_settings(record, given):

@@ -15,8 +15,12 @@ import os
 import sys
 import traceback
 
+from . import files
+from .checkpoint import LR_RANGE
+from .interrupts import one_line
+
 __all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
-           'output_file_problem', 'output_file', 'weights', 'data_error', 'devices',
+           'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
            'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag', 'add_debug_flag',
            'debug_requested', 'one_line', 'unexpected', 'run_command']
 
@@ -67,6 +71,25 @@ def positive_float(flag):
     return parse
 
 
+def learning_rate(flag):
+    """A learning rate MXNet's float32 optimizer can use: finite, above 0, a normal float32.
+
+    ``1e39`` is finite as a double but infinite in float32, ``1e-320`` becomes 0; MXNet's
+    ``sgd_update`` refuses both (inside its optimizer callback, where the error would be lost).
+    """
+    above_zero = positive_float(flag)
+
+    def parse(text):
+        value = above_zero(text)
+        low, high = LR_RANGE
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                '%s %s is outside what MXNet\'s float32 optimizer can use (%.8g to %.8g); for '
+                'example %s 0.1' % (flag, text, low, high, flag))
+        return value
+    return parse
+
+
 def seed(text):
     """``--seed``: a whole number MXNet and numpy both accept."""
     try:
@@ -82,25 +105,11 @@ def seed(text):
     return value
 
 
-def output_file_problem(path):
-    """Return why ``path`` cannot be written as a new or replaced file, or None if it can."""
-    if os.path.isdir(path):
-        return 'it is a folder; name a file in it'
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.exists(folder):
-        return 'folder %s does not exist; create it first' % folder
-    if not os.path.isdir(folder):
-        return '%s is not a folder; name a file in a folder' % folder
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return 'folder %s is not writable; choose another folder' % folder
-    return None
-
-
 def output_file(flag, suffixes=None, example='run.json'):
-    """A path the command may write (``output_file_problem``), ending in one of ``suffixes``."""
+    """A path the command may write (``files.output_problem``), ending in one of ``suffixes``."""
     def parse(text):
         path = os.path.expanduser(text)
-        problem = output_file_problem(path)
+        problem = files.output_problem(path)
         if problem:
             raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
@@ -193,17 +202,6 @@ def debug_requested(argv):
     return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
 
 
-def one_line(e):
-    """An exception's message as one line (MXNet's errors: their last line, without the trace)."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(e).__name__
-    # MXNet's errors start with a C++ stack trace and end with "MXNetError: message".
-    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
-    prefix = type(e).__name__ + ': '
-    return line[len(prefix):] if line.startswith(prefix) else line
-
-
 def unexpected(prog, e, debug, context=''):
     """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
     hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
@@ -215,6 +213,8 @@ def unexpected(prog, e, debug, context=''):
 def _say(e, line, debug):
     if debug:
         traceback.print_exception(type(e), e, e.__traceback__)
+    # One line, whatever a path or a message holds.
+    line = line.replace('\r', '\\r').replace('\n', '\\n')
     sys.stderr.write(line + '\n')
     sys.stderr.flush()
 

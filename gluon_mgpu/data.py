@@ -6,12 +6,15 @@ here directly: a big-endian header (magic number, then one 32-bit size per dimen
 followed by the raw ``uint8`` values.
 """
 import gzip
+import math
 import os
 import struct
 import zlib
 
 import numpy as np
 from mxnet import nd
+
+from .files import InputError, input_problem, open_input
 
 __all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
            'read_idx', 'load_fashion_mnist_arrays', 'to_tensor', 'ArrayBatches', 'GluonBatches',
@@ -22,6 +25,7 @@ FILES = {
     'test': ('t10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'),
 }
 SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
+IMAGE_SHAPE = (28, 28)
 TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
                'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
 HOW_TO_GET = ('on Debian/Ubuntu run `apt-get install dataset-fashion-mnist` (it installs them in '
@@ -33,7 +37,8 @@ _MAGIC = {1: 0x00000801, 3: 0x00000803}
 
 
 class DataError(ValueError):
-    """A data file exists but cannot be used (truncated, not gzip, wrong magic number, ...)."""
+    """A data file exists but cannot be used (not a regular file, unreadable, truncated, not
+    gzip, wrong magic number, images not 28x28, labels outside 0..9, no images, ...)."""
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -61,14 +66,26 @@ def find_data_dir(data_dir=None):
     ------
     DataNotFoundError
         Listing every folder searched and how to get the files.
+    DataError
+        When no folder holds the four files but one holds all four names and one of them is
+        not a regular file (a folder, a FIFO, a dangling symbolic link, a link loop, ...):
+        naming that file and what it is.
     """
     names = FILES['train'] + FILES['test']
     candidates = data_dir_candidates(data_dir)
+    broken = None
     for folder in candidates:
-        if all(os.path.isfile(os.path.join(folder, n)) for n in names):
+        paths = [os.path.join(folder, n) for n in names]
+        problems = [(p, input_problem(p)) for p in paths]
+        if not any(problem for _, problem in problems):
             return folder
+        if broken is None and all(os.path.lexists(p) for p in paths):
+            broken = next((p, problem) for p, problem in problems if problem)
+    if broken is not None:
+        path, problem = broken
+        raise DataError('%s %s; %s' % (path, problem, _input_fix(problem, path)))
     if data_dir is not None and not os.path.isdir(candidates[0]):
-        what = 'is a file, not a folder' if os.path.exists(candidates[0]) else 'does not exist'
+        what = _not_a_folder(candidates[0])
         raise DataNotFoundError('data dir %s %s; pass a folder that holds %s, or leave it out '
                                 'to search the default places'
                                 % (candidates[0], what, ', '.join(names)))
@@ -76,7 +93,36 @@ def find_data_dir(data_dir=None):
                             % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
 
 
-def read_idx(path, ndim):
+def _read_up_to(f, size):
+    """Read at most ``size`` bytes, in blocks: memory grows with what the file really holds,
+    not with what its header claims."""
+    chunks, left = [], size
+    while left > 0:
+        block = f.read(min(left, 1 << 24))
+        if not block:
+            break
+        chunks.append(block)
+        left -= len(block)
+    return b''.join(chunks)
+
+
+def _not_a_folder(path):
+    problem = input_problem(path)
+    if problem is None:
+        return 'is a file, not a folder'
+    if problem.startswith('is ') and problem.endswith(', not a regular file'):
+        return problem[:-len(', not a regular file')] + ', not a folder'
+    return problem
+
+
+def _input_fix(problem, path):
+    if problem.startswith('cannot be read'):
+        return 'make it readable for this user, or copy it to a folder of your own'
+    return 'replace it with the file itself (a copy of Fashion-MNIST\'s %s)' \
+        % os.path.basename(path)
+
+
+def read_idx(path, ndim, item_shape=None):
     """Read one gzipped IDX file of unsigned bytes into a numpy array.
 
     Parameters
@@ -85,34 +131,51 @@ def read_idx(path, ndim):
         A ``*-idx1-ubyte.gz`` (labels, ``ndim=1``) or ``*-idx3-ubyte.gz`` (images, ``ndim=3``).
     ndim : int
         The number of dimensions the file must have.
+    item_shape : tuple of int, optional
+        The shape every item must have (``(28, 28)`` for Fashion-MNIST images), checked from
+        the header before the values are read.
 
     Raises
     ------
     DataError
-        Naming the file, when it is not gzip, is truncated, or has the wrong magic number.
+        Naming the file, when it is not a regular file or cannot be read (the reason), is not
+        gzip, is truncated or longer than its header says, has the wrong magic number, or
+        items of another shape.
     """
     try:
-        with gzip.open(path, 'rb') as f:
-            raw = f.read()
+        raw_file = open_input(path)
+    except InputError as e:
+        raise DataError('%s %s; %s' % (path, e.reason, _input_fix(e.reason, path))) from None
+    header = 4 + 4 * ndim
+    try:
+        with raw_file, gzip.GzipFile(fileobj=raw_file, mode='rb') as f:
+            head = f.read(header)
+            if len(head) < header:
+                raise DataError('%s is truncated: %d bytes, fewer than its %d-byte header; '
+                                'replace it with a fresh copy' % (path, len(head), header))
+            magic = struct.unpack('>I', head[:4])[0]
+            if magic != _MAGIC[ndim]:
+                raise DataError('%s has magic number 0x%08x, expected 0x%08x for a '
+                                '%d-dimensional IDX file of unsigned bytes; is it the right '
+                                'file?' % (path, magic, _MAGIC[ndim], ndim))
+            shape = struct.unpack('>%dI' % ndim, head[4:header])
+            if item_shape is not None and tuple(shape[1:]) != tuple(item_shape):
+                raise DataError('%s holds items of %s values, but Fashion-MNIST\'s are %s; is '
+                                'it the right file?' % (path, 'x'.join(map(str, shape[1:])),
+                                                        'x'.join(map(str, item_shape))))
+            expected = math.prod(shape)  # Python ints: no overflow, whatever the header says
+            raw = _read_up_to(f, expected + 1)
     except (OSError, EOFError, zlib.error) as e:
         raise DataError('%s is not a complete gzip file (%s); replace it with a fresh copy'
                         % (path, e)) from None
-    header = 4 + 4 * ndim
-    if len(raw) < header:
-        raise DataError('%s is truncated: %d bytes, fewer than its %d-byte header; replace it '
-                        'with a fresh copy' % (path, len(raw), header))
-    magic = struct.unpack('>I', raw[:4])[0]
-    if magic != _MAGIC[ndim]:
-        raise DataError('%s has magic number 0x%08x, expected 0x%08x for a %d-dimensional IDX '
-                        'file of unsigned bytes; is it the right file?'
-                        % (path, magic, _MAGIC[ndim], ndim))
-    shape = struct.unpack('>%dI' % ndim, raw[4:header])
-    expected = int(np.prod(shape))
-    if len(raw) - header != expected:
-        raise DataError('%s is truncated: its header announces %s = %d values but it holds %d; '
-                        'replace it with a fresh copy'
-                        % (path, 'x'.join(map(str, shape)), expected, len(raw) - header))
-    return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(shape)
+    if len(raw) != expected:
+        announced = '%s = %d values' % ('x'.join(map(str, shape)), expected)
+        if len(raw) < expected:
+            raise DataError('%s is truncated: its header announces %s but it holds %d; '
+                            'replace it with a fresh copy' % (path, announced, len(raw)))
+        raise DataError('%s holds more values than its header announces (%s); replace it '
+                        'with a fresh copy' % (path, announced))
+    return np.frombuffer(raw, dtype=np.uint8).reshape(shape)
 
 
 def load_fashion_mnist_arrays(split, data_dir=None):
@@ -128,12 +191,21 @@ def load_fashion_mnist_arrays(split, data_dir=None):
         raise ValueError("split must be 'train' or 'test', got %r" % (split,))
     folder = find_data_dir(data_dir)
     image_file, label_file = (os.path.join(folder, n) for n in FILES[split])
-    images = read_idx(image_file, 3)
-    labels = read_idx(label_file, 1)
+    images = read_idx(image_file, 3, IMAGE_SHAPE)
+    if images.shape[0] == 0:
+        raise DataError('%s holds 0 images, so there is nothing to %s; replace it with a fresh '
+                        'copy' % (image_file, 'train on' if split == 'train' else 'test on'))
+    labels = read_idx(label_file, 1, ())
     if images.shape[0] != labels.shape[0]:
         raise DataError('%s holds %d images but %s holds %d labels; the two files must come '
                         'from the same release' % (image_file, images.shape[0], label_file,
                                                    labels.shape[0]))
+    wrong = np.flatnonzero(labels >= len(TEXT_LABELS))
+    if len(wrong):
+        raise DataError('%s holds label %d at index %d (%d labels outside 0..%d); Fashion-MNIST '
+                        'has %d classes, 0 to %d: replace it with a fresh copy'
+                        % (label_file, labels[wrong[0]], wrong[0], len(wrong),
+                           len(TEXT_LABELS) - 1, len(TEXT_LABELS), len(TEXT_LABELS) - 1))
     return images, labels
 
 

@@ -4,11 +4,14 @@ This is the only module that asks the machine which GPUs it has, and it asks onl
 one of its functions is called, never at import time.
 """
 import logging
+import os
+import resource
 
 import mxnet as mx
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
-           'format_devices', 'plural']
+           'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
+           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count']
 
 DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
 
@@ -65,7 +68,8 @@ def get_devices(num_gpus, device='auto', warn=True):
     ValueError
         For a count below 1, an unknown ``device``, or fewer GPUs than asked for when the
         machine has GPUs (``'auto'``) or when GPUs were required (``'gpu'``). The message names
-        both numbers and the fix.
+        both numbers and the fix. Also for more CPU contexts than the machine can hold
+        (``check_cpu_device_count``).
     """
     n = num_gpus
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -74,9 +78,9 @@ def get_devices(num_gpus, device='auto', warn=True):
         raise ValueError('device must be one of %s, got %r; pass device=\'auto\' to use GPUs '
                          'when there are enough and CPU contexts otherwise'
                          % ('/'.join(DEVICE_CHOICES), device))
-    cpus = [mx.cpu(i) for i in range(n)]
     if device == 'cpu':
-        return cpus
+        check_cpu_device_count(n)
+        return [mx.cpu(i) for i in range(n)]
     found = _count_gpus()
     if found >= n:
         return [mx.gpu(i) for i in range(n)]
@@ -87,12 +91,14 @@ def get_devices(num_gpus, device='auto', warn=True):
                          '--device cpu (device=\'cpu\')'
                          % (plural(n, 'GPU'), plural(found, 'GPU') if found else 'no GPU was',
                             fix))
+    check_cpu_device_count(n)
+    cpus = [mx.cpu(i) for i in range(n)]
     if warn and n == 1:
         logger.warning('warning: no GPU found, so training runs on the CPU as [cpu(0)]')
     elif warn:
         logger.warning("warning: no GPU found, so %s are simulated devices sharing this "
                        "machine's CPU: the data parallelism is real, a speed-up is not expected",
-                       format_devices(cpus))
+                       abbreviate_devices(cpus))
     return cpus
 
 
@@ -104,3 +110,109 @@ def _count_gpus():
 def format_devices(devices):
     """Format contexts as the book prints them: ``[gpu(0), gpu(1)]``."""
     return '[%s]' % ', '.join(str(d) for d in devices)
+
+
+def abbreviate_devices(devices, limit=8):
+    """Format contexts as ``format_devices`` does, eliding the middle of a long list:
+    ``[cpu(0), cpu(1), ..., cpu(999)]`` when there are more than ``limit``."""
+    devices = list(devices)
+    if len(devices) <= limit:
+        return format_devices(devices)
+    return '[%s, %s, ..., %s]' % tuple(str(d) for d in (devices[0], devices[1], devices[-1]))
+
+
+# Measured with MXNet 1.9.1's CPU build (threads in /proc/self/task after an operation with a
+# parallel loop on each of n CPU contexts): at most 6 + n * OMP_NUM_THREADS (5 + n with 1
+# OpenMP thread, 6 + 2n with 2, 6 + 4n with 4). MXNet's engine gives each context its own
+# worker thread, and each worker its own OpenMP team of OMP_NUM_THREADS - 1 more.
+ENGINE_BASE_THREADS = 6
+
+
+def threads_per_cpu_context():
+    """The threads MXNet starts for each CPU context: one engine worker and its OpenMP team,
+    ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set)."""
+    from .threads import thread_settings
+    value = thread_settings().get('omp_num_threads')
+    if isinstance(value, int) and value > 0:
+        return value
+    return max(1, (os.cpu_count() or 2) // 2)
+
+
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_pids_max():
+    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(':', 2)
+        if controllers == '':
+            found = _read_int('/sys/fs/cgroup%s/pids.max' % path.rstrip('/'))
+        elif 'pids' in controllers.split(','):
+            found = _read_int('/sys/fs/cgroup/pids%s/pids.max' % path.rstrip('/'))
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def thread_limit():
+    """Return ``(n, source)``: the most threads this process could have, and which limit says
+    so (``'ulimit -u'``, ``'kernel.threads-max'``, ``'the cgroup\'s pids.max'``); ``(None,
+    None)`` when nothing limits it."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+        limits.append((soft, 'ulimit -u'))
+    threads_max = _read_int('/proc/sys/kernel/threads-max')
+    if threads_max:
+        limits.append((threads_max, 'kernel.threads-max'))
+    pids_max = _cgroup_pids_max()
+    if pids_max:
+        limits.append((pids_max, "the cgroup's pids.max"))
+    return min(limits) if limits else (None, None)
+
+
+def max_cpu_devices():
+    """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why.
+
+    Each CPU context costs MXNet ``threads_per_cpu_context()`` threads; a run may take at most
+    half of the threads the tightest limit allows (``thread_limit``), leaving the other half
+    to every other process. Memory is not counted: it depends on the network (the chapter's
+    ResNet-18 needs about 190 MB per device, measured), and running out of it is an error
+    MXNet reports.
+    """
+    limit, source = thread_limit()
+    if limit is None:
+        return None, 'no limit on threads is known'
+    per_context = threads_per_cpu_context()
+    n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // per_context)
+    return n, ('MXNet starts %d thread%s per CPU context (OMP_NUM_THREADS), and one run may '
+               'take half of the %d threads %s allows'
+               % (per_context, '' if per_context == 1 else 's', limit, source))
+
+
+def check_cpu_device_count(n):
+    """Raise ``ValueError`` if ``n`` CPU contexts are more than ``max_cpu_devices()``.
+
+    Without it, a count such as 1000000 makes MXNet start threads until no process of the
+    machine can fork.
+    """
+    most, reason = max_cpu_devices()
+    if most is not None and n > most:
+        raise ValueError('num_gpus=%d simulated CPU devices are more than this machine can hold '
+                         '(at most %d: %s); pass at most %d (CPU contexts share the same cores, '
+                         'so a few, 2 to 8, show the data parallelism as well)'
+                         % (n, most, reason, most))

@@ -22,6 +22,7 @@ non-zero, naming the one that died.
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -31,8 +32,8 @@ import time
 from .cli import Parser, UsageError, count
 from .threads import thread_settings
 
-__all__ = ['build_parser', 'parse_args', 'read_hostfile', 'free_port', 'guess_host_ip',
-           'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
+__all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
+           'read_hostfile', 'free_port', 'guess_host_ip', 'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
@@ -116,6 +117,71 @@ def parse_args(argv=None):
             raise UsageError('%s: error: --env %s: %r is not a variable name; for example '
                              '--env MXNET_HOME or --env MXNET_HOME=/data' % (PROG, item, name))
     return args
+
+
+def command_problem(command, path=None):
+    """Return why ``command`` (an argv list) cannot be started here, or None.
+
+    A name without a slash is looked up in ``path`` (default ``$PATH``) as ``exec`` would; a
+    path must be an executable file.
+    """
+    name = command[0]
+    if not name:
+        return 'the command is an empty string'
+    if os.sep not in name:
+        if shutil.which(name, path=path) is None:
+            return '%s is not a program on PATH' % name
+        return None
+    if not os.path.lexists(name):
+        return '%s does not exist' % name
+    if not os.path.exists(name):
+        return '%s is a dangling symbolic link' % name
+    if os.path.isdir(name):
+        return '%s is a folder' % name
+    if not os.access(name, os.X_OK):
+        return '%s is not executable (chmod +x)' % name
+    return None
+
+
+def port_problem(port, host='127.0.0.1'):
+    """Return why the scheduler could not listen on ``host:port`` now, or None.
+
+    Binds the port for a moment with ``SO_REUSEADDR`` set, as MXNet's scheduler (ZeroMQ) does,
+    so a port some process is listening on is refused and one in TIME_WAIT is not.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def check_job(args):
+    """Check what can be checked before starting anything: the command can be run here (the
+    scheduler always runs here) and a given ``--port`` is free.
+
+    Raises
+    ------
+    UsageError
+        One line naming the command or the port and the fix.
+    """
+    problem = command_problem(args.command)
+    if problem:
+        raise UsageError('%s: error: cannot run the command after --: %s; for example -- python '
+                         '-m gluon_mgpu.train --kvstore dist_sync' % (PROG, problem))
+    if args.hosts is not None and command_problem(['ssh']):
+        raise UsageError('%s: error: --hostfile needs ssh to start the remote processes, but '
+                         'ssh is not a program on PATH; install an ssh client (Debian: '
+                         'apt-get install openssh-client)' % PROG)
+    if args.port is not None:
+        host = '127.0.0.1' if args.hosts is None else ''
+        problem = port_problem(args.port, host)
+        if problem:
+            raise UsageError('%s: error: --port %d cannot be used on %s (%s); pass another '
+                             'port, or leave --port out for a free one'
+                             % (PROG, args.port, host or 'this machine', problem))
 
 
 def read_hostfile(path):
@@ -290,7 +356,8 @@ def _die_with(parent):
 def run_job(processes, grace=30.0, poll=0.1, log=None):
     """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code.
 
-    Returns 0 when every worker ended with 0. When any process ends otherwise, the others
+    Returns 0 when every worker ended with 0, 2 when a process cannot be started (the ones
+    already started are stopped). When any process ends otherwise, the others
     are stopped (SIGTERM to each process group, SIGKILL after 5 s) and the code is the dead
     process's own code, or 1 if a signal killed it. Once any process has ended normally, the
     rest get ``grace`` seconds: servers still running then are stopped (the job still
@@ -309,9 +376,15 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
             # when the launcher dies.
             local = env is not None
             stdin = subprocess.DEVNULL if local else subprocess.PIPE
-            started.append((name, subprocess.Popen(
-                argv, env=env, stdin=stdin, start_new_session=True,
-                preexec_fn=_die_with(os.getpid()) if local else None)))
+            try:
+                started.append((name, subprocess.Popen(
+                    argv, env=env, stdin=stdin, start_new_session=True,
+                    preexec_fn=_die_with(os.getpid()) if local else None)))
+            except OSError as e:
+                _stop(started)
+                say('error: cannot start %s: %s: %s; stopped the %d processes already started'
+                    % (name, argv[0], e.strerror or e, len(started)))
+                return 2
         say('started %s' % ', '.join('%s (pid %d)' % (n, p.pid) for n, p in started))
         first_end = None
         while True:
@@ -354,6 +427,7 @@ def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.launch``; returns the exit code."""
     try:
         args = parse_args(argv)
+        check_job(args)
     except UsageError as e:
         print(e, file=sys.stderr)
         return 2

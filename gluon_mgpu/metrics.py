@@ -4,18 +4,16 @@ The file's layout is ``SCHEMA``, a JSON Schema; ``docs/metrics-schema.md`` is ge
 it (``python -m gluon_mgpu.metrics``) and a test checks the two agree. The file is rewritten
 after every epoch, atomically, so a run that stops early leaves the epochs it finished.
 """
-import contextlib
 import json
 import math
-import os
 import platform
-import tempfile
 
 from .devices import format_devices
 from .events import EpochEnd, TrainBegin, TrainEnd
+from .files import atomic_path
 
 __all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'summarize', 'format_summary',
-           'atomic_path', 'write_json_atomic', 'MetricsFile', 'schema_markdown']
+           'write_json_atomic', 'MetricsFile', 'schema_markdown']
 
 FORMAT = 'gluon_mgpu-metrics/1'
 EPOCH_FIELDS = ('epoch', 'seconds', 'images_per_sec', 'train_loss', 'train_acc', 'test_acc')
@@ -179,38 +177,13 @@ def summarize(history, devices):
             'line': format_summary(history, devices)}
 
 
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yield a temporary path beside ``path``; on success it replaces ``path`` in one step.
-
-    Readers see the old file or the new one, never half of it (``os.replace`` is atomic on
-    one file system). On an error the temporary file is removed and ``path`` is untouched.
-    """
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % os.path.basename(path),
-                               suffix='.tmp')
-    os.close(fd)
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
-
-
 def write_json_atomic(path, obj):
-    """Write ``obj`` as JSON to ``path`` atomically (see ``atomic_path``), flushed to disk."""
+    """Write ``obj`` as JSON to ``path`` atomically, flushed to disk (``files.atomic_path``:
+    raises ``files.OutputError`` for a target that is not a regular file or a failed write)."""
     with atomic_path(path) as tmp:
         with open(tmp, 'w') as f:
             json.dump(obj, f, indent=2, allow_nan=False)
             f.write('\n')
-            f.flush()
-            os.fsync(f.fileno())
 
 
 class MetricsFile(TrainBegin, EpochEnd, TrainEnd):

@@ -17,7 +17,7 @@ stopped early.
 import os
 import sys
 
-from . import book, cli, data, devices as devices_mod, metrics, progress, training
+from . import book, cli, data, devices as devices_mod, files, metrics, progress, training
 from .cli import UsageError
 from .events import LossGuard, LossNotFiniteError
 from .interrupts import DeferredInterrupt
@@ -182,7 +182,7 @@ def write_outputs(rows, output_dir, stopped=None):
     """
     from . import plotting
     table_path = os.path.join(output_dir, TABLE_FILE)
-    with metrics.atomic_path(table_path) as tmp:
+    with files.atomic_path(table_path) as tmp:
         with open(tmp, 'w') as f:
             f.write(format_table(rows, stopped))
     title = 'ResNet-18 on Fashion-MNIST, data-parallel on %s devices' % ', '.join(
@@ -202,7 +202,7 @@ def build_parser():
                    default=book.BATCH_SIZE_PER_DEVICE,
                    help='batch size per device; the global batch is this times the device '
                         'count (default: %d, as the book)' % book.BATCH_SIZE_PER_DEVICE)
-    p.add_argument('--lr-per-device', type=cli.positive_float('--lr-per-device'),
+    p.add_argument('--lr-per-device', type=cli.learning_rate('--lr-per-device'),
                    default=book.LR_PER_DEVICE,
                    help='learning rate per device; the run uses this times the device count '
                         '(default: %g, as the book)' % book.LR_PER_DEVICE)
@@ -351,8 +351,10 @@ def main(argv=None):
             # must not lose the rows before it either.
             return 2, str(e) + (_keep_finished(args, state, 'an error') if state['rows'] else '')
         if isinstance(e, KeyboardInterrupt):
-            kept = _keep_finished(args, state, 'interrupted (Ctrl-C)')
-            return 130, '%s: interrupted (Ctrl-C) %s%s' % (PROG, _where(state), kept)
+            what = ('terminated (%s)' % e.signal_name
+                    if getattr(e, 'signal_name', 'SIGINT') != 'SIGINT' else 'interrupted (Ctrl-C)')
+            kept = _keep_finished(args, state, what)
+            return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
         if isinstance(e, LossNotFiniteError):
             return 1, _diverged(e, args, state, _keep_finished(args, state, 'training diverged'))
         kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)

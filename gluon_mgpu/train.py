@@ -25,7 +25,7 @@ import shlex
 import sys
 
 from . import (balance, book, checkpoint, cli, data, devices as devices_mod, dist, events,
-               metrics, plotting, progress, replicas, training)
+               files, interrupts, metrics, plotting, progress, replicas, training)
 from .cli import UsageError
 from .interrupts import DeferredInterrupt
 
@@ -51,7 +51,7 @@ def build_parser():
                         'dist job, per device of all workers)'
                         % (book.BATCH_SIZE_PER_DEVICE, book.book_setting(1)[0],
                            book.book_setting(2)[0]))
-    p.add_argument('--lr', type=cli.positive_float('--lr'), default=None,
+    p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
                         % (book.LR_PER_DEVICE, book.book_setting(1)[1], book.book_setting(2)[1]))
     p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
@@ -118,6 +118,53 @@ def build_parser():
     return p
 
 
+_OUTPUTS = (('metrics_json', '--metrics-json'), ('plot', '--plot'),
+            ('save_params', '--save-params'))
+
+
+def _output_files(args):
+    """``[(flag, path), ...]`` of every file the run will write besides its checkpoints."""
+    written = []
+    for dest, flag in _OUTPUTS:
+        path = getattr(args, dest, None)
+        if path:
+            for p in (plotting.plot_paths(path) if dest == 'plot' else [path]):
+                written.append((flag, p))
+    return written
+
+
+def _check_outputs(args, recorded_in=None):
+    """Refuse outputs that would overwrite each other or the checkpoints, before training.
+
+    With ``recorded_in`` (a checkpoint's JSON), the paths that came from it and not from the
+    command line are checked as the command line checks its own.
+    """
+    written = _output_files(args)
+    if recorded_in is not None:
+        for flag, path in written:
+            dest = flag[2:].replace('-', '_')
+            problem = files.output_problem(path) if dest not in args.given else None
+            if problem:
+                raise UsageError('%s: error: --resume: %s records %s %s, which cannot be written: '
+                                 '%s; pass %s with another path'
+                                 % (PROG, recorded_in, flag, path, problem, flag))
+    seen = {}
+    for flag, path in written:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError('%s: error: %s %s and %s %s would write the same file %s; give '
+                             'each output its own path' % (PROG, seen[real][0], seen[real][1],
+                                                           flag, getattr(args, flag[2:].replace(
+                                                               '-', '_')), real))
+        seen[real] = (flag, getattr(args, flag[2:].replace('-', '_')))
+        if args.checkpoint_dir is not None and \
+                os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
+                checkpoint.is_checkpoint_file(os.path.basename(real)):
+            raise UsageError('%s: error: %s %s would write over a file of --checkpoint-dir %s; '
+                             'name it otherwise or put it in another folder'
+                             % (PROG, flag, path, args.checkpoint_dir))
+
+
 def _given_flags(argv):
     """The settings given explicitly in ``argv``, as ``{dest: value}``."""
     parser, absent = build_parser(), object()
@@ -167,6 +214,7 @@ def parse_args(argv=None):
         raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
                          '--model %s has none; drop --sync-bn or use --model resnet18'
                          % (PROG, args.model))
+    _check_outputs(args)
     return args
 
 
@@ -182,12 +230,15 @@ def _prepare_checkpoints(args):
     if args.resume:
         try:
             record = checkpoint.read_checkpoint(directory)
+            checkpoint.validate_record(record, checkpoint.checkpoint_path(
+                directory, record['epoch'], 'json'))
             settings = checkpoint.resume_settings(record, {
                 k: v for k, v in args.given.items() if k not in _NOT_RECORDED})
         except (checkpoint.CheckpointError, ValueError) as e:
             raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
         for k, v in settings.items():
             setattr(args, k, v)
+        _check_outputs(args, checkpoint.checkpoint_path(directory, record['epoch'], 'json'))
         # Checkpoints from before --model record no model: they trained resnet18.
         if record.get('network') != network_name(args):
             raise UsageError('%s: error: --resume: the run in %s trained %s, these flags train '
@@ -266,7 +317,22 @@ def run(args, interrupt=None):
     ``interrupt``, a ``DeferredInterrupt``, is the last handler: it raises a Ctrl-C that came
     inside MXNet's optimizer callback right after that step or epoch.
     """
-    record = _prepare_checkpoints(args) if args.checkpoint_dir is not None else None
+    record = None
+    if args.resume and not os.path.isdir(args.checkpoint_dir):
+        _prepare_checkpoints(args)  # says that there is nothing to resume
+    if args.checkpoint_dir is not None:
+        try:
+            lock = checkpoint.lock_dir(args.checkpoint_dir)
+        except (checkpoint.CheckpointError, ValueError) as e:
+            raise UsageError('%s: error: --checkpoint-dir %s: %s'
+                             % (PROG, args.checkpoint_dir, e)) from None
+        with lock:
+            record = _prepare_checkpoints(args)
+            return _run(args, record, interrupt)
+    return _run(args, record, interrupt)
+
+
+def _run(args, record, interrupt):
     try:
         train_iter, test_iter = data.load_data_fashion_mnist(
             args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
@@ -317,9 +383,8 @@ def run(args, interrupt=None):
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
                 devices))
-        except OSError as e:
-            raise UsageError('%s: error: --metrics-json %s: cannot write it (%s); choose '
-                             'another path' % (PROG, args.metrics_json, e.strerror or e)) from None
+        except files.OutputError as e:
+            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
     if args.plot and lead:
         handlers.append(plotting.PlotHandler(args.plot, title='%s, Fashion-MNIST: %s, batch %d, '
                                              'lr %g' % ('LeNet' if args.model == 'lenet' else
@@ -335,8 +400,9 @@ def run(args, interrupt=None):
     finally:
         bar.close()  # also when training stops with an error
     if args.save_params is not None:
-        net.save_parameters(dist.rank_path(args.save_params, args.rank)
-                            if args.kvstore in dist.DIST_KVSTORES else args.save_params)
+        with files.atomic_path(dist.rank_path(args.save_params, args.rank)
+                               if args.kvstore in dist.DIST_KVSTORES else args.save_params) as tmp:
+            net.save_parameters(tmp)
     if lead:
         print(metrics.format_summary(history, devices), flush=True)
     return history
@@ -349,17 +415,25 @@ def _saved_epochs(args):
     return done[-1] if done else 0
 
 
-def _interrupted(args):
+def _kept(args):
+    """What a failed run leaves: the clause about its checkpoints and how to resume."""
     done = _saved_epochs(args)
     if done is None:
-        return ('%s: interrupted (Ctrl-C); nothing was saved (pass --checkpoint-dir DIR to keep '
-                'every finished epoch)' % PROG)
+        return 'nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
     if done == 0:
-        return ('%s: interrupted (Ctrl-C) before the first epoch finished, so %s holds no '
-                'checkpoint yet; run the same command again to start over'
-                % (PROG, args.checkpoint_dir))
-    return ('%s: interrupted (Ctrl-C); the checkpoint of epoch %d in %s is complete; to resume: '
-            '%s' % (PROG, done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
+        return ('%s holds no checkpoint yet; run the same command again to start over'
+                % args.checkpoint_dir)
+    return ('the checkpoint of epoch %d in %s is complete; to resume: %s'
+            % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
+
+
+def _interrupted(args, e):
+    what = ('terminated (%s)' % e.signal_name
+            if getattr(e, 'signal_name', 'SIGINT') != 'SIGINT' else 'interrupted (Ctrl-C)')
+    if _saved_epochs(args) == 0:
+        return ('%s: %s before the first epoch finished, so %s holds no checkpoint yet; run the '
+                'same command again to start over' % (PROG, what, args.checkpoint_dir))
+    return '%s: %s; %s' % (PROG, what, _kept(args))
 
 
 def _diverged(e, args):
@@ -395,7 +469,11 @@ def main(argv=None):
     def explain(e):
         args = state['args']
         if isinstance(e, KeyboardInterrupt):
-            return 130, _interrupted(args)
+            return getattr(e, 'exit_code', 130), _interrupted(args, e)
+        if isinstance(e, interrupts.UpdateError):
+            return 1, '%s: error: %s (--lr %g); %s' % (PROG, e, args.lr, _kept(args))
+        if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
+            return 1, '%s: error: %s; %s' % (PROG, e, _kept(args))
         if isinstance(e, events.LossNotFiniteError):
             return 1, _diverged(e, args)
         if isinstance(e, replicas.ReplicaCheckFailed):

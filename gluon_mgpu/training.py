@@ -20,9 +20,10 @@ from .book import LR_PER_DEVICE, init_training
 from .devices import format_devices, try_all_gpus
 from .events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
                      format_epoch)
+from .interrupts import UpdateError, guard_updates
 
 __all__ = ['split_batch', 'evaluate_accuracy', 'train_batch', 'train_epoch', 'train',
-           'format_epoch', 'init_training', 'LossNotFiniteError']
+           'format_epoch', 'init_training', 'LossNotFiniteError', 'UpdateError']
 
 
 def split_batch(X, y, devices, device_weights=None):
@@ -185,6 +186,9 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         ``trainer``, or a ``train_iter`` that yields nothing.
     LossNotFiniteError
         From ``LossGuard``, naming the epoch and step where the loss stopped being finite.
+    UpdateError
+        When the optimizer raised inside ``trainer.step`` (MXNet alone would print and drop
+        it, and train on with parameters that no longer change).
     """
     devices = _checked_devices(devices, num_epochs, lr, trainer)
     if trainer is None:
@@ -196,18 +200,21 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
     events.train_begin()
-    for epoch in range(state.epoch + 1, num_epochs + 1):
-        state.epoch = epoch
-        events.epoch_begin()
-        stats = train_epoch(net, train_iter, loss, trainer, devices, split_f, events)
-        state.record = {'epoch': epoch,
-                        'seconds': stats['seconds'],
-                        'train_loss': stats['train_loss'],
-                        'train_acc': stats['train_acc'],
-                        'test_acc': evaluate_accuracy(test_iter, net, devices),
-                        'images_per_sec': stats['examples'] / stats['seconds']}
-        state.history.append(state.record)
-        if events.epoch_end():
-            break
+    # MXNet calls the optimizer from C, where an exception would be printed and dropped: the
+    # guard raises it right after trainer.step.
+    with guard_updates(trainer):
+        for epoch in range(state.epoch + 1, num_epochs + 1):
+            state.epoch = epoch
+            events.epoch_begin()
+            stats = train_epoch(net, train_iter, loss, trainer, devices, split_f, events)
+            state.record = {'epoch': epoch,
+                            'seconds': stats['seconds'],
+                            'train_loss': stats['train_loss'],
+                            'train_acc': stats['train_acc'],
+                            'test_acc': evaluate_accuracy(test_iter, net, devices),
+                            'images_per_sec': stats['examples'] / stats['seconds']}
+            state.history.append(state.record)
+            if events.epoch_end():
+                break
     events.train_end()
     return state.history

@@ -1,0 +1,300 @@
+"""Reading and writing files safely: only regular files, atomically, with the OS's reason.
+
+Every file gluon_mgpu writes (checkpoints, ``--metrics-json``, ``--plot``, the sweep's table)
+goes through ``atomic_path``: the content goes to a new hidden temporary file beside the target
+(``tempfile.mkstemp``: a fresh name, created exclusively), is flushed to disk, and is then
+renamed over the target, so a reader sees the old file or the new one, never half of one.
+
+A rename replaces whatever has the target's name, so before it (and once more right before the
+rename) the target is checked: it must not exist or be a regular file. Anything else is refused
+with ``OutputError`` and left as it is:
+
+- a device (``/dev/null``, ``/dev/full``), a FIFO, a socket or a folder: the rename would put a
+  regular file in place of something that is not ours;
+- a symbolic link, even to a regular file: the rename would replace the link (which is not ours
+  either), and writing through it instead would write wherever it points, which in a shared
+  folder can be a place its owner chose. The message names the link's target: pass that path to
+  write the file itself.
+
+Whatever the operating system refuses while writing (no space left on device, a file size
+limit, permission denied, a folder deleted meanwhile) is raised as ``OutputError`` too, naming
+the target and the OS's reason; the target is then untouched and the temporary file removed.
+MXNet's own writers (``nd.save``, ``save_parameters``) lose the OS's reason (``FileStream.Write
+incomplete``); when they fail, one more megabyte is written to the temporary file to learn it.
+
+Inputs are opened with ``open_input``: only regular files, opened without blocking, so a FIFO
+in place of a data file is reported instead of waiting forever for a writer.
+"""
+import contextlib
+import errno
+import fcntl
+import os
+import stat
+import tempfile
+
+__all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
+           'input_problem', 'file_kind']
+
+_PROBE_BYTES = 1 << 20
+
+_HINTS = {
+    errno.ENOSPC: 'free some space on that disk or write somewhere else',
+    errno.EDQUOT: 'free some space within your quota or write somewhere else',
+    errno.EFBIG: 'raise the file size limit (ulimit -f) or write somewhere else',
+    errno.EROFS: 'write somewhere else',
+    errno.EACCES: 'choose a folder you can write to',
+    errno.EPERM: 'choose a folder you can write to',
+    errno.EIO: 'check the disk; the earlier files are kept',
+}
+
+
+class OutputError(OSError):
+    """An output file that cannot be written; ``str()`` is one line: the path, why, the fix.
+
+    ``filename`` is the target path, ``errno`` the operating system's code (``errno.ENOSPC``, ...)
+    or None when gluon_mgpu refused the target itself (not a regular file).
+    """
+
+    def __init__(self, path, message, code=None):
+        super().__init__(code, message, path)
+        self.message = message
+
+    def __str__(self):
+        return self.message
+
+
+class InputError(OSError):
+    """An input that is not a readable regular file; ``reason`` is the phrase after the path
+    (``'is a FIFO (named pipe), not a regular file'``), ``str()`` is path and reason."""
+
+    def __init__(self, path, reason, code=None):
+        super().__init__(code, reason, path)
+        self.reason = reason
+
+    def __str__(self):
+        return '%s %s' % (self.filename, self.reason)
+
+
+def file_kind(mode):
+    """Name the kind of file ``mode`` (from ``os.stat``) describes: ``'a folder'``, ``'a FIFO
+    (named pipe)'``, ``'a character device'``, ...; ``'a regular file'`` for a regular file."""
+    for test, name in ((stat.S_ISREG, 'a regular file'), (stat.S_ISDIR, 'a folder'),
+                       (stat.S_ISLNK, 'a symbolic link'), (stat.S_ISFIFO, 'a FIFO (named pipe)'),
+                       (stat.S_ISCHR, 'a character device'), (stat.S_ISBLK, 'a block device'),
+                       (stat.S_ISSOCK, 'a socket')):
+        if test(mode):
+            return name
+    return 'not a regular file'
+
+
+def _link_target(path):
+    try:
+        return os.readlink(path)
+    except OSError:
+        return '?'
+
+
+def _target_problem(path):
+    """Why ``path`` may not be replaced by a regular file, or None (absent, or a regular file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        return None  # not there for us to replace; writing will say why
+    if stat.S_ISREG(st.st_mode):
+        return None
+    if stat.S_ISDIR(st.st_mode):
+        return 'it is a folder; name a file in it'
+    if stat.S_ISLNK(st.st_mode):
+        return ('it is a symbolic link (to %s), which would be replaced; name the file it points '
+                'to, or a new path' % _link_target(path))
+    return ('it is %s, not a regular file, and is left as it is; name a regular file or a new '
+            'path' % file_kind(st.st_mode))
+
+
+def output_problem(path):
+    """Return why ``path`` cannot be written as a new or replaced regular file, or None.
+
+    Run it on every output before training starts: a device, FIFO, socket, folder or symbolic
+    link at ``path``, a missing or unwritable folder, a name with a NUL character. The text
+    follows the path in a message: ``--metrics-json /dev/null: it is a character device, ...``.
+    """
+    path = os.fspath(path)
+    if '\0' in path:
+        return 'it contains a NUL character; name a file without one'
+    problem = _target_problem(path)
+    if problem:
+        return problem
+    if not path or path.endswith(os.sep):
+        return 'it names a folder, not a file; name a file in it'
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.exists(folder):
+        return 'folder %s does not exist; create it first' % folder
+    if not os.path.isdir(folder):
+        return '%s is not a folder; name a file in a folder' % folder
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return 'folder %s is not writable; choose another folder' % folder
+    return None
+
+
+def _os_failure(path, error):
+    """The ``OutputError`` for an OS error met while writing ``path``."""
+    code = getattr(error, 'errno', None)
+    reason = error.strerror or str(error)
+    if code == errno.ENOENT:
+        folder = os.path.dirname(os.path.abspath(path))
+        hint = ('its folder %s no longer exists; create it again or write somewhere else'
+                % folder if not os.path.isdir(folder) else 'write somewhere else')
+    else:
+        hint = _HINTS.get(code, 'write somewhere else')
+    return OutputError(path, 'cannot write %s (%s); %s' % (path, reason, hint), code)
+
+
+def _probe(tmp):
+    """After a writer failed without an OS reason: write more to ``tmp``; return the OSError
+    this meets (no space left, ...), or None if the disk takes it."""
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_APPEND)
+    except OSError as e:
+        return e
+    try:
+        os.write(fd, b'\0' * _PROBE_BYTES)
+        os.fsync(fd)
+    except OSError as e:
+        return e
+    finally:
+        os.close(fd)
+    return None
+
+
+def _fsync(path, flags=os.O_RDONLY):
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _umask():
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """Yield a temporary path beside ``path``; when the block ends, it replaces ``path``.
+
+    Write the whole file to the yielded path inside the ``with`` block. On success it is
+    flushed to disk, given the usual mode (``0666`` less the umask) and renamed over ``path``
+    in one step; on any error the temporary file is removed and ``path`` is untouched.
+
+    Raises
+    ------
+    OutputError
+        When ``path`` exists and is not a regular file (checked before and right before the
+        rename; see the module's text), or when the operating system refuses a write: the
+        message names ``path`` and the reason. An OS error raised inside the block is turned
+        into one; other errors pass through, unless a probe write shows the disk is at fault.
+    """
+    path = os.fspath(path)
+    problem = _target_problem(path)
+    if problem:
+        raise OutputError(path, 'cannot write %s: %s' % (path, problem))
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix='.tmp')
+    except OSError as e:
+        raise _os_failure(path, e) from None
+    os.close(fd)
+    try:
+        try:
+            yield tmp
+        except OSError as e:
+            if isinstance(e, (OutputError, InputError)):
+                raise
+            raise _os_failure(path, e) from e
+        except Exception as e:
+            failure = _probe(tmp)
+            if failure is None:
+                raise
+            raise _os_failure(path, failure) from e
+        try:
+            _fsync(tmp)
+            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+            problem = _target_problem(path)
+            if problem:
+                raise OutputError(path, 'cannot write %s: %s' % (path, problem))
+            os.replace(tmp, path)
+            _fsync(folder)
+        except OutputError:
+            raise
+        except OSError as e:
+            raise _os_failure(path, e) from e
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+def _open_reason(path, error):
+    code = error.errno
+    if code == errno.ENOENT:
+        if os.path.lexists(path):
+            return 'is a dangling symbolic link (to %s)' % _link_target(path)
+        return 'does not exist'
+    if code == errno.ELOOP:
+        return 'is a symbolic link loop (it points back to itself)'
+    if code in (errno.EACCES, errno.EPERM):
+        return 'cannot be read (%s)' % error.strerror
+    if code == errno.ENOTDIR:
+        return 'does not exist (a part of its path is not a folder)'
+    return 'cannot be opened (%s)' % (error.strerror or error)
+
+
+def open_input(path):
+    """Open ``path`` for reading in binary mode, if it is a regular file; return the file object.
+
+    Folders, FIFOs, devices and sockets are refused without being opened (opening a FIFO would
+    wait for a writer); the file is then opened without blocking and checked again.
+
+    Raises
+    ------
+    InputError
+        With the reason: does not exist, is a dangling symbolic link (to ...), is a symbolic
+        link loop, is a folder / a FIFO (named pipe) / ..., cannot be read (Permission denied).
+    """
+    path = os.fspath(path)
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(path, 'is %s, not a regular file' % file_kind(st.st_mode))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except InputError:
+        raise
+    except OSError as e:
+        raise InputError(path, _open_reason(path, e), e.errno) from None
+    except ValueError:  # a NUL character in the path
+        raise InputError(path, 'is not a valid path (it contains a NUL character)') from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):  # replaced between the two checks
+        os.close(fd)
+        raise InputError(path, 'is %s, not a regular file' % file_kind(st.st_mode))
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
+    return os.fdopen(fd, 'rb')
+
+
+def input_problem(path):
+    """Return why ``path`` is not a regular file to read (the phrase after the path), or None.
+
+    Only looks (``os.stat``); permission is found when the file is opened (``open_input``).
+    """
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        return _open_reason(path, e)
+    except ValueError:
+        return 'is not a valid path (it contains a NUL character)'
+    if not stat.S_ISREG(st.st_mode):
+        return 'is %s, not a regular file' % file_kind(st.st_mode)
+    return None

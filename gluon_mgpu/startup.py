@@ -1,0 +1,50 @@
+"""The first seconds of a ``python -m gluon_mgpu.<command>``: loading MXNet.
+
+Importing the package imports MXNet, which takes a few seconds. A Ctrl-C (or SIGTERM) then
+would end the command with Python's traceback from deep inside the import; instead, while the
+package is being imported on behalf of a command, either signal ends it with one line and the
+usual exit code (130, 143). An ``import gluon_mgpu`` from a program or a notebook is left alone.
+"""
+import os
+import signal
+import sys
+
+__all__ = ['starting_command', 'guard', 'release']
+
+_SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
+            signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL)}
+_TAKEN = {}
+
+
+def starting_command(argv=None, orig_argv=None):
+    """``'python -m gluon_mgpu.train'`` while ``python -m`` imports the package for a command,
+    else None. (runpy imports the package before it sets ``sys.argv[0]``, which is ``-m`` then.)"""
+    argv = sys.argv if argv is None else argv
+    orig_argv = getattr(sys, 'orig_argv', []) if orig_argv is None else orig_argv
+    if argv[:1] != ['-m'] or '-m' not in orig_argv[:-1]:
+        return None
+    module = orig_argv[orig_argv.index('-m') + 1]
+    return 'python -m %s' % module if module.startswith('gluon_mgpu') else None
+
+
+def guard():
+    """While a command starts, make SIGINT and SIGTERM end it with one line (no traceback)."""
+    command = starting_command()
+    if command is None:
+        return
+
+    def stop(signum, frame):
+        os.write(2, ('%s: %s while starting; nothing was done\n'
+                     % (command, _SIGNALS[signum][0])).encode())
+        os._exit(128 + signum)
+
+    for signum, (_, default) in _SIGNALS.items():
+        if signal.getsignal(signum) is default:
+            _TAKEN[signum] = signal.signal(signum, stop)
+
+
+def release():
+    """Give the signals back their handlers: the command handles them from here on."""
+    for signum, previous in _TAKEN.items():
+        signal.signal(signum, previous)
+    _TAKEN.clear()

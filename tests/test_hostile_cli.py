@@ -1,0 +1,365 @@
+"""Hostile but fair input to the command line, family by family (see also test_hostile_library).
+
+Every case checks the exit code, that stderr is one line (no traceback) naming what was wrong,
+and the state of every file involved afterwards.
+"""
+import hashlib
+import json
+import os
+import pickle
+import re
+import resource
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import pytest
+
+from gluon_mgpu import checkpoint
+from gluon_mgpu.train import main
+
+PROG = 'python -m gluon_mgpu.train'
+TINY = ['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size', '8',
+        '--train-limit', '16', '--test-limit', '8', '--seed', '0']
+
+
+def _one_line(err):
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert 'Traceback' not in err
+    return lines[0]
+
+
+def _refused(argv, capsys, code=2):
+    assert main(argv) == code
+    out, err = capsys.readouterr()
+    return _one_line(err)
+
+
+def _cli(*args, **kwargs):
+    return subprocess.Popen([sys.executable, '-m', 'gluon_mgpu.train', *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+
+def _snapshot(directory):
+    return {n: hashlib.sha256(open(os.path.join(directory, n), 'rb').read()).hexdigest()
+            for n in sorted(os.listdir(directory)) if not n.startswith('.')}
+
+
+# A. A failed run never exits 0.
+
+@pytest.mark.parametrize('lr', ['1e39', '1e-320', '3.5e38'])
+def test_a_learning_rate_float32_cannot_hold_is_bad_input(lr, capsys, data_dir):
+    line = _refused(TINY + ['--data-dir', data_dir, '--lr', lr], capsys)
+    assert line == ("%s: error: argument --lr: --lr %s is outside what MXNet's float32 optimizer "
+                    "can use (1.1754944e-38 to 3.4028235e+38); for example --lr 0.1 (see --help)"
+                    % (PROG, lr))
+
+
+def test_an_optimizer_failure_stops_the_run_and_keeps_the_finished_epoch(tmp_path, capsys,
+                                                                        monkeypatch, data_dir):
+    directory = str(tmp_path / 'ck')
+    step, update, steps = mx.gluon.Trainer.step, mx.optimizer.SGD.update_multi_precision, [0]
+
+    def counting(self, *args, **kwargs):
+        steps[0] += 1
+        return step(self, *args, **kwargs)
+
+    def failing(self, *args, **kwargs):
+        if steps[0] >= 3:  # epoch 2, step 1 (2 steps per epoch)
+            raise RuntimeError('simulated optimizer failure')
+        return update(self, *args, **kwargs)
+
+    monkeypatch.setattr(mx.gluon.Trainer, 'step', counting)
+    monkeypatch.setattr(mx.optimizer.SGD, 'update_multi_precision', failing)
+    metrics = str(tmp_path / 'run.json')
+    line = _refused(TINY + ['--data-dir', data_dir, '--epochs', '3', '--checkpoint-dir',
+                            directory, '--metrics-json', metrics], capsys, code=1)
+    assert re.fullmatch(
+        r"%s: error: the optimizer failed while updating parameter \S+ on \S+: RuntimeError: "
+        r"simulated optimizer failure; the step was not completed, so training stops "
+        r"\(--lr 0\.2\); the checkpoint of epoch 1 in %s is complete; to resume: %s "
+        r"--checkpoint-dir %s --resume" % (PROG, re.escape(directory), PROG,
+                                            re.escape(directory)), line), line
+    assert checkpoint.list_checkpoints(directory) == [1]
+    assert json.load(open(metrics))['status'] == 'running'
+
+
+def test_labels_outside_0_to_9_are_bad_input_naming_the_file(tmp_path, capsys, data_dir):
+    import gzip
+    for name in os.listdir(data_dir):
+        os.symlink(os.path.join(data_dir, name), tmp_path / name)
+    labels = tmp_path / 'train-labels-idx1-ubyte.gz'
+    with gzip.open(os.path.join(data_dir, labels.name)) as f:
+        raw = bytearray(f.read())
+    raw[8 + 3] = 12
+    os.remove(labels)
+    with gzip.open(labels, 'wb') as f:
+        f.write(bytes(raw))
+    line = _refused(['--data-dir', str(tmp_path), '--device', 'cpu'], capsys)
+    assert line.startswith('%s: error: --data-dir %s: %s' % (PROG, tmp_path, labels)), line
+    assert '12' in line
+
+
+# B. Never write over what is not ours.
+
+def test_a_device_file_is_never_replaced(capsys, data_dir):
+    line = _refused(TINY + ['--data-dir', data_dir, '--metrics-json', '/dev/null'], capsys)
+    assert line == ('%s: error: argument --metrics-json: --metrics-json /dev/null: it is a '
+                    'character device, not a regular file, and is left as it is; name a regular '
+                    'file or a new path (see --help)' % PROG)
+    assert stat.S_ISCHR(os.stat('/dev/null').st_mode)
+
+
+def test_a_fifo_is_never_replaced(tmp_path, capsys, data_dir):
+    fifo = str(tmp_path / 'pipe.png')
+    os.mkfifo(fifo)
+    line = _refused(TINY + ['--data-dir', data_dir, '--plot', fifo], capsys)
+    assert 'it is a FIFO (named pipe), not a regular file' in line
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ['pipe.png']
+
+
+@pytest.mark.parametrize('flags,first,second', [
+    (['--metrics-json', 'x', '--plot', 'x.png'], None, None),
+    (['--metrics-json', 'X.png', '--plot', 'X.png'], '--metrics-json X.png', '--plot X.png'),
+    (['--metrics-json', 's.png', '--plot', 's.svg'], '--metrics-json s.png', '--plot s.svg'),
+    (['--plot', 'c.png', '--save-params', 'c.png'], '--plot c.png', '--save-params c.png'),
+    (['--metrics-json', 'F', '--save-params', 'F'], '--metrics-json F', '--save-params F'),
+    (['--metrics-json', 'sub/../F', '--save-params', 'F'], '--metrics-json sub/../F',
+     '--save-params F'),
+])
+def test_outputs_that_collide_are_refused_before_training(flags, first, second, tmp_path,
+                                                          capsys, monkeypatch, data_dir):
+    monkeypatch.chdir(tmp_path)
+    os.mkdir('sub')
+    if first is None:  # different files: no refusal from this check (the run itself works)
+        assert main(TINY + ['--data-dir', data_dir, '--epochs', '1', '--quiet'] + flags) == 0
+        assert sorted(os.listdir('.')) == ['sub', 'x', 'x.png']
+        return
+    line = _refused(TINY + ['--data-dir', data_dir] + flags, capsys)
+    assert line.startswith('%s: error: %s and %s would write the same file %s/'
+                           % (PROG, first, second, tmp_path)), line
+    assert line.endswith('; give each output its own path')
+    assert os.listdir('.') == ['sub']
+
+
+@pytest.mark.parametrize('name', ['epoch-0001.json', 'epoch-0002.params', '.lock'])
+def test_an_output_with_a_checkpoints_name_in_the_checkpoint_folder_is_refused(
+        name, tmp_path, capsys, data_dir):
+    directory = tmp_path / 'ck'
+    directory.mkdir()
+    line = _refused(TINY + ['--data-dir', data_dir, '--checkpoint-dir', str(directory),
+                            '--metrics-json', str(directory / name)], capsys)
+    assert line == ('%s: error: --metrics-json %s would write over a file of --checkpoint-dir '
+                    '%s; name it otherwise or put it in another folder'
+                    % (PROG, directory / name, directory))
+    assert os.listdir(directory) == []
+
+
+def test_a_second_run_into_the_same_checkpoint_folder_is_refused(tmp_path, capsys, data_dir):
+    directory = str(tmp_path / 'ck')
+    with checkpoint.lock_dir(directory):  # as a run in progress holds it
+        line = _refused(TINY + ['--data-dir', data_dir, '--checkpoint-dir', directory], capsys)
+    assert line == ('%s: error: --checkpoint-dir %s: %s is in use by another run (pid %d); wait '
+                    'for it to end, or pass another --checkpoint-dir'
+                    % (PROG, directory, directory, os.getpid()))
+    assert checkpoint.list_checkpoints(directory) == []
+    # Once the lock is given up, the folder can be used.
+    assert main(TINY + ['--data-dir', data_dir, '--checkpoint-dir', directory, '--epochs', '1',
+                        '--quiet']) == 0
+    assert checkpoint.list_checkpoints(directory) == [1]
+
+
+def test_two_real_runs_into_one_folder_the_second_is_refused(tmp_path, data_dir):
+    directory = str(tmp_path / 'ck')
+    first = _cli(*TINY, '--data-dir', data_dir, '--checkpoint-dir', directory, '--epochs', '500',
+                 '--train-limit', '256')
+    lock = os.path.join(directory, checkpoint.LOCK_NAME)
+    deadline = time.time() + 120
+    while not os.path.exists(lock) and time.time() < deadline:
+        time.sleep(0.05)
+    second = _cli(*TINY, '--data-dir', data_dir, '--checkpoint-dir', directory, '--epochs', '3')
+    out, err = second.communicate(timeout=300)
+    first.send_signal(signal.SIGTERM)
+    first.communicate(timeout=120)
+    assert second.returncode == 2 and first.returncode == 143
+    assert re.fullmatch(r'%s: error: --checkpoint-dir %s: %s is in use by another run \(pid %d\); '
+                        r'wait for it to end, or pass another --checkpoint-dir'
+                        % (PROG, re.escape(directory), re.escape(directory), first.pid),
+                        _one_line(err))
+    # The first run's epochs are all its own.
+    record = checkpoint.read_checkpoint(directory)
+    assert record['args']['epochs'] == 500 and record['args']['train_limit'] == 256
+    assert [h['epoch'] for h in record['history']] == list(range(1, record['epoch'] + 1))
+    assert not os.path.exists(lock)
+
+
+# C. Trust only what can be trusted.
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory, data_dir):
+    directory = str(tmp_path_factory.mktemp('hostile') / 'ck')
+    assert main(TINY + ['--data-dir', data_dir, '--epochs', '1', '--quiet', '--checkpoint-dir',
+                        directory]) == 0
+    return directory
+
+
+@pytest.fixture
+def ck(saved, tmp_path):
+    directory = str(tmp_path / 'ck')
+    shutil.copytree(saved, directory)
+    return directory
+
+
+def _edit_json(directory, change):
+    path = checkpoint.checkpoint_path(directory, 1, 'json')
+    record = json.load(open(path))
+    change(record)
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    return path
+
+
+@pytest.mark.parametrize('change,says', [
+    (lambda r: r['args'].update(lr=-1), r'args\.lr'),
+    (lambda r: r['args'].update(epochs='5'), r'args\.epochs'),
+    (lambda r: r.update(args=[1, 2]), r'args'),
+    (lambda r: r.pop('args'), r'args'),
+    (lambda r: r.update(history='oops'), r'history'),
+    (lambda r: r.update(network='vgg(10)'), r'network'),
+    (lambda r: r['args'].update(lr=1e39), r'args\.lr'),
+])
+def test_values_read_from_a_checkpoint_are_checked_like_flags(change, says, ck, capsys):
+    path = _edit_json(ck, change)
+    before = _snapshot(ck)
+    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --resume: %s' % (PROG, path)), line
+    assert re.search(says, line), line
+    assert _snapshot(ck) == before
+
+
+def test_a_forged_states_pickle_with_a_matching_sha256_runs_no_code(ck, tmp_path, capsys):
+    marker = str(tmp_path / 'ran')
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ('touch %s' % marker,))
+
+    states = checkpoint.checkpoint_path(ck, 1, 'states')
+    evil = pickle.dumps(Evil())
+    with open(states, 'wb') as f:
+        f.write(evil)
+    _edit_json(ck, lambda r: r['files']['states'].update(
+        bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest()))
+    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --resume: %s' % (PROG, states)), line
+    assert 'system' in line
+    assert not os.path.exists(marker)
+
+
+def test_an_output_path_recorded_in_a_checkpoint_is_checked_on_resume(ck, capsys):
+    path = _edit_json(ck, lambda r: r['args'].update(metrics_json='/dev/null'))
+    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    assert line == ('%s: error: --resume: %s records --metrics-json /dev/null, which cannot be '
+                    'written: it is a character device, not a regular file, and is left as it '
+                    'is; name a regular file or a new path; pass --metrics-json with another '
+                    'path' % (PROG, path))
+    assert stat.S_ISCHR(os.stat('/dev/null').st_mode)
+
+
+# D. The environment failing is not a bug in us.
+
+def test_a_file_size_limit_while_checkpointing_is_named_and_leaves_no_half_file(tmp_path,
+                                                                                data_dir):
+    directory = str(tmp_path / 'ck')
+
+    def limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write is EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100000, resource.RLIM_INFINITY))
+
+    # ResNet-18's parameters (45 MB) do not fit under 100 kB; LeNet's metrics file does.
+    run = _cli('--num-gpus', '2', '--device', 'cpu', '--batch-size', '8', '--train-limit', '8',
+               '--test-limit', '4', '--epochs', '1', '--data-dir', data_dir, '--checkpoint-dir',
+               directory, preexec_fn=limit)
+    out, err = run.communicate(timeout=600)
+    assert run.returncode == 1, err
+    line = _one_line(err)
+    assert line == ('%s: error: cannot write %s (File too large); raise the file size limit '
+                    '(ulimit -f) or write somewhere else; %s holds no checkpoint yet; run the '
+                    'same command again to start over'
+                    % (PROG, checkpoint.checkpoint_path(directory, 1, 'params'), directory))
+    assert sorted(os.listdir(directory)) == []
+
+
+# E. Signals and start-up.
+
+def test_sigterm_ends_the_run_like_ctrl_c_with_143(tmp_path, data_dir):
+    directory = str(tmp_path / 'ck')
+    run = _cli(*TINY, '--data-dir', data_dir, '--checkpoint-dir', directory, '--epochs', '50',
+               '--train-limit', '64')
+    first = checkpoint.checkpoint_path(directory, 1, 'json')
+    deadline = time.time() + 300
+    while not os.path.exists(first) and time.time() < deadline:
+        time.sleep(0.05)
+    run.send_signal(signal.SIGTERM)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 143
+    line = _one_line(err)
+    done = checkpoint.list_checkpoints(directory)
+    assert line == ("%s: terminated (SIGTERM); the checkpoint of epoch %d in %s is complete; to "
+                    "resume: %s --checkpoint-dir %s --resume" % (PROG, done[-1], directory, PROG,
+                                                                 directory))
+    assert checkpoint.read_checkpoint(directory)['epoch'] == done[-1]
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_mxnet_loads_is_one_line(signum):
+    run = _cli('--epochs', '1', preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    time.sleep(0.3)
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signum
+    name = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'terminated (SIGTERM)'
+    line = _one_line(err.split('\n')[-2] + '\n')
+    # Still loading (the usual case), or already training on the CPU when the machine is fast.
+    assert line in ('%s: %s while starting; nothing was done' % (PROG, name),
+                    '%s: %s; nothing was saved (pass --checkpoint-dir DIR to keep every finished '
+                    'epoch)' % (PROG, name)), err
+    assert 'Traceback' not in err
+
+
+# F. Absurd sizes.
+
+def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_dir):
+    start = time.time()
+    line = _refused(['--num-gpus', '1000000', '--batch-size', '1000000', '--device', 'cpu',
+                     '--data-dir', data_dir], capsys)
+    assert time.time() - start < 60
+    assert line.startswith('%s: error: --num-gpus 1000000 --device cpu: num_gpus=1000000 '
+                           'simulated CPU devices are more than this machine can hold' % PROG)
+    assert len(line) < 500
+
+
+# G. One line.
+
+def test_a_newline_in_a_path_stays_one_line(capsys, tmp_path, data_dir):
+    line = _refused(TINY + ['--data-dir', data_dir, '--metrics-json',
+                            '%s/no\nsuch/run.json' % tmp_path], capsys)
+    assert line == ('%s: error: argument --metrics-json: --metrics-json %s/no\\nsuch/run.json: '
+                    'folder %s/no\\nsuch does not exist; create it first (see --help)'
+                    % (PROG, tmp_path, tmp_path))
+
+
+def test_a_params_file_of_random_bytes_is_one_line_without_mxnets_trace(ck, capsys):
+    params = checkpoint.checkpoint_path(ck, 1, 'params')
+    junk = os.urandom(os.path.getsize(params))
+    with open(params, 'wb') as f:
+        f.write(junk)
+    _edit_json(ck, lambda r: r['files']['params'].update(sha256=hashlib.sha256(junk).hexdigest()))
+    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --resume: %s is not an MXNet parameters file'
+                           % (PROG, params)), line

@@ -1,0 +1,1300 @@
+"""Hostile but fair input, disks and neighbours, at the library level (issue 12).
+
+Every case asserts the exact message, that no traceback text reaches it, and what every file
+looks like afterwards. Families: A (a failed step, data that cannot train), B (outputs that are
+not ours, the folder lock), C (checkpoints: pickles, JSON values, .replicas), D (the OS failing:
+permissions, FIFOs, links, a full disk), E (SIGTERM, the launcher), F (absurd device counts),
+G (one line from MXNet's errors).
+"""
+import errno
+import gzip
+import hashlib
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import tempfile
+import textwrap
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import nn
+
+from gluon_mgpu import checkpoint, data, devices, files, launch, metrics, plotting, training
+from gluon_mgpu.interrupts import DeferredInterrupt, Interrupted, UpdateError, guard_updates
+from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
+
+PY = sys.executable
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(autouse=True)
+def _alarm():
+    """Nothing here may wait: a FIFO opened the wrong way would block forever."""
+    previous = signal.signal(signal.SIGALRM, _timeout)
+    signal.alarm(120)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def _timeout(signum, frame):
+    raise TimeoutError('the test blocked for 120 s')
+
+
+def _one_line(text):
+    assert '\n' not in text and 'Traceback' not in text, text
+    return text
+
+
+# --- A, D: data ---------------------------------------------------------------------------------
+
+def _idx(magic, dims, values):
+    return gzip.compress(struct.pack('>I%dI' % len(dims), magic, *dims) + bytes(values))
+
+
+def _dataset(folder, train=4, test=2, size=(28, 28), labels=None, test_size=None):
+    """A tiny Fashion-MNIST look-alike: ``train`` and ``test`` images of ``size`` pixels."""
+    os.makedirs(folder, exist_ok=True)
+    for split, n, shape in (('train', train, size), ('test', test, test_size or size)):
+        image_name, label_name = data.FILES[split]
+        with open(os.path.join(folder, image_name), 'wb') as f:
+            f.write(_idx(0x803, (n,) + shape, [7] * (n * shape[0] * shape[1])))
+        values = labels if (labels is not None and split == 'train') else [i % 10 for i in range(n)]
+        with open(os.path.join(folder, label_name), 'wb') as f:
+            f.write(_idx(0x801, (n,), values))
+    return str(folder)
+
+
+def _load(folder):
+    with pytest.raises(data.DataError) as e:
+        data.load_data_fashion_mnist(2, data_dir=folder)
+    return _one_line(str(e.value))
+
+
+def test_a_tiny_look_alike_loads(tmp_path):
+    train_iter, test_iter = data.load_data_fashion_mnist(2, data_dir=_dataset(tmp_path / 'd'))
+    assert train_iter.num_examples == 4 and test_iter.num_examples == 2
+
+
+@pytest.mark.parametrize('split,what', [('train', 'train on'), ('test', 'test on')])
+def test_no_images_is_bad_input_naming_the_file(tmp_path, split, what):
+    kwargs = {split: 0}
+    folder = _dataset(tmp_path / 'd', **kwargs)
+    path = os.path.join(folder, data.FILES[split][0])
+    assert _load(folder) == ('%s holds 0 images, so there is nothing to %s; replace it with a '
+                             'fresh copy' % (path, what))
+
+
+@pytest.mark.parametrize('labels,first,index,count', [
+    ([0, 1, 10, 3], 10, 2, 1),
+    ([255, 1, 2, 200], 255, 0, 2),
+])
+def test_labels_outside_0_to_9_are_bad_input(tmp_path, labels, first, index, count):
+    folder = _dataset(tmp_path / 'd', labels=labels)
+    path = os.path.join(folder, data.FILES['train'][1])
+    assert _load(folder) == ('%s holds label %d at index %d (%d labels outside 0..9); '
+                             'Fashion-MNIST has 10 classes, 0 to 9: replace it with a fresh copy'
+                             % (path, first, index, count))
+
+
+@pytest.mark.parametrize('size,test_size,split,shown', [
+    ((32, 32), None, 'train', '32x32'),
+    ((28, 27), None, 'train', '28x27'),
+    ((28, 28), (14, 14), 'test', '14x14'),  # train and test differ
+    ((0, 28), None, 'train', '0x28'),
+])
+def test_images_that_are_not_28x28_are_bad_input(tmp_path, size, test_size, split, shown):
+    folder = _dataset(tmp_path / 'd', size=size, test_size=test_size)
+    path = os.path.join(folder, data.FILES[split][0])
+    assert _load(folder) == ("%s holds items of %s values, but Fashion-MNIST's are 28x28; is it "
+                             "the right file?" % (path, shown))
+
+
+def test_a_header_whose_product_overflows_int64_is_named(tmp_path):
+    path = str(tmp_path / 'x-idx3-ubyte.gz')
+    with open(path, 'wb') as f:
+        f.write(_idx(0x803, (0xFFFFFFFF,) * 3, [1, 2, 3]))
+    with pytest.raises(data.DataError) as e:
+        data.read_idx(path, 3)
+    assert _one_line(str(e.value)) == (
+        '%s is truncated: its header announces 4294967295x4294967295x4294967295 = %d values but '
+        'it holds 3; replace it with a fresh copy' % (path, 0xFFFFFFFF ** 3))
+
+
+def test_a_huge_image_count_is_read_in_blocks_and_named(tmp_path):
+    folder = _dataset(tmp_path / 'd')
+    path = os.path.join(folder, data.FILES['train'][0])
+    with open(path, 'wb') as f:
+        f.write(_idx(0x803, (0xFFFFFFFF, 28, 28), [0] * 784))
+    assert _load(folder) == ('%s is truncated: its header announces 4294967295x28x28 = %d values '
+                             'but it holds 784; replace it with a fresh copy'
+                             % (path, 0xFFFFFFFF * 784))
+
+
+def test_more_values_than_the_header_announces(tmp_path):
+    folder = _dataset(tmp_path / 'd')
+    path = os.path.join(folder, data.FILES['test'][1])
+    with open(path, 'wb') as f:
+        f.write(_idx(0x801, (2,), [1, 2, 3]))
+    assert _load(folder) == ('%s holds more values than its header announces (2 = 2 values); '
+                             'replace it with a fresh copy' % path)
+
+
+def _replace(folder, name, make):
+    path = os.path.join(folder, name)
+    os.remove(path)
+    make(path)
+    return path
+
+
+@pytest.mark.parametrize('kind,make,reason', [
+    ('folder', os.mkdir, 'is a folder, not a regular file'),
+    ('fifo', os.mkfifo, 'is a FIFO (named pipe), not a regular file'),
+    ('dangling', lambda p: os.symlink('/nonexistent/fashion.gz', p),
+     'is a dangling symbolic link (to /nonexistent/fashion.gz)'),
+    ('loop', lambda p: os.symlink(os.path.basename(p), p),
+     'is a symbolic link loop (it points back to itself)'),
+    ('socket', lambda p: socket.socket(socket.AF_UNIX).bind(p), 'is a socket, not a regular file'),
+])
+@pytest.mark.parametrize('name', ['train-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'])
+def test_a_data_file_that_is_not_a_file_is_named_with_what_it_is(tmp_path, kind, make, reason,
+                                                                  name):
+    folder = _dataset(tmp_path / 'd')
+    path = _replace(folder, name, make)
+    with pytest.raises(data.DataError) as e:
+        data.find_data_dir(folder)
+    assert _one_line(str(e.value)) == (
+        "%s %s; replace it with the file itself (a copy of Fashion-MNIST's %s)"
+        % (path, reason, name))
+    assert _load(folder) == str(e.value)
+
+
+@pytest.mark.parametrize('make,what', [
+    (os.mkfifo, 'is a FIFO (named pipe), not a folder'),
+    (lambda p: open(p, 'w').close(), 'is a file, not a folder'),
+    (lambda p: os.symlink('/nonexistent/d', p), 'is a dangling symbolic link (to /nonexistent/d)'),
+    (lambda p: None, 'does not exist'),
+])
+def test_a_data_dir_that_is_not_a_folder_says_what_it_is(tmp_path, make, what):
+    path = str(tmp_path / 'data')
+    make(path)
+    with pytest.raises(data.DataNotFoundError) as e:
+        data.find_data_dir(path)
+    assert _one_line(str(e.value)) == (
+        'data dir %s %s; pass a folder that holds %s, or leave it out to search the default '
+        'places' % (path, what, ', '.join(data.FILES['train'] + data.FILES['test'])))
+
+
+def test_a_fifo_read_directly_does_not_block(tmp_path):
+    path = str(tmp_path / 'labels.gz')
+    os.mkfifo(path)
+    with pytest.raises(data.DataError) as e:
+        data.read_idx(path, 1)
+    assert str(e.value) == ("%s is a FIFO (named pipe), not a regular file; replace it with the "
+                            "file itself (a copy of Fashion-MNIST's labels.gz)" % path)
+    assert stat.S_ISFIFO(os.lstat(path).st_mode)
+
+
+def test_a_broken_first_folder_does_not_hide_a_complete_second(tmp_path, monkeypatch):
+    home = tmp_path / 'home'
+    broken = _dataset(home / 'datasets' / 'fashion-mnist')
+    _replace(broken, data.FILES['test'][0], os.mkfifo)
+    good = _dataset(tmp_path / 'system')
+    monkeypatch.setenv('MXNET_HOME', str(home))
+    monkeypatch.setattr(data, 'SYSTEM_DIR', good)
+    assert data.find_data_dir() == good
+
+
+def test_a_missing_file_is_still_not_found(tmp_path):
+    folder = _dataset(tmp_path / 'd')
+    os.remove(os.path.join(folder, data.FILES['test'][1]))
+    with pytest.raises(data.DataNotFoundError, match=r'^Fashion-MNIST not found: searched %s '
+                       % re.escape(folder)):
+        data.find_data_dir(folder)
+
+
+def test_permission_denied_is_named_not_called_a_broken_gzip(tmp_path, monkeypatch):
+    folder = _dataset(tmp_path / 'd')
+    path = os.path.join(folder, data.FILES['train'][0])
+    real_open = os.open
+
+    def denied(p, *args, **kwargs):
+        if p == path:
+            raise PermissionError(errno.EACCES, 'Permission denied', p)
+        return real_open(p, *args, **kwargs)
+    monkeypatch.setattr(os, 'open', denied)
+    assert _load(folder) == ('%s cannot be read (Permission denied); make it readable for this '
+                             'user, or copy it to a folder of your own' % path)
+
+
+def test_permission_denied_for_real(tmp_path):
+    # Root ignores permission bits: as root, a child process imports everything first (Python
+    # may live in /root), then becomes the user nobody and reads.
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-perm-')
+    try:
+        os.chmod(folder, 0o755)
+        _dataset(folder)
+        path = os.path.join(folder, data.FILES['train'][1])
+        os.chmod(path, 0o600)
+        code = textwrap.dedent('''
+            import os, sys
+            from gluon_mgpu import data
+            if os.geteuid() == 0:
+                os.setgid(65534)
+                os.setuid(65534)
+            try:
+                data.read_idx(sys.argv[1], 1)
+            except data.DataError as e:
+                print(e)
+        ''')
+        out = subprocess.run([PY, '-c', code, path], capture_output=True, text=True, timeout=120,
+                             cwd='/')
+        assert out.stdout == ('%s cannot be read (Permission denied); make it readable for '
+                              'this user, or copy it to a folder of your own\n' % path), out.stderr
+    finally:
+        shutil.rmtree(folder)
+
+
+# --- B, D: outputs --------------------------------------------------------------------------
+
+def _special(tmp_path, kind):
+    """A path of ``kind`` and a function that says it is still what it was."""
+    if kind in ('/dev/null', '/dev/full'):
+        return kind, lambda: stat.S_ISCHR(os.lstat(kind).st_mode)
+    path = str(tmp_path / kind)
+    if kind == 'fifo':
+        os.mkfifo(path)
+        return path, lambda: stat.S_ISFIFO(os.lstat(path).st_mode)
+    if kind == 'folder':
+        os.mkdir(path)
+        return path, lambda: os.path.isdir(path) and os.listdir(path) == []
+    if kind == 'socket':
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(path)
+        return path, lambda: stat.S_ISSOCK(os.lstat(path).st_mode)
+    target = str(tmp_path / 'target.json')
+    if kind == 'link':
+        with open(target, 'w') as f:
+            f.write('mine\n')
+        os.symlink(target, path)
+        return path, lambda: os.readlink(path) == target and open(target).read() == 'mine\n'
+    os.symlink(target, path)  # dangling
+    return path, lambda: os.readlink(path) == target and not os.path.exists(target)
+
+
+_REFUSED = {
+    '/dev/null': 'it is a character device, not a regular file, and is left as it is; name a '
+                 'regular file or a new path',
+    '/dev/full': 'it is a character device, not a regular file, and is left as it is; name a '
+                 'regular file or a new path',
+    'fifo': 'it is a FIFO (named pipe), not a regular file, and is left as it is; name a regular '
+            'file or a new path',
+    'socket': 'it is a socket, not a regular file, and is left as it is; name a regular file or '
+              'a new path',
+    'folder': 'it is a folder; name a file in it',
+    'link': 'it is a symbolic link (to {target}), which would be replaced; name the file it '
+            'points to, or a new path',
+    'dangling': 'it is a symbolic link (to {target}), which would be replaced; name the file it '
+                'points to, or a new path',
+}
+_WRITERS = {
+    'json': lambda p: metrics.write_json_atomic(p, {'a': 1}),
+    'metrics': lambda p: metrics.MetricsFile(p, {'num_gpus': 1}, [mx.cpu()]),
+    'raw': lambda p: _raw_atomic(p),
+}
+
+
+def _raw_atomic(path):
+    with files.atomic_path(path) as tmp:
+        with open(tmp, 'wb') as f:
+            f.write(b'x')
+
+
+@pytest.mark.parametrize('kind', sorted(_REFUSED))
+@pytest.mark.parametrize('writer', ['json', 'metrics', 'raw'])
+def test_outputs_never_replace_what_is_not_a_regular_file(tmp_path, kind, writer):
+    path, unchanged = _special(tmp_path, kind)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(files.OutputError) as e:
+        _WRITERS[writer](path)
+    reason = _REFUSED[kind].format(target=tmp_path / 'target.json')
+    assert _one_line(str(e.value)) == 'cannot write %s: %s' % (path, reason)
+    assert e.value.errno is None and e.value.filename == path
+    assert files.output_problem(path) == reason
+    assert unchanged()
+    assert sorted(os.listdir(tmp_path)) == before  # no temporary file left
+
+
+@pytest.mark.parametrize('kind', ['fifo', 'link', 'folder'])
+def test_a_plot_is_not_drawn_over_what_is_not_a_regular_file(tmp_path, kind):
+    path, _ = _special(tmp_path, kind)
+    target = path + '.png'
+    os.rename(path, target)
+    with pytest.raises(files.OutputError, match=r'^cannot write %s: it is ' % re.escape(target)):
+        plotting.plot_history([{'epoch': 1, 'test_acc': 0.5, 'train_loss': 1.0}], target)
+    assert files.output_problem(target).startswith('it is ')
+
+
+def test_a_regular_file_is_replaced_with_the_usual_mode(tmp_path):
+    path = str(tmp_path / 'run.json')
+    with open(path, 'w') as f:
+        f.write('old\n')
+    os.chmod(path, 0o600)
+    metrics.write_json_atomic(path, {'a': 1})
+    umask = os.umask(0)
+    os.umask(umask)
+    assert json.load(open(path)) == {'a': 1}
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o666 & ~umask
+    assert os.listdir(tmp_path) == ['run.json']
+
+
+@pytest.mark.parametrize('path,expected', [
+    ('run.json', None),
+    ('/dev/null', _REFUSED['/dev/null']),
+    ('nowhere/run.json', 'folder {tmp}/nowhere does not exist; create it first'),
+    ('a\0b', 'it contains a NUL character; name a file without one'),
+    ('sub/', 'it names a folder, not a file; name a file in it'),
+    ('file/run.json', '{tmp}/file is not a folder; name a file in a folder'),
+])
+def test_output_problem(tmp_path, monkeypatch, path, expected):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'file').write_text('')
+    expected = expected and expected.format(tmp=tmp_path)
+    assert files.output_problem(path) == expected
+
+
+def test_a_full_disk_is_named_with_the_path_and_the_fix(tmp_path):
+    path = str(tmp_path / 'run.json')
+    metrics.write_json_atomic(path, {'epoch': 1})
+
+    def disk_full(tmp):
+        with open(tmp, 'w') as f:
+            f.write('{"epo')
+        raise OSError(errno.ENOSPC, 'No space left on device')
+    with pytest.raises(files.OutputError) as e:
+        with files.atomic_path(path) as tmp:
+            disk_full(tmp)
+    assert _one_line(str(e.value)) == ('cannot write %s (No space left on device); free some '
+                                       'space on that disk or write somewhere else' % path)
+    assert e.value.errno == errno.ENOSPC
+    assert json.load(open(path)) == {'epoch': 1} and os.listdir(tmp_path) == ['run.json']
+
+
+def test_a_folder_deleted_meanwhile_is_named(tmp_path):
+    folder = tmp_path / 'out'
+    folder.mkdir()
+    path = str(folder / 'run.json')
+    with pytest.raises(files.OutputError) as e:
+        with files.atomic_path(path):
+            shutil.rmtree(folder)
+    assert _one_line(str(e.value)) == (
+        'cannot write %s (No such file or directory); its folder %s no longer exists; create it '
+        'again or write somewhere else' % (path, folder))
+    assert not folder.exists()
+
+
+_FSIZE_CHILD = textwrap.dedent('''
+    import os, resource, signal, sys
+    import gluon_mgpu
+    import mxnet as mx
+    from gluon_mgpu import checkpoint, files, metrics, training
+    from mxnet.gluon import nn
+    directory, what = sys.argv[1], sys.argv[2]
+    net = nn.Dense(300, in_units=300)
+    trainer = training.init_training(net, [mx.cpu()], 0.1)
+    checkpoint.save_checkpoint(directory, 1, net, trainer, {'history': []})
+    metrics.write_json_atomic(os.path.join(directory, 'run.json'), {'epoch': 1})
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then writing past the limit is EFBIG
+    resource.setrlimit(resource.RLIMIT_FSIZE, (50000, resource.RLIM_INFINITY))
+    try:
+        if what == 'checkpoint':
+            checkpoint.save_checkpoint(directory, 2, net, trainer, {'history': []})
+        else:
+            metrics.write_json_atomic(os.path.join(directory, 'run.json'), {'x': 'y' * 60000})
+    except files.OutputError as e:
+        print(e.errno, e)
+''')
+
+
+@pytest.mark.parametrize('what,target', [
+    ('checkpoint', 'epoch-0002.params'),  # written by MXNet, which loses the OS's reason
+    ('metrics', 'run.json'),
+])
+def test_a_file_size_limit_is_a_real_os_failure_named_with_the_path(tmp_path, what, target):
+    out = subprocess.run([PY, '-c', _FSIZE_CHILD, str(tmp_path), what], capture_output=True,
+                         text=True, timeout=120)
+    path = os.path.join(str(tmp_path), target)
+    assert out.stdout == ('%d cannot write %s (File too large); raise the file size limit '
+                          '(ulimit -f) or write somewhere else\n' % (errno.EFBIG, path)), out.stderr
+    assert checkpoint.list_checkpoints(str(tmp_path)) == [1]
+    assert json.load(open(tmp_path / 'run.json')) == {'epoch': 1}
+    assert not any(n.startswith('.') for n in os.listdir(tmp_path))
+    assert checkpoint.read_checkpoint(str(tmp_path))['epoch'] == 1
+
+
+# --- B: the folder lock ---------------------------------------------------------------------
+
+def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
+    directory = str(tmp_path / 'ck')
+    with checkpoint.lock_dir(directory) as lock:
+        assert open(lock.path).read() == '%d\n' % os.getpid()
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            checkpoint.lock_dir(directory)
+        assert _one_line(str(e.value)) == (
+            '%s is in use by another run (pid %d); wait for it to end, or pass another '
+            '--checkpoint-dir' % (directory, os.getpid()))
+        assert checkpoint.prepare_dir(directory) == []
+        assert os.listdir(directory) == ['.lock']
+    assert os.listdir(directory) == []  # released: the lock file is gone
+    checkpoint.lock_dir(directory).release()
+
+
+def test_the_lock_dies_with_its_process(tmp_path):
+    directory = str(tmp_path / 'ck')
+    code = ('import sys, time; from gluon_mgpu import checkpoint\n'
+            'lock = checkpoint.lock_dir(sys.argv[1]); print("locked", flush=True)\n'
+            'time.sleep(120)\n')
+    child = subprocess.Popen([PY, '-c', code, directory], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == 'locked\n'
+        with pytest.raises(checkpoint.CheckpointError,
+                           match=r'in use by another run \(pid %d\)' % child.pid):
+            checkpoint.lock_dir(directory)
+    finally:
+        child.kill()
+        child.wait()
+    assert os.listdir(directory) == ['.lock']  # SIGKILL left the file, not the lock
+    with checkpoint.lock_dir(directory):
+        pass
+
+
+def test_leftovers_of_a_killed_write_are_deleted_and_nothing_else(tmp_path):
+    directory = str(tmp_path)
+    fd, leftover = tempfile.mkstemp(dir=directory, prefix='.epoch-0003.params.', suffix='.tmp')
+    os.close(fd)  # what files.atomic_path leaves when the process is killed mid-write
+    for name in ('.lock', 'epoch-0003.params', '.run.json.abc.tmp', 'notes.tmp'):
+        open(os.path.join(directory, name), 'w').close()
+    assert checkpoint.prepare_dir(directory) == [os.path.basename(leftover)]
+    assert sorted(os.listdir(directory)) == ['.lock', '.run.json.abc.tmp', 'epoch-0003.params',
+                                             'notes.tmp']
+
+
+def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
+    directory = tmp_path / 'ck'
+    directory.mkdir()
+    victim = tmp_path / 'victim'
+    victim.write_text('keep\n')
+    os.symlink(victim, directory / '.lock')
+    with pytest.raises(ValueError) as e:
+        checkpoint.lock_dir(str(directory))
+    assert _one_line(str(e.value)) == ('cannot write checkpoints to %s (%s/.lock is a symbolic '
+                                       'link); pass a folder you can write to'
+                                       % (directory, directory))
+    assert victim.read_text() == 'keep\n'
+
+
+# --- E: signals -------------------------------------------------------------------------------
+
+def test_sigterm_is_an_interruption_that_records_its_signal():
+    with pytest.raises(Interrupted) as e:
+        with DeferredInterrupt():
+            os.kill(os.getpid(), signal.SIGTERM)
+            sum(range(10))
+    assert isinstance(e.value, KeyboardInterrupt)
+    assert (e.value.signum, e.value.signal_name, e.value.exit_code) == (15, 'SIGTERM', 143)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_ctrl_c_records_sigint():
+    with pytest.raises(Interrupted) as e:
+        with DeferredInterrupt():
+            os.kill(os.getpid(), signal.SIGINT)
+            sum(range(10))
+    assert (e.value.signal_name, e.value.exit_code) == ('SIGINT', 130)
+
+
+def test_sigterm_inside_mxnets_callback_waits_for_check(monkeypatch):
+    from test_interrupts import _mxnet_style_callback
+    calls = []
+
+    def work():
+        os.kill(os.getpid(), signal.SIGTERM)
+        calls.append('went on')
+        os.kill(os.getpid(), signal.SIGINT)  # a second signal: the first one is reported
+    callback = _mxnet_style_callback(work, monkeypatch)
+    with DeferredInterrupt() as interrupt:
+        callback(0, None, None, None)
+        assert calls == ['went on'] and interrupt.requested and interrupt.signum == 15
+        with pytest.raises(Interrupted) as e:
+            interrupt.check()
+        assert e.value.exit_code == 143
+        interrupt.check()
+
+
+def test_a_caller_owned_sigterm_handler_is_left_alone():
+    mine = lambda signum, frame: None  # noqa: E731
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with DeferredInterrupt():
+            assert signal.getsignal(signal.SIGTERM) is mine
+        with pytest.raises(ValueError, match='DeferredInterrupt handles SIGINT and SIGTERM, got '
+                                             '<Signals.SIGHUP: 1>'):
+            DeferredInterrupt(signals=(signal.SIGHUP,))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_sigterm_in_a_real_process_is_reported_and_exits_143():
+    code = ('import sys, time\n'
+            'from gluon_mgpu.interrupts import DeferredInterrupt, Interrupted\n'
+            'try:\n'
+            '    with DeferredInterrupt():\n'
+            '        print("ready", flush=True)\n'
+            '        time.sleep(120)\n'
+            'except Interrupted as e:\n'
+            '    print("stopped by", e.signal_name)\n'
+            '    sys.exit(e.exit_code)\n')
+    child = subprocess.Popen([PY, '-c', code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline() == 'ready\n'
+    child.send_signal(signal.SIGTERM)
+    out, err = child.communicate(timeout=60)
+    assert (child.returncode, out, err) == (143, 'stopped by SIGTERM\n', '')
+
+
+# --- E: the launcher --------------------------------------------------------------------------
+
+def _launch_main(argv, capsys):
+    code = launch.main(argv)
+    out, err = capsys.readouterr()
+    assert out == ''
+    return code, _one_line(err.rstrip('\n'))
+
+
+@pytest.mark.parametrize('command,problem', [
+    ('/nonexistent/cmd', '/nonexistent/cmd does not exist'),
+    ('no-such-program-here', 'no-such-program-here is not a program on PATH'),
+    ('{tmp}', '{tmp} is a folder'),
+    ('{tmp}/plain', '{tmp}/plain is not executable (chmod +x)'),
+    ('{tmp}/dangling', '{tmp}/dangling is a dangling symbolic link'),
+    ('', 'the command is an empty string'),
+])
+def test_a_command_that_cannot_run_is_one_line_and_exit_2(tmp_path, capsys, command, problem):
+    (tmp_path / 'plain').write_text('echo hi\n')
+    os.symlink('/nonexistent/x', tmp_path / 'dangling')
+    command, problem = (s.format(tmp=tmp_path) for s in (command, problem))
+    code, err = _launch_main(['-n', '1', '--', command, 'arg'], capsys)
+    assert (code, err) == (2, 'python -m gluon_mgpu.launch: error: cannot run the command after '
+                              '--: %s; for example -- python -m gluon_mgpu.train --kvstore '
+                              'dist_sync' % problem)
+
+
+def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(capsys):
+    with socket.socket() as busy:
+        busy.bind(('127.0.0.1', 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        code, err = _launch_main(['-n', '1', '--port', str(port), '--', 'true'], capsys)
+    assert (code, err) == (2, 'python -m gluon_mgpu.launch: error: --port %d cannot be used on '
+                              '127.0.0.1 (Address already in use); pass another port, or leave '
+                              '--port out for a free one' % port)
+    assert launch.port_problem(port) is None  # free again
+
+
+def test_a_process_that_cannot_be_started_stops_the_others():
+    class Log:
+        text = ''
+
+        def write(self, s):
+            Log.text += s
+
+        def flush(self):
+            pass
+    sleeper = [PY, '-c', 'import time; time.sleep(120)']
+    processes = [('scheduler', sleeper, dict(os.environ), 'localhost'),
+                 ('server 0', ['/nonexistent/python'], dict(os.environ), 'localhost')]
+    assert launch.run_job(processes, log=Log()) == 2
+    assert Log.text == ('launch: error: cannot start server 0: /nonexistent/python: No such file '
+                        'or directory; stopped the 1 processes already started\n')
+
+
+def test_the_launcher_in_a_real_process(tmp_path):
+    out = subprocess.run([PY, '-m', 'gluon_mgpu.launch', '-n', '1', '--', '/nonexistent/cmd'],
+                         capture_output=True, text=True, timeout=120)
+    assert (out.returncode, out.stdout) == (2, '')
+    assert out.stderr == ('python -m gluon_mgpu.launch: error: cannot run the command after --: '
+                          '/nonexistent/cmd does not exist; for example -- python -m '
+                          'gluon_mgpu.train --kvstore dist_sync\n')
+
+
+# --- F: absurd device counts ------------------------------------------------------------------
+
+def _threads():
+    return len(os.listdir('/proc/self/task'))
+
+
+@pytest.mark.parametrize('device', ['cpu', 'auto'])
+def test_a_million_cpu_devices_are_refused_at_once(device, caplog, monkeypatch):
+    monkeypatch.setattr(devices, '_count_gpus', lambda: 0)
+    limit, source = devices.thread_limit()
+    assert limit is not None  # Linux always has threads-max
+    per = devices.threads_per_cpu_context()
+    assert per == int(os.environ['OMP_NUM_THREADS'])
+    most = (limit // 2 - 6) // per
+    before = _threads()
+    with pytest.raises(ValueError) as e:
+        devices.get_devices(1000000, device)
+    assert _one_line(str(e.value)) == (
+        'num_gpus=1000000 simulated CPU devices are more than this machine can hold (at most '
+        '%d: MXNet starts %d thread%s per CPU context (OMP_NUM_THREADS), and one run may take '
+        'half of the %d threads %s allows); pass at most %d (CPU contexts share the same cores, '
+        'so a few, 2 to 8, show the data parallelism as well)'
+        % (most, per, '' if per == 1 else 's', limit, source, most))
+    assert _threads() == before and caplog.records == []
+
+
+def test_the_limit_follows_the_tightest_thread_limit(monkeypatch):
+    monkeypatch.setattr(devices, 'thread_limit', lambda: (100, 'ulimit -u'))
+    monkeypatch.setattr(devices, 'threads_per_cpu_context', lambda: 2)
+    assert devices.max_cpu_devices()[0] == 22  # (100 // 2 - 6) // 2
+    assert len(devices.get_devices(22, 'cpu')) == 22
+    with pytest.raises(ValueError, match=r'^num_gpus=23 simulated CPU devices are more than '
+                                         r'this machine can hold \(at most 22: .* half of the '
+                                         r'100 threads ulimit -u allows\)'):
+        devices.get_devices(23, 'cpu')
+    monkeypatch.setattr(devices, 'thread_limit', lambda: (None, None))
+    assert devices.max_cpu_devices() == (None, 'no limit on threads is known')
+
+
+@pytest.mark.parametrize('omp', ['1', '2', '4'])
+def test_cpu_contexts_cost_no_more_threads_than_the_limit_assumes(omp):
+    # A reduction runs an OpenMP loop: the engine worker of each context starts its team.
+    code = ('import os, gluon_mgpu, mxnet as mx\n'
+            'from mxnet import nd\n'
+            'from gluon_mgpu import devices\n'
+            'for i in range(3):\n'
+            '    a = nd.ones((64, 64), ctx=mx.cpu(i))\n'
+            '    nd.dot(a, a).sum().asscalar()\n'
+            'print(devices.threads_per_cpu_context(), len(os.listdir("/proc/self/task")) <=\n'
+            '      devices.ENGINE_BASE_THREADS + 3 * devices.threads_per_cpu_context())\n')
+    out = subprocess.run([PY, '-c', code], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, OMP_NUM_THREADS=omp))
+    assert out.stdout == '%s True\n' % omp, out.stderr
+
+
+def test_long_device_lists_are_shortened(caplog, monkeypatch):
+    many = [mx.cpu(i) for i in range(1000)]
+    assert devices.abbreviate_devices(many) == '[cpu(0), cpu(1), ..., cpu(999)]'
+    assert devices.abbreviate_devices(many[:8]) == devices.format_devices(many[:8])
+    monkeypatch.setattr(devices, '_count_gpus', lambda: 0)
+    devices.get_devices(9, 'auto')
+    assert caplog.messages == ["warning: no GPU found, so [cpu(0), cpu(1), ..., cpu(8)] are "
+                               "simulated devices sharing this machine's CPU: the data "
+                               "parallelism is real, a speed-up is not expected"]
+
+
+# --- A: the optimizer's errors inside trainer.step --------------------------------------------
+
+class _Failing(mx.optimizer.SGD):
+    """SGD whose update raises, as MXNet's own does for a learning rate float32 cannot hold."""
+
+    def update(self, index, weight, grad, state):
+        raise ValueError('boom')
+
+    update_multi_precision = update
+
+
+def _trainer(n, optimizer, kvstore='device', update_on_kvstore=None):
+    ctx = [mx.cpu(i) for i in range(n)]
+    net = nn.Dense(2, in_units=3)
+    net.initialize(mx.init.One(), ctx=ctx)
+    trainer = gluon.Trainer(net.collect_params(), optimizer, kvstore=kvstore,
+                            update_on_kvstore=update_on_kvstore)
+
+    def step():
+        X = nd.ones((2 * n, 3))
+        with autograd.record():
+            losses = [net(x).sum() for x in gluon.utils.split_and_load(X, ctx)]
+        for loss in losses:
+            loss.backward()
+        trainer.step(2 * n)
+    return net, trainer, step
+
+
+@pytest.mark.parametrize('kvstore', ['device', 'local'])
+@pytest.mark.parametrize('n', [1, 2])
+@pytest.mark.parametrize('update_on_kvstore', [None, False])
+def test_an_exception_in_the_optimizer_stops_the_step(kvstore, n, update_on_kvstore):
+    net, trainer, step = _trainer(n, _Failing(learning_rate=0.1), kvstore, update_on_kvstore)
+    with pytest.raises(UpdateError) as e:
+        with guard_updates(trainer):
+            step()
+    message = _one_line(str(e.value))
+    # From C (the kvstore's updater) one parameter at a time, from Python all at once.
+    from_c = n == 2 and update_on_kvstore is None
+    where = 'cpu_pinned(0)' if from_c else 'cpu(0)'
+    first = re.escape(net.bias.name) + ('' if from_c else r' \(and 1 others\)')
+    assert re.fullmatch(r'the optimizer failed while updating parameter %s on %s: ValueError: '
+                        r'boom; the step was not completed, so training stops'
+                        % (first, re.escape(where)), message), message
+    assert isinstance(e.value.original, ValueError) and e.value.__cause__ is e.value.original
+    assert 'step' not in vars(trainer) and 'update' not in vars(trainer)
+    kv = trainer._kvstore
+    assert kv is None or kv._updater is None or type(kv._updater) is mx.optimizer.Updater
+
+
+def test_without_the_guard_mxnet_prints_and_drops_it():
+    code = textwrap.dedent('''
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import gluon_mgpu
+        from test_hostile_library import _Failing, _trainer
+        net, trainer, step = _trainer(2, _Failing(learning_rate=0.1))
+        step()
+        print('step returned; weight still', net.weight.data().asnumpy().ravel()[0])
+    ''')
+    out = subprocess.run([PY, '-c', code, os.path.join(ROOT, 'tests')], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout == 'step returned; weight still 1.0\n'
+    assert out.stderr.count('Exception ignored on calling ctypes callback function') == 2
+    assert out.stderr.count('ValueError: boom') == 2
+
+
+@pytest.mark.parametrize('n', [1, 2])
+def test_a_learning_rate_float32_cannot_hold_stops_the_step(n):
+    _, trainer, step = _trainer(n, mx.optimizer.SGD(learning_rate=1e39))
+    with pytest.raises(UpdateError) as e:
+        with guard_updates(trainer):
+            step()
+    assert re.search(r': MXNetError: Invalid Parameter format for lrs expect tuple of <float> but '
+                     r"value='\[1e\+39.*; the step was not completed, so training stops$",
+                     _one_line(str(e.value)))
+
+
+def test_a_good_step_is_the_same_with_the_guard():
+    weights = []
+    for guarded in (False, True):
+        net, trainer, step = _trainer(2, mx.optimizer.SGD(learning_rate=0.5))
+        if guarded:
+            with guard_updates(trainer) as guard:
+                step()
+                step()
+                guard.check()
+        else:
+            step()
+            step()
+        weights.append([net.weight.data(mx.cpu(i)).asnumpy() for i in (0, 1)])
+    # Per step: gradient 2 on each of the 2 devices (two rows of ones), summed and scaled by
+    # 1/4, times lr 0.5: every weight goes from 1 to 0.5, then 0.
+    assert np.array_equal(weights[0], weights[1])
+    assert np.array_equal(weights[1][0], np.full((2, 3), 1 - 2 * 0.5, np.float32))
+
+
+def test_ctrl_c_inside_the_callback_comes_out_as_it_is():
+    class Interrupting(mx.optimizer.SGD):
+        def update(self, *args):
+            raise KeyboardInterrupt
+
+        update_multi_precision = update
+    _, trainer, step = _trainer(2, Interrupting(learning_rate=0.1))
+    with pytest.raises(KeyboardInterrupt) as e:
+        with guard_updates(trainer):
+            step()
+    assert type(e.value) is KeyboardInterrupt
+
+
+# --- C, G: checkpoints --------------------------------------------------------------------------
+
+@pytest.fixture
+def ck(saved_run, tmp_path):
+    """The first epoch of test_checkpoint's small two-device run, alone in a folder."""
+    directory = str(tmp_path / 'ck')
+    os.mkdir(directory)
+    for kind in ('json',) + checkpoint.KINDS:
+        shutil.copy(checkpoint.checkpoint_path(saved_run, 1, kind), directory)
+    return directory
+
+
+def _forge(directory, kind, content, epoch=1):
+    """What whoever can write the folder can do: replace a file and its size and sum."""
+    with open(checkpoint.checkpoint_path(directory, epoch, kind), 'wb') as f:
+        f.write(content)
+    path = checkpoint.checkpoint_path(directory, epoch, 'json')
+    record = json.load(open(path))
+    record['files'][kind].update(bytes=len(content), sha256=hashlib.sha256(content).hexdigest())
+    with open(path, 'w') as f:
+        json.dump(record, f)
+
+
+def _restore(directory, net=None, n=2):
+    devices_ = [mx.cpu(i) for i in range(n)]
+    net = net or _bn_cnn()
+    trainer = training.init_training(net, devices_, 0.1, seed=9)
+    record = checkpoint.read_checkpoint(directory)
+    checkpoint.restore(directory, record, net, trainer, devices_)
+    return net, trainer
+
+
+def _refused_restore(directory, **kwargs):
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        _restore(directory, **kwargs)
+    return _one_line(str(e.value))
+
+
+class _Evil:
+    """Unpickling it calls ``call(*args)``: proof that a pickle ran, if the marker appears."""
+
+    def __init__(self, call, *args):
+        self.call, self.args = call, args
+
+    def __reduce__(self):
+        return self.call, self.args
+
+
+def _evil_pickles(marker):
+    sgd = mx.optimizer.SGD(learning_rate=0.1)
+    return {
+        'io.open': pickle.dumps(({0: None}, _Evil(open, marker, 'w'))),
+        'posix.system': pickle.dumps(_Evil(os.system, 'touch ' + marker)),
+        'builtins.exec': pickle.dumps(({}, sgd, _Evil(exec, 'open(%r, "w")' % marker))),
+        'subprocess.Popen': pickle.dumps(_Evil(subprocess.Popen, ['touch', marker])),
+        'mxnet.optimizer.optimizer.Adam': pickle.dumps(({}, mx.optimizer.Adam())),
+        'mxnet.lr_scheduler.FactorScheduler': pickle.dumps(
+            ({}, mx.optimizer.SGD(lr_scheduler=mx.lr_scheduler.FactorScheduler(10)))),
+    }
+
+
+@pytest.mark.parametrize('name', sorted(_evil_pickles('x')))
+def test_a_forged_states_pickle_is_refused_and_nothing_runs(ck, tmp_path, name):
+    marker = str(tmp_path / 'ran')
+    evil = _evil_pickles(marker)[name]
+    _forge(ck, 'states', evil)
+    before = {n: open(os.path.join(ck, n), 'rb').read() for n in os.listdir(ck)}
+    assert _refused_restore(ck) == (
+        "%s names %s, which a Trainer state does not hold (only MXNet's SGD, NDArray and "
+        "bytearray are admitted); it is not a Trainer state gluon_mgpu wrote, and nothing in it "
+        "was run: start a new run in an empty --checkpoint-dir"
+        % (checkpoint.checkpoint_path(ck, 1, 'states'), name))
+    assert not os.path.exists(marker)
+    assert {n: open(os.path.join(ck, n), 'rb').read() for n in os.listdir(ck)} == before
+    if name == 'io.open':  # the same bytes do run in pickle.loads (and MXNet's load_states)
+        pickle.loads(evil)
+        assert os.path.exists(marker)
+
+
+def _sgd(**changes):
+    sgd = mx.optimizer.SGD(learning_rate=0.1)
+    for k, v in changes.items():
+        setattr(sgd, k, v)
+    return sgd
+
+
+class _BadArray:
+    def __init__(self, *args):
+        self.args = args
+
+    def __reduce__(self):
+        return nd.NDArray, self.args
+
+
+class _BadBytes:
+    def __reduce__(self):
+        return bytearray, (10 ** 12,)
+
+
+class _Persistent(pickle.Pickler):
+    def persistent_id(self, obj):
+        return 'x' if obj == 'secret' else None
+
+
+def _persistent():
+    import io
+    buf = io.BytesIO()
+    _Persistent(buf).dump(({}, 'secret'))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize('content,what', [
+    (lambda: pickle.dumps({0: None}), 'holds dict, not (states, optimizer)'),
+    (lambda: pickle.dumps(({}, 'sgd')), 'holds a str optimizer, not SGD'),
+    (lambda: pickle.dumps(({}, _sgd(evil=1))),
+     'holds an SGD optimizer with other attributes (evil)'),
+    (lambda: pickle.dumps(({}, _sgd(lr='0.1'))), "holds an SGD optimizer whose lr is '0.1'"),
+    (lambda: pickle.dumps(({}, _sgd(lr=float('nan')))), 'holds an SGD optimizer whose lr is nan'),
+    (lambda: pickle.dumps(({}, _sgd(idx2name={0: ['x']}))),
+     "holds an SGD optimizer whose idx2name is {0: ['x']}"),
+    (lambda: pickle.dumps(({}, _sgd(sym_info=({}, ['x'])))),
+     "holds an SGD optimizer whose sym_info is ({}, ['x'])"),
+    (lambda: pickle.dumps(({9999: None}, _sgd())),
+     'holds a state for parameter 9999, but the Trainer has 8 parameters'),
+    (lambda: pickle.dumps(({'0': None}, _sgd())),
+     "holds a state for parameter '0', but the Trainer has 8 parameters"),
+    (lambda: pickle.dumps(({0: nd.ones((5,))}, _sgd())),
+     'holds a state for parameter 0 \\(batchnorm\\d+_beta\\) that does not fit its shape '
+     '\\(4,\\)'),
+    (lambda: pickle.dumps(({0: _BadArray(12345)}, _sgd())),
+     'cannot be unpickled \\(UnpicklingError: NDArray\\(12345\\) is not how MXNet pickles an '
+     'NDArray\\)'),
+    (lambda: pickle.dumps(({0: _BadBytes()}, _sgd())),
+     "cannot be unpickled \\(UnpicklingError: bytearray from 'int' is not how pickle stores "
+     "bytes\\)"),
+    (lambda: pickle.dumps(({}, _sgd()))[:-5], 'cannot be unpickled \\(UnpicklingError: .*\\)'),
+    (lambda: b'not a pickle at all', 'cannot be unpickled \\(UnpicklingError: .*\\)'),
+    (_persistent, 'names a persistent id, which a Trainer state does not hold'),
+])
+def test_a_forged_states_file_is_checked_field_by_field(ck, content, what):
+    _forge(ck, 'states', content())
+    message = _refused_restore(ck)
+    pattern = '%s %s.*; it is not a Trainer state gluon_mgpu wrote, and nothing in it was run: ' \
+              'start a new run in an empty --checkpoint-dir' % (
+                  re.escape(checkpoint.checkpoint_path(ck, 1, 'states')),
+                  what if '\\' in what else re.escape(what))
+    assert re.fullmatch(pattern, message), message
+
+
+@pytest.mark.parametrize('kvstore,update_on_kvstore,n,optimizer', [
+    ('device', None, 2, {'learning_rate': 0.1}),
+    ('device', False, 2, {'learning_rate': 0.1, 'momentum': 0.9}),
+    ('local', None, 2, {'learning_rate': 0.1, 'momentum': 0.9, 'wd': 1e-4}),
+    ('device', None, 1, {'learning_rate': 0.1, 'momentum': 0.9, 'multi_precision': True}),
+])
+def test_mxnets_own_states_load_as_trainer_load_states_loads_them(tmp_path, kvstore,
+                                                                   update_on_kvstore, n,
+                                                                   optimizer):
+    path = str(tmp_path / 'states')
+    net, trainer, step = _trainer(n, 'sgd', kvstore, update_on_kvstore)
+    trainer._init_optimizer('sgd', optimizer)
+    step()
+    step()
+    trainer.save_states(path)
+    loaded = []
+    for load in (lambda t: t.load_states(path), lambda t: checkpoint.load_states(t, path)):
+        _, fresh, _ = _trainer(n, 'sgd', kvstore, update_on_kvstore)
+        load(fresh)
+        updaters = [fresh._kvstore._updater] if fresh._update_on_kvstore else fresh._updaters
+        loaded.append((vars(fresh._optimizer), [
+            {k: None if v is None else [a.asnumpy() for a in (v if isinstance(v, tuple) else
+                                                              (v,)) if a is not None]
+             for k, v in u.states.items()} for u in updaters]))
+    (opt_a, states_a), (opt_b, states_b) = loaded
+    assert opt_a.keys() == opt_b.keys() and opt_a['lr'] == opt_b['lr'] == 0.1
+    assert opt_a['_index_update_count'] == opt_b['_index_update_count'] == {0: 2, 1: 2}
+    assert len(states_a) == len(states_b)
+    for a, b in zip(states_a, states_b):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k] is None) == (b[k] is None)
+            if a[k] is not None:
+                assert all(np.array_equal(x, y) for x, y in zip(a[k], b[k]))
+    if 'momentum' in optimizer:
+        assert any(v is not None for s in states_b for v in s.values())
+
+
+def test_the_admitted_sgd_fields_are_mxnets():
+    assert set(vars(pickle.loads(pickle.dumps(mx.optimizer.SGD())))) == \
+        set(checkpoint._SGD_FIELDS)
+
+
+@pytest.mark.parametrize('kind,what', [('params', 'parameters'), ('replicas', 'arrays')])
+def test_random_bytes_instead_of_an_mxnet_file_are_one_line(ck, kind, what):
+    _forge(ck, kind, os.urandom(4096))
+    message = _refused_restore(ck)
+    assert re.fullmatch(r'%s is not an MXNet %s file \([^()]*\); it was damaged or replaced: '
+                        r'start a new run in an empty --checkpoint-dir'
+                        % (re.escape(checkpoint.checkpoint_path(ck, 1, kind)), what), message)
+
+
+def _arrays(values):
+    path = tempfile.mktemp()
+    nd.save(path, values)
+    try:
+        return open(path, 'rb').read()
+    finally:
+        os.remove(path)
+
+
+def _replicas(ck):
+    return {k: v for k, v in nd.load(checkpoint.checkpoint_path(ck, 1, 'replicas')).items()}
+
+
+_NOT_THIS_RUN = '; it does not belong to this run: start a new run in an empty --checkpoint-dir'
+_OTHER_NETWORK = ': the checkpoint was written for another network (None)'
+
+
+@pytest.mark.parametrize('kind,change,message', [
+    ('replicas', lambda r: r.update({'9.weight@0': nd.ones(1)}),
+     'holds "9.weight@0", which is not "<parameter>@<device>" for a parameter of this network'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean': r['1.running_mean@0']}),
+     'holds "1.running_mean", which is not "<parameter>@<device>" for a parameter of this '
+     'network' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@00': r['1.running_mean@0']}),
+     'holds "1.running_mean@00", which is not "<parameter>@<device>" for a parameter of this '
+     'network' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@0': nd.ones(5)}),
+     'holds 1.running_mean@0 with shape (5,) (float32), but the parameter is (4,) (float32)'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@0': nd.ones(4, dtype='float64')}),
+     'holds 1.running_mean@0 with shape (4,) (float64), but the parameter is (4,) (float32)'
+     + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.pop('1.running_mean@1'),
+     'holds copies of 1.running_mean for devices [0] only, not for all 2' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@2': r['1.running_mean@0']}),
+     'holds a copy for device 2, but this run has 2 devices; resume with --num-gpus 3'),
+    ('params', lambda p: p.pop('4.weight'),
+     'does not fit this network (it lacks 4.weight)' + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'5.weight': nd.ones(1)}),
+     'does not fit this network (it holds 5.weight, which the network has not)' + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones(11)}),
+     'does not fit this network (4.bias has shape (11,) in the file but (10,) in the network)'
+     + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones((10, 1))}),
+     'does not fit this network (4.bias has shape (10, 1) in the file but (10,) in the network)'
+     + _OTHER_NETWORK),
+    ('params', lambda p: p.update({'4.bias': nd.ones(10, dtype='float16')}),
+     'does not fit this network (4.bias is float16 in the file but float32 in the network)'
+     + _OTHER_NETWORK),
+])
+def test_arrays_must_fit_this_network_and_these_devices(ck, kind, change, message):
+    path = checkpoint.checkpoint_path(ck, 1, kind)
+    arrays = nd.load(path)
+    change(arrays)
+    _forge(ck, kind, _arrays(arrays))
+    assert _refused_restore(ck) == '%s %s' % (path, message)
+
+
+def test_a_refused_checkpoint_leaves_the_network_as_it_was(ck):
+    _forge(ck, 'states', pickle.dumps(({}, 'not sgd')))
+    net = _bn_cnn()
+    with pytest.raises(checkpoint.CheckpointError):
+        _restore(ck, net=net)
+    # Refused before loading: the shapes the .params file would have set are still unknown.
+    assert net[0].weight.shape == (4, 0, 3, 3) and net[4].weight.shape == (10, 0)
+
+
+def test_a_good_checkpoint_still_restores_every_file(ck):
+    net, trainer = _restore(ck)
+    params = nd.load(checkpoint.checkpoint_path(ck, 1, 'params'))
+    for name, param in net._collect_params_with_prefix().items():
+        if name.startswith('1.running'):  # per device: from .replicas
+            for i, copy in enumerate(param.list_data()):
+                assert np.array_equal(copy.asnumpy(), _replicas(ck)['%s@%d' % (name, i)].asnumpy())
+        else:
+            assert all(np.array_equal(c.asnumpy(), params[name].asnumpy())
+                       for c in param.list_data()), name
+    assert trainer.learning_rate == 0.5
+
+
+def test_a_file_changed_after_read_checkpoint_is_caught_by_restore(ck):
+    record = checkpoint.read_checkpoint(ck)
+    with open(checkpoint.checkpoint_path(ck, 1, 'states'), 'ab') as f:
+        f.write(b'x')
+    net = _bn_cnn()
+    trainer = training.init_training(net, [mx.cpu(0), mx.cpu(1)], 0.1)
+    with pytest.raises(checkpoint.CheckpointError, match=r'epoch-0001\.states is changed: \d+ '
+                                                         r'bytes, but the run wrote \d+ bytes'):
+        checkpoint.restore(ck, record, net, trainer, [mx.cpu(0), mx.cpu(1)])
+
+
+@pytest.mark.parametrize('make,reason', [
+    (os.mkfifo, 'is a FIFO (named pipe), not a regular file'),
+    (os.mkdir, 'is a folder, not a regular file'),
+    (lambda p: os.symlink('/nonexistent/x', p), 'is a dangling symbolic link (to /nonexistent/x)'),
+])
+@pytest.mark.parametrize('kind', ['params', 'states'])
+def test_a_checkpoint_file_that_is_not_a_file_is_named(ck, make, reason, kind):
+    path = checkpoint.checkpoint_path(ck, 1, kind)
+    os.remove(path)
+    make(path)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(ck)
+    assert _one_line(str(e.value)) == ('%s %s, but epoch-0001.json lists it; start a new run '
+                                       'with an empty --checkpoint-dir' % (path, reason))
+
+
+@pytest.mark.parametrize('text,reason', [
+    ('{"epoch": NaN}', 'NaN is not a number JSON allows'),
+    ('[' * 100000 + ']' * 100000, 'it is nested too deeply'),
+    (b'\xff\xfe{}', "'utf-8' codec can't decode byte 0xff in position 0: invalid start byte"),
+    ('{"epoch": 1' + '0' * 5000 + '}', 'Exceeds the limit (4300 digits) for integer string '
+                                       'conversion'),
+])
+def test_a_json_that_cannot_be_read_is_one_line(ck, text, reason):
+    path = checkpoint.checkpoint_path(ck, 1, 'json')
+    with open(path, 'wb') as f:
+        f.write(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(ck)
+    message = _one_line(str(e.value))
+    assert message.startswith('%s cannot be read (' % path) and message.endswith(
+        '); start a new run with an empty --checkpoint-dir'), message
+    assert reason in message
+
+
+def test_a_json_that_is_a_fifo_does_not_block(ck):
+    path = checkpoint.checkpoint_path(ck, 1, 'json')
+    os.remove(path)
+    os.mkfifo(path)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(ck)
+    assert str(e.value) == ('%s cannot be read (is a FIFO (named pipe), not a regular file); '
+                            'start a new run with an empty --checkpoint-dir' % path)
+
+
+@pytest.mark.parametrize('entry', [
+    {'name': 'epoch-0002.params'}, {'name': '../epoch-0001.params'}, {'bytes': -1},
+    {'bytes': True}, {'sha256': 'abc'}, {'name': 7},
+])
+def test_a_file_entry_must_name_this_epochs_file(ck, entry):
+    path = checkpoint.checkpoint_path(ck, 1, 'json')
+    record = json.load(open(path))
+    record['files']['params'].update(entry)
+    json.dump(record, open(path, 'w'))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(ck)
+    assert str(e.value) == ('%s has no valid entry for its .params file; start a new run with '
+                            'an empty --checkpoint-dir' % path)
+
+
+# --- C: the values of the CLI's record ----------------------------------------------------------
+
+@pytest.fixture(scope='module')
+def cli_record(tmp_path_factory, data_dir):
+    from gluon_mgpu.train import main
+    directory = str(tmp_path_factory.mktemp('cli') / 'ck')
+    assert main(['--device', 'cpu', '--batch-size', '8', '--train-limit', '16', '--test-limit',
+                 '8', '--epochs', '1', '--seed', '3', '--data-dir', data_dir, '--quiet',
+                 '--checkpoint-dir', directory]) == 0
+    return checkpoint.read_checkpoint(directory), checkpoint.checkpoint_path(directory, 1, 'json')
+
+
+def test_the_clis_own_record_is_valid(cli_record):
+    record, path = cli_record
+    assert checkpoint.validate_record(record, path) is record
+    assert set(record['args']) == set(checkpoint.ARG_CHECKS)
+
+
+_DROP = object()
+
+
+def _set(where, key, value=_DROP):
+    """A change of the record: ``record[where...][key] = value``, or delete it."""
+    def change(record):
+        target = record
+        for k in where:
+            target = target[k]
+        if value is _DROP:
+            del target[key]
+        else:
+            target[key] = value
+    return change
+
+
+_A = ('args',)
+_BAD_RECORDS = [
+    (_set(_A, 'lr', -1), 'args.lr is -1, expected a number from 1.1754944e-38 to '
+                         '3.4028235e+38 (what float32 can hold)'),
+    (_set(_A, 'lr', 1e39), 'args.lr is 1e+39, expected a number from 1.1754944e-38 to '
+                           '3.4028235e+38 (what float32 can hold)'),
+    (_set(_A, 'lr', 1e-320), 'args.lr is 1e-320, expected a number from 1.1754944e-38 to '
+                             '3.4028235e+38 (what float32 can hold)'),
+    (_set(_A, 'lr', '0.1'), 'args.lr is "0.1", expected a number from 1.1754944e-38 to '
+                            '3.4028235e+38 (what float32 can hold)'),
+    (_set(_A, 'epochs', '5'), 'args.epochs is "5", expected a whole number'),
+    (_set(_A, 'epochs', 0), 'args.epochs is 0, expected a whole number >= 1'),
+    (_set(_A, 'epochs', 2.0), 'args.epochs is 2.0, expected a whole number'),
+    (_set(_A, 'num_gpus', True), 'args.num_gpus is true, expected a whole number'),
+    (_set(_A, 'batch_size', None), 'args.batch_size is null, expected a whole number'),
+    (_set(_A, 'train_limit', 0), 'args.train_limit is 0, expected a whole number >= 1 or null'),
+    (_set(_A, 'seed', -1), 'args.seed is -1, expected a whole number from 0 to 2147483647'),
+    (_set(_A, 'seed', 2 ** 31), 'args.seed is 2147483648, expected a whole number from 0 to '
+                                '2147483647'),
+    (_set(_A, 'device', 'tpu'), 'args.device is "tpu", expected one of "auto", "gpu", "cpu"'),
+    (_set(_A, 'loader', 'torch'), 'args.loader is "torch", expected one of "array", "gluon"'),
+    (_set(_A, 'kvstore', 'dist_sync'), 'args.kvstore is "dist_sync", expected one of "device", '
+                                       '"local"'),
+    (_set(_A, 'model', 'resnet50'), 'args.model is "resnet50", expected one of "resnet18", '
+                                    '"lenet"'),
+    (_set(_A, 'hybridize', 'yes'), 'args.hybridize is "yes", expected true or false'),
+    (_set(_A, 'quiet', 0), 'args.quiet is 0, expected true or false'),
+    (_set(_A, 'plot', 'curves.pdf'), 'args.plot is "curves.pdf", expected a file name ending in '
+                                     '.png or .svg or null'),
+    (_set(_A, 'metrics_json', ''), 'args.metrics_json is "", expected a non-empty string '
+                                   'without NUL characters or null'),
+    (_set(_A, 'data_dir', 'a\0b'), 'args.data_dir is "a\\u0000b", expected a non-empty string '
+                                   'without NUL characters or null'),
+    (_set(_A, 'save_params', ['x']), 'args.save_params is ["x"], expected a non-empty string '
+                                     'without NUL characters or null'),
+    (_set(_A, 'device_weights', [1, -1]), 'args.device_weights is [1, -1], expected a list of '
+                                          'numbers above 0 or null'),
+    (_set(_A, 'device_weights', [1, 1]), 'args.device_weights has 2 weights for 1 devices'),
+    (_set(_A, 'check_replicas', 'x' * 100), 'args.check_replicas is "%s..., expected a whole '
+                                            'number or null' % ('x' * 36)),
+    (_set(_A, 'rank', 1), 'args.rank is 1, expected 0'),
+    (_set(_A, 'num_workers', 2), 'args.num_workers is 2, expected 1'),
+    (_set(_A, 'balance', 'fast'), 'args.balance is "fast", expected one of "even", "auto"'),
+    (_set(_A, 'sync_bn', None), 'args.sync_bn is null, expected true or false'),
+    (_set(_A, 'checkpoint_dir', '/etc'), 'args has unknown setting "checkpoint_dir"'),
+    (_set(_A, 'given', {}), 'args has unknown setting "given"'),
+    (_set(_A, 'lr'), 'args lacks lr'),
+    (_set(_A, 'batch_size', 0), 'args.batch_size is 0, expected a whole number >= 1'),
+    (_set(_A, 'num_gpus', 9), 'args.batch_size 8 is smaller than args.num_gpus 9'),
+    (_set((), 'args'), 'args is missing, expected the settings of the run (an object)'),
+    (_set((), 'args', [1, 2]), 'args is [1, 2], expected the settings of the run (an object)'),
+    (_set((), 'args', 'oops'), 'args is "oops", expected the settings of the run (an object)'),
+    (_set((), 'history', 'oops'), 'history is "oops", expected a list of 1 epoch records'),
+    (_set((), 'history', []), 'history is [], expected a list of 1 epoch records'),
+    (_set((), 'history'), 'history is missing, expected a list of 1 epoch records'),
+    (_set(('history',), 0, 'oops'), 'history[0] is "oops", expected an epoch record'),
+    (_set(('history', 0), 'epoch', 2), 'history[0].epoch is 2, expected 1'),
+    (_set(('history', 0), 'test_acc', 1.5), 'history[0].test_acc is 1.5, expected a number from '
+                                            '0 to 1'),
+    (_set(('history', 0), 'seconds', 0), 'history[0].seconds is 0, expected a number above 0'),
+    (_set(('history', 0), 'train_loss', None), 'history[0].train_loss is null, expected a '
+                                               'number >= 0'),
+    (_set(('history', 0), 'images_per_sec'), 'history[0] lacks images_per_sec'),
+    (_set((), 'network', 'resnet50(1000)'), 'network is "resnet50(1000)", which is none of the '
+                                            'networks gluon_mgpu trains (resnet18(10), '
+                                            'lenet(10), resnet18(10, norm_layer='
+                                            'sync_batch_norm(1)))'),
+    (_set((), 'network', 'lenet(10)'), 'network is "lenet(10)", expected "resnet18(10)" for '
+                                       'these settings'),
+    (_set((), 'network'), 'network is null, which is none of the networks gluon_mgpu trains '
+                           '(resnet18(10), lenet(10), resnet18(10, norm_layer='
+                           'sync_batch_norm(1)))'),
+    (_set((), 'data_seed', 4), 'data_seed is 4, expected 3'),
+    (_set((), 'devices', ['cpu(0)', 'cpu(1)']), 'devices is ["cpu(0)", "cpu(1)"], expected 1 '
+                                                'names such as "cpu(0)" or "gpu(0)"'),
+    (_set((), 'devices', ['tpu(0)']), 'devices is ["tpu(0)"], expected 1 names such as "cpu(0)" '
+                                      'or "gpu(0)"'),
+]
+
+
+@pytest.mark.parametrize('change,what', _BAD_RECORDS)
+def test_recorded_values_are_checked_as_strictly_as_the_command_line(cli_record, change, what):
+    record, path = cli_record
+    record = json.loads(json.dumps(record))
+    change(record)
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.validate_record(record, path)
+    assert _one_line(str(e.value)) == (
+        '%s: %s; the file was not written by this version of gluon_mgpu.train or was changed: '
+        'start a new run in an empty --checkpoint-dir' % (path, what))
+
+
+def test_an_older_record_without_the_newer_settings_is_valid(cli_record):
+    record, path = cli_record
+    record = json.loads(json.dumps(record))
+    for key in set(record['args']) - set(checkpoint.REQUIRED_ARGS):
+        del record['args'][key]
+    checkpoint.validate_record(record, path)
