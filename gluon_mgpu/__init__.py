@@ -11,6 +11,9 @@ from .threads import configure_threads, format_thread_settings, thread_settings
 
 # Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
 configure_threads()
+# The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
+from .gpu_build import prepare_for_package  # noqa: E402
+prepare_for_package()
 
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
                    load_data_fashion_mnist)
