@@ -26,13 +26,17 @@ def main(out):
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     gpu_Xs = gutils.split_and_load(X, devices)
     gpu_ys = gutils.split_and_load(y, devices)
-    net(gpu_Xs[0])  # the deferred initialization, so that the initial values can be saved
-    params = net.collect_params()
-    arrays = {'init/' + name: p.data(devices[0]).asnumpy() for name, p in params.items()}
     with autograd.record():
         ls = [loss(net(gpu_X), gpu_y) for gpu_X, gpu_y in zip(gpu_Xs, gpu_ys)]
     for l in ls:
         l.backward()
+    # The initial values (the parameters change only in trainer.step). An earlier version read
+    # them right after a forward pass outside record(): once in six runs, with either build, the
+    # tail of one convolution weight came out different (MKLDNN reorders weights in place in
+    # inference mode, the likely cause). Read after waitall, without that pass: 11 of 11 equal.
+    mx.nd.waitall()
+    params = net.collect_params()
+    arrays = {'init/' + name: p.data(devices[0]).asnumpy() for name, p in params.items()}
     trainer.step(batch_size)
     for i, d in enumerate(devices):
         arrays.update(('step%d/%s' % (i, name), p.data(d).asnumpy())
