@@ -22,7 +22,6 @@ This file imports only the standard library and never the ``gluon_mgpu`` package
 environment's Python, where it costs one finder until MXNet is imported.
 Run as a script: ``python gluon_mgpu/gpu_build.py install-hook``.
 """
-import ctypes
 import os
 import re
 import sys
@@ -133,6 +132,7 @@ def prepare(path=None):
     build = gpu_build(path)
     if build is None:
         return []
+    import ctypes  # here, not at the top: the .pth file loads this module in every process
     loaded = []
     for soname, file in library_paths(path):
         try:
