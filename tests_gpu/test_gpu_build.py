@@ -101,14 +101,12 @@ def test_one_training_step_equals_the_cpu_builds(gpu_python, cpu_python, stub_di
         assert r.returncode == 0, r.stderr
     cpu, gpu = np.load(tmp_path / 'cpu.npz'), np.load(tmp_path / 'gpu.npz')
     assert cpu.files == gpu.files
-    weights = [k for k in cpu.files if k.startswith('step0/') and k.endswith('_weight')]
-    assert len(weights) > 20
-    # The step moved the weights, the replicas agree, and so do the builds.
-    assert max(np.abs(cpu[k] - cpu[k.replace('step0/', 'init/')]).max() for k in weights) > 1e-3
+    assert len(cpu.files) == 1 + 2 * 110  # the loss, then ResNet-18's 110 parameters per device
+    assert 2.0 < float(cpu['train_loss']) < 2.6  # about ln(10): one step from a random start
     for k in cpu.files:
         assert np.abs(cpu[k] - gpu[k]).max() <= 1e-5, k
-        if k.startswith('step0/'):
-            assert np.array_equal(cpu[k], cpu[k.replace('step0/', 'step1/')]), k
+        if k.startswith('device0/'):
+            assert np.array_equal(cpu[k], cpu[k.replace('device0/', 'device1/')]), k
 
 
 @no_driver_here
