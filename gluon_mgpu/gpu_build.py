@@ -28,8 +28,8 @@ import sys
 import sysconfig
 
 __all__ = ['LIBRARIES', 'DRIVER_LIBRARY', 'DRIVER_VERSIONS', 'GPUBuildError', 'NoDriverError',
-           'gpu_build', 'library_paths', 'prepare', 'prepare_for_package', 'install_hook',
-           'HOOK_NAME']
+           'gpu_build', 'library_paths', 'no_driver_message', 'prepare', 'prepare_for_package',
+           'install_finder', 'install_hook', 'HOOK_NAME']
 
 # (folder under site-packages/nvidia/, soname): each after the libraries it needs (cuBLAS needs
 # cuBLASLt, cuSOLVER needs both), libmxnet.so's NEEDED entries in full but libcuda.so.1.
