@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
 
-.PHONY: demo test install data clean
+.PHONY: demo test install data clean gpu-install gpu-demo gpu-test
 
 demo: install data
 	$(PY) -m gluon_mgpu.train $(DEMO_ARGS)
@@ -38,5 +38,26 @@ data: install
 	  $$SUDO apt-get update && $$SUDO apt-get install -y dataset-fashion-mnist; }
 	@$(PY) -c 'import gluon_mgpu; print("Fashion-MNIST:", gluon_mgpu.find_data_dir())'
 
+# The GPU set-up (docs/gpu.md): mxnet-cu112 and NVIDIA's CUDA libraries from PyPI in their own
+# environment; the machine needs only the NVIDIA driver. gpu-install also writes a .pth file that
+# makes any `import mxnet` in .venv-gpu find those libraries (gluon_mgpu/gpu_build.py).
+GPU_VENV ?= .venv-gpu
+GPU_PY := $(GPU_VENV)/bin/python
+
+gpu-install:
+	$(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt install
+	@echo '*' > $(GPU_VENV)/.gitignore
+	$(GPU_PY) gluon_mgpu/gpu_build.py install-hook
+
+# The environment report first: without a driver it is the one line that says so (exit 2).
+gpu-demo: gpu-install
+	$(GPU_PY) -m gluon_mgpu.env
+	$(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt demo
+
+# The GPU build's checks on any machine, GPU or not (tests_gpu/): pytest runs in the CPU
+# environment, which the checks compare against, and starts the GPU environment's Python.
+gpu-test: install data gpu-install
+	GLUON_MGPU_GPU_PYTHON=$(abspath $(GPU_PY)) $(PY) -m pytest -v --durations=5 tests_gpu
+
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache
+	rm -rf $(VENV) $(GPU_VENV) *.egg-info .pytest_cache

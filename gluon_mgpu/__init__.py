@@ -13,6 +13,9 @@ from .threads import configure_threads, thread_settings
 startup.guard()
 # Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
 configure_threads()
+# The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
+from .gpu_build import prepare_for_package  # noqa: E402
+prepare_for_package()
 
 from .book import book_setting, init_training, new_network
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,

@@ -1,0 +1,271 @@
+"""The GPU build of MXNet on a machine that has nothing but the NVIDIA driver.
+
+``mxnet-cu112``'s ``libmxnet.so`` needs ten libraries from outside. Nine come from NVIDIA's
+``nvidia-*-cu11`` wheels (requirements-gpu.txt), which put them in
+``site-packages/nvidia/<name>/lib/``, a folder the dynamic loader never searches. The tenth,
+``libcuda.so.1``, comes with the driver, and ``libmxnet.so`` links it directly: without a driver,
+``import mxnet`` fails with ``OSError``.
+
+:func:`prepare` loads the nine with ``ctypes`` and ``RTLD_GLOBAL``, each after the libraries it
+needs, before ``libmxnet.so`` is loaded: the loader then takes the copies already in the process.
+It also checks for the driver and raises :class:`NoDriverError` (one line: what is wrong and the
+fix) instead of the loader's ``OSError``. Two callers run it before MXNet loads:
+
+* ``gluon_mgpu/__init__.py``, through :func:`prepare_for_package`, for the package's commands
+  (one line on stderr, exit code 2) and its library users (the exception);
+* ``gluon_mgpu_cuda.pth``, which :func:`install_hook` writes into the GPU environment
+  (``make gpu-install``): it puts a finder on ``sys.meta_path`` that runs :func:`prepare` when
+  ``mxnet`` is first imported, by anything: a script, a notebook kernel, ``d2lzh``.
+
+This file imports only the standard library and never the ``gluon_mgpu`` package, whose
+``__init__`` imports MXNet: the ``.pth`` file loads it by path at every start of the
+environment's Python, where it costs one finder until MXNet is imported.
+Run as a script: ``python gluon_mgpu/gpu_build.py install-hook``.
+"""
+import os
+import re
+import sys
+import sysconfig
+
+__all__ = ['LIBRARIES', 'DRIVER_LIBRARY', 'DRIVER_VERSIONS', 'GPUBuildError', 'NoDriverError',
+           'gpu_build', 'library_paths', 'no_driver_message', 'prepare', 'prepare_for_package',
+           'install_finder', 'install_hook', 'HOOK_NAME']
+
+# (folder under site-packages/nvidia/, soname): each after the libraries it needs (cuBLAS needs
+# cuBLASLt, cuSOLVER needs both), libmxnet.so's NEEDED entries in full but libcuda.so.1.
+LIBRARIES = (
+    ('cuda_runtime', 'libcudart.so.11.0'),
+    ('cublas', 'libcublasLt.so.11'),
+    ('cublas', 'libcublas.so.11'),
+    ('cufft', 'libcufft.so.10'),
+    ('curand', 'libcurand.so.10'),
+    ('cusolver', 'libcusolver.so.11'),
+    ('cuda_nvrtc', 'libnvrtc.so.11.2'),
+    ('nvtx', 'libnvToolsExt.so.1'),
+    ('nccl', 'libnccl.so.2'),
+    ('cudnn', 'libcudnn.so.8'),
+)
+DRIVER_LIBRARY = 'libcuda.so.1'
+# NVIDIA's minor-version compatibility: an 11.x build on 11.8 libraries runs on >= 450.80.02;
+# the PTX that NVRTC 11.8 makes for MXNet's fused kernels needs a driver for CUDA 11.8 (>= 520).
+DRIVER_VERSIONS = '>= 450.80.02, or >= 520 for fused kernels'
+HOOK_NAME = 'gluon_mgpu_cuda.pth'
+_HOOK_MARK = '# gluon_mgpu: load the nvidia-*-cu11 libraries before mxnet'
+
+
+class GPUBuildError(ImportError):
+    """The GPU build of MXNet is installed but cannot load; the message is one line and the fix."""
+
+
+class NoDriverError(GPUBuildError):
+    """The GPU build of MXNet is installed and ``libcuda.so.1`` (the NVIDIA driver) is not."""
+
+
+def gpu_build(path=None):
+    """Return the GPU build of MXNet that ``import mxnet`` would load, or None.
+
+    Parameters
+    ----------
+    path : list of str, optional
+        The folders to search, in order (default ``sys.path``).
+
+    Returns
+    -------
+    str or None
+        ``'mxnet-cu112 1.9.1'`` when the first ``mxnet`` on the path was installed by an
+        ``mxnet-cu*`` wheel; None for the CPU build or no MXNet at all.
+    """
+    for folder in sys.path if path is None else path:
+        folder = folder or os.curdir
+        if not os.path.isfile(os.path.join(folder, 'mxnet', '__init__.py')):
+            continue
+        for name in sorted(os.listdir(folder)):
+            match = re.match(r'mxnet_(cu\d+)-([^-]+)\.dist-info$', name)
+            if match:
+                return 'mxnet-%s %s' % match.groups()
+        return None
+    return None
+
+
+def library_paths(path=None):
+    """Return ``[(soname, file or None), ...]``: where the nvidia wheels put each library.
+
+    ``path`` is searched in order as in :func:`gpu_build`; None means no wheel has that
+    library (a system-wide CUDA may still provide it).
+    """
+    folders = sys.path if path is None else path
+    found = []
+    for package, soname in LIBRARIES:
+        candidates = (os.path.join(f or os.curdir, 'nvidia', package, 'lib', soname)
+                      for f in folders)
+        found.append((soname, next((c for c in candidates if os.path.isfile(c)), None)))
+    return found
+
+
+def no_driver_message(build):
+    """The one line for a GPU build without a driver: what is wrong and both ways out."""
+    return ('the GPU build of MXNet (%s) is installed but no NVIDIA driver was found (%s cannot '
+            'be loaded); install the NVIDIA driver (%s), or use the CPU environment '
+            '(requirements.txt: make test, make demo)' % (build, DRIVER_LIBRARY, DRIVER_VERSIONS))
+
+
+def prepare(path=None):
+    """Make the GPU build of MXNet loadable; call before ``import mxnet``. Does nothing for the CPU build.
+
+    Loads each library of :data:`LIBRARIES` from its wheel (or, without the wheel, from the
+    loader's usual places) with ``RTLD_GLOBAL``, then checks that ``libcuda.so.1`` loads.
+    Calling it again is cheap: a loaded library is only counted once more.
+
+    Returns
+    -------
+    list of str
+        The libraries loaded, as files (from a wheel) or sonames (found by the loader); empty
+        with the CPU build.
+
+    Raises
+    ------
+    NoDriverError
+        ``libcuda.so.1`` cannot be loaded: no NVIDIA driver.
+    GPUBuildError
+        A CUDA library cannot be loaded; the message names it and the requirements file.
+    """
+    build = gpu_build(path)
+    if build is None:
+        return []
+    import ctypes  # here, not at the top: the .pth file loads this module in every process
+    loaded = []
+    for soname, file in library_paths(path):
+        try:
+            ctypes.CDLL(file or soname, mode=ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise GPUBuildError(
+                'the GPU build of MXNet (%s) is installed but %s cannot be loaded (%s); install '
+                "NVIDIA's CUDA libraries with pip install -r requirements-gpu.txt "
+                '(make gpu-install)' % (build, soname, e)) from None
+        loaded.append(file or soname)
+    try:
+        ctypes.CDLL(DRIVER_LIBRARY)
+    except OSError:
+        raise NoDriverError(no_driver_message(build)) from None
+    return loaded
+
+
+def _command(argv):
+    """The module that ``python [options] -m MODULE ...`` runs, or None for a script or ``-c``."""
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == '-m':
+            return next(args, None)
+        if arg.startswith('-m'):
+            return arg[2:]
+        if arg in ('-W', '-X'):  # options that take a separate argument
+            next(args, None)
+        elif arg == '-c' or not arg.startswith('-'):
+            return None
+    return None
+
+
+def prepare_for_package(argv=None):
+    """:func:`prepare` for ``gluon_mgpu/__init__.py``: a command exits, an import raises.
+
+    Under ``python -m gluon_mgpu.<command>`` a :class:`GPUBuildError` becomes one line on
+    stderr, ``python -m gluon_mgpu.<command>: error: ...``, and exit code 2, with no
+    traceback. Anywhere else (``import gluon_mgpu`` in a notebook, a test) it is raised.
+
+    Parameters
+    ----------
+    argv : list of str, optional
+        How Python was started (default ``sys.orig_argv``; before Python 3.10, a ``-m`` run is
+        recognized while ``sys.argv[0]`` is still ``'-m'``).
+    """
+    try:
+        return prepare()
+    except GPUBuildError as e:
+        if argv is None:
+            argv = getattr(sys, 'orig_argv', None)
+        if argv is None:
+            command = 'gluon_mgpu' if sys.argv[:1] == ['-m'] else None
+        else:
+            command = _command(argv)
+        if command is None or command.split('.')[0] != 'gluon_mgpu':
+            raise
+        sys.stderr.write('python -m %s: error: %s\n' % (command, e))
+        sys.stderr.flush()
+        raise SystemExit(2)
+
+
+class _MXNetFinder:
+    """On ``sys.meta_path``: runs :func:`prepare` when ``mxnet`` is imported, then steps aside.
+
+    It finds nothing itself (the usual finders load MXNet). After a failure it stays, so that
+    a second ``import mxnet`` raises the same clear error rather than the loader's.
+    """
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == 'mxnet':
+            prepare()
+            if cls in sys.meta_path:
+                sys.meta_path.remove(cls)
+        return None
+
+
+def install_finder():
+    """Put the finder first on ``sys.meta_path`` (what the ``.pth`` file runs); once only."""
+    if 'mxnet' not in sys.modules and _MXNetFinder not in sys.meta_path:
+        sys.meta_path.insert(0, _MXNetFinder)
+
+
+def install_hook(site_dir=None):
+    """Write ``gluon_mgpu_cuda.pth`` into ``site_dir`` so any ``import mxnet`` there prepares first.
+
+    A ``.pth`` line that starts with ``import`` runs when Python starts; this one loads this file
+    by its absolute path (not ``gluon_mgpu``, which would import MXNet at every start) and calls
+    :func:`install_finder`.
+
+    Parameters
+    ----------
+    site_dir : str, optional
+        Default: this Python's ``site-packages`` (``sysconfig``'s ``purelib``).
+
+    Returns
+    -------
+    str
+        The file written.
+
+    Raises
+    ------
+    RuntimeError
+        A file of that name exists and was not written by this function.
+    """
+    site_dir = site_dir or sysconfig.get_paths()['purelib']
+    target = os.path.join(site_dir, HOOK_NAME)
+    if os.path.exists(target):
+        with open(target) as f:
+            if not f.readline().startswith(_HOOK_MARK):
+                raise RuntimeError('%s exists and was not written by gluon_mgpu; move it away '
+                                   'and run make gpu-install again' % target)
+    source = os.path.abspath(__file__)
+    line = ('import importlib.util as u; s = u.spec_from_file_location("_gluon_mgpu_gpu_build", '
+            '%r); m = u.module_from_spec(s); s.loader.exec_module(m); m.install_finder()'
+            % source)
+    with open(target, 'w') as f:
+        f.write('%s (%s)\n%s\n' % (_HOOK_MARK, source, line))
+    return target
+
+
+def _main(argv):
+    if argv != ['install-hook']:
+        sys.stderr.write('usage: python gluon_mgpu/gpu_build.py install-hook\n')
+        return 2
+    try:
+        target = install_hook()
+    except RuntimeError as e:
+        sys.stderr.write('error: %s\n' % e)
+        return 2
+    print('wrote %s: import mxnet now finds the nvidia-*-cu11 libraries' % target)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(_main(sys.argv[1:]))
