@@ -19,8 +19,8 @@ the measured time of each unit, or name the units after which to cut.
 
 *Micro-batches* (a pipeline, as GPipe does it): the batch is cut into ``M`` pieces that go
 through the parts one after another. MXNet runs operations asynchronously, so the first
-device starts on micro-batch 2 while the second still works on micro-batch 1. Gradients of
-all micro-batches are added (``grad_req='add'``) and one update follows. Without BatchNorm
+device starts on micro-batch 2 while the second still works on micro-batch 1. One backward
+pass over all micro-batches' losses adds up their gradients, and one update follows. Without BatchNorm
 this equals the whole batch up to float rounding; BatchNorm normalizes each micro-batch with
 its own statistics, so with it the step differs from the whole batch's.
 """
@@ -112,15 +112,16 @@ def choose_cut(costs, num_devices):
     """Cut a list of unit costs into ``num_devices`` runs with the smallest largest run.
 
     Returns the cut as a tuple of boundaries: the number of units before each cut, e.g.
-    ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4). Every device gets at least one unit; among
-    equally good cuts the earliest wins.
+    ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4). Every device gets at least one unit. Among
+    cuts with the same largest run, the one whose second largest run is smallest wins, and so
+    on; then the earliest.
     """
     best = None
     for bounds in itertools.combinations(range(1, len(costs)), num_devices - 1):
         edges = (0,) + bounds + (len(costs),)
-        worst = max(sum(costs[a:b]) for a, b in zip(edges, edges[1:]))
-        if best is None or worst < best[0]:
-            best = (worst, bounds)
+        runs = sorted((sum(costs[a:b]) for a, b in zip(edges, edges[1:])), reverse=True)
+        if best is None or runs < best[0]:
+            best = (runs, bounds)
     return best[1]
 
 
@@ -227,24 +228,21 @@ def forward(parts, X, devices, copy=_as_in_context):
 
 
 def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context):
-    """One step of the layer split: forward every micro-batch, backward every one, update once.
+    """One step of the layer split: forward every micro-batch, then backward, then update once.
 
-    With ``micro_batches > 1`` the parameters must have ``grad_req='add'``: their gradients are
-    zeroed here and each micro-batch's backward adds to them. A batch with fewer examples than
-    micro-batches is cut into one-example micro-batches. Returns the losses of the
-    micro-batches (on the last device).
+    One backward pass over the losses of all micro-batches: autograd adds up each parameter's
+    gradients from all of them. (A backward per micro-batch fails with BatchNorm: the first
+    frees the graph of the running statistics that all micro-batches share.) A batch with
+    fewer examples than micro-batches is cut into one-example micro-batches. Returns the
+    losses of the micro-batches (on the last device).
     """
-    if micro_batches > 1:
-        for part in parts:
-            part.collect_params().zero_grad()
     m = min(micro_batches, X.shape[0])
     X_micros = gutils.split_data(X.as_in_context(devices[0]), m, even_split=False)
     y_micros = gutils.split_data(y.as_in_context(devices[-1]), m, even_split=False)
     with autograd.record():
         ls = [loss(forward(parts, X_m, devices, copy), y_m)
               for X_m, y_m in zip(X_micros, y_micros)]
-    for l in ls:
-        l.backward()
+    autograd.backward(ls)
     for trainer in trainers:
         trainer.step(X.shape[0])
     return ls
@@ -286,11 +284,6 @@ class LayerSplit:
         self.devices = check_devices(devices)
         self.parts, self.names = split_layers(net, self.devices, cut, sample)
         self.micro_batches = micro_batches
-        if micro_batches > 1:
-            for part in self.parts:
-                for p in part.collect_params().values():
-                    if p.grad_req != 'null':
-                        p.grad_req = 'add'
         self.trainers = [gluon.Trainer(part.collect_params(), 'sgd', {'learning_rate': lr})
                          for part in self.parts]
         self.loss = gloss.SoftmaxCrossEntropyLoss()
