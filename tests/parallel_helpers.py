@@ -49,3 +49,37 @@ def grad(param):
 
 def max_diff(a, b):
     return float(np.max(np.abs(np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64))))
+
+
+def float64_gap(n, seed, tmp_dir):
+    """Largest per-layer relative gradient gap of a float64 channel split over ``n`` devices.
+
+    Run in a process of its own with ``MXNET_ENGINE_TYPE=NaiveEngine``: MXNet's float64
+    convolution goes through OpenBLAS, which has hung when two CPU contexts call it at once.
+    Prints ``loss gap, gradient gap`` (both relative to the one-device float64 network).
+    """
+    import pathlib
+    from gluon_mgpu.model import resnet18
+    from gluon_mgpu.parallel import channels
+    net, reference, _ = twins(lambda: resnet18(10), pathlib.Path(tmp_dir), seed=seed)
+    net.cast('float64')
+    reference.cast('float64')
+    split = channels.ChannelSplitNet(net, [mx.cpu(i) for i in range(n)], 0.1)
+    X, y = batch(4, seed=seed + 10)
+    X, y = X.astype('float64'), y.astype('float64')
+    ours, theirs = backward(split.net, X, y), backward(reference, X, y)
+    print(abs(ours - theirs) / abs(theirs), layer_gap(split, reference))
+
+
+def layer_gap(split, reference):
+    """Largest over the split layers of max |gradient gap| / max |gradient| of the layer."""
+    theirs = named(reference)
+    gaps = []
+    for path, layer in split.layers:
+        names = [n for n in layer.param_names if not n.startswith('running')]
+        ours = {n: np.concatenate([getattr(p, n).grad(d).asnumpy()
+                                   for p, d in zip(layer.pieces, layer.devices)]) for n in names}
+        scale = max(np.abs(theirs[path + n].grad().asnumpy()).max() for n in names)
+        gaps.append(max(np.abs(ours[n] - theirs[path + n].grad().asnumpy()).max()
+                        for n in names) / scale)
+    return max(gaps)

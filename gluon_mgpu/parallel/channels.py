@@ -117,6 +117,7 @@ class ChannelSplit(nn.HybridBlock):
         for k, (device, (a, b)) in enumerate(zip(self.devices, self.slices)):
             piece = _piece(layer, self.kind, b - a, '%spart%d_' % (layer.prefix, k))
             piece.initialize(ctx=device)
+            piece.cast(getattr(layer, self.param_names[0]).dtype)  # float64 stays float64
             for name in self.param_names:
                 whole = getattr(layer, name)
                 # slice_axis, not [a:b]: a view of an MKLDNN-laid-out array cannot be copied.
