@@ -90,7 +90,7 @@ def test_where_to_cut_table(printed):
 
 def test_micro_batches(printed):
     lines = printed['layers-micro'].splitlines()
-    assert [line.split()[0] for line in lines] == ['2', '4', '8']
+    assert [line.split()[0] for line in lines] == ['2', '8']
     for line in lines:
         assert _number(r'LeNet (\S+),', line) <= 1e-5
         assert _number(r'\(BatchNorm\) (\S+)$', line) > 0.1
