@@ -32,6 +32,20 @@ def backward(net, X, y, train_mode=True):
     return l.sum().asscalar()
 
 
+def train_and_reload(split, make, tmp_path):
+    """One training step of ``split``, saved and read into a plain ``make()`` on cpu(0).
+
+    Returns ``(X, plain)``: the batch trained on, and the one-device network read from the file.
+    """
+    X, y = batch()
+    split.train_batch(X, y)
+    saved = str(tmp_path / 'split.params')
+    split.save_parameters(saved)
+    plain = make()
+    plain.load_parameters(saved, ctx=mx.cpu(0))  # an ordinary file: every name and shape
+    return X, plain
+
+
 def named(net):
     """``{name in .params files: Parameter}``."""
     return dict(net._collect_params_with_prefix())

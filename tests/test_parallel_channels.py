@@ -27,7 +27,7 @@ from mxnet.gluon import nn
 from gluon_mgpu.model import resnet18
 from gluon_mgpu.parallel import check_trace, channels, init_one_device, trace_devices
 from gluon_mgpu.parallel.common import layer_output_bytes
-from parallel_helpers import backward, batch, layer_gap, named, twins, value
+from parallel_helpers import backward, batch, layer_gap, named, train_and_reload, twins, value
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICES = {2: [mx.cpu(0), mx.cpu(1)], 3: [mx.cpu(0), mx.cpu(1), mx.cpu(2)]}
@@ -135,12 +135,7 @@ def test_a_conv_split_over_four_devices_holds_a_quarter_of_the_filters_each():
 def test_params_file_round_trip(tmp_path):
     net, reference, path = twins(lambda: resnet18(10), tmp_path)
     split = channels.ChannelSplitNet(net, DEVICES[3], lr=0.1)
-    X, y = batch()
-    split.train_batch(X, y)
-    saved = str(tmp_path / 'split.params')
-    split.save_parameters(saved)
-    plain = resnet18(10)
-    plain.load_parameters(saved, ctx=mx.cpu(0))  # an ordinary file, every name and shape
+    _, plain = train_and_reload(split, lambda: resnet18(10), tmp_path)
     for path_, layer in split.layers:
         for name in layer.param_names:
             assert np.array_equal(value(named(plain)[path_ + name]), layer.whole(name).asnumpy())

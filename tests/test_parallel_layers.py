@@ -8,7 +8,7 @@ from gluon_mgpu.model import lenet, resnet18
 from gluon_mgpu.parallel import CopyCounter, check_trace, layers, trace_devices
 from gluon_mgpu.parallel.common import layer_output_bytes
 from gluon_mgpu.parallel.scratch import gluon_lenet
-from parallel_helpers import backward, batch, grad, named, twins, value
+from parallel_helpers import backward, batch, grad, named, train_and_reload, twins, value
 
 DEVICES = {2: [mx.cpu(0), mx.cpu(1)], 3: [mx.cpu(0), mx.cpu(1), mx.cpu(2)]}
 
@@ -167,12 +167,7 @@ def test_micro_batches_with_batchnorm_normalize_each_micro_batch_on_its_own(tmp_
 def test_params_file_round_trip(tmp_path):
     net, reference, path = twins(lambda: resnet18(10), tmp_path)
     split = layers.LayerSplit(net, DEVICES[2], lr=0.1)
-    X, y = batch()
-    split.train_batch(X, y)
-    saved = str(tmp_path / 'split.params')
-    split.save_parameters(saved)
-    plain = resnet18(10)
-    plain.load_parameters(saved, ctx=mx.cpu(0))
+    X, plain = train_and_reload(split, lambda: resnet18(10), tmp_path)
     assert np.array_equal(plain(X).asnumpy(), split(X).asnumpy())
     split.load_parameters(path)  # back to the starting point, every parameter on its device
     for name, param in named(reference).items():

@@ -21,8 +21,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn
 from mxnet.symbol import Symbol
 
-from .common import (CopyCounter, check_devices, evaluate_accuracy, layer_output_bytes,
-                     parameter_bytes, per_device)
+from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+                     parameter_bytes)
 from .layers import _check_initialized
 
 __all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
@@ -232,6 +232,7 @@ class ChannelSplitNet:
         self.net = net
         self.devices = check_devices(devices)
         self.copies = CopyCounter()
+        self._copy_now = self.copies.copy
         self.layers = split_channels(net, self.devices, self._copy)
         self.trainers = [
             gluon.Trainer([p for _, split in self.layers
@@ -240,11 +241,10 @@ class ChannelSplitNet:
             for k in range(len(self.devices))]
         self.loss = gloss.SoftmaxCrossEntropyLoss()
         self.hybridized = False
-        self._counter = self.copies
 
     def _copy(self, x, device):
         # Through an attribute, so summary() can count one pass with a counter of its own.
-        return self._counter.copy(x, device)
+        return self._copy_now(x, device)
 
     def describe(self):
         """``64 layers, each split 32 | 32 channels over cpu(0), cpu(1)`` (the first layer's)."""
@@ -321,17 +321,16 @@ class ChannelSplitNet:
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized pieces '
                                'hide their layers; call summary() before hybridize()')
-        counter = CopyCounter()
-        self._counter = counter
-        try:
-            X = X.as_in_context(self.devices[0])
-            outputs = layer_output_bytes([self.net], lambda: self.net(X))
-        finally:
-            self._counter = self.copies
-        activations = {d: outputs.get(d, 0) + counter.received(d) for d in self.devices}
-        return {'method': self.method, 'devices': [str(d) for d in self.devices],
-                'batch_size': X.shape[0],
-                'parameter_bytes': parameter_bytes(self.net, self.devices),
-                'activation_bytes': per_device(activations, self.devices),
-                'copied_bytes_per_step': 2 * counter.total,
-                'layers': len(self.layers)}
+        X = X.as_in_context(self.devices[0])
+
+        def run(copy):
+            self._copy_now = copy
+            try:
+                self.net(X)
+            finally:
+                self._copy_now = self.copies.copy
+
+        activations, copied = count_pass([self.net], self.devices, run)
+        return make_summary(self.method, self.devices, X.shape[0],
+                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
+                            layers=len(self.layers))

@@ -14,7 +14,7 @@ from ..replicas.placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
            'trace_devices', 'check_trace', 'evaluate_accuracy', 'per_device',
-           'parameter_bytes']
+           'parameter_bytes', 'count_pass', 'make_summary']
 
 
 def check_devices(devices):
@@ -198,3 +198,30 @@ def parameter_bytes(params, devices):
     """Bytes of parameters held on each of ``devices`` (a list in their order)."""
     placement = inspect_placement(params)
     return per_device(dict(zip(placement.devices, placement.bytes_per_device)), devices)
+
+
+def count_pass(blocks, devices, run):
+    """Run one forward pass as ``run(copy)``; return ``(activation bytes per device, bytes copied)``.
+
+    ``run`` must send every copy between devices through ``copy(x, device)``. A device's
+    activations are the outputs of the blocks inside ``blocks`` that it computed plus what it
+    received from other devices (a list in the order of ``devices``); the second number is the
+    bytes the pass copied between devices.
+    """
+    counter = CopyCounter()
+    outputs = layer_output_bytes(blocks, lambda: run(counter.copy))
+    return [outputs.get(d, 0) + counter.received(d) for d in devices], counter.total
+
+
+def make_summary(method, devices, batch_size, parameter_bytes, activation_bytes,
+                 copied_bytes_per_step, **extra):
+    """The dict every method's ``summary(X)`` returns: bytes as lists in the order of ``devices``.
+
+    Keys: ``method``, ``devices`` (strings), ``batch_size``, ``parameter_bytes``,
+    ``activation_bytes``, ``copied_bytes_per_step``, then ``extra`` (``units`` and
+    ``micro_batches`` for the layer split, ``layers`` for the channel split).
+    """
+    return dict({'method': method, 'devices': [str(d) for d in devices],
+                 'batch_size': batch_size, 'parameter_bytes': list(parameter_bytes),
+                 'activation_bytes': list(activation_bytes),
+                 'copied_bytes_per_step': copied_bytes_per_step}, **extra)

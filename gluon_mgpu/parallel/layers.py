@@ -32,8 +32,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from .common import (CopyCounter, check_devices, evaluate_accuracy, layer_output_bytes,
-                     nbytes, parameter_bytes, per_device)
+from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+                     nbytes, parameter_bytes)
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
            'choose_cut', 'resolve_cut', 'split_layers', 'forward', 'train_batch', 'LayerSplit']
@@ -339,14 +339,9 @@ class LayerSplit:
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized parts '
                                'hide their layers; call summary() before hybridize()')
-        counter = CopyCounter()
         X = X.as_in_context(self.devices[0])
-        outputs = layer_output_bytes(
-            self.parts, lambda: forward(self.parts, X, self.devices, counter.copy))
-        activations = {d: outputs.get(d, 0) + counter.received(d) for d in self.devices}
-        return {'method': self.method, 'devices': [str(d) for d in self.devices],
-                'batch_size': X.shape[0],
-                'parameter_bytes': parameter_bytes(self.net, self.devices),
-                'activation_bytes': per_device(activations, self.devices),
-                'copied_bytes_per_step': 2 * counter.total,
-                'units': self.names, 'micro_batches': self.micro_batches}
+        activations, copied = count_pass(
+            self.parts, self.devices, lambda copy: forward(self.parts, X, self.devices, copy))
+        return make_summary(self.method, self.devices, X.shape[0],
+                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
+                            units=self.names, micro_batches=self.micro_batches)

@@ -8,7 +8,8 @@ the chapter's Gluon data parallelism the same bytes-per-device summary as the ot
 from mxnet.gluon import utils as gutils
 
 from .channels import ChannelSplitNet
-from .common import check_devices, layer_output_bytes, nbytes, parameter_bytes, per_device
+from .common import (check_devices, layer_output_bytes, make_summary, nbytes, parameter_bytes,
+                     per_device)
 from .layers import CUT_RULES, LayerSplit
 from .scratch import ScratchDataParallel
 
@@ -150,7 +151,5 @@ def data_parallel_summary(net, devices, X):
                   for p in net.collect_params().values() if p.grad_req != 'null')
     X_shards = gutils.split_and_load(X, devices, even_split=False)
     outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
-    return {'method': 'data', 'devices': [str(d) for d in devices], 'batch_size': X.shape[0],
-            'parameter_bytes': parameter_bytes(net, devices),
-            'activation_bytes': per_device(outputs, devices),
-            'copied_bytes_per_step': 2 * (len(devices) - 1) * trained}
+    return make_summary('data', devices, X.shape[0], parameter_bytes(net, devices),
+                        per_device(outputs, devices), 2 * (len(devices) - 1) * trained)

@@ -19,7 +19,8 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from .common import check_devices, evaluate_accuracy, layer_output_bytes, nbytes, per_device
+from .common import (check_devices, evaluate_accuracy, layer_output_bytes, make_summary,
+                     nbytes, per_device)
 
 __all__ = ['init_params', 'lenet', 'loss', 'get_params', 'allreduce', 'split_batch', 'sgd',
            'train_batch', 'gluon_lenet', 'PARAM_NAMES', 'save_params', 'load_params',
@@ -207,8 +208,6 @@ class ScratchDataParallel:
         net.initialize(ctx=self.devices)
         X_shards = gutils.split_and_load(X, self.devices, even_split=False)
         outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
-        return {'method': self.method, 'devices': [str(d) for d in self.devices],
-                'batch_size': X.shape[0],
-                'parameter_bytes': [size] * len(self.devices),
-                'activation_bytes': per_device(outputs, self.devices),
-                'copied_bytes_per_step': 2 * (len(self.devices) - 1) * size}
+        return make_summary(self.method, self.devices, X.shape[0], [size] * len(self.devices),
+                            per_device(outputs, self.devices),
+                            2 * (len(self.devices) - 1) * size)
