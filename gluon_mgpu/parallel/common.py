@@ -86,11 +86,16 @@ def _arrays(x):
     return []
 
 
-def _hook_all(blocks, hook):
+def _run_hooked(blocks, hook, run):
+    """Call ``run()`` with ``hook`` after the forward of every block inside ``blocks``."""
     handles = []
     for block in blocks:
         block.apply(lambda b: handles.append(b.register_forward_hook(hook)))
-    return handles
+    try:
+        run()
+    finally:
+        for h in handles:
+            h.detach()
 
 
 def layer_output_bytes(blocks, run):
@@ -112,12 +117,7 @@ def layer_output_bytes(blocks, run):
         for a in _arrays(output):
             seen[a.handle.value] = (a.context, nbytes(a), a)  # keep a alive: handles stay unique
 
-    handles = _hook_all(blocks, hook)
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.detach()
+    _run_hooked(blocks, hook, run)
     out = {}
     for context, size, _ in seen.values():
         out[context] = out.get(context, 0) + size
@@ -143,12 +143,7 @@ def trace_devices(blocks, run):
                         'parameters': tuple(tuple(p.list_ctx())
                                             for p in block.params.values())})
 
-    handles = _hook_all(blocks, hook)
-    try:
-        run()
-    finally:
-        for h in handles:
-            h.detach()
+    _run_hooked(blocks, hook, run)
     return records
 
 
