@@ -1,0 +1,336 @@
+"""Method 2 of the chapter: split the work inside each layer, by channels.
+
+"Instead of one device computing 64 channels, 4 devices compute 16 each." A convolution's
+output channels are independent of each other: each device holds the filters of its share of
+the channels, computes them from the whole input, and the shares are concatenated. A dense
+layer splits the same way by output units. BatchNorm normalizes every channel on its own, so
+each device normalizes its share of the input's channels with its share of ``gamma``,
+``beta`` and the running statistics.
+
+``split_channels(net, devices)`` replaces every ``Conv2D``, ``BatchNorm`` and ``Dense`` layer of
+a network by a ``ChannelSplit`` layer holding one smaller *piece* per device; everything else
+(ReLU, pooling, the residual addition) runs unchanged on the first device, where each split
+layer gathers its output. So the network's own code, the chapter's ``Residual`` included, runs
+as it is, and the training step is the one-device step with one Trainer per device.
+
+Compared with the layer split, every device holds an equal share of the parameters, but every
+layer sends its input out and gathers its output back: many more bytes cross between devices.
+"""
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import loss as gloss, nn
+from mxnet.symbol import Symbol
+
+from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+                     parameter_bytes)
+from .layers import _check_initialized
+
+__all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
+           'ChannelSplitNet']
+
+SPLIT_LAYERS = (nn.Conv2D, nn.BatchNorm, nn.Dense)
+_PARAMS = {nn.Conv2D: ('weight', 'bias'), nn.BatchNorm: ('gamma', 'beta', 'running_mean',
+                                                          'running_var'),
+           nn.Dense: ('weight', 'bias')}
+
+
+def channel_slices(channels, num_devices):
+    """Share ``channels`` out over ``num_devices``: ``[(begin, end), ...]``, sizes differing by 1.
+
+    64 over 4 gives 16 each; 10 over 4 gives 3, 3, 2, 2.
+    """
+    base, extra = divmod(channels, num_devices)
+    edges = [0]
+    for k in range(num_devices):
+        edges.append(edges[-1] + base + (1 if k < extra else 0))
+    return list(zip(edges, edges[1:]))
+
+
+def _kind(layer):
+    for kind in SPLIT_LAYERS:
+        if isinstance(layer, kind):
+            return kind
+    return None
+
+
+def _act_type(layer):
+    return None if layer.act is None else layer.act._act_type
+
+
+def _piece(layer, kind, channels, prefix):
+    """A layer like ``layer`` with ``channels`` output channels (or units) instead of all."""
+    weight = None if kind is nn.BatchNorm else layer.weight
+    if kind is nn.Conv2D:
+        kw = layer._kwargs
+        if kw['num_group'] != 1 or kw['layout'] != 'NCHW':
+            raise ValueError('layer %s: only ungrouped NCHW convolutions are split by channels '
+                             '(groups=%d, layout=%s); use groups=1 and layout NCHW'
+                             % (layer.name, kw['num_group'], kw['layout']))
+        return nn.Conv2D(channels, kw['kernel'], strides=kw['stride'], padding=kw['pad'],
+                         dilation=kw['dilate'], use_bias=not kw['no_bias'],
+                         activation=_act_type(layer), in_channels=weight.shape[1], prefix=prefix)
+    if kind is nn.Dense:
+        if not layer._flatten:
+            raise ValueError('layer %s: a Dense layer with flatten=False puts its units on the '
+                             'last axis and is not split here; use flatten=True' % layer.name)
+        return nn.Dense(channels, activation=_act_type(layer), use_bias=layer.bias is not None,
+                        in_units=weight.shape[1], prefix=prefix)
+    kw = layer._kwargs
+    if kw['axis'] != 1:
+        raise ValueError('layer %s: BatchNorm over axis %d; only the channel axis 1 (NCHW) is '
+                         'split here' % (layer.name, kw['axis']))
+    return nn.BatchNorm(momentum=kw['momentum'], epsilon=kw['eps'],
+                        center=layer.beta.grad_req != 'null', scale=not kw['fix_gamma'],
+                        use_global_stats=kw['use_global_stats'],
+                        in_channels=channels, prefix=prefix)
+
+
+def _as_in_context(x, device):
+    return x.as_in_context(device)
+
+
+class ChannelSplit(nn.HybridBlock):
+    """One ``Conv2D``, ``BatchNorm`` or ``Dense`` layer with its output channels shared out.
+
+    Piece ``k`` (``self[k]``) lives on ``devices[k]`` and computes channels
+    ``slices[k]`` of the output. Called with an input on some device, the layer sends the
+    input (BatchNorm: each piece's channels of it) to every device, runs the pieces, and
+    concatenates their outputs on the input's device. It holds no parameters of its own.
+
+    It is a ``HybridBlock`` only so that the chapter's ``HybridBlock`` network may hold it; it
+    spans devices, so it cannot be part of a hybridized graph. Hybridize its pieces instead.
+    """
+
+    def __init__(self, layer, devices, copy=_as_in_context):
+        super().__init__(prefix=layer.prefix)
+        self.kind = _kind(layer)
+        self.devices = list(devices)
+        self._copy = copy
+        self.param_names = [n for n in _PARAMS[self.kind] if getattr(layer, n) is not None]
+        channels = getattr(layer, self.param_names[0]).shape[0]
+        if channels < len(devices):
+            raise ValueError('layer %s has %d output channels, fewer than the %d devices; split '
+                             'over at most %d devices' % (layer.name, channels, len(devices),
+                                                           channels))
+        self.slices = channel_slices(channels, len(devices))
+        self.pieces = []
+        for k, (device, (a, b)) in enumerate(zip(self.devices, self.slices)):
+            piece = _piece(layer, self.kind, b - a, '%spart%d_' % (layer.prefix, k))
+            piece.initialize(ctx=device)
+            piece.cast(getattr(layer, self.param_names[0]).dtype)  # float64 stays float64
+            for name in self.param_names:
+                whole = getattr(layer, name)
+                # slice_axis, not [a:b]: a view of an MKLDNN-laid-out array cannot be copied.
+                data = whole.data(whole.list_ctx()[0])
+                getattr(piece, name).set_data(data.slice_axis(axis=0, begin=a, end=b))
+            self.register_child(piece, str(k))
+            self.pieces.append(piece)
+
+    def __getitem__(self, k):
+        return self.pieces[k]
+
+    def forward(self, x):
+        if isinstance(x, Symbol):
+            raise RuntimeError('layer %s is split over %d devices and cannot be part of a '
+                               'hybridized graph (a CachedOp runs on one device); hybridize its '
+                               'pieces instead (ChannelSplitNet.hybridize)'
+                               % (self.name, len(self.devices)))
+        home = x.context
+        if self.kind is nn.BatchNorm:
+            inputs = [x.slice_axis(axis=1, begin=a, end=b) for a, b in self.slices]
+        else:
+            inputs = [x] * len(self.pieces)
+        outputs = [piece(self._copy(x_k, device))
+                   for piece, x_k, device in zip(self.pieces, inputs, self.devices)]
+        return nd.concat(*[self._copy(y, home) for y in outputs], dim=1)
+
+    def whole(self, name):
+        """Parameter ``name`` (``'weight'``, ``'gamma'``, ...) of the whole layer, on the CPU."""
+        return nd.concat(*[getattr(p, name).data(d).copyto(mx.cpu())
+                           for p, d in zip(self.pieces, self.devices)], dim=0)
+
+    def set_whole(self, name, value):
+        """Share a whole-layer value of parameter ``name`` out to the pieces."""
+        for piece, (a, b) in zip(self.pieces, self.slices):
+            getattr(piece, name).set_data(value.slice_axis(axis=0, begin=a, end=b))
+
+
+def split_channels(net, devices, copy=_as_in_context):
+    """Replace every Conv2D, BatchNorm and Dense layer of ``net`` by a ``ChannelSplit``, in place.
+
+    ``net`` must be initialized on one device (``init_one_device``); the pieces start from its
+    values. Returns ``[(path, ChannelSplit), ...]`` in the network's order, where ``path`` is
+    the layer's prefix in ``.params`` files (``'4.0.conv1.'``).
+
+    Raises
+    ------
+    ValueError
+        For a layer with fewer output channels than devices, or a layer with parameters that
+        is not a Conv2D, BatchNorm or Dense.
+    """
+    devices = check_devices(devices)
+    _check_initialized(net)
+    found = []
+
+    def walk(block, path):
+        # The children dict is how Gluon itself names parameters in .params files.
+        for name, child in list(block._children.items()):
+            if _kind(child) is not None:
+                split = ChannelSplit(child, devices, copy)
+                block.register_child(split, name)
+                if block.__dict__.get(name) is child:
+                    # Residual's self.conv1: Block.__setattr__ would refuse the new type.
+                    object.__setattr__(block, name, split)
+                found.append((path + name + '.', split))
+            elif list(child.params.keys()):
+                raise ValueError('layer %s (%s) has parameters but is not a Conv2D, BatchNorm '
+                                 'or Dense layer, so it cannot be split by channels; use the '
+                                 'layer split or data parallelism'
+                                 % (child.name, type(child).__name__))
+            else:
+                walk(child, path + name + '.')
+
+    walk(net, '')
+    return found
+
+
+def train_batch(X, y, net, trainers, devices, loss):
+    """One step: the one-device step, with one Trainer per device. Returns the losses."""
+    X, y = X.as_in_context(devices[0]), y.as_in_context(devices[0])
+    with autograd.record():
+        l = loss(net(X), y)
+    l.backward()
+    for trainer in trainers:
+        trainer.step(X.shape[0])
+    return l
+
+
+class ChannelSplitNet:
+    """A network split by channels over devices, ready to train: the API the command line uses.
+
+    Parameters
+    ----------
+    net : Block
+        Initialized on one device (``init_one_device``); split in place.
+    devices : list of mxnet.Context
+    lr : float
+        Learning rate of the SGD Trainers (one per device).
+
+    Attributes
+    ----------
+    layers : list of (str, ChannelSplit)
+        See ``split_channels``.
+    trainers : list of gluon.Trainer
+        ``trainers[k]`` updates the pieces on ``devices[k]``.
+    copies : CopyCounter
+        Bytes copied between devices by every forward pass so far.
+    """
+
+    method = 'channels'
+
+    def __init__(self, net, devices, lr):
+        self.net = net
+        self.devices = check_devices(devices)
+        self.copies = CopyCounter()
+        self._copy_now = self.copies.copy
+        self.layers = split_channels(net, self.devices, self._copy)
+        self.trainers = [
+            gluon.Trainer([p for _, split in self.layers
+                           for p in split[k].collect_params().values()],
+                          'sgd', {'learning_rate': lr})
+            for k in range(len(self.devices))]
+        self.loss = gloss.SoftmaxCrossEntropyLoss()
+        self.hybridized = False
+
+    def _copy(self, x, device):
+        # Through an attribute, so summary() can count one pass with a counter of its own.
+        return self._copy_now(x, device)
+
+    def describe(self):
+        """``64 layers, each split 32 | 32 channels over cpu(0), cpu(1)`` (the first layer's)."""
+        sizes = ' | '.join(str(b - a) for a, b in self.layers[0][1].slices)
+        return '%d layers split by channels over %s (first layer: %s)' % (
+            len(self.layers), ', '.join(str(d) for d in self.devices), sizes)
+
+    def hybridize(self, **kwargs):
+        """Hybridize every piece on its own device (keyword arguments go to ``hybridize``)."""
+        for _, split in self.layers:
+            for piece in split.pieces:
+                piece.hybridize(**kwargs)
+        self.hybridized = True
+
+    def __call__(self, X):
+        """Logits for ``X`` (moved to the first device, where they come out)."""
+        return self.net(X.as_in_context(self.devices[0]))
+
+    def train_batch(self, X, y):
+        """One training step on ``(X, y)``; returns the sum of the losses (on the first device)."""
+        return train_batch(X, y, self.net, self.trainers, self.devices, self.loss).sum()
+
+    def evaluate_accuracy(self, data_iter):
+        """Fraction of ``data_iter`` classified correctly."""
+        return evaluate_accuracy(self, data_iter, self.devices[0])
+
+    def whole_parameters(self):
+        """``{name: NDArray on the CPU}`` with the names and shapes of the one-device network."""
+        return {path + name: split.whole(name)
+                for path, split in self.layers for name in split.param_names}
+
+    def save_parameters(self, filename):
+        """Write an ordinary ``.params`` file: ``resnet18(10).load_parameters`` reads it."""
+        nd.save(filename, self.whole_parameters())
+
+    def load_parameters(self, filename):
+        """Read an ordinary ``.params`` file of the one-device network into the pieces.
+
+        Raises
+        ------
+        ValueError
+            When the file lacks a parameter of this network, has one it does not know, or a
+            shape differs; nothing is changed then.
+        """
+        loaded = nd.load(filename)
+        expected = {path + name: split.whole(name).shape
+                    for path, split in self.layers for name in split.param_names}
+        if not isinstance(loaded, dict):
+            raise ValueError('%s holds unnamed arrays, not the parameters of a network; pass a '
+                             'file written by save_parameters' % filename)
+        for key in expected:
+            if key not in loaded:
+                raise ValueError('%s has no parameter %r; pass a file saved from the same '
+                                 'network' % (filename, key))
+            if loaded[key].shape != expected[key]:
+                raise ValueError('%s: parameter %r has shape %s, this network %s; pass a file '
+                                 'saved from the same network'
+                                 % (filename, key, loaded[key].shape, expected[key]))
+        for key in loaded:
+            if key not in expected:
+                raise ValueError('%s has parameter %r, which this network does not have; pass '
+                                 'a file saved from the same network' % (filename, key))
+        for path, split in self.layers:
+            for name in split.param_names:
+                split.set_whole(name, loaded[path + name])
+
+    def summary(self, X):
+        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
+
+        Activations are the outputs of every layer of one forward pass plus the inputs each
+        device receives; a training step copies every input forward and every gradient back:
+        twice the bytes of the forward pass. Call before ``hybridize()``.
+        """
+        if self.hybridized:
+            raise RuntimeError('the activations are counted layer by layer, and hybridized pieces '
+                               'hide their layers; call summary() before hybridize()')
+        X = X.as_in_context(self.devices[0])
+
+        def run(copy):
+            self._copy_now = copy
+            try:
+                self.net(X)
+            finally:
+                self._copy_now = self.copies.copy
+
+        activations, copied = count_pass([self.net], self.devices, run)
+        return make_summary(self.method, self.devices, X.shape[0],
+                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
+                            layers=len(self.layers))

@@ -1,0 +1,347 @@
+"""Method 1 of the chapter: split the network by layers.
+
+Each device holds a run of consecutive layers (a *part*) and passes its output, the
+activation, on to the next device, so a network too large for one device fits on several.
+In Gluon that takes three things:
+
+* each part is a ``HybridSequential`` whose parameters live on its own device
+  (``part.collect_params().reset_ctx(device)``);
+* the activation moves with ``as_in_context``, which autograd differentiates: the gradient
+  comes back through the same copy;
+* one ``gluon.Trainer`` per part: a single Trainer refuses parameters that live on different
+  devices ("All Parameters must be initialized on the same set of contexts").
+
+Hybridize each part, never a block spanning devices: a CachedOp runs on one device.
+
+Where to cut is a real choice: ResNet-18's parameters sit mostly in the last stages and its
+activations mostly in the first ones. ``cut='params'`` evens the parameters, ``cut='time'``
+the measured time of each unit, or name the units after which to cut.
+
+*Micro-batches* (a pipeline, as GPipe does it): the batch is cut into ``M`` pieces that go
+through the parts one after another. MXNet runs operations asynchronously, so the first
+device starts on micro-batch 2 while the second still works on micro-batch 1. One backward
+pass over all micro-batches' losses adds up their gradients, and one update follows. Without BatchNorm
+this equals the whole batch up to float rounding; BatchNorm normalizes each micro-batch with
+its own statistics, so with it the step differs from the whole batch's.
+"""
+import itertools
+import statistics
+import time
+
+from mxnet import autograd, gluon, nd
+from mxnet.gluon import loss as gloss, nn, utils as gutils
+from mxnet.gluon.parameter import DeferredInitializationError
+
+from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+                     nbytes, parameter_bytes)
+
+__all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
+           'choose_cut', 'resolve_cut', 'split_layers', 'forward', 'train_batch', 'LayerSplit']
+
+RESNET18_UNITS = ('stem', 'stage1', 'stage2', 'stage3', 'stage4', 'head')
+CUT_RULES = ('params', 'time')
+
+
+def _is_resnet18(children):
+    kinds = (nn.Conv2D, nn.BatchNorm, nn.Activation) + (nn.HybridSequential,) * 4 + (
+        nn.GlobalAvgPool2D, nn.Dense)
+    return len(children) == len(kinds) and all(isinstance(c, k)
+                                               for c, k in zip(children, kinds))
+
+
+def stage_units(net):
+    """Return ``[(name, [blocks]), ...]``: the pieces a layer split may put on different devices.
+
+    For the chapter's ResNet-18: ``stem`` (convolution, BatchNorm, ReLU), ``stage1`` to
+    ``stage4`` and ``head`` (pooling, dense layer); a cut inside a residual block would have to
+    send both of its branches. For any other ``HybridSequential`` every child is a unit, named
+    by its index (``'0'``, ``'1'``, ...).
+    """
+    if not isinstance(net, nn.HybridSequential):
+        raise ValueError('a layer split needs an nn.HybridSequential, got %s; build the '
+                         'network as a sequence of layers' % type(net).__name__)
+    children = [net[i] for i in range(len(net))]
+    if _is_resnet18(children):
+        groups = [children[0:3], children[3:4], children[4:5], children[5:6], children[6:7],
+                  children[7:9]]
+        return list(zip(RESNET18_UNITS, groups))
+    return [(str(i), [c]) for i, c in enumerate(children)]
+
+
+def _params_of(blocks):
+    return [p for b in blocks for p in b.collect_params().values()]
+
+
+def unit_bytes(units):
+    """Bytes of the parameters (BatchNorm statistics included) of each unit."""
+    return [sum(nbytes(p.data(p.list_ctx()[0])) for p in _params_of(blocks))
+            for _, blocks in units]
+
+
+def _run(blocks, X):
+    for block in blocks:
+        X = block(X)
+    return X
+
+
+def unit_times(units, X, repeats=3):
+    """Median seconds of a forward and backward pass of each unit on ``X``'s device.
+
+    Each unit gets the previous unit's output as its input. The passes record in prediction
+    mode (``train_mode=False``), so BatchNorm's running statistics stay as they were; the
+    work is the same. One untimed pass comes first (memory allocation).
+    """
+    times = [[] for _ in units]
+    for r in range(repeats + 1):
+        x = X
+        for i, (_, blocks) in enumerate(units):
+            x = x.detach()
+            nd.waitall()
+            start = time.perf_counter()
+            with autograd.record(train_mode=False):
+                y = _run(blocks, x)
+            y.backward()
+            nd.waitall()
+            if r:
+                times[i].append(time.perf_counter() - start)
+            x = y
+    return [statistics.median(t) for t in times]
+
+
+def choose_cut(costs, num_devices):
+    """Cut a list of unit costs into ``num_devices`` runs with the smallest largest run.
+
+    Returns the cut as a tuple of boundaries: the number of units before each cut, e.g.
+    ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4). Every device gets at least one unit. Among
+    cuts with the same largest run, the one whose second largest run is smallest wins, and so
+    on; then the earliest.
+    """
+    best = None
+    for bounds in itertools.combinations(range(1, len(costs)), num_devices - 1):
+        edges = (0,) + bounds + (len(costs),)
+        runs = sorted((sum(costs[a:b]) for a, b in zip(edges, edges[1:])), reverse=True)
+        if best is None or runs < best[0]:
+            best = (runs, bounds)
+    return best[1]
+
+
+def resolve_cut(units, cut, num_devices, sample=None):
+    """Turn ``cut`` into boundaries (number of units before each cut) for ``num_devices``.
+
+    Parameters
+    ----------
+    units : list of (str, list of Block)
+        From ``stage_units``.
+    cut : 'params', 'time' or sequence of str
+        ``'params'``: even the bytes of parameters per device. ``'time'``: even the measured
+        time per device (``unit_times`` on ``sample``). A sequence: the names of the units after
+        which to cut, one fewer than devices, e.g. ``('stage2',)``.
+    sample : NDArray, optional
+        A batch on the units' device; needed for ``cut='time'``.
+
+    Raises
+    ------
+    ValueError
+        More devices than units, an unknown rule or unit name, the wrong number of names,
+        names out of order, or ``cut='time'`` without ``sample``.
+    """
+    names = [name for name, _ in units]
+    if num_devices > len(units):
+        raise ValueError('a layer split over %d devices needs %d units, but the network has %d '
+                         '(%s); use at most %d devices'
+                         % (num_devices, num_devices, len(units), ', '.join(names), len(units)))
+    if isinstance(cut, str) and cut == 'params':
+        return choose_cut(unit_bytes(units), num_devices)
+    if isinstance(cut, str) and cut == 'time':
+        if sample is None:
+            raise ValueError("cut='time' times every unit on a sample batch; pass sample=X "
+                             "(a batch on the network's device)")
+        return choose_cut(unit_times(units, sample), num_devices)
+    if isinstance(cut, str) or not all(isinstance(c, str) for c in cut):
+        raise ValueError("cut must be 'params', 'time' or the names of the units after which to "
+                         "cut, got %r; the units are %s" % (cut, ', '.join(names)))
+    cut = tuple(cut)
+    if len(cut) != num_devices - 1:
+        raise ValueError('%d devices need %d cut%s, got %d (%s); name %d of the units %s'
+                         % (num_devices, num_devices - 1, '' if num_devices == 2 else 's',
+                            len(cut), ', '.join(cut), num_devices - 1, ', '.join(names[:-1])))
+    bounds = []
+    for c in cut:
+        if c not in names[:-1]:
+            raise ValueError('cannot cut after %r: cut after one of %s (the last unit, %s, '
+                             'ends the network)' % (c, ', '.join(names[:-1]), names[-1]))
+        bounds.append(names.index(c) + 1)
+    if bounds != sorted(set(bounds)):
+        raise ValueError('cuts %s are not in the order of the network; list them in order, '
+                         'each once: %s' % (', '.join(cut), ', '.join(names[:-1])))
+    return tuple(bounds)
+
+
+def _check_initialized(net):
+    for p in net.collect_params().values():
+        try:
+            p.list_data()
+        except (DeferredInitializationError, RuntimeError):
+            raise RuntimeError('parameter %s is not initialized yet, so its shape and size are '
+                               'unknown; call init_one_device(net) (initialize and pass one '
+                               'batch) before splitting' % p.name) from None
+
+
+def split_layers(net, devices, cut='params', sample=None):
+    """Put runs of consecutive units of ``net`` on consecutive devices; return the parts.
+
+    ``net`` must be initialized (``init_one_device``); its parameters move to their devices and
+    ``net`` keeps them, so ``net.save_parameters`` still writes an ordinary ``.params`` file.
+
+    Returns
+    -------
+    parts : list of nn.HybridSequential
+        One per device, ``parts[k]``'s parameters on ``devices[k]``.
+    names : list of list of str
+        The units of each part.
+    """
+    devices = check_devices(devices)
+    _check_initialized(net)
+    units = stage_units(net)
+    bounds = resolve_cut(units, cut, len(devices), sample)
+    edges = (0,) + bounds + (len(units),)
+    parts, names = [], []
+    for k, device in enumerate(devices):
+        part = nn.HybridSequential(prefix='part%d_' % k)
+        for _, blocks in units[edges[k]:edges[k + 1]]:
+            part.add(*blocks)
+        part.collect_params().reset_ctx(device)
+        parts.append(part)
+        names.append([name for name, _ in units[edges[k]:edges[k + 1]]])
+    return parts, names
+
+
+def _as_in_context(x, device):
+    return x.as_in_context(device)
+
+
+def forward(parts, X, devices, copy=_as_in_context):
+    """Run ``X`` through the parts, moving the activation to each part's device."""
+    for part, device in zip(parts, devices):
+        X = part(copy(X, device))
+    return X
+
+
+def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context):
+    """One step of the layer split: forward every micro-batch, then backward, then update once.
+
+    One backward pass over the losses of all micro-batches: autograd adds up each parameter's
+    gradients from all of them. (A backward per micro-batch fails with BatchNorm: the first
+    frees the graph of the running statistics that all micro-batches share.) A batch with
+    fewer examples than micro-batches is cut into one-example micro-batches. Returns the
+    losses of the micro-batches (on the last device).
+    """
+    m = min(micro_batches, X.shape[0])
+    X_micros = gutils.split_data(X.as_in_context(devices[0]), m, even_split=False)
+    y_micros = gutils.split_data(y.as_in_context(devices[-1]), m, even_split=False)
+    with autograd.record():
+        ls = [loss(forward(parts, X_m, devices, copy), y_m)
+              for X_m, y_m in zip(X_micros, y_micros)]
+    autograd.backward(ls)
+    for trainer in trainers:
+        trainer.step(X.shape[0])
+    return ls
+
+
+class LayerSplit:
+    """A network split by layers over devices, ready to train: the API the command line uses.
+
+    Parameters
+    ----------
+    net : nn.HybridSequential
+        Initialized on one device (``init_one_device``); split in place.
+    devices : list of mxnet.Context
+    lr : float
+        Learning rate of the SGD Trainers (one per part).
+    cut : 'params', 'time' or sequence of str, default 'params'
+        See ``resolve_cut``.
+    micro_batches : int, default 1
+    sample : NDArray, optional
+        A batch on ``net``'s device, for ``cut='time'``.
+
+    Attributes
+    ----------
+    parts, names : see ``split_layers``
+    trainers : list of gluon.Trainer
+        One per part.
+    copies : CopyCounter
+        Bytes copied between devices by every forward pass so far.
+    """
+
+    method = 'layers'
+
+    def __init__(self, net, devices, lr, cut='params', micro_batches=1, sample=None):
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
+                or micro_batches < 1:
+            raise ValueError('micro_batches must be a whole number >= 1, got %r; pass 1 for '
+                             'no pipeline' % (micro_batches,))
+        self.net = net
+        self.devices = check_devices(devices)
+        self.parts, self.names = split_layers(net, self.devices, cut, sample)
+        self.micro_batches = micro_batches
+        self.trainers = [gluon.Trainer(part.collect_params(), 'sgd', {'learning_rate': lr})
+                         for part in self.parts]
+        self.loss = gloss.SoftmaxCrossEntropyLoss()
+        self.copies = CopyCounter()
+        self.hybridized = False
+
+    def describe(self):
+        """``cpu(0): stem, stage1, stage2, stage3 | cpu(1): stage4, head``."""
+        return ' | '.join('%s: %s' % (d, ', '.join(n)) for d, n in zip(self.devices, self.names))
+
+    def hybridize(self, **kwargs):
+        """Hybridize each part on its own device (keyword arguments go to ``hybridize``)."""
+        for part in self.parts:
+            part.hybridize(**kwargs)
+        self.hybridized = True
+
+    def __call__(self, X):
+        """Logits for ``X`` (moved to the first device); they come out on the last device."""
+        return forward(self.parts, X.as_in_context(self.devices[0]), self.devices,
+                       self.copies.copy)
+
+    def train_batch(self, X, y):
+        """One training step on ``(X, y)``; returns the sum of the losses (on the last device)."""
+        ls = train_batch(X, y, self.parts, self.trainers, self.devices, self.loss,
+                         self.micro_batches, self.copies.copy)
+        return nd.add_n(*[l.sum() for l in ls])
+
+    def evaluate_accuracy(self, data_iter):
+        """Fraction of ``data_iter`` classified correctly."""
+        return evaluate_accuracy(self, data_iter, self.devices[0])
+
+    def save_parameters(self, filename):
+        """Write an ordinary ``.params`` file: ``resnet18(10).load_parameters`` reads it."""
+        self.net.save_parameters(filename)
+
+    def load_parameters(self, filename):
+        """Read an ordinary ``.params`` file (from a one-device network) into the parts.
+
+        Every parameter stays on its device. Gluon raises for missing or extra names and for
+        shapes that do not match.
+        """
+        self.net.load_parameters(filename)
+
+    def summary(self, X):
+        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
+
+        Activations are the outputs of every layer of one forward pass plus the activations
+        received from the previous device; all micro-batches' activations are kept until
+        their backward pass, so the total does not depend on ``micro_batches``. A training
+        step copies each boundary activation forward and its gradient back: twice the bytes
+        of the forward pass. Call before ``hybridize()``, which hides the layers.
+        """
+        if self.hybridized:
+            raise RuntimeError('the activations are counted layer by layer, and hybridized parts '
+                               'hide their layers; call summary() before hybridize()')
+        X = X.as_in_context(self.devices[0])
+        activations, copied = count_pass(
+            self.parts, self.devices, lambda copy: forward(self.parts, X, self.devices, copy))
+        return make_summary(self.method, self.devices, X.shape[0],
+                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
+                            units=self.names, micro_batches=self.micro_batches)

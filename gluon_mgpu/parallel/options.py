@@ -1,0 +1,155 @@
+"""Choosing a way to split training: the checks and the constructor the command line calls.
+
+``check_parallel_options`` refuses bad combinations of flags in one line each (ValueError,
+the message names the value and the fix) before anything is built; ``parse_cut`` reads the
+``--cut`` flag; ``make_parallel`` builds the split network; ``data_parallel_summary`` gives
+the chapter's Gluon data parallelism the same bytes-per-device summary as the others.
+"""
+from mxnet.gluon import utils as gutils
+
+from .channels import ChannelSplitNet
+from .common import (check_devices, layer_output_bytes, make_summary, nbytes, parameter_bytes,
+                     per_device)
+from .layers import CUT_RULES, LayerSplit
+from .scratch import ScratchDataParallel
+
+__all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel',
+           'data_parallel_summary']
+
+# 'data': the chapter's Gluon Trainer; 'scratch': the same by hand (the book's LeNet);
+# 'layers' and 'channels': the chapter's methods 1 and 2.
+METHODS = ('data', 'scratch', 'layers', 'channels')
+
+
+def _whole(value):
+    return not isinstance(value, bool) and isinstance(value, int)
+
+
+def parse_cut(text):
+    """Read ``--cut``: ``'params'``, ``'time'`` or unit names separated by commas.
+
+    ``'stage2'`` gives ``('stage2',)``, ``'stage1,stage3'`` gives ``('stage1', 'stage3')``;
+    whether the names exist is checked when the network is split.
+    """
+    if text in CUT_RULES:
+        return text
+    names = tuple(n.strip() for n in text.split(','))
+    if not text.strip() or not all(names):
+        raise ValueError("--cut %r: give 'params', 'time' or the names of the units after which "
+                         "to cut, separated by commas (e.g. stage2)" % (text,))
+    return names
+
+
+def check_parallel_options(parallel, num_devices, micro_batches=1, batch_size=None,
+                           cut='params', model=None, hybridize=None, data_only=()):
+    """Refuse a bad combination of options; return None when they fit together.
+
+    Parameters
+    ----------
+    parallel : str
+        One of ``METHODS``.
+    num_devices : int
+    micro_batches : int, default 1
+        Only the layer split pipelines micro-batches.
+    batch_size : int, optional
+        Checked against the device count (``scratch`` splits evenly) and ``micro_batches``.
+    cut : str or tuple of str, default 'params'
+        Only the layer split cuts; anything but the default needs ``parallel='layers'``.
+    model : str, optional
+        The ``--model`` the user gave (None when not given): ``scratch`` trains the book's
+        LeNet and takes no model.
+    hybridize : bool, optional
+        The user's explicit ``--hybridize`` (None when not given): ``scratch`` is plain
+        functions, which cannot be hybridized.
+    data_only : iterable of str
+        Flags the user gave that only Gluon's data parallelism understands (``--kvstore
+        dist_sync``, ``--sync-bn``, ``--device-weights ...``): refused for the other methods.
+
+    Raises
+    ------
+    ValueError
+        One line naming the flag, the value and the fix.
+    """
+    if parallel not in METHODS:
+        raise ValueError('--parallel %r: choose one of %s' % (parallel, ', '.join(METHODS)))
+    if not _whole(num_devices) or num_devices < 1:
+        raise ValueError('%r devices: pass a whole number >= 1' % (num_devices,))
+    if not _whole(micro_batches) or micro_batches < 1:
+        raise ValueError('--micro-batches %r: pass a whole number >= 1' % (micro_batches,))
+    if micro_batches > 1 and parallel != 'layers':
+        raise ValueError('--micro-batches %d pipelines the layer split; pass --parallel layers '
+                         'or drop --micro-batches' % micro_batches)
+    if batch_size is not None and micro_batches > batch_size:
+        raise ValueError('--micro-batches %d but the batch has %d examples; use at most %d '
+                         'micro-batches' % (micro_batches, batch_size, batch_size))
+    if cut != 'params' and parallel != 'layers':
+        raise ValueError('--cut %s chooses where the layer split cuts; pass --parallel layers '
+                         'or drop --cut' % (cut if isinstance(cut, str) else ','.join(cut)))
+    if parallel == 'scratch':
+        if model is not None:
+            raise ValueError("--parallel scratch trains the book's LeNet written from scratch, "
+                             "not --model %s; drop --model or pass --parallel data" % model)
+        if hybridize:
+            raise ValueError('--parallel scratch runs the network as plain functions, which '
+                             'cannot be hybridized; pass --no-hybridize')
+        if batch_size is not None and batch_size % num_devices:
+            raise ValueError('--batch-size %d cannot be split evenly over %d devices, as the '
+                             'book\'s split_batch needs; use a multiple of %d'
+                             % (batch_size, num_devices, num_devices))
+    for flag in data_only:
+        if parallel != 'data':
+            raise ValueError('%s works with --parallel data only; drop it or pass --parallel '
+                             'data' % flag)
+
+
+def make_parallel(parallel, devices, lr, net=None, micro_batches=1, cut='params', sample=None):
+    """Build the split network for ``parallel`` in ``('scratch', 'layers', 'channels')``.
+
+    Parameters
+    ----------
+    parallel : str
+    devices : list of mxnet.Context
+    lr : float
+        SGD learning rate.
+    net : Block, optional
+        For ``layers`` and ``channels``: the one-device network, initialized
+        (``init_one_device``); it is split in place. ``scratch`` builds its own LeNet.
+    micro_batches, cut, sample
+        For ``layers``; see ``LayerSplit``.
+
+    Returns
+    -------
+    ScratchDataParallel, LayerSplit or ChannelSplitNet
+        All three have ``method``, ``devices``, ``train_batch(X, y)`` (returns the summed loss
+        as an NDArray), ``__call__(X)`` (logits), ``evaluate_accuracy(data_iter)``,
+        ``save_parameters(filename)``, ``load_parameters(filename)``, ``summary(X)``.
+    """
+    devices = check_devices(devices)
+    if parallel == 'scratch':
+        return ScratchDataParallel(devices, lr)
+    if parallel not in ('layers', 'channels'):
+        raise ValueError("make_parallel builds 'scratch', 'layers' or 'channels', got %r; the "
+                         "chapter's data parallelism is gluon_mgpu.training.train" % (parallel,))
+    if net is None:
+        raise ValueError('--parallel %s splits a network: pass net, initialized on one device '
+                         '(init_one_device)' % parallel)
+    if parallel == 'layers':
+        return LayerSplit(net, devices, lr, cut=cut, micro_batches=micro_batches, sample=sample)
+    return ChannelSplitNet(net, devices, lr)
+
+
+def data_parallel_summary(net, devices, X):
+    """The same summary as the splits' ``summary(X)``, for Gluon's data parallelism.
+
+    ``net`` is initialized on all ``devices`` (one replica each). Activations: every device
+    runs its slice of ``X`` (as ``split_and_load`` cuts it). Copies: reducing the gradients
+    through one device, as the book's ``allreduce`` does, sends ``2 (N - 1)`` times the bytes
+    of the trained parameters per step (the kvstore's own route may differ).
+    """
+    devices = check_devices(devices)
+    trained = sum(nbytes(p.data(p.list_ctx()[0]))
+                  for p in net.collect_params().values() if p.grad_req != 'null')
+    X_shards = gutils.split_and_load(X, devices, even_split=False)
+    outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
+    return make_summary('data', devices, X.shape[0], parameter_bytes(net, devices),
+                        per_device(outputs, devices), 2 * (len(devices) - 1) * trained)

@@ -1,0 +1,213 @@
+"""Method 3 from scratch: data parallelism as the book's preceding section writes it.
+
+The chapter hands data parallelism to Gluon's ``Trainer``; the section before it builds the
+same thing by hand on a small LeNet, and that is what this module does:
+
+* ``get_params`` puts a full copy of the parameters on a device, with room for gradients;
+* ``split_batch`` cuts a batch into one equal slice per device;
+* every device computes the loss and the gradient of its own slice;
+* ``allreduce`` adds the gradients of all devices on the first one and copies the sum back;
+* every device applies the same SGD step (``sgd``) with the sum, so the copies stay equal.
+
+The network is the book's LeNet written as a function of a list of parameters. One change
+from the book: its two dense layers use ``nd.FullyConnected`` (weights laid out ``(outputs,
+inputs)``, as Gluon's ``Dense``) instead of ``nd.dot``, because ``nd.dot`` on two CPU contexts
+at once has hung inside OpenBLAS here; with Gluon's layout the same numbers also load into
+``gluon_lenet()``, the Gluon network this is compared with.
+"""
+import mxnet as mx
+from mxnet import autograd, nd
+from mxnet.gluon import loss as gloss, nn, utils as gutils
+
+from .common import (check_devices, evaluate_accuracy, layer_output_bytes, make_summary,
+                     nbytes, per_device)
+
+__all__ = ['init_params', 'lenet', 'loss', 'get_params', 'allreduce', 'split_batch', 'sgd',
+           'train_batch', 'gluon_lenet', 'PARAM_NAMES', 'save_params', 'load_params',
+           'ScratchDataParallel']
+
+# Names of the parameters in gluon_lenet()'s .params files, in the order of init_params().
+PARAM_NAMES = ('0.weight', '0.bias', '2.weight', '2.bias', '4.weight', '4.bias', '5.weight',
+               '5.bias')
+SHAPES = ((20, 1, 3, 3), (20,), (50, 20, 5, 5), (50,), (128, 800), (128,), (10, 128), (10,))
+
+
+def init_params(scale=0.01):
+    """The book's LeNet parameters: weights ~ N(0, scale^2), biases 0, on the CPU."""
+    return [nd.random.normal(scale=scale, shape=s) if len(s) > 1 else nd.zeros(s)
+            for s in SHAPES]
+
+
+def lenet(X, params):
+    """The book's LeNet: two convolutions with ReLU and average pooling, two dense layers."""
+    h1_conv = nd.Convolution(data=X, weight=params[0], bias=params[1], kernel=(3, 3),
+                             num_filter=20)
+    h1 = nd.Pooling(data=nd.relu(h1_conv), pool_type='avg', kernel=(2, 2), stride=(2, 2))
+    h2_conv = nd.Convolution(data=h1, weight=params[2], bias=params[3], kernel=(5, 5),
+                             num_filter=50)
+    h2 = nd.Pooling(data=nd.relu(h2_conv), pool_type='avg', kernel=(2, 2), stride=(2, 2))
+    # (batch, 50, 4, 4) is flattened to (batch, 800) by FullyConnected itself.
+    h3 = nd.relu(nd.FullyConnected(h2, params[4], params[5], num_hidden=128))
+    return nd.FullyConnected(h3, params[6], params[7], num_hidden=10)
+
+
+loss = gloss.SoftmaxCrossEntropyLoss()
+
+
+def get_params(params, device):
+    """Copy ``params`` to ``device`` and allocate their gradients there."""
+    device_params = [p.copyto(device) for p in params]
+    for p in device_params:
+        p.attach_grad()
+    return device_params
+
+
+def allreduce(data):
+    """Add arrays living on different devices into ``data[0]``, then copy the sum to the others."""
+    for i in range(1, len(data)):
+        data[0][:] += data[i].copyto(data[0].context)
+    for i in range(1, len(data)):
+        data[0].copyto(data[i])
+
+
+def split_batch(X, y, devices):
+    """Cut ``X`` and ``y`` into ``len(devices)`` equal slices, slice ``k`` on ``devices[k]``.
+
+    Raises
+    ------
+    ValueError
+        When the batch does not divide evenly (the book assumes it does).
+    """
+    if X.shape[0] != y.shape[0]:
+        raise ValueError('X has %d examples but y has %d labels; pass one label per example'
+                         % (X.shape[0], y.shape[0]))
+    if X.shape[0] % len(devices):
+        raise ValueError('a batch of %d examples cannot be split evenly over %d devices; use a '
+                         'batch size that is a multiple of %d'
+                         % (X.shape[0], len(devices), len(devices)))
+    return gutils.split_and_load(X, devices), gutils.split_and_load(y, devices)
+
+
+def sgd(params, lr, batch_size):
+    """Minibatch SGD on the gradients of a whole batch of ``batch_size`` examples."""
+    for param in params:
+        param[:] = param - lr * param.grad / batch_size
+
+
+def train_batch(X, y, device_params, devices, lr):
+    """One step of data parallelism from scratch; returns each device's losses."""
+    X_shards, y_shards = split_batch(X, y, devices)
+    with autograd.record():  # each device computes the loss of its own slice
+        ls = [loss(lenet(X_shard, params), y_shard)
+              for X_shard, y_shard, params in zip(X_shards, y_shards, device_params)]
+    for l in ls:  # and its gradient
+        l.backward()
+    # Sum the gradients of all devices and give every device the sum.
+    for i in range(len(device_params[0])):
+        allreduce([params[i].grad for params in device_params])
+    for params in device_params:  # every device takes the same step (the whole batch's size)
+        sgd(params, lr, X.shape[0])
+    return ls
+
+
+def gluon_lenet():
+    """The same LeNet as Gluon layers: ``init_params()`` values load into it one to one."""
+    net = nn.HybridSequential()
+    net.add(nn.Conv2D(20, kernel_size=3, activation='relu'),
+            nn.AvgPool2D(pool_size=2, strides=2),
+            nn.Conv2D(50, kernel_size=5, activation='relu'),
+            nn.AvgPool2D(pool_size=2, strides=2),
+            nn.Dense(128, activation='relu'),
+            nn.Dense(10))
+    return net
+
+
+def save_params(params, filename):
+    """Write ``params`` as an ordinary ``.params`` file that ``gluon_lenet()`` loads."""
+    nd.save(filename, {name: p.copyto(mx.cpu()) for name, p in zip(PARAM_NAMES, params)})
+
+
+def load_params(filename):
+    """Read a ``.params`` file of ``gluon_lenet()``; return the parameter list, on the CPU.
+
+    Raises
+    ------
+    ValueError
+        When a name is missing or unknown, or a shape differs from the book's LeNet.
+    """
+    loaded = nd.load(filename)
+    if not isinstance(loaded, dict) or set(loaded) != set(PARAM_NAMES):
+        found = sorted(loaded) if isinstance(loaded, dict) else 'unnamed arrays'
+        raise ValueError('%s holds %s, not the parameters %s of the book\'s LeNet; pass a '
+                         'file saved by save_params or gluon_lenet().save_parameters'
+                         % (filename, found, ', '.join(PARAM_NAMES)))
+    for name, shape in zip(PARAM_NAMES, SHAPES):
+        if loaded[name].shape != shape:
+            raise ValueError('%s: %s has shape %s, the book\'s LeNet %s; pass a file saved from '
+                             'the book\'s LeNet' % (filename, name, loaded[name].shape, shape))
+    return [loaded[name] for name in PARAM_NAMES]
+
+
+class ScratchDataParallel:
+    """The book's LeNet trained by data parallelism from scratch: the API the command line uses.
+
+    Parameters
+    ----------
+    devices : list of mxnet.Context
+    lr : float
+    params : list of NDArray, optional
+        Starting values (default ``init_params()``).
+
+    Attributes
+    ----------
+    device_params : list of list of NDArray
+        ``device_params[k]`` is the full parameter list on ``devices[k]``.
+    """
+
+    method = 'scratch'
+
+    def __init__(self, devices, lr, params=None):
+        self.devices = check_devices(devices)
+        self.lr = lr
+        params = init_params() if params is None else params
+        self.device_params = [get_params(params, d) for d in self.devices]
+
+    def __call__(self, X):
+        """Logits for ``X``, computed on the first device."""
+        return lenet(X.as_in_context(self.devices[0]), self.device_params[0])
+
+    def train_batch(self, X, y):
+        """One training step on ``(X, y)``; returns the sum of the losses (on the first device)."""
+        ls = train_batch(X, y, self.device_params, self.devices, self.lr)
+        return nd.add_n(*[l.sum().as_in_context(self.devices[0]) for l in ls])
+
+    def evaluate_accuracy(self, data_iter):
+        """Fraction of ``data_iter`` classified correctly (on the first device)."""
+        return evaluate_accuracy(self, data_iter, self.devices[0])
+
+    def save_parameters(self, filename):
+        """Write the first device's copy as an ordinary ``.params`` file (see ``save_params``)."""
+        save_params(self.device_params[0], filename)
+
+    def load_parameters(self, filename):
+        """Read a ``.params`` file of the book's LeNet into every device's copy."""
+        for params in self.device_params:
+            for p, value in zip(params, load_params(filename)):
+                p[:] = value.as_in_context(p.context)
+
+    def summary(self, X):
+        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
+
+        Every device holds all parameters and the activations of its slice of the batch
+        (measured layer by layer on the same LeNet in Gluon). ``allreduce`` sends every other
+        device's gradients to the first and the sums back: ``2 (N - 1)`` times the bytes of
+        the parameters per step.
+        """
+        size = sum(nbytes(p) for p in self.device_params[0])
+        net = gluon_lenet()
+        net.initialize(ctx=self.devices)
+        X_shards = gutils.split_and_load(X, self.devices, even_split=False)
+        outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
+        return make_summary(self.method, self.devices, X.shape[0], [size] * len(self.devices),
+                            per_device(outputs, self.devices),
+                            2 * (len(self.devices) - 1) * size)

@@ -1,0 +1,173 @@
+"""Where each parameter lives, and how many bytes every device holds.
+
+The replica inspector compares the copies of a parameter on different devices. When training
+is split by layers or by channels there are no copies to compare: every parameter lives on
+exactly one device. What is worth knowing then is *which* device, and how the bytes add up per
+device. ``inspect_placement`` returns that as data (``Placement``); ``format_placement`` turns it
+into text. It works for every network: a data-parallel one shows each parameter on every
+device, with the bytes of one full replica per device.
+"""
+from dataclasses import dataclass
+
+import numpy as np
+from mxnet.gluon import Block, Parameter
+from mxnet.gluon.parameter import ParameterDict
+
+__all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
+           'format_bytes']
+
+
+@dataclass(frozen=True)
+class ParameterPlacement:
+    """One parameter: its name, shape, kind and the devices holding a copy of it.
+
+    Attributes
+    ----------
+    name : str
+    shape : tuple of int
+    dtype : str
+    contexts : tuple of mxnet.Context
+    kind : {'trained', 'auxiliary'}
+        ``'auxiliary'`` for ``grad_req='null'`` (BatchNorm's running statistics).
+    nbytes : int
+        Bytes of one copy (its gradient, if trained, takes as many again and is not counted).
+    """
+
+    name: str
+    shape: tuple
+    dtype: str
+    contexts: tuple
+    kind: str
+    nbytes: int
+
+    def to_dict(self):
+        """A JSON-ready dict (contexts as strings)."""
+        return {'name': self.name, 'shape': list(self.shape), 'dtype': self.dtype,
+                'contexts': [str(c) for c in self.contexts], 'kind': self.kind,
+                'nbytes': self.nbytes}
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Every parameter's devices, and the totals per device.
+
+    Attributes
+    ----------
+    parameters : tuple of ParameterPlacement
+        In the network's order.
+    devices : tuple of mxnet.Context
+        Every device holding at least one parameter, in order of first appearance.
+    bytes_per_device, count_per_device : tuple of int
+        Per entry of ``devices``: bytes of the parameters held there, and how many parameters.
+    """
+
+    parameters: tuple
+    devices: tuple
+    bytes_per_device: tuple
+    count_per_device: tuple
+
+    @property
+    def total_bytes(self):
+        """Bytes over all devices (a replicated parameter counts once per device)."""
+        return sum(self.bytes_per_device)
+
+    @property
+    def replicated(self):
+        """True when some parameter has a copy on more than one device (data parallelism)."""
+        return any(len(p.contexts) > 1 for p in self.parameters)
+
+    def to_dict(self):
+        """A JSON-ready dict: the totals per device, then every parameter."""
+        return {'devices': [str(d) for d in self.devices],
+                'bytes_per_device': list(self.bytes_per_device),
+                'count_per_device': list(self.count_per_device),
+                'parameters': [p.to_dict() for p in self.parameters]}
+
+
+def _named_parameters(source):
+    if isinstance(source, Block):
+        source = source.collect_params()
+    if isinstance(source, ParameterDict):
+        return list(source.items())
+    pairs = list(source)
+    if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], Parameter)
+               for p in pairs):
+        raise ValueError('inspect_placement takes a Block, a ParameterDict or (name, Parameter) '
+                         'pairs, got %r; pass net or net.collect_params()' % (source,))
+    return pairs
+
+
+def inspect_placement(source):
+    """Return where every parameter of ``source`` lives, and the bytes per device.
+
+    Parameters
+    ----------
+    source : Block, ParameterDict or iterable of (str, Parameter)
+        The parameters must be initialized (shapes known): pass one batch through a network
+        with deferred initialization first.
+
+    Returns
+    -------
+    Placement
+
+    Raises
+    ------
+    mxnet.gluon.parameter.DeferredInitializationError, RuntimeError
+        From Gluon, for a parameter that is not initialized yet.
+    """
+    rows = []
+    totals = {}
+    for name, param in _named_parameters(source):
+        contexts = tuple(param.list_ctx())
+        data = param.list_data()  # raises for parameters that are not initialized
+        dtype = np.dtype(data[0].dtype)
+        nbytes = int(np.prod(data[0].shape)) * dtype.itemsize
+        rows.append(ParameterPlacement(name, tuple(data[0].shape), dtype.name, contexts,
+                                       'auxiliary' if param.grad_req == 'null' else 'trained',
+                                       nbytes))
+        for c in contexts:
+            count, size = totals.get(c, (0, 0))
+            totals[c] = (count + 1, size + nbytes)
+    devices = tuple(totals)
+    return Placement(tuple(rows), devices, tuple(totals[d][1] for d in devices),
+                     tuple(totals[d][0] for d in devices))
+
+
+def format_bytes(n):
+    """``2.6 MiB``, ``64.0 KiB``, ``512 B``: binary units, one decimal."""
+    for unit, size in (('GiB', 2 ** 30), ('MiB', 2 ** 20), ('KiB', 2 ** 10)):
+        if n >= size:
+            return '%.1f %s' % (n / size, unit)
+    return '%d B' % n
+
+
+def format_placement(placement, per_parameter=True):
+    """Text for a ``Placement``: one line per parameter (optional), then one per device.
+
+    A parameter line reads ``conv0_weight (64, 1, 3, 3) float32, 2.2 KiB: cpu(0)``; a device line
+    ``cpu(1): 31 parameters, 40.1 MiB (94.0%)``.
+    """
+    lines = []
+    if per_parameter:
+        width = max((len(p.name) for p in placement.parameters), default=0)
+        for p in placement.parameters:
+            lines.append('%-*s %-18s %s, %s: %s' % (
+                width, p.name, str(p.shape), p.dtype, format_bytes(p.nbytes),
+                ', '.join(str(c) for c in p.contexts)))
+    total = placement.total_bytes
+    for d, count, size in zip(placement.devices, placement.count_per_device,
+                              placement.bytes_per_device):
+        lines.append('%s: %d parameter%s, %s (%.1f%%)' % (
+            d, count, '' if count == 1 else 's', format_bytes(size),
+            100.0 * size / total if total else 0.0))
+    spread = [len(p.contexts) for p in placement.parameters]
+    if spread and all(n == 1 for n in spread):
+        lines.append('every parameter lives on exactly one device: there are no replicas '
+                     'to compare')
+    elif spread and all(n == len(placement.devices) for n in spread):
+        lines.append('every device holds a full replica (data parallelism): '
+                     'compare the replicas with inspect_replicas')
+    else:
+        lines.append('%d of %d parameters have copies on more than one device'
+                     % (sum(n > 1 for n in spread), len(spread)))
+    return '\n'.join(lines)
