@@ -521,6 +521,8 @@ ARG_CHECKS = {
     'device_weights': _optional(_weights), 'balance': _choice(('even', 'auto')),
     'sync_bn': _boolean, 'save_params': _optional(_text),
     'num_workers': _exactly(1), 'rank': _exactly(0),
+    # Checkpoints are written by the chapter's data parallelism only (--parallel data).
+    'parallel': _choice(('data',)), 'micro_batches': _exactly(1), 'cut': _choice(('params',)),
 }
 # Recorded by every version of the CLI; the others may be missing from older checkpoints.
 REQUIRED_ARGS = ('num_gpus', 'batch_size', 'lr', 'epochs', 'seed', 'train_limit', 'test_limit')

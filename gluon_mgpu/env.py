@@ -18,7 +18,7 @@ from importlib import metadata
 
 import mxnet as mx
 
-from .cli import UsageError, _Parser
+from . import cli
 from .data import DataNotFoundError, find_data_dir
 from .devices import num_gpus
 from .gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
@@ -252,16 +252,16 @@ def format_report(info):
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.env``: print the report; return the exit code."""
-    parser = _Parser(prog=PROG, description='Print what a bug report needs: Python, MXNet and '
-                     'its build, where each CUDA library came from, the NVIDIA driver and GPUs, '
-                     'threads, the data folder and the MXNET_* variables.')
-    try:
-        parser.parse_args(sys.argv[1:] if argv is None else argv)
-    except UsageError as e:
-        sys.stderr.write('%s\n' % e)
-        return 2
-    print(format_report(collect()))
-    return 0
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = cli.Parser(prog=PROG, description='Print what a bug report needs: Python, MXNet and '
+                        'its build, where each CUDA library came from, the NVIDIA driver and '
+                        'GPUs, threads, the data folder and the MXNET_* variables.')
+
+    def body():
+        parser.parse_args(argv)
+        print(format_report(collect()))
+
+    return cli.run_command(PROG, argv, body)
 
 
 if __name__ == '__main__':

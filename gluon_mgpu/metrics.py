@@ -26,7 +26,8 @@ SCHEMA = {
     '$schema': 'https://json-schema.org/draft/2020-12/schema',
     'title': 'gluon_mgpu training metrics',
     'type': 'object',
-    'required': ['format', 'status', 'arguments', 'devices', 'versions', 'threads', 'history',
+    'required': ['format', 'status', 'arguments', 'devices', 'versions', 'threads', 'placement',
+                 'history',
                  'summary'],
     'additionalProperties': False,
     'properties': {
@@ -99,6 +100,30 @@ SCHEMA = {
                                           'was imported before gluon_mgpu).'},
             },
         },
+        'placement': {
+            'type': ['object', 'null'],
+            'description': 'Where the run keeps its bytes, per device (in the order of '
+                           '`devices`), measured on one batch before training; null when not '
+                           'measured.',
+            'required': ['method', 'devices', 'batch_size', 'parameter_bytes',
+                         'activation_bytes', 'copied_bytes_per_step'],
+            'properties': {
+                'method': {'enum': ['data', 'scratch', 'layers', 'channels'],
+                           'description': 'How training is split (`--parallel`).'},
+                'devices': {'type': 'array', 'items': {'type': 'string'},
+                            'description': 'The devices, as MXNet prints them.'},
+                'batch_size': {'type': 'integer', 'minimum': 1,
+                               'description': 'The batch the activations were measured on.'},
+                'parameter_bytes': {'type': 'array', 'items': {'type': 'integer'},
+                                    'description': 'Bytes of parameters each device holds.'},
+                'activation_bytes': {'type': 'array', 'items': {'type': 'integer'},
+                                     'description': 'Bytes of layer outputs each device '
+                                                    'computes in one forward pass.'},
+                'copied_bytes_per_step': {'type': 'integer', 'minimum': 0,
+                                          'description': 'Bytes sent between devices in one '
+                                                         'training step.'},
+            },
+        },
         'history': {
             'type': 'array',
             'description': 'One entry per finished epoch, in order: what `train()` returns.',
@@ -118,8 +143,11 @@ SCHEMA = {
                     'train_loss': dict(_LOSS, description=(
                         'Mean softmax cross-entropy over the epoch\'s training images; null if '
                         'it was not finite (training diverged).')),
-                    'train_acc': dict(_FRACTION, description=(
-                        'Fraction of training images classified right while training.')),
+                    'train_acc': {'type': ['number', 'null'], 'minimum': 0, 'maximum': 1,
+                                  'description': (
+                        'Fraction of training images classified right while training; null for '
+                        'a split network (`--parallel layers|channels|scratch`), whose step '
+                        'returns only its loss.')},
                     'test_acc': dict(_FRACTION, description=(
                         'Fraction of test images classified right after the epoch.')),
                 },
@@ -201,9 +229,11 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
     arguments : dict
         The run's settings (``vars(args)`` of the command line).
     devices : list of mxnet.Context
+    placement : dict, optional
+        Bytes per device (``parallel`` summaries: ``make_parallel(...).summary(X)``).
     """
 
-    def __init__(self, path, arguments, devices):
+    def __init__(self, path, arguments, devices, placement=None):
         import mxnet as mx
         from . import __version__
         from .threads import thread_settings
@@ -215,6 +245,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
                      'versions': {'gluon_mgpu': __version__, 'mxnet': mx.__version__,
                                   'python': platform.python_version()},
                      'threads': thread_settings(),
+                     'placement': placement,
                      'history': [],
                      'summary': None}
         self.write()

@@ -88,7 +88,8 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         sums = [l.sum() for l in losses]
         self._loss_sums = sums if self._loss_sums is None else [
             a + b for a, b in zip(self._loss_sums, sums)]
-        examples = sum(l.shape[0] for l in losses)
+        batch = kwargs.get('batch')
+        examples = batch[0].shape[0] if batch else sum(l.shape[0] for l in losses)
         self._examples += examples
         if self.bar is None:
             # tqdm hides the bar on a terminal that reports a size of 0 x 0 (a pseudo-terminal

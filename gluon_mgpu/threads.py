@@ -9,7 +9,7 @@ cores this process may use, unless the user set it (or ``MXNET_OMP_MAX_THREADS``
 import os
 import sys
 
-__all__ = ['configure_threads', 'thread_settings']
+__all__ = ['configure_threads', 'thread_settings', 'format_thread_settings']
 
 _SETTINGS = {}
 
@@ -62,3 +62,16 @@ def thread_settings():
     """Return the settings chosen when ``gluon_mgpu`` was imported (see ``configure_threads``)."""
     return dict(_SETTINGS)
 
+
+
+def format_thread_settings(settings=None):
+    """One line for the CLI: which thread count is in force and who chose it."""
+    s = thread_settings() if settings is None else settings
+    if s['source'] == 'gluon_mgpu':
+        return 'threads: OMP_NUM_THREADS=%d, one per usable core (set by gluon_mgpu)' % (
+            s['omp_num_threads'])
+    if s['source'] == 'user':
+        return 'threads: OMP_NUM_THREADS=%s (set by you; %d usable cores)' % (
+            s['omp_num_threads'], s['cores'])
+    return ('threads: MXNet was imported before gluon_mgpu, so it uses its default (half the '
+            'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])

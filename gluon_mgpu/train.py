@@ -19,13 +19,14 @@ As a worker of a distributed job (``--kvstore dist_sync``, started by
 ``python -m gluon_mgpu.launch``) it trains on its shard of every epoch; only rank 0 prints
 and writes files.
 """
+import argparse
 import os
 import secrets
 import shlex
 import sys
 
 from . import (balance, book, checkpoint, cli, data, devices as devices_mod, dist, events,
-               files, interrupts, metrics, plotting, progress, replicas, training)
+               files, interrupts, metrics, parallel, plotting, progress, replicas, training)
 from .cli import UsageError
 from .interrupts import DeferredInterrupt
 
@@ -38,6 +39,13 @@ _NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug')
 def network_name(args):
     """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``, ``lenet(10)``."""
     return book.network_name(args.model, args.num_gpus if args.sync_bn else None)
+
+
+def _cut(text):
+    try:
+        return parallel.parse_cut(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser():
@@ -110,6 +118,19 @@ def build_parser():
                    help='BatchNorm with statistics over the whole batch of all devices '
                         '(SyncBatchNorm); GPUs only, it deadlocks on CPU contexts in MXNet '
                         '1.9.1 (default: off)')
+    p.add_argument('--parallel', choices=parallel.METHODS, default='data',
+                   help="how to split training over the devices: data (the chapter: every "
+                        "device a replica, a slice of every batch); scratch (the same written "
+                        "by hand, on the book's LeNet); layers (consecutive layers on "
+                        "consecutive devices); channels (every layer's channels split over the "
+                        "devices) (default: data)")
+    p.add_argument('--micro-batches', type=cli.count('--micro-batches'), default=1, metavar='M',
+                   help='with --parallel layers: cut every batch into M micro-batches that '
+                        'flow through the devices one after the other (default: 1)')
+    p.add_argument('--cut', type=_cut, default='params',
+                   help="with --parallel layers: where to cut ResNet-18 between devices: params "
+                        "(even bytes of parameters), time (even measured time), or the names "
+                        "of the units to cut after, e.g. stage2 (default: params)")
     p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
                    default=None, metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
@@ -214,6 +235,20 @@ def parse_args(argv=None):
         raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
                          '--model %s has none; drop --sync-bn or use --model resnet18'
                          % (PROG, args.model))
+    data_only = [flag for flag, given in (
+        ('--kvstore %s' % args.kvstore, args.kvstore != 'device'), ('--sync-bn', args.sync_bn),
+        ('--device-weights', args.device_weights is not None),
+        ('--balance auto', args.balance == 'auto'),
+        ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
+    try:
+        parallel.check_parallel_options(
+            args.parallel, args.num_gpus, args.micro_batches, args.batch_size, args.cut,
+            model=args.given.get('model'), hybridize=args.given.get('hybridize'),
+            data_only=data_only)
+    except ValueError as e:
+        raise UsageError('%s: error: %s' % (PROG, e)) from None
+    if args.parallel == 'scratch':
+        args.model = 'lenet'
     _check_outputs(args)
     return args
 
@@ -332,13 +367,19 @@ def run(args, interrupt=None):
     return _run(args, record, interrupt)
 
 
-def _run(args, record, interrupt):
+def _load_data(args):
     try:
-        train_iter, test_iter = data.load_data_fashion_mnist(
+        return data.load_data_fashion_mnist(
             args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
             test_limit=args.test_limit, seed=args.seed, loader=args.loader)
     except (data.DataError, data.DataNotFoundError, ValueError) as e:
         raise cli.data_error(PROG, e, args.data_dir) from None
+
+
+def _run(args, record, interrupt):
+    if args.parallel != 'data':
+        return _run_split(args, interrupt)
+    train_iter, test_iter = _load_data(args)
     # After the data: the device check may log a warning, and bad input gets one line only.
     devices = _devices(args)
     kvstore, args.rank = args.kvstore, 0
@@ -405,6 +446,76 @@ def _run(args, record, interrupt):
             net.save_parameters(tmp)
     if lead:
         print(metrics.format_summary(history, devices), flush=True)
+    return history
+
+
+def _bytes(values):
+    return ', '.join(replicas.format_bytes(v) for v in values)
+
+
+def _run_split(args, interrupt):
+    """``--parallel scratch|layers|channels``: build the split network, train it with the same
+    handlers (``parallel.train_split``), save an ordinary ``.params`` file."""
+    import mxnet as mx
+    train_iter, test_iter = _load_data(args)
+    devices = _devices(args)
+    mode = progress.choose_mode(quiet=args.quiet)
+    if mode != 'quiet':
+        print('running on:', devices_mod.format_devices(devices), flush=True)
+    X, _ = next(iter(test_iter))  # a batch of the run's size, to measure the bytes
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    try:
+        if args.parallel == 'scratch':
+            split = parallel.make_parallel('scratch', devices, args.lr)
+        else:
+            net = parallel.init_one_device(book.new_network(args.model, hybridize=False),
+                                           devices[0])
+            split = parallel.make_parallel(args.parallel, devices, args.lr, net=net,
+                                           micro_batches=args.micro_batches, cut=args.cut,
+                                           sample=X.as_in_context(devices[0]))
+    except ValueError as e:
+        raise UsageError('%s: error: --parallel %s: %s' % (PROG, args.parallel, e)) from None
+    placement = split.summary(X)
+    if args.hybridize and args.parallel != 'scratch':
+        split.hybridize(static_alloc=True)
+    if mode != 'quiet':
+        if hasattr(split, 'describe'):
+            print('split: %s' % split.describe(), flush=True)
+        print('bytes per device: parameters %s; activations of a batch of %d: %s; copied per '
+              'step: %s' % (_bytes(placement['parameter_bytes']), placement['batch_size'],
+                            _bytes(placement['activation_bytes']),
+                            replicas.format_bytes(placement['copied_bytes_per_step'])),
+              flush=True)
+    bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
+    handlers = [events.LossGuard(), bar]
+    if args.check_replicas is not None:
+        handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
+    if args.metrics_json:
+        try:
+            handlers.append(metrics.MetricsFile(
+                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
+                devices, placement))
+        except files.OutputError as e:
+            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
+    if args.plot:
+        handlers.append(plotting.PlotHandler(args.plot, title='%s split by %s, Fashion-MNIST: '
+                                             '%s, batch %d, lr %g' % (
+                                                 'LeNet' if args.model == 'lenet' else
+                                                 'ResNet-18', args.parallel,
+                                                 devices_mod.format_devices(devices),
+                                                 args.batch_size, args.lr)))
+    if interrupt is not None:
+        handlers.append(interrupt)
+    try:
+        history = parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs,
+                                       handlers)
+    finally:
+        bar.close()
+    if args.save_params is not None:
+        with files.atomic_path(args.save_params) as tmp:
+            split.save_parameters(tmp)
+    print(metrics.format_summary(history, devices), flush=True)
     return history
 
 

@@ -11,6 +11,8 @@ def test_sets_one_thread_per_usable_core_when_nobody_chose():
     cores = len(os.sched_getaffinity(0))
     assert env == {'OMP_NUM_THREADS': str(cores)}
     assert settings == {'omp_num_threads': cores, 'cores': cores, 'source': 'gluon_mgpu'}
+    assert threads.format_thread_settings(settings) == (
+        'threads: OMP_NUM_THREADS=%d, one per usable core (set by gluon_mgpu)' % cores)
 
 
 def test_respects_what_the_user_set():
@@ -27,6 +29,8 @@ def test_says_when_mxnet_was_imported_first():
     assert env == {}
     assert settings == {'omp_num_threads': None, 'cores': len(os.sched_getaffinity(0)),
                         'source': 'mxnet-imported-first'}
+    assert 'import gluon_mgpu first or set OMP_NUM_THREADS=' in \
+        threads.format_thread_settings(settings)
 
 
 def _child(code, **env):

@@ -11,9 +11,10 @@ Each split network starts from an ordinary one-device network (``init_one_device
 reads and writes ordinary ``.params`` files. ``options`` holds what the command line calls.
 """
 from .common import CopyCounter, check_trace, init_one_device, trace_devices
+from .loop import train_split
 from .options import (METHODS, check_parallel_options, data_parallel_summary, make_parallel,
                       parse_cut)
 
 __all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel',
-           'data_parallel_summary', 'init_one_device', 'CopyCounter', 'trace_devices',
+           'data_parallel_summary', 'train_split', 'init_one_device', 'CopyCounter', 'trace_devices',
            'check_trace']

@@ -30,7 +30,8 @@ from ..events import BatchEnd, EpochBegin, EpochEnd
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
            'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'KINDS',
-           'AUXILIARY_WHY', 'GRADIENT_WHY']
+           'AUXILIARY_WHY', 'GRADIENT_WHY', 'inspect_placement', 'format_placement', 'Placement',
+           'ParameterPlacement', 'format_bytes', 'PlacementCheck']
 
 KINDS = ('trained', 'auxiliary')
 _WHATS = ('data', 'grad')
@@ -529,3 +530,7 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
         if self.verbose:
             print(format_replica_summary(report), file=self.stream, flush=True)
         return False
+
+
+from .placement import (ParameterPlacement, Placement, PlacementCheck,  # noqa: E402
+                        format_bytes, format_placement, inspect_placement)

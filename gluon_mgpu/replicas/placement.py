@@ -13,8 +13,10 @@ import numpy as np
 from mxnet.gluon import Block, Parameter
 from mxnet.gluon.parameter import ParameterDict
 
+from ..events import EpochEnd
+
 __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
-           'format_bytes']
+           'format_bytes', 'PlacementCheck']
 
 
 @dataclass(frozen=True)
@@ -171,3 +173,41 @@ def format_placement(placement, per_parameter=True):
         lines.append('%d of %d parameters have copies on more than one device'
                      % (sum(n > 1 for n in spread), len(spread)))
     return '\n'.join(lines)
+
+
+class PlacementCheck(EpochEnd):
+    """Event handler for a split network (``--check-replicas`` with ``--parallel``): after every
+    epoch, say where the parameters live instead of comparing replicas that do not exist.
+
+    For the layer and channel splits it prints one line, the device lines of
+    ``format_placement`` joined; for data parallelism from scratch (``device_params``, one list
+    of arrays per device) it compares every device's copy with the first and raises
+    ``RuntimeError`` naming the first array that differs.
+    """
+
+    priority = 10  # where ReplicaCheck runs
+
+    def __init__(self, verbose=True, stream=None):
+        self.verbose, self.stream = verbose, stream
+        self.lines = []
+
+    def epoch_end(self, estimator, *args, **kwargs):
+        split = estimator.net
+        copies = getattr(split, 'device_params', None)
+        if copies is not None:
+            first = copies[0]
+            for device, params in zip(split.devices[1:], copies[1:]):
+                for i, (a, b) in enumerate(zip(first, params)):
+                    if not np.array_equal(a.asnumpy(), b.asnumpy()):
+                        raise RuntimeError('replicas differ after epoch %d: parameter %d on %s '
+                                           'is not the one on %s' % (estimator.epoch, i, device,
+                                                                     split.devices[0]))
+            line = 'replicas: %d parameters identical on %d devices (data parallelism from ' \
+                'scratch)' % (len(first), len(copies))
+        else:
+            text = format_placement(inspect_placement(split.net), per_parameter=False)
+            line = 'placement: ' + '; '.join(text.splitlines())
+        self.lines.append(line)
+        if self.verbose:
+            print(line, file=self.stream, flush=True)
+        return False
