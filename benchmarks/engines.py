@@ -61,10 +61,7 @@ def main(argv=None):
     for name in SETTINGS:
         lines.append('| %s | %.1f | %.2f | %s |' % (name, best[name], best[name] / base,
                                                     ', '.join('%.1f' % v for v in results[name])))
-    text = '\n'.join(lines) + '\n'
-    with open(args.out, 'w') as f:
-        f.write(text)
-    print(text)
+    run.write_report(args.out, lines)
 
 
 if __name__ == '__main__':

@@ -208,10 +208,7 @@ def main(argv=None):
                 results[s][m]['others_cores']) for s in SETTINGS)))
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/parallelism.py --steps %d --batch-size '
               '%d`.' % (args.steps, args.batch_size)]
-    text = '\n'.join(lines) + '\n'
-    with open(args.out, 'w') as f:
-        f.write(text)
-    print(text)
+    run.write_report(args.out, lines)
 
 
 if __name__ == '__main__':

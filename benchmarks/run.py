@@ -62,6 +62,14 @@ OTHER = {
 }
 
 
+def write_report(path, lines):
+    """Write the report's lines to ``path`` and print them."""
+    text = '\n'.join(lines) + '\n'
+    with open(path, 'w') as f:
+        f.write(text)
+    print(text)
+
+
 def measure(config):
     """Run one configuration in a fresh process; a "book" one gets MXNet's default threads."""
     env = dict(os.environ)

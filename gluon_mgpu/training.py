@@ -92,6 +92,16 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
     return ls, outs, ys
 
 
+def epoch_seconds(start, examples):
+    """Seconds since ``start`` once the devices are done (``nd.waitall()``); ValueError for an
+    epoch without examples."""
+    nd.waitall()
+    if examples == 0:
+        raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
+                         'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
+    return time.time() - start
+
+
 def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None):
     """Run ``train_batch`` over ``train_iter``; return ``seconds``, ``train_loss``,
     ``train_acc`` and ``examples``.
@@ -114,11 +124,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
         n += X.shape[0]
         if events and events.batch_end(batch=(X, y), pred=outs, label=ys, loss=ls):
             break
-    nd.waitall()
-    seconds = time.time() - start
-    if n == 0:
-        raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
-                         'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
+    seconds = epoch_seconds(start, n)
     return {'seconds': seconds,
             'train_loss': sum(v.asscalar() for v in loss_sum) / n,
             'train_acc': sum(v.asscalar() for v in correct) / n,

@@ -22,7 +22,7 @@ from mxnet.gluon import loss as gloss, nn
 from mxnet.symbol import Symbol
 
 from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
-                     parameter_bytes)
+                     parameter_bytes, step_all)
 from .layers import _check_initialized
 
 __all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
@@ -200,8 +200,7 @@ def train_batch(X, y, net, trainers, devices, loss):
     with autograd.record():
         l = loss(net(X), y)
     l.backward()
-    for trainer in trainers:
-        trainer.step(X.shape[0])
+    step_all(trainers, X.shape[0])
     return l
 
 

@@ -40,6 +40,12 @@ def init_one_device(net, device=None, init=None, input_shape=(1, 1, 28, 28)):
     return net
 
 
+def step_all(trainers, batch_size):
+    """``trainer.step(batch_size)`` for the Trainer of every part of a split network."""
+    for trainer in trainers:
+        trainer.step(batch_size)
+
+
 def nbytes(x):
     """Bytes of an NDArray's data."""
     return int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize

@@ -33,7 +33,7 @@ from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
 from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
-                     nbytes, parameter_bytes)
+                     nbytes, parameter_bytes, step_all)
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
            'choose_cut', 'resolve_cut', 'split_layers', 'forward', 'train_batch', 'LayerSplit']
@@ -243,8 +243,7 @@ def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_
         ls = [loss(forward(parts, X_m, devices, copy), y_m)
               for X_m, y_m in zip(X_micros, y_micros)]
     autograd.backward(ls)
-    for trainer in trainers:
-        trainer.step(X.shape[0])
+    step_all(trainers, X.shape[0])
     return ls
 
 

@@ -7,9 +7,8 @@ every way of splitting. A split network returns only its loss, so ``train_acc`` 
 """
 import time
 
-from mxnet import nd
-
 from ..events import EpochLine, Events, LossGuard, TrainingState
+from ..training import epoch_seconds
 
 __all__ = ['train_split']
 
@@ -46,11 +45,7 @@ def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=N
             n += X.shape[0]
             if events.batch_end(batch=(X, y), loss=[loss]):
                 break
-        nd.waitall()
-        seconds = time.time() - start
-        if n == 0:
-            raise ValueError('train_iter yielded no examples in this epoch; pass an iterable '
-                             'that yields (X, y) batches on every pass')
+        seconds = epoch_seconds(start, n)
         state.record = {'epoch': epoch, 'seconds': seconds,
                         'train_loss': sum(l.asscalar() for l in losses) / n, 'train_acc': None,
                         'test_acc': split.evaluate_accuracy(test_iter),

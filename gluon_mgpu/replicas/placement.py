@@ -21,18 +21,12 @@ __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_place
 
 @dataclass(frozen=True)
 class ParameterPlacement:
-    """One parameter: its name, shape, kind and the devices holding a copy of it.
+    """One parameter and the devices holding a copy of it.
 
-    Attributes
-    ----------
-    name : str
-    shape : tuple of int
-    dtype : str
-    contexts : tuple of mxnet.Context
-    kind : {'trained', 'auxiliary'}
-        ``'auxiliary'`` for ``grad_req='null'`` (BatchNorm's running statistics).
-    nbytes : int
-        Bytes of one copy (its gradient, if trained, takes as many again and is not counted).
+    ``name``, ``shape`` and ``dtype`` as Gluon gives them; ``contexts``, the devices holding a
+    copy; ``kind``, ``'auxiliary'`` for ``grad_req='null'`` (BatchNorm's running statistics)
+    and ``'trained'`` otherwise; ``nbytes``, the bytes of one copy (a trained parameter's
+    gradient takes as many again and is not counted).
     """
 
     name: str
