@@ -104,6 +104,11 @@ CASES = [
     (['--save-params', '{empty}'], '--save-params', '{empty}', 'name a file in it'),
     (['--quiet', 'yes'], 'unrecognized arguments', 'yes', 'see --help'),
     (['--bogus', '3'], '--bogus', '3', 'see --help'),
+    (['--parallel', 'pipes'], '--parallel', "'pipes'", "choose from 'data', 'scratch'"),
+    (['--micro-batches', '0'], '--micro-batches', '0', 'for example --micro-batches 2'),
+    (['--micro-batches', '2'], '--micro-batches', '2', 'pass --parallel layers'),
+    (['--cut', ''], '--cut', "''", "give 'params', 'time' or the names of the units"),
+    (['--cut', 'stage2'], '--cut', 'stage2', 'pass --parallel layers or drop --cut'),
 ]
 SUBPROCESS = ['--num-gpus two', '--lr -0.1', '--train-limit 60001', '--device tpu',
               '--data-dir {broken}', '--checkpoint-dir {file}/ck',
