@@ -1,9 +1,17 @@
 # gluon_mgpu first: it chooses MXNet's thread count, which MXNet reads once, on import.
 import gluon_mgpu  # noqa: I001
 
+import signal
+
 import mxnet as mx
 import numpy as np
 import pytest
+
+# A test run started in the background (`make test &`, nohup) inherits SIGINT ignored, and then
+# neither this process nor the commands it starts would see a Ctrl-C. The tests of Ctrl-C need
+# what a terminal gives: Python's own handler here, the default in every child.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture
