@@ -9,7 +9,6 @@ import os
 import pickle
 import re
 import resource
-import shutil
 import signal
 import stat
 import subprocess
@@ -21,6 +20,7 @@ import pytest
 
 from gluon_mgpu import checkpoint
 from gluon_mgpu.train import main
+from test_checkpoint import cli_dir, cli_run  # noqa: F401  (fixtures: one checkpointed run)
 
 PROG = 'python -m gluon_mgpu.train'
 TINY = ['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size', '8',
@@ -200,21 +200,6 @@ def test_two_real_runs_into_one_folder_the_second_is_refused(tmp_path, data_dir)
 
 # C. Trust only what can be trusted.
 
-@pytest.fixture(scope='module')
-def saved(tmp_path_factory, data_dir):
-    directory = str(tmp_path_factory.mktemp('hostile') / 'ck')
-    assert main(TINY + ['--data-dir', data_dir, '--epochs', '1', '--quiet', '--checkpoint-dir',
-                        directory]) == 0
-    return directory
-
-
-@pytest.fixture
-def ck(saved, tmp_path):
-    directory = str(tmp_path / 'ck')
-    shutil.copytree(saved, directory)
-    return directory
-
-
 def _edit_json(directory, change):
     path = checkpoint.checkpoint_path(directory, 1, 'json')
     record = json.load(open(path))
@@ -233,37 +218,37 @@ def _edit_json(directory, change):
     (lambda r: r.update(network='vgg(10)'), r'network'),
     (lambda r: r['args'].update(lr=1e39), r'args\.lr'),
 ])
-def test_values_read_from_a_checkpoint_are_checked_like_flags(change, says, ck, capsys):
-    path = _edit_json(ck, change)
-    before = _snapshot(ck)
-    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+def test_values_read_from_a_checkpoint_are_checked_like_flags(change, says, cli_dir, capsys):
+    path = _edit_json(cli_dir, change)
+    before = _snapshot(cli_dir)
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
     assert line.startswith('%s: error: --resume: %s' % (PROG, path)), line
     assert re.search(says, line), line
-    assert _snapshot(ck) == before
+    assert _snapshot(cli_dir) == before
 
 
-def test_a_forged_states_pickle_with_a_matching_sha256_runs_no_code(ck, tmp_path, capsys):
+def test_a_forged_states_pickle_with_a_matching_sha256_runs_no_code(cli_dir, tmp_path, capsys):
     marker = str(tmp_path / 'ran')
 
     class Evil:
         def __reduce__(self):
             return (os.system, ('touch %s' % marker,))
 
-    states = checkpoint.checkpoint_path(ck, 1, 'states')
+    states = checkpoint.checkpoint_path(cli_dir, 1, 'states')
     evil = pickle.dumps(Evil())
     with open(states, 'wb') as f:
         f.write(evil)
-    _edit_json(ck, lambda r: r['files']['states'].update(
+    _edit_json(cli_dir, lambda r: r['files']['states'].update(
         bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest()))
-    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
     assert line.startswith('%s: error: --resume: %s' % (PROG, states)), line
     assert 'system' in line
     assert not os.path.exists(marker)
 
 
-def test_an_output_path_recorded_in_a_checkpoint_is_checked_on_resume(ck, capsys):
-    path = _edit_json(ck, lambda r: r['args'].update(metrics_json='/dev/null'))
-    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+def test_an_output_path_recorded_in_a_checkpoint_is_checked_on_resume(cli_dir, capsys):
+    path = _edit_json(cli_dir, lambda r: r['args'].update(metrics_json='/dev/null'))
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
     assert line == ('%s: error: --resume: %s records --metrics-json /dev/null, which cannot be '
                     'written: it is a character device, not a regular file, and is left as it '
                     'is; name a regular file or a new path; pass --metrics-json with another '
@@ -354,12 +339,13 @@ def test_a_newline_in_a_path_stays_one_line(capsys, tmp_path, data_dir):
                     % (PROG, tmp_path, tmp_path))
 
 
-def test_a_params_file_of_random_bytes_is_one_line_without_mxnets_trace(ck, capsys):
-    params = checkpoint.checkpoint_path(ck, 1, 'params')
+def test_a_params_file_of_random_bytes_is_one_line_without_mxnets_trace(cli_dir, capsys):
+    params = checkpoint.checkpoint_path(cli_dir, 1, 'params')
     junk = os.urandom(os.path.getsize(params))
     with open(params, 'wb') as f:
         f.write(junk)
-    _edit_json(ck, lambda r: r['files']['params'].update(sha256=hashlib.sha256(junk).hexdigest()))
-    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    _edit_json(cli_dir, lambda r: r['files']['params'].update(
+        sha256=hashlib.sha256(junk).hexdigest()))
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
     assert line.startswith('%s: error: --resume: %s is not an MXNet parameters file'
                            % (PROG, params)), line
