@@ -84,7 +84,9 @@ class Interval:
         wall = time.perf_counter() - self._start[2]
         cpu = own_cpu(self.children) - self._start[1]
         busy = machine_busy()[0] - self._start[0]
-        others = max(0.0, busy - cpu) / wall
+        # /proc/stat counts in ticks (10 ms): over an interval under a second or so the
+        # others' share is coarse, so it is kept within what the machine can hold.
+        others = min(max(0.0, busy - cpu) / wall, float(os.cpu_count()))
         self.record = {'wall': wall, 'cpu': cpu, 'cpu_per_wall': cpu / wall,
                        'others_cores': others, 'disturbed': others > DISTURBED_CORES}
         return self.record
@@ -109,3 +111,29 @@ def summarize(records, key='value'):
             'best': max(values), 'n': len(used), 'disturbed': len(records) - len(quiet),
             'all_disturbed': not quiet, 'cpu_per_wall': med('cpu_per_wall'),
             'others_cores': med('others_cores')}
+
+
+TABLE_HEADER = ['| setting | median | spread (n) | best | %s | CPU/wall | others | raw |',
+                '| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |']
+TABLE_LEGEND = (
+    '"median" and its spread (lowest to highest) are over the undisturbed runs (over all runs, '
+    'and the row says so, when none was undisturbed); "best" is the highest of them. CPU/wall: '
+    'the cores the measured process (with its children) used on average, median; others: the '
+    'cores the rest of the machine kept busy meanwhile, median. Raw: every run, its others\' '
+    'load in parentheses, * = disturbed (others above %.1f cores).' % DISTURBED_CORES)
+
+
+def raw_values(records, scale=1.0):
+    """Every run's value with the others' load in parentheses; * marks a disturbed one."""
+    return ', '.join('%.1f%s (%.2f)' % (r['value'] / scale, '*' if r['disturbed'] else '',
+                                        r['others_cores']) for r in records)
+
+
+def table_row(label, records, base=None):
+    """One markdown row under ``TABLE_HEADER``: ``records``' summary; ratio of medians to
+    ``base`` (a median) when given."""
+    s = summarize(records)
+    return '| %s%s | %.1f | %.1f-%.1f (%d) | %.1f | %s | %.2f | %.2f | %s |' % (
+        label, ' (**all disturbed**)' if s['all_disturbed'] else '', s['median'], s['low'],
+        s['high'], s['n'], s['best'], '%.2f' % (s['median'] / base) if base else '',
+        s['cpu_per_wall'], s['others_cores'], raw_values(records))

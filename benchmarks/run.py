@@ -25,7 +25,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from measuring import DISTURBED_CORES, summarize  # noqa: E402
+from measuring import (DISTURBED_CORES, TABLE_HEADER, TABLE_LEGEND, raw_values,  # noqa: E402
+                       summarize, table_row)
 
 GLOBAL_BATCH = 256
 GEMM_SIZE = 4096
@@ -226,12 +227,6 @@ def targets(med, best):
     return rows
 
 
-def _raw(records, scale=1.0):
-    """Every run's value with the others' load in parentheses; * marks a disturbed one."""
-    return ', '.join('%.1f%s (%.2f)' % (r['value'] / scale, '*' if r['disturbed'] else '',
-                                        r['others_cores']) for r in records)
-
-
 def report(raw):
     """Render docs/benchmarks.md from the raw records (docs/benchmarks.json)."""
     by_name = {n: [r for r in raw['records'] if r['name'] == n] for n in NAMES}
@@ -263,25 +258,15 @@ def report(raw):
              'The chapter\'s ResNet-18, one training step = forward, backward and '
              '`trainer.step`, global batch %d, images per second. Every measurement is a fresh '
              'process; the settings alternate, so slow phases of the machine hit them alike. '
-             '"median" and its spread (lowest to highest) are over the undisturbed runs (all '
-             'runs, and the row says so, when none was undisturbed); "best" is the highest of '
-             'them. CPU/wall: the cores the measured process (with its children) used on average, '
-             'median; others: the cores the rest of the machine used meanwhile, median. Raw: '
-             'every run, its others\' load in parentheses, * = disturbed. Ratios are of medians, '
-             'to the book-style loop on 1 device measured in this same run.' % GLOBAL_BATCH, '',
-             '| setting | median | spread (n) | best | x book-style | CPU/wall | others | raw |',
-             '| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |']
+             '%s Ratios are of medians, to the book-style loop on 1 device measured in this '
+             'same run.' % (GLOBAL_BATCH, TABLE_LEGEND), '',
+             TABLE_HEADER[0] % 'x book-style', TABLE_HEADER[1]]
     base = med.get('book-1')
     for name, rs in by_name.items():
-        if name == 'gemm':
-            continue
-        s = stats[name]
-        lines.append('| %s%s | %.1f | %.1f-%.1f (%d) | %.1f | %s | %.2f | %.2f | %s |' % (
-            labels[name], ' (**all disturbed**)' if s['all_disturbed'] else '', s['median'],
-            s['low'], s['high'], s['n'], s['best'],
-            '%.2f' % (s['median'] / base) if base and (name in TRAIN or name in TORCH) else '',
-            s['cpu_per_wall'], s['others_cores'], _raw(rs)))
-    if not any(n in by_name for n in TORCH):
+        if name != 'gemm':
+            lines.append(table_row(labels[name], rs,
+                                   base if name in TRAIN or name in TORCH else None))
+    if not any(n in by_name for n in TORCH) and not has_torch():
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
     missing = [n for n in NAMES if n not in by_name]
@@ -310,7 +295,7 @@ def report(raw):
                   '%.0f images/s is the FP32 limit of this step here (an algorithm that does fewer '
                   'multiplications, such as Winograd, could pass it).'
                   % (raw['flops_per_image'] / 1e9, GEMM_SIZE, GEMM_SIZE, g['best'] / 1e9,
-                     g['median'] / 1e9, g['cpu_per_wall'], g['others_cores'], _raw(gemm, 1e9),
+                     g['median'] / 1e9, g['cpu_per_wall'], g['others_cores'], raw_values(gemm, 1e9),
                      numpy['best'] / 1e9, numpy['median'] / 1e9, limit)]
         if ours:
             lines[-1] += (' Ours reaches %.1f images/s on 1 device (median; best %.1f): %.0f%% '
