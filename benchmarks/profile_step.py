@@ -158,25 +158,28 @@ def interval_text(r):
         ', **disturbed**' if r['disturbed'] else '')
 
 
-def main(argv=None):
+def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--steps', type=int, default=2, help='profiled steps (default: 2)')
     p.add_argument('--batch-size', type=int, default=256, help='global batch (default: 256)')
+    p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'profile.md'))
+    # The worker's own: one pass on one device count.
+    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--devices', type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument('--pass', dest='pass_', default='profiler', help=argparse.SUPPRESS)
-    p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
-    p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'profile.md'))
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     if args.worker:
         return worker(args)
     start = time.time()
     results = {}
-    for devices in (1, 2):
-        for pass_ in ('profiler', 'verbose'):
-            results[devices, pass_] = run_pass(devices, pass_, args.steps, args.batch_size)
-            r = results[devices, pass_]
-            print('%d device(s), %s: %s' % (devices, pass_, interval_text(
-                r['profiled'] if pass_ == 'profiler' else r['timed'])), flush=True)
+    for devices, pass_ in ((1, 'profiler'), (1, 'verbose'), (2, 'profiler'), (2, 'verbose')):
+        r = results[devices, pass_] = run_pass(devices, pass_, args.steps, args.batch_size)
+        print('%d device(s), %s: %s' % (devices, pass_, interval_text(
+            r['profiled'] if pass_ == 'profiler' else r['timed'])), flush=True)
     import run  # benchmarks/run.py: machine, write_report
     info = run.machine()
     lines = ['# Where a training step\'s time goes', '',
@@ -236,7 +239,7 @@ def main(argv=None):
                                                                100 * ms / ktotal))
             reorders = sorted(verbose['reorders'].items(), key=lambda kv: -kv[1][1])[:8]
             if reorders:
-                lines += ['', 'The costliest reorders (source layout; calls, ms):', '']
+                lines += ['', 'The costliest reorders (source and destination layouts: calls, ms):', '']
                 lines += ['- `%s`: %d, %.1f ms' % (k, c, ms) for k, (c, ms) in reorders]
         lines.append('')
     lines += ['Reproduce: `.venv/bin/python benchmarks/profile_step.py --steps %d --batch-size %d`.'
