@@ -239,7 +239,8 @@ def main(argv=None):
                                                                100 * ms / ktotal))
             reorders = sorted(verbose['reorders'].items(), key=lambda kv: -kv[1][1])[:8]
             if reorders:
-                lines += ['', 'The costliest reorders (source and destination layouts: calls, ms):', '']
+                lines += ['', 'The costliest reorders (source and destination layouts: '
+                          'calls, ms):', '']
                 lines += ['- `%s`: %d, %.1f ms' % (k, c, ms) for k, (c, ms) in reorders]
         lines.append('')
     lines += ['Reproduce: `.venv/bin/python benchmarks/profile_step.py --steps %d --batch-size %d`.'

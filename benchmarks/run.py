@@ -288,7 +288,8 @@ def report(raw):
         lines += ['', '## How far from the FP32 limit', '',
                   'A training step costs %.2f GFLOP per image (forward multiply-adds counted from '
                   'the layer shapes, times 2 for FLOP, times 3 for forward plus backward). The '
-                  'fastest FP32 matrix product measured here (%d x %d, the best of several products in each '
+                  'fastest FP32 matrix product measured here (%d x %d, the best of several '
+                  'products in each '
                   'process) reaches %.0f GFLOP/s with MXNet\'s oneDNN inner product (median '
                   '%.0f, CPU/wall %.2f, others %.2f; raw %s) and %.0f GFLOP/s with numpy (median '
                   '%.0f). Convolutions computed as matrix products cannot go faster, so about '
