@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/candidates.py                 # about 7 minutes on 2 cores
     .venv/bin/python benchmarks/candidates.py --group 1       # the 1-device ones only
 
+The raw records are kept in docs/candidates.json; ``--group`` measures one group again and
+keeps the other's records, so the report can be made in two runs of a few minutes each.
+
 Each candidate is an MXNet environment variable, so nothing in the package changes to try it:
 
 - ``MXNET_OPTIMIZER_AGGREGATION_SIZE=32``: SGD updates 32 parameters per ``multi_sgd_update``
@@ -20,6 +23,8 @@ interleaved; each records its CPU time against the wall time and the others' loa
 (benchmarks/measuring.py), and a disturbed one is measured again (``--retries``).
 """
 import argparse
+import itertools
+import json
 import os
 import sys
 
@@ -56,23 +61,33 @@ def main(argv=None):
     p.add_argument('--out', default=os.path.join(run.ROOT, 'docs', 'candidates.md'))
     args = p.parse_args(argv)
     groups = list(GROUPS) if args.group == 'all' else [args.group]
-    start = run.utc_now()
+    raw_path = os.path.splitext(args.out)[0] + '.json'
+    raw = {'records': {}, 'runs': {}}
+    if args.group != 'all' and os.path.exists(raw_path):
+        with open(raw_path) as f:
+            raw = json.load(f)
     records = {}
-    for r in range(args.repeats):
-        for g in groups:
-            for name, env in GROUPS[g]:
-                cfg = dict(run.config('ours-hyb-%s' % g), env=env)
-                for record in run.measure_until_quiet(cfg, args.retries):
-                    records.setdefault(name, []).append(record)
-                    print('%-80s run %d: %6.1f images/s, CPU/wall %.2f, others %.2f%s'
-                          % (name, r + 1, record['value'], record['cpu_per_wall'],
-                             record['others_cores'],
-                             ' DISTURBED' if record['disturbed'] else ''), flush=True)
+    for g in groups:
+        start = run.utc_now()
+        for r, (name, env) in itertools.product(range(args.repeats), GROUPS[g]):
+            cfg = dict(run.config('ours-hyb-%s' % g), env=env)
+            for record in run.measure_until_quiet(cfg, args.retries):
+                records.setdefault(name, []).append(dict(record, utc=run.utc_now()))
+                print('%-80s run %d: %6.1f images/s, CPU/wall %.2f, others %.2f%s'
+                      % (name, r + 1, record['value'], record['cpu_per_wall'],
+                         record['others_cores'],
+                         ' DISTURBED' if record['disturbed'] else ''), flush=True)
+        raw['runs'][g] = '%s to %s' % (start, run.utc_now())
+    raw['records'].update(records)
+    with open(raw_path, 'w') as f:
+        json.dump(raw, f, indent=1)
+    records = raw['records']
+    groups = [g for g in GROUPS if g in raw['runs']]
     info = run.machine()
     every = [rec for rs in records.values() for rec in rs]
     lines = ['# Cheap candidates for a faster step', '',
-             'Written by `benchmarks/candidates.py` (%s to %s); do not edit by hand.'
-             % (start, run.utc_now()), '',
+             'Written by `benchmarks/candidates.py` from the raw records in '
+             '[candidates.json](candidates.json); do not edit by hand.', '',
              '- machine: %(cpu)s, %(cores)d usable cores; MXNet %(mxnet)s. Load average at the '
              'end: %(load)s.' % info,
              '- %d measurements, %d disturbed (each measured again, up to %d more times).'
@@ -83,11 +98,12 @@ def main(argv=None):
              % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], args.repeats, TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
-        lines += ['', '## %s' % ('1 device' if g == '1' else '2 simulated devices'), '',
+        lines += ['', '## %s (measured %s)' % ('1 device' if g == '1' else '2 simulated devices',
+                                                raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
-    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py --group %s --repeats %d`.'
-              % (args.group, args.repeats)]
+    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py --repeats %d` (or '
+              'one `--group` at a time).' % args.repeats]
     run.write_report(args.out, lines)
 
 
