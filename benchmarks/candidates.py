@@ -14,6 +14,9 @@ Each candidate is an MXNet environment variable, so nothing in the package chang
 - engine bulking: ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (off; on by default) and
   ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000`` (segments of up to 1000 operators
   instead of 15).
+- Residual's ReLUs through oneDNN (group ``relu``; not an environment variable: a patch in
+  benchmarks/worker.py that gives ``Residual.hybrid_forward`` an ``F`` whose ``relu`` is
+  ``F.Activation(act_type='relu')``, the same values).
 - 2 simulated devices: ``MXNET_CPU_TEMP_COPY=16`` (all CPU contexts share one pool of scratch
   buffers, 4 by default), alone and with one OpenMP thread per device (``OMP_NUM_THREADS=1``).
 
@@ -33,28 +36,34 @@ sys.path.insert(0, HERE)
 import run  # noqa: E402  (benchmarks/run.py: config, measure_until_quiet, machine, write_report)
 from measuring import TABLE_HEADER, TABLE_LEGEND, summarize, table_row  # noqa: E402
 
-BULK_OFF = {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}
-BULK_BIG = {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '1000',
-            'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1000'}
-# group -> [(setting, env)]; the first of a group is its baseline.
+BULK_OFF = {'env': {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}}
+BULK_BIG = {'env': {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '1000',
+                    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1000'}}
+# group -> [(setting, what it adds to the worker's configuration)]; the first is the baseline.
+# An environment variable goes in 'env'.
 GROUPS = {
     '1': [('1 device, the package\'s settings', {}),
           ('1 device, MXNET_OPTIMIZER_AGGREGATION_SIZE=32',
-           {'MXNET_OPTIMIZER_AGGREGATION_SIZE': '32'}),
+           {'env': {'MXNET_OPTIMIZER_AGGREGATION_SIZE': '32'}}),
           ('1 device, MXNET_EXEC_BULK_EXEC_TRAIN=0 (no bulking)', BULK_OFF),
           ('1 device, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
     '2': [('2 devices, the package\'s settings', {}),
-          ('2 devices, MXNET_CPU_TEMP_COPY=16', {'MXNET_CPU_TEMP_COPY': '16'}),
+          ('2 devices, MXNET_CPU_TEMP_COPY=16', {'env': {'MXNET_CPU_TEMP_COPY': '16'}}),
           ('2 devices, MXNET_CPU_TEMP_COPY=16, OMP_NUM_THREADS=1 (one thread per device)',
-           {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}),
+           {'env': {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}}),
           ('2 devices, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
+    # Not an environment variable: Residual's ReLUs through oneDNN (docs/profile.md: MXNet's
+    # own relu runs on plain NCHW, so every one costs two layout reorders around it).
+    'relu': [('1 device, the package\'s settings (F.relu)', {}),
+             ('1 device, Residual\'s ReLUs as F.Activation (oneDNN), a patch in worker.py',
+              {'relu': 'onednn'})],
 }
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--group', choices=['1', '2', 'all'], default='all',
-                   help='the 1-device or the 2-device candidates (default: all)')
+    p.add_argument('--group', choices=['1', '2', 'relu', 'all'], default='all',
+                   help='the 1-device, the 2-device or the ReLU candidates (default: all)')
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
@@ -69,8 +78,8 @@ def main(argv=None):
     records = {}
     for g in groups:
         start = run.utc_now()
-        for r, (name, env) in itertools.product(range(args.repeats), GROUPS[g]):
-            cfg = dict(run.config('ours-hyb-%s' % g), env=env)
+        for r, (name, extra) in itertools.product(range(args.repeats), GROUPS[g]):
+            cfg = dict(run.config('ours-hyb-%s' % ('2' if g == '2' else '1')), **extra)
             for record in run.measure_until_quiet(cfg, args.retries):
                 records.setdefault(name, []).append(dict(record, utc=run.utc_now()))
                 print('%-80s run %d: %6.1f images/s, CPU/wall %.2f, others %.2f%s'
@@ -98,8 +107,8 @@ def main(argv=None):
              % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], args.repeats, TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
-        lines += ['', '## %s (measured %s)' % ('1 device' if g == '1' else '2 simulated devices',
-                                                raw['runs'][g]), '',
+        title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN'}[g]
+        lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py --repeats %d` (or '

@@ -46,6 +46,27 @@ def _batches(cfg, n_images):
     return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
 
 
+class _ReluAsActivation:
+    """``F`` whose ``relu`` is ``F.Activation(act_type='relu')``: the same values, but computed
+    by oneDNN (eltwise, in its blocked layout) instead of MXNet's own kernel on plain NCHW."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def relu(self, x):
+        return self._F.Activation(x, act_type='relu')
+
+
+def _relu_through_onednn():
+    """Make every ``Residual`` call ``F.Activation`` for its ReLUs (a benchmark-only candidate)."""
+    from gluon_mgpu import model
+    plain = model.Residual.hybrid_forward
+    model.Residual.hybrid_forward = lambda self, F, X: plain(self, _ReluAsActivation(F), X)
+
+
 def _network(devices, model='ours', hybrid=True):
     """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does."""
     if model == 'd2lzh':
@@ -60,6 +81,8 @@ def _network(devices, model='ours', hybrid=True):
 
 def train_speed(cfg):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
+    if cfg.get('relu') == 'onednn':
+        _relu_through_onednn()
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     loss = gloss.SoftmaxCrossEntropyLoss()
