@@ -252,7 +252,10 @@ def report(raw):
              '- **how quiet it was**: %d measurements, %d disturbed (the rest of the machine kept '
              'more than %.1f cores busy on average during the timed interval; each was measured '
              'again, up to %d more times). Others\' load per measurement: median %.2f, '
-             'highest %.2f cores. Load average at the end of each part: %s.'
+             'highest %.2f cores. Load average at the end of each part: %s. What /proc/stat '
+             'cannot see is contention below this virtual machine (another one on the same '
+             'physical cores, caches or memory): two quiet runs of one setting that differ, at '
+             'the same CPU/wall, show it; read the spread.'
              % (len(every), n_disturbed, DISTURBED_CORES, raw['retries'],
                 others[len(others) // 2], others[-1], '; '.join(r['load'] for r in runs)), '',
              'The chapter\'s ResNet-18, one training step = forward, backward and '
