@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/candidates.py                 # about 7 minutes on 2 cores
     .venv/bin/python benchmarks/candidates.py --group 1       # the 1-device ones only
+    .venv/bin/python benchmarks/candidates.py --report-only   # the report from the records
 
 The raw records are kept in docs/candidates.json; ``--group`` measures one group again and
 keeps the other's records, so the report can be made in two runs of a few minutes each.
@@ -56,7 +57,10 @@ GROUPS = {
     # own relu runs on plain NCHW, so every one costs two layout reorders around it).
     'relu': [('1 device, the package\'s settings (F.relu)', {}),
              ('1 device, Residual\'s ReLUs as F.Activation (oneDNN), a patch in worker.py',
-              {'relu': 'onednn'})],
+              {'relu': 'onednn'}),
+             ('2 devices, the package\'s settings (F.relu)', {'devices': 2}),
+             ('2 devices, Residual\'s ReLUs as F.Activation (oneDNN)',
+              {'relu': 'onednn', 'devices': 2})],
 }
 
 
@@ -67,12 +71,14 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
+    p.add_argument('--report-only', action='store_true',
+                   help='measure nothing; rewrite the report from the raw records')
     p.add_argument('--out', default=os.path.join(run.ROOT, 'docs', 'candidates.md'))
     args = p.parse_args(argv)
-    groups = list(GROUPS) if args.group == 'all' else [args.group]
+    groups = [] if args.report_only else list(GROUPS) if args.group == 'all' else [args.group]
     raw_path = os.path.splitext(args.out)[0] + '.json'
     raw = {'records': {}, 'runs': {}}
-    if args.group != 'all' and os.path.exists(raw_path):
+    if (args.report_only or args.group != 'all') and os.path.exists(raw_path):
         with open(raw_path) as f:
             raw = json.load(f)
     records = {}
@@ -97,22 +103,23 @@ def main(argv=None):
     lines = ['# Cheap candidates for a faster step', '',
              'Written by `benchmarks/candidates.py` from the raw records in '
              '[candidates.json](candidates.json); do not edit by hand.', '',
-             '- machine: %(cpu)s, %(cores)d usable cores; MXNet %(mxnet)s. Load average at the '
-             'end: %(load)s.' % info,
+             '- machine: %(cpu)s, %(cores)d usable cores; MXNet %(mxnet)s. Load average when this '
+             'report was written: %(load)s.' % info,
              '- %d measurements, %d disturbed (each measured again, up to %d more times).'
              % (len(every), sum(r['disturbed'] for r in every), args.retries),
              '- hybridized ResNet-18 training step, global batch %d, %d timed steps after 1 '
-             'warm-up, images/s; %d rounds, the settings interleaved, one fresh process each. '
-             'Ratios are of medians, to the first row of the same table. %s'
-             % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], args.repeats, TABLE_LEGEND)]
+             'warm-up, images/s; in rounds (as many as n in the spread column), the settings of '
+             'a table interleaved, one fresh process each. Ratios are of medians, to the first '
+             'row of the same table. %s'
+             % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
         title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN'}[g]
         lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
-    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py --repeats %d` (or '
-              'one `--group` at a time).' % args.repeats]
+    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py` (or one `--group` at '
+              'a time; the ReLU group was run with `--repeats 3`).']
     run.write_report(args.out, lines)
 
 
