@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -26,26 +25,13 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from measuring import Interval  # noqa: E402  (benchmarks/measuring.py)
 
 SETTINGS = {'default': {}, 'MXNET_CPU_TEMP_COPY=16': {'MXNET_CPU_TEMP_COPY': '16'},
             'OMP_NUM_THREADS=1': {'OMP_NUM_THREADS': '1'},
             'both': {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}}
 METHODS = ('one device', 'data', 'layers', 'layers (4 micro-batches)', 'channels',
            'scratch (one device)', 'scratch')
-
-
-def machine_busy():
-    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat."""
-    with open('/proc/stat') as f:
-        fields = [int(v) for v in f.readline().split()[1:]]
-    tick = os.sysconf('SC_CLK_TCK')
-    idle = fields[3] + fields[4]  # idle and iowait
-    return (sum(fields) - idle) / tick, sum(fields) / tick
-
-
-def own_cpu():
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
 
 
 def build(method, devices):
@@ -99,18 +85,13 @@ def worker(args):
         step = build(method, devices)
         step(X, y)  # warm-up: memory, graphs
         nd.waitall()
-        busy0, total0 = machine_busy()
-        cpu0, wall0 = own_cpu(), time.perf_counter()
+        meter = Interval().start()
         for _ in range(args.steps):
             step(X, y)
         nd.waitall()
-        wall = time.perf_counter() - wall0
-        cpu = own_cpu() - cpu0
-        busy1, total1 = machine_busy()
-        print(json.dumps({'method': method, 'images_per_s': args.steps * args.batch_size / wall,
-                          'wall': wall, 'cpu': cpu,
-                          'others_cores': max(0.0, (busy1 - busy0) - cpu) / wall,
-                          'omp': os.environ.get('OMP_NUM_THREADS')}), flush=True)
+        r = meter.stop()
+        print(json.dumps(dict(r, method=method, images_per_s=args.steps * args.batch_size
+                              / r['wall'], omp=os.environ.get('OMP_NUM_THREADS'))), flush=True)
 
 
 def summaries(batch_size):

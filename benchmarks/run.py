@@ -1,11 +1,18 @@
 """Measure training, data and evaluation speed in ONE run and write docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/run.py            # about 10 minutes on 2 cores
+    .venv/bin/python benchmarks/run.py            # about 15 minutes on 2 cores
     .venv/bin/python benchmarks/run.py --quick    # a smoke run with tiny step counts
+    .venv/bin/python benchmarks/run.py --only book-1,ours-hyb-1,gemm   # a part: a few minutes
 
 Every measurement runs in a fresh process (benchmarks/worker.py), because MXNet reads its
-thread settings once, at import. Configurations are interleaved and repeated, and the best of
-the repeats is reported: the machine is noisy, so only ratios measured in the same run count.
+thread settings once, at import. Configurations are interleaved and repeated. Each measurement
+records its own CPU time against the wall time and the load of the rest of the machine over the
+same interval (benchmarks/measuring.py); a disturbed one is repeated (``--retries``) and kept,
+marked. The report gives the median of the undisturbed runs with their spread, next to the best.
+
+The raw records are kept in docs/benchmarks.json. ``--only NAMES`` measures those settings
+again, replaces their records there and rewrites the report from all records: so a long run
+can be done in parts of a few minutes each, and a disturbed part done again.
 """
 import argparse
 import datetime
@@ -17,6 +24,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from measuring import (DISTURBED_CORES, TABLE_HEADER, TABLE_LEGEND, raw_values,  # noqa: E402
+                       summarize, table_row)
+
 GLOBAL_BATCH = 256
 GEMM_SIZE = 4096
 
@@ -70,17 +81,41 @@ def write_report(path, lines):
     print(text)
 
 
-def measure(config):
-    """Run one configuration in a fresh process; a "book" one gets MXNet's default threads."""
+def measure(config, timeout=900):
+    """Run one configuration in a fresh process; a "book" one gets MXNet's default threads.
+
+    Returns the worker's record: ``value`` and how its interval went (``wall``, ``cpu``,
+    ``cpu_per_wall``, ``others_cores``, ``disturbed``; benchmarks/measuring.py).
+    """
     env = dict(os.environ)
     if config.get('threads') == 'mxnet':
         env.pop('OMP_NUM_THREADS', None)
     env.update(config.get('env', {}))
-    out = subprocess.run([sys.executable, os.path.join(HERE, 'worker.py'), json.dumps(config)],
-                         capture_output=True, text=True, cwd=ROOT, env=env)
+    try:
+        out = subprocess.run([sys.executable, os.path.join(HERE, 'worker.py'),
+                              json.dumps(config)],
+                             capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise RuntimeError('benchmark %s did not finish in %d s (a hang?)' % (config, timeout))
     if out.returncode != 0:
         raise RuntimeError('benchmark %s failed:\n%s' % (config, out.stderr[-3000:]))
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def measure_until_quiet(config, retries):
+    """``measure(config)``, again while disturbed, at most ``retries`` more times: all records."""
+    records = []
+    for attempt in range(retries + 1):
+        record = measure(config)
+        record['utc'] = utc_now()
+        records.append(record)
+        if not record['disturbed']:
+            break
+    return records
+
+
+def utc_now():
+    return datetime.datetime.now(datetime.timezone.utc).strftime('%Y-%m-%d %H:%M UTC')
 
 
 def has_torch():
@@ -134,105 +169,144 @@ def flops_per_image():
     return 6.0 * sum(macs)
 
 
-def run(quick=False, repeats=2):
+NAMES = list(TRAIN) + list(TORCH) + list(OTHER) + ['gemm']
+
+
+def config(name, quick=False):
+    """The worker's configuration for setting ``name``."""
     steps, warmup = (1, 1) if quick else (3, 1)
-    results, extra = {}, {}
-    order = list(TRAIN) + (list(TORCH) if has_torch() else []) + list(OTHER)
+    if name in TRAIN:
+        return dict(TRAIN[name][1], kind='train', batch_size=GLOBAL_BATCH, steps=steps,
+                    warmup=warmup)
+    if name in TORCH:
+        return dict(TORCH[name][1], kind='torch', batch_size=GLOBAL_BATCH, steps=steps,
+                    warmup=warmup + (1 if 'compile' in name else 0))
+    if name == 'gemm':
+        return dict(kind='gemm', threads='package', size=GEMM_SIZE, repeats=3 if quick else 10)
+    cfg = dict(OTHER[name][1])
+    if quick:
+        cfg['images'] = min(cfg['images'], 1024)
+    return cfg
+
+
+def run(names, quick=False, repeats=2, retries=1):
+    """Measure ``names`` interleaved, ``repeats`` times; return every record (name, repeat)."""
+    records = []
     for r in range(1 if quick else repeats):
-        for name in order:
-            if name in TRAIN:
-                cfg = dict(TRAIN[name][1], kind='train', batch_size=GLOBAL_BATCH,
-                           steps=steps, warmup=warmup)
-            elif name in TORCH:
-                cfg = dict(TORCH[name][1], kind='torch', batch_size=GLOBAL_BATCH,
-                           steps=steps, warmup=warmup + (1 if 'compile' in name else 0))
-            else:
-                cfg = dict(OTHER[name][1])
-                if quick:
-                    cfg['images'] = min(cfg['images'], 1024)
-            value = measure(cfg)['value']
-            results.setdefault(name, []).append(value)
-            print('%-14s run %d: %8.1f images/s' % (name, r + 1, value), flush=True)
-        gemm = measure(dict(kind='gemm', threads='package', size=GEMM_SIZE,
-                            repeats=3 if quick else 10))
-        extra.setdefault('gemm', []).append(gemm)
-        print('fp32 gemm      run %d: MXNet %6.1f, numpy %6.1f GFLOP/s'
-              % (r + 1, gemm['mxnet'] / 1e9, gemm['numpy'] / 1e9), flush=True)
-    extra['flops_per_image'] = flops_per_image()
-    return results, extra
+        for name in names:
+            for record in measure_until_quiet(config(name, quick), retries):
+                records.append(dict(record, name=name, repeat=r + 1))
+                print('%-14s run %d: %10.1f %s, CPU/wall %.2f, others %.2f cores%s'
+                      % (name, r + 1, record['value'] / (1e9 if name == 'gemm' else 1),
+                         'GFLOP/s (MXNet)' if name == 'gemm' else 'images/s',
+                         record['cpu_per_wall'], record['others_cores'],
+                         ' DISTURBED' if record['disturbed'] else ''), flush=True)
+    return records
 
 
-def targets(best, extra):
-    """The issue's targets, each as (target, measured, met?)."""
+def targets(med, best):
+    """The issue's targets, each as (target, measured on medians, on bests, met on medians?)."""
     rows = []
 
-    def add(text, ratio, goal, fmt='%.2fx'):
-        rows.append((text, fmt % ratio, ratio >= goal))
+    def add(text, a, b, goal):
+        if a in med and b in med:
+            ratio = med[a] / med[b]
+            rows.append((text, '%.2fx' % ratio, '%.2fx' % (best[a] / best[b]), ratio >= goal))
     add('ours (hybridized, 1 device) >= 2.5x the book-style loop (1 device)',
-        best['ours-hyb-1'] / best['book-1'], 2.5)
+        'ours-hyb-1', 'book-1', 2.5)
     add('ours (hybridized, 2 devices) >= 2.5x the book-style loop (2 devices)',
-        best['ours-hyb-2'] / best['book-2'], 2.5)
-    if 'torch-compile' in best:
-        add('ours (1 device) >= torch.compile', best['ours-hyb-1'] / best['torch-compile'], 1.0)
-        add('ours (1 device) >= 1.6x PyTorch eager', best['ours-hyb-1'] / best['torch-eager'],
-            1.6)
+        'ours-hyb-2', 'book-2', 2.5)
+    add('ours (1 device) >= torch.compile', 'ours-hyb-1', 'torch-compile', 1.0)
+    add('ours (1 device) >= 1.6x PyTorch eager', 'ours-hyb-1', 'torch-eager', 1.6)
     add('2 simulated devices cost <= 10% against 1 (ratio 2 / 1 devices >= 0.90)',
-        best['ours-hyb-2'] / best['ours-hyb-1'], 0.90)
-    add('data path >= 100x the training rate', best['data-array'] / best['ours-hyb-1'], 100)
-    add('evaluation >= 4x the training rate', best['eval-1'] / best['ours-hyb-1'], 4)
-    add('evaluation with the MKLDNN backend >= 4x the training rate',
-        best['eval-1-mkldnn'] / best['ours-hyb-1'], 4)
+        'ours-hyb-2', 'ours-hyb-1', 0.90)
+    add('data path >= 100x the training rate', 'data-array', 'ours-hyb-1', 100)
+    add('evaluation >= 4x the training rate', 'eval-1', 'ours-hyb-1', 4)
+    add('evaluation with the MKLDNN backend >= 4x the training rate', 'eval-1-mkldnn',
+        'ours-hyb-1', 4)
     return rows
 
 
-def report(results, extra, info, date, quick=False):
-    """Render docs/benchmarks.md from the raw results (best of the repeats)."""
-    best = {k: max(v) for k, v in results.items()}
+def report(raw):
+    """Render docs/benchmarks.md from the raw records (docs/benchmarks.json)."""
+    by_name = {n: [r for r in raw['records'] if r['name'] == n] for n in NAMES}
+    by_name = {n: rs for n, rs in by_name.items() if rs}
+    stats = {n: summarize(rs) for n, rs in by_name.items()}
+    med = {n: s['median'] for n, s in stats.items()}
+    best = {n: s['best'] for n, s in stats.items()}
     labels = {k: v[0] for k, v in list(TRAIN.items()) + list(TORCH.items()) + list(OTHER.items())}
-    base = best['book-1']
+    info, runs = raw['machine'], raw['runs']
+    every = raw['records']
+    others = sorted(r['others_cores'] for r in every)
+    n_disturbed = sum(r['disturbed'] for r in every)
     lines = ['# Benchmarks', '',
-             'Written by `benchmarks/run.py`%s on %s; do not edit by hand.'
-             % (' --quick (NOT representative)' if quick else '', date), '',
-             'Machine: %(cpu)s, %(cores)d usable cores; Python %(python)s, MXNet %(mxnet)s%(torch)s; '
-             '%(platform)s. Load average at the end: %(load)s (the machine is shared).' % info, '',
+             'Written by `benchmarks/run.py`%s from the raw records in '
+             '[benchmarks.json](benchmarks.json); do not edit by hand.'
+             % (' --quick (NOT representative)' if raw.get('quick') else ''), '',
+             '- when: %s, in %d part%s (%s)' % (
+                 '%s to %s' % (runs[0]['start'], runs[-1]['end']), len(runs),
+                 '' if len(runs) == 1 else 's',
+                 '; '.join('%s to %s: %s' % (r['start'], r['end'], r['what']) for r in runs)),
+             '- machine: %(cpu)s, %(cores)d usable cores; Python %(python)s, MXNet %(mxnet)s'
+             '%(torch)s; %(platform)s' % info,
+             '- **how quiet it was**: %d measurements, %d disturbed (the rest of the machine kept '
+             'more than %.1f cores busy on average during the timed interval; each was measured '
+             'again, up to %d more times). Others\' load per measurement: median %.2f, '
+             'highest %.2f cores. Load average at the end of each part: %s. What /proc/stat '
+             'cannot see is contention below this virtual machine (another one on the same '
+             'physical cores, caches or memory): two quiet runs of one setting that differ, at '
+             'the same CPU/wall, show it; read the spread.'
+             % (len(every), n_disturbed, DISTURBED_CORES, raw['retries'],
+                others[len(others) // 2], others[-1], '; '.join(r['load'] for r in runs)), '',
              'The chapter\'s ResNet-18, one training step = forward, backward and '
-             '`trainer.step`, global batch %d, images per second, best of the repeats '
-             '(raw numbers in the last column). Every measurement is a fresh process; the '
-             'settings alternate, so slow phases of the machine hit them alike. Ratios are to the '
-             'book-style loop on 1 device, measured in this same run.' % GLOBAL_BATCH, '',
-             '| setting | images/s | x book-style | raw |', '| --- | ---: | ---: | --- |']
-    for name in results:
-        lines.append('| %s | %.1f | %s | %s |' % (
-            labels[name], best[name],
-            '%.2f' % (best[name] / base) if name in TRAIN or name in TORCH else '',
-            ', '.join('%.1f' % v for v in results[name])))
-    if not any(n in results for n in TORCH):
+             '`trainer.step`, global batch %d, images per second. Every measurement is a fresh '
+             'process; the settings alternate, so slow phases of the machine hit them alike. '
+             '%s Ratios are of medians, to the book-style loop on 1 device measured in this '
+             'same run.' % (GLOBAL_BATCH, TABLE_LEGEND), '',
+             TABLE_HEADER[0] % 'x book-style', TABLE_HEADER[1]]
+    base = med.get('book-1')
+    for name, rs in by_name.items():
+        if name != 'gemm':
+            lines.append(table_row(labels[name], rs,
+                                   base if name in TRAIN or name in TORCH else None))
+    if not any(n in by_name for n in TORCH) and not has_torch():
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
-    gemm = {lib: max(g[lib] for g in extra['gemm']) for lib in ('mxnet', 'numpy')}
-    peak = max(gemm.values())
-    limit = peak / extra['flops_per_image']
+    missing = [n for n in NAMES if n not in by_name]
+    if missing:
+        lines += ['', '**Not measured in this run**: %s.' % ', '.join(missing)]
     lines += ['', '(f) The replica check has its own benchmark: benchmarks/replica_check.py, '
-              'docs/replica-check.md.',
-              '', '## Targets', '', '| target | measured | met |', '| --- | ---: | --- |']
-    for text, measured, met in targets(best, extra):
-        lines.append('| %s | %s | %s |' % (text, measured, 'yes' if met else '**no**'))
-    lines += ['', '## How far from the FP32 limit', '',
-              'A training step costs %.2f GFLOP per image (forward multiply-adds counted from '
-              'the layer shapes, times 2 for FLOP, times 3 for forward plus backward). The '
-              'fastest FP32 matrix product measured here (%d x %d, best of the repeats) reaches '
-              '%.0f GFLOP/s with MXNet\'s oneDNN inner product and %.0f GFLOP/s with numpy '
-              '(raw, MXNet / numpy: %s). Convolutions computed as matrix products cannot go '
-              'faster, so about %.0f images/s is the FP32 limit of this step here (an algorithm '
-              'that does fewer multiplications, such as Winograd, could pass it). Ours reaches '
-              '%.1f images/s on 1 device: %.0f%% of that limit%s.'
-              % (extra['flops_per_image'] / 1e9, GEMM_SIZE, GEMM_SIZE, gemm['mxnet'] / 1e9,
-                 gemm['numpy'] / 1e9,
-                 ', '.join('%.0f / %.0f' % (g['mxnet'] / 1e9, g['numpy'] / 1e9)
-                           for g in extra['gemm']), limit, best['ours-hyb-1'],
-                 100 * best['ours-hyb-1'] / limit,
-                 '; torch.compile reaches %.0f%%' % (100 * best['torch-compile'] / limit)
-                 if 'torch-compile' in best else '')]
+              '[replica-check.md](replica-check.md).',
+              '', '## Targets', '',
+              'Ratios of medians (the verdict) and of bests.', '',
+              '| target | medians | bests | met |', '| --- | ---: | ---: | --- |']
+    for text, m, b, met in targets(med, best):
+        lines.append('| %s | %s | %s | %s |' % (text, m, b, 'yes' if met else '**no**'))
+    if 'gemm' in by_name:
+        gemm = by_name['gemm']
+        g = stats['gemm']
+        numpy = summarize([dict(r, value=r['numpy']) for r in gemm])
+        limit = g['best'] / raw['flops_per_image']
+        ours = stats.get('ours-hyb-1')
+        lines += ['', '## How far from the FP32 limit', '',
+                  'A training step costs %.2f GFLOP per image (forward multiply-adds counted from '
+                  'the layer shapes, times 2 for FLOP, times 3 for forward plus backward). The '
+                  'fastest FP32 matrix product measured here (%d x %d, the best of several '
+                  'products in each '
+                  'process) reaches %.0f GFLOP/s with MXNet\'s oneDNN inner product (median '
+                  '%.0f, CPU/wall %.2f, others %.2f; raw %s) and %.0f GFLOP/s with numpy (median '
+                  '%.0f). Convolutions computed as matrix products cannot go faster, so about '
+                  '%.0f images/s is the FP32 limit of this step here (an algorithm that does fewer '
+                  'multiplications, such as Winograd, could pass it).'
+                  % (raw['flops_per_image'] / 1e9, GEMM_SIZE, GEMM_SIZE, g['best'] / 1e9,
+                     g['median'] / 1e9, g['cpu_per_wall'], g['others_cores'], raw_values(gemm, 1e9),
+                     numpy['best'] / 1e9, numpy['median'] / 1e9, limit)]
+        if ours:
+            lines[-1] += (' Ours reaches %.1f images/s on 1 device (median; best %.1f): %.0f%% '
+                          'of that limit%s.' % (
+                              ours['median'], ours['best'], 100 * ours['median'] / limit,
+                              '; torch.compile %.0f%%' % (100 * med['torch-compile'] / limit)
+                              if 'torch-compile' in med else ''))
     return '\n'.join(lines) + '\n'
 
 
@@ -240,11 +314,48 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='tiny step counts (smoke run)')
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
+    p.add_argument('--retries', type=int, default=1,
+                   help='measure a disturbed run again, at most this many times (default: 1)')
+    p.add_argument('--only', help='comma-separated settings to measure (default: all): %s'
+                   % ','.join(NAMES))
+    p.add_argument('--report-only', action='store_true',
+                   help='measure nothing; rewrite the report from the raw records')
     p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'benchmarks.md'),
                    help='where to write the report (default: docs/benchmarks.md)')
+    p.add_argument('--raw', default=None,
+                   help='the raw records, read with --only, written always (default: the '
+                   'report\'s path with .json)')
     args = p.parse_args(argv)
-    results, extra = run(args.quick, args.repeats)
-    text = report(results, extra, machine(), datetime.date.today().isoformat(), args.quick)
+    raw_path = args.raw or os.path.splitext(args.out)[0] + '.json'
+    names = [n for n in NAMES if n not in TORCH or has_torch()]
+    if args.only:
+        asked = args.only.split(',')
+        unknown = [n for n in asked if n not in NAMES]
+        if unknown:
+            p.exit(2, 'run.py: error: --only: unknown setting %s; choose from %s\n'
+                   % (', '.join(unknown), ','.join(NAMES)))
+        names = [n for n in NAMES if n in asked]
+    raw = {'records': [], 'runs': []}
+    if args.only or args.report_only:
+        try:
+            with open(raw_path) as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            if args.report_only:
+                p.exit(2, 'run.py: error: no raw records at %s: run without --report-only\n'
+                       % raw_path)
+    if not args.report_only:
+        start = utc_now()
+        records = run(names, args.quick, args.repeats, args.retries)
+        info = machine()
+        raw['records'] = [r for r in raw['records'] if r['name'] not in names] + records
+        raw['runs'].append({'start': start, 'end': utc_now(), 'load': info['load'],
+                            'what': ', '.join(names) if args.only else 'all settings'})
+        raw.update(machine=info, quick=args.quick, retries=args.retries,
+                   flops_per_image=flops_per_image())
+        with open(raw_path, 'w') as f:
+            json.dump(raw, f, indent=1)
+    text = report(raw)
     with open(args.out, 'w') as f:
         f.write(text)
     print(text)

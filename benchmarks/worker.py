@@ -1,5 +1,8 @@
 """One benchmark measurement, in a fresh process (so thread settings apply); prints JSON.
 
+The JSON holds the result and how its timed interval went (benchmarks/measuring.py): wall and
+CPU time, and the cores the rest of the machine kept busy meanwhile.
+
 Run by benchmarks/run.py as ``python benchmarks/worker.py '<json config>'``. The import order
 matters: MXNet reads OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet
 first and never lets gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
@@ -8,6 +11,9 @@ import json
 import os
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from measuring import Interval  # noqa: E402
 
 CONFIG = json.loads(sys.argv[1])
 if CONFIG.get('threads') == 'package':
@@ -19,6 +25,9 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
 from gluon_mgpu import book, data, training  # noqa: E402
+
+# The one timed interval of this measurement: every function below starts and stops it.
+METER = Interval()
 
 
 def _book_loader(images, labels, batch_size):
@@ -37,6 +46,27 @@ def _batches(cfg, n_images):
     return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
 
 
+class _ReluAsActivation:
+    """``F`` whose ``relu`` is ``F.Activation(act_type='relu')``: the same values, but computed
+    by oneDNN (eltwise, in its blocked layout) instead of MXNet's own kernel on plain NCHW."""
+
+    def __init__(self, F):
+        self._F = F
+
+    def __getattr__(self, name):
+        return getattr(self._F, name)
+
+    def relu(self, x):
+        return self._F.Activation(x, act_type='relu')
+
+
+def _relu_through_onednn():
+    """Make every ``Residual`` call ``F.Activation`` for its ReLUs (a benchmark-only candidate)."""
+    from gluon_mgpu import model
+    plain = model.Residual.hybrid_forward
+    model.Residual.hybrid_forward = lambda self, F, X: plain(self, _ReluAsActivation(F), X)
+
+
 def _network(devices, model='ours', hybrid=True):
     """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does."""
     if model == 'd2lzh':
@@ -51,15 +81,16 @@ def _network(devices, model='ours', hybrid=True):
 
 def train_speed(cfg):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
+    if cfg.get('relu') == 'onednn':
+        _relu_through_onednn()
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     loss = gloss.SoftmaxCrossEntropyLoss()
     it = iter(_batches(cfg, batch * (warmup + steps)))
-    start = None
     for i in range(warmup + steps):
         if i == warmup:
             nd.waitall()
-            start = time.time()
+            METER.start()
         X, y = next(it)
         if cfg['loop'] == 'book':
             # The chapter's loop, as printed.
@@ -73,7 +104,7 @@ def train_speed(cfg):
         else:
             training.train_batch(net, X, y, loss, trainer, devices)
     nd.waitall()
-    return batch * steps / (time.time() - start)
+    return batch * steps / METER.stop()['wall']
 
 
 def data_speed(cfg):
@@ -84,12 +115,12 @@ def data_speed(cfg):
     else:
         it = data.ArrayBatches(images[:n], labels[:n], 256, shuffle=True, seed=0)
         next(iter(it))  # the one-time conversion to float32 is not per-batch cost
-    start = time.time()
+    METER.start()
     count = 0
     for X, y in it:
         X.wait_to_read()
         count += X.shape[0]
-    return count / (time.time() - start)
+    return count / METER.stop()['wall']
 
 
 def eval_speed(cfg):
@@ -109,9 +140,9 @@ def eval_speed(cfg):
         net.hybridize(static_alloc=True, backend=cfg['backend'])
         training.evaluate_accuracy(warm, net, devices)
     it = data.ArrayBatches(images[:cfg['images']], labels[:cfg['images']], 256)
-    start = time.time()
+    METER.start()
     training.evaluate_accuracy(it, net, devices)
-    return cfg['images'] / (time.time() - start)
+    return cfg['images'] / METER.stop()['wall']
 
 
 def gemm_flops(cfg):
@@ -129,9 +160,12 @@ def gemm_flops(cfg):
             product()
             fastest = min(fastest, time.time() - start)
         return 2.0 * n ** 3 / fastest
-    return {'mxnet': best(lambda: nd.FullyConnected(a, w, num_hidden=n,
-                                                    no_bias=True).wait_to_read()),
-            'numpy': best(lambda: an @ wn.T)}
+    METER.start()
+    flops = {'mxnet': best(lambda: nd.FullyConnected(a, w, num_hidden=n,
+                                                     no_bias=True).wait_to_read()),
+             'numpy': best(lambda: an @ wn.T)}
+    METER.stop()
+    return dict(flops, value=flops['mxnet'])
 
 
 def torch_speed(cfg):
@@ -174,11 +208,11 @@ def torch_speed(cfg):
     lossf = nn.CrossEntropyLoss()
     for i in range(cfg['warmup'] + cfg['steps']):
         if i == cfg['warmup']:
-            start = time.time()
+            METER.start()
         opt.zero_grad()
         lossf(model(X), y).backward()
         opt.step()
-    return batch * cfg['steps'] / (time.time() - start)
+    return batch * cfg['steps'] / METER.stop()['wall']
 
 
 if __name__ == '__main__':
@@ -186,6 +220,7 @@ if __name__ == '__main__':
     value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed, 'torch': torch_speed,
              'gemm': gemm_flops}[kind](CONFIG)
     result = value if isinstance(value, dict) else {'value': value}
+    result.update(METER.record)
     result['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS')
     result['engine'] = os.environ.get('MXNET_ENGINE_TYPE', 'ThreadedEnginePerDevice')
     print(json.dumps(result))

@@ -1,0 +1,127 @@
+"""Cheap candidates for a faster step, measured side by side. Writes docs/candidates.md.
+
+    .venv/bin/python benchmarks/candidates.py                 # about 7 minutes on 2 cores
+    .venv/bin/python benchmarks/candidates.py --group 1       # the 1-device ones only
+    .venv/bin/python benchmarks/candidates.py --report-only   # the report from the records
+
+The raw records are kept in docs/candidates.json; ``--group`` measures one group again and
+keeps the other's records, so the report can be made in two runs of a few minutes each.
+
+Each candidate is an MXNet environment variable, so nothing in the package changes to try it:
+
+- ``MXNET_OPTIMIZER_AGGREGATION_SIZE=32``: SGD updates 32 parameters per ``multi_sgd_update``
+  call instead of 4 (1 device: the Trainer updates; on 2 devices the kvstore updates each
+  parameter alone, so it cannot matter there).
+- engine bulking: ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (off; on by default) and
+  ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000`` (segments of up to 1000 operators
+  instead of 15).
+- Residual's ReLUs through oneDNN (group ``relu``; not an environment variable: a patch in
+  benchmarks/worker.py that gives ``Residual.hybrid_forward`` an ``F`` whose ``relu`` is
+  ``F.Activation(act_type='relu')``, the same values).
+- 2 simulated devices: ``MXNET_CPU_TEMP_COPY=16`` (all CPU contexts share one pool of scratch
+  buffers, 4 by default), alone and with one OpenMP thread per device (``OMP_NUM_THREADS=1``).
+
+The hybridized training step of benchmarks/run.py (ResNet-18, global batch 256, the package's
+threads unless the setting says otherwise), one fresh process per measurement, the settings
+interleaved; each records its CPU time against the wall time and the others' load
+(benchmarks/measuring.py), and a disturbed one is measured again (``--retries``).
+"""
+import argparse
+import itertools
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import run  # noqa: E402  (benchmarks/run.py: config, measure_until_quiet, machine, write_report)
+from measuring import TABLE_HEADER, TABLE_LEGEND, summarize, table_row  # noqa: E402
+
+BULK_OFF = {'env': {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}}
+BULK_BIG = {'env': {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '1000',
+                    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1000'}}
+# group -> [(setting, what it adds to the worker's configuration)]; the first is the baseline.
+# An environment variable goes in 'env'.
+GROUPS = {
+    '1': [('1 device, the package\'s settings', {}),
+          ('1 device, MXNET_OPTIMIZER_AGGREGATION_SIZE=32',
+           {'env': {'MXNET_OPTIMIZER_AGGREGATION_SIZE': '32'}}),
+          ('1 device, MXNET_EXEC_BULK_EXEC_TRAIN=0 (no bulking)', BULK_OFF),
+          ('1 device, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
+    '2': [('2 devices, the package\'s settings', {}),
+          ('2 devices, MXNET_CPU_TEMP_COPY=16', {'env': {'MXNET_CPU_TEMP_COPY': '16'}}),
+          ('2 devices, MXNET_CPU_TEMP_COPY=16, OMP_NUM_THREADS=1 (one thread per device)',
+           {'env': {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}}),
+          ('2 devices, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
+    # Not an environment variable: Residual's ReLUs through oneDNN (docs/profile.md: MXNet's
+    # own relu runs on plain NCHW, so every one costs two layout reorders around it).
+    'relu': [('1 device, the package\'s settings (F.relu)', {}),
+             ('1 device, Residual\'s ReLUs as F.Activation (oneDNN), a patch in worker.py',
+              {'relu': 'onednn'}),
+             ('2 devices, the package\'s settings (F.relu)', {'devices': 2}),
+             ('2 devices, Residual\'s ReLUs as F.Activation (oneDNN)',
+              {'relu': 'onednn', 'devices': 2})],
+}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--group', choices=['1', '2', 'relu', 'all'], default='all',
+                   help='the 1-device, the 2-device or the ReLU candidates (default: all)')
+    p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
+    p.add_argument('--retries', type=int, default=1,
+                   help='measure a disturbed run again, at most this many times (default: 1)')
+    p.add_argument('--report-only', action='store_true',
+                   help='measure nothing; rewrite the report from the raw records')
+    p.add_argument('--out', default=os.path.join(run.ROOT, 'docs', 'candidates.md'))
+    args = p.parse_args(argv)
+    groups = [] if args.report_only else list(GROUPS) if args.group == 'all' else [args.group]
+    raw_path = os.path.splitext(args.out)[0] + '.json'
+    raw = {'records': {}, 'runs': {}}
+    if (args.report_only or args.group != 'all') and os.path.exists(raw_path):
+        with open(raw_path) as f:
+            raw = json.load(f)
+    records = {}
+    for g in groups:
+        start = run.utc_now()
+        for r, (name, extra) in itertools.product(range(args.repeats), GROUPS[g]):
+            cfg = dict(run.config('ours-hyb-%s' % ('2' if g == '2' else '1')), **extra)
+            for record in run.measure_until_quiet(cfg, args.retries):
+                records.setdefault(name, []).append(dict(record, utc=run.utc_now()))
+                print('%-80s run %d: %6.1f images/s, CPU/wall %.2f, others %.2f%s'
+                      % (name, r + 1, record['value'], record['cpu_per_wall'],
+                         record['others_cores'],
+                         ' DISTURBED' if record['disturbed'] else ''), flush=True)
+        raw['runs'][g] = '%s to %s' % (start, run.utc_now())
+    raw['records'].update(records)
+    with open(raw_path, 'w') as f:
+        json.dump(raw, f, indent=1)
+    records = raw['records']
+    groups = [g for g in GROUPS if g in raw['runs']]
+    info = run.machine()
+    every = [rec for rs in records.values() for rec in rs]
+    lines = ['# Cheap candidates for a faster step', '',
+             'Written by `benchmarks/candidates.py` from the raw records in '
+             '[candidates.json](candidates.json); do not edit by hand.', '',
+             '- machine: %(cpu)s, %(cores)d usable cores; MXNet %(mxnet)s. Load average when this '
+             'report was written: %(load)s.' % info,
+             '- %d measurements, %d disturbed (each measured again, up to %d more times).'
+             % (len(every), sum(r['disturbed'] for r in every), args.retries),
+             '- hybridized ResNet-18 training step, global batch %d, %d timed steps after 1 '
+             'warm-up, images/s; in rounds (as many as n in the spread column), the settings of '
+             'a table interleaved, one fresh process each. Ratios are of medians, to the first '
+             'row of the same table. %s'
+             % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], TABLE_LEGEND)]
+    for g in groups:
+        base = summarize(records[GROUPS[g][0][0]])['median']
+        title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN'}[g]
+        lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
+                  TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
+        lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
+    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py` (or one `--group` at '
+              'a time; the ReLU group was run with `--repeats 3`).']
+    run.write_report(args.out, lines)
+
+
+if __name__ == '__main__':
+    main()

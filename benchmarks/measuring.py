@@ -1,0 +1,139 @@
+"""What a benchmark measurement knows about its own interval: wall time, its CPU time, the rest
+of the machine's load, and whether that load disturbed it. Shared by every benchmark here.
+
+The machine may be shared, and a measurement can lose one of its cores at any moment. So every
+timed interval records, next to its wall-clock time, the CPU time of this process and of its
+children (the DataLoader's workers, torch.compile's) and the CPU time the rest of the machine
+used over the same interval, from /proc/stat (including the time the hypervisor gave to other
+machines, "steal"). An interval in which the others kept more than ``DISTURBED_CORES`` cores
+busy on average is *disturbed*: the benchmarks repeat it or mark it.
+"""
+import os
+import resource
+import statistics
+import time
+
+# Others' average load, in cores, above which a measurement counts as disturbed. Quiet, this
+# machine shows 0.00 to 0.05 (the shell, the tools); a second job shows as 0.5 to 1.
+DISTURBED_CORES = 0.2
+
+
+def machine_busy():
+    """(busy, total) CPU seconds of the whole machine since boot, from /proc/stat.
+
+    Busy is everything but idle and iowait, steal included (another virtual machine ran on
+    our core). Guest time is left out: the kernel already counts it as user time.
+    """
+    with open('/proc/stat') as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    tick = os.sysconf('SC_CLK_TCK')
+    idle = fields[3] + fields[4]  # idle and iowait
+    return (sum(fields) - idle) / tick, sum(fields) / tick
+
+
+def _descendants_cpu():
+    """CPU seconds of this process's live descendants (from /proc/<pid>/stat)."""
+    parents, times = {}, {}
+    for name in os.listdir('/proc'):
+        if not name.isdigit():
+            continue
+        try:
+            with open('/proc/%s/stat' % name) as f:
+                rest = f.read().rsplit(')', 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        # After the name: state, ppid, ... utime and stime are fields 14 and 15 of the line.
+        parents[int(name)] = int(rest[1])
+        times[int(name)] = int(rest[11]) + int(rest[12])
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - mine
+        mine |= frontier
+    return sum(times[p] for p in mine) / os.sysconf('SC_CLK_TCK')
+
+
+def own_cpu(children=True):
+    """CPU seconds of this process, its finished children and (``children``) its live ones."""
+    total = 0.0
+    for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
+        r = resource.getrusage(who)
+        total += r.ru_utime + r.ru_stime
+    return total + (_descendants_cpu() if children else 0.0)
+
+
+class Interval:
+    """One timed interval: ``start()``, the work, ``stop()``; then ``record`` says how it went.
+
+    ``record``: ``wall`` (s), ``cpu`` (s, this process and its children), ``cpu_per_wall``
+    (cores this process used on average), ``others_cores`` (cores the rest of the machine kept
+    busy on average) and ``disturbed`` (``others_cores > DISTURBED_CORES``).
+    """
+
+    def __init__(self, children=True):
+        self.children = children
+        self.record = None
+        self._start = None
+
+    def start(self):
+        self._start = (machine_busy()[0], own_cpu(self.children), time.perf_counter())
+        return self
+
+    def stop(self):
+        if self._start is None:
+            raise RuntimeError('Interval.stop() before start()')
+        wall = time.perf_counter() - self._start[2]
+        cpu = own_cpu(self.children) - self._start[1]
+        busy = machine_busy()[0] - self._start[0]
+        # /proc/stat counts in ticks (10 ms): over an interval under a second or so the
+        # others' share is coarse, so it is kept within what the machine can hold.
+        others = min(max(0.0, busy - cpu) / wall, float(os.cpu_count()))
+        self.record = {'wall': wall, 'cpu': cpu, 'cpu_per_wall': cpu / wall,
+                       'others_cores': others, 'disturbed': others > DISTURBED_CORES}
+        return self.record
+
+
+def summarize(records, key='value'):
+    """Median, spread and best of ``records``' ``key``, over the undisturbed ones if any.
+
+    Returns a dict: ``median``, ``low``, ``high``, ``best`` (= ``high``: a faster run is never
+    an accident of load), ``n`` (records used), ``disturbed`` (records marked), ``all_disturbed``
+    (no quiet record: the figures come from disturbed ones), and the medians of ``cpu_per_wall``
+    and ``others_cores`` over the same records.
+    """
+    quiet = [r for r in records if not r.get('disturbed')]
+    used = quiet or list(records)
+    values = [r[key] for r in used]
+
+    def med(name):
+        known = [r[name] for r in used if name in r]
+        return statistics.median(known) if known else float('nan')
+    return {'median': statistics.median(values), 'low': min(values), 'high': max(values),
+            'best': max(values), 'n': len(used), 'disturbed': len(records) - len(quiet),
+            'all_disturbed': not quiet, 'cpu_per_wall': med('cpu_per_wall'),
+            'others_cores': med('others_cores')}
+
+
+TABLE_HEADER = ['| setting | median | spread (n) | best | %s | CPU/wall | others | raw |',
+                '| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |']
+TABLE_LEGEND = (
+    '"median" and its spread (lowest to highest) are over the undisturbed runs (over all runs, '
+    'and the row says so, when none was undisturbed); "best" is the highest of them. CPU/wall: '
+    'the cores the measured process (with its children) used on average, median; others: the '
+    'cores the rest of the machine kept busy meanwhile, median. Raw: every run, its others\' '
+    'load in parentheses, * = disturbed (others above %.1f cores).' % DISTURBED_CORES)
+
+
+def raw_values(records, scale=1.0):
+    """Every run's value with the others' load in parentheses; * marks a disturbed one."""
+    return ', '.join('%.1f%s (%.2f)' % (r['value'] / scale, '*' if r['disturbed'] else '',
+                                        r['others_cores']) for r in records)
+
+
+def table_row(label, records, base=None):
+    """One markdown row under ``TABLE_HEADER``: ``records``' summary; ratio of medians to
+    ``base`` (a median) when given."""
+    s = summarize(records)
+    return '| %s%s | %.1f | %.1f-%.1f (%d) | %.1f | %s | %.2f | %.2f | %s |' % (
+        label, ' (**all disturbed**)' if s['all_disturbed'] else '', s['median'], s['low'],
+        s['high'], s['n'], s['best'], '%.2f' % (s['median'] / base) if base else '',
+        s['cpu_per_wall'], s['others_cores'], raw_values(records))
