@@ -3,6 +3,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import autograd, gluon, nd
 
+from gluon_mgpu.model import resnet18
 from gluon_mgpu.parallel import init_one_device
 
 
@@ -15,6 +16,23 @@ def twins(make, tmp_path, input_shape=(4, 1, 28, 28), seed=0):
     reference = make()
     reference.load_parameters(path, ctx=mx.cpu(0))
     return net, reference, path
+
+
+def stepped(make_split, devices, tmp_path):
+    """ResNet-18 split by ``make_split(net, devices)``, after one training step; ``(split, X)``."""
+    net, _, _ = twins(lambda: resnet18(10), tmp_path)
+    split = make_split(net, devices)
+    X, y = batch()
+    split.train_batch(X, y)
+    return split, X
+
+
+def assert_lives_on(block, device):
+    """Every parameter of ``block`` lives on ``device`` only, and so does every gradient."""
+    for p in block.collect_params().values():
+        assert p.list_ctx() == [device], p.name
+        if p.grad_req != 'null':
+            assert [g.context for g in p.list_grad()] == [device], p.name
 
 
 def batch(n=4, seed=1, shape=(1, 28, 28)):

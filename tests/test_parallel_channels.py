@@ -27,7 +27,8 @@ from mxnet.gluon import nn
 from gluon_mgpu.model import resnet18
 from gluon_mgpu.parallel import check_trace, channels, init_one_device, trace_devices
 from gluon_mgpu.parallel.common import layer_output_bytes
-from parallel_helpers import backward, batch, layer_gap, named, train_and_reload, twins, value
+from parallel_helpers import (assert_lives_on, backward, batch, layer_gap, named, train_and_reload,
+                              stepped, twins, value)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEVICES = {2: [mx.cpu(0), mx.cpu(1)], 3: [mx.cpu(0), mx.cpu(1), mx.cpu(2)]}
@@ -89,17 +90,12 @@ def test_training_mode_gradients_equal_one_device_in_float64(n, tmp_path):
 
 @pytest.mark.parametrize('n', [2, 3])
 def test_every_piece_and_its_gradient_lives_on_its_device(n, tmp_path):
-    net, _, _ = twins(lambda: resnet18(10), tmp_path)
-    split = channels.ChannelSplitNet(net, DEVICES[n], lr=0.1)
-    X, y = batch()
-    split.train_batch(X, y)
+    split, X = stepped(lambda net, devices: channels.ChannelSplitNet(net, devices, lr=0.1),
+                       DEVICES[n], tmp_path)
     assert len(split.layers) == 38  # 20 convolutions, 17 BatchNorms, 1 dense layer
     for _, layer in split.layers:
         for piece, device in zip(layer.pieces, split.devices):
-            for p in piece.collect_params().values():
-                assert p.list_ctx() == [device], p.name
-                if p.grad_req != 'null':
-                    assert [g.context for g in p.list_grad()] == [device], p.name
+            assert_lives_on(piece, device)
     records = trace_devices([split.net], lambda: split(X))
     assert check_trace(records) == len(records)
     pieces = [r for r in records if '_part' in r['name']]

@@ -8,7 +8,8 @@ from gluon_mgpu.model import lenet, resnet18
 from gluon_mgpu.parallel import CopyCounter, check_trace, layers, trace_devices
 from gluon_mgpu.parallel.common import layer_output_bytes
 from gluon_mgpu.parallel.scratch import gluon_lenet
-from parallel_helpers import backward, batch, grad, named, train_and_reload, twins, value
+from parallel_helpers import (assert_lives_on, backward, batch, grad, named, train_and_reload,
+                              stepped, twins, value)
 
 DEVICES = {2: [mx.cpu(0), mx.cpu(1)], 3: [mx.cpu(0), mx.cpu(1), mx.cpu(2)]}
 
@@ -87,15 +88,10 @@ def test_layer_split_equals_one_device_bit_for_bit(n, tmp_path):
 
 @pytest.mark.parametrize('n', [2, 3])
 def test_every_parameter_gradient_and_activation_lives_on_its_device(n, tmp_path):
-    net, _, _ = twins(lambda: resnet18(10), tmp_path)
-    split = layers.LayerSplit(net, DEVICES[n], lr=0.1)
-    X, y = batch()
-    split.train_batch(X, y)
+    split, X = stepped(lambda net, devices: layers.LayerSplit(net, devices, lr=0.1), DEVICES[n],
+                       tmp_path)
     for part, device in zip(split.parts, split.devices):
-        for p in part.collect_params().values():
-            assert p.list_ctx() == [device], p.name
-            if p.grad_req != 'null':
-                assert [g.context for g in p.list_grad()] == [device], p.name
+        assert_lives_on(part, device)
     records = trace_devices(split.parts, lambda: split(X))
     # n parts + 9 children of the network + 8 residual blocks + their 35 layers
     assert check_trace(records) == len(records) == n + 9 + 8 + 35
