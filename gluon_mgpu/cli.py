@@ -22,7 +22,7 @@ from .interrupts import one_line
 __all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
            'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag', 'add_debug_flag',
-           'debug_requested', 'one_line', 'unexpected', 'run_command']
+           'debug_requested', 'one_line', 'unexpected', 'stopped_by', 'run_command']
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 
@@ -219,6 +219,12 @@ def _say(e, line, debug):
     sys.stderr.flush()
 
 
+def stopped_by(e):
+    """How a run stopped by a signal says so: ``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``."""
+    name = getattr(e, 'signal_name', 'SIGINT')
+    return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
+
+
 def run_command(prog, argv, body, explain=None):
     """Run ``body()`` and return the command's exit code; every failure is one stderr line.
 
@@ -245,7 +251,7 @@ def run_command(prog, argv, body, explain=None):
             if isinstance(e, UsageError):
                 words = 2, str(e)
             elif isinstance(e, KeyboardInterrupt):
-                words = 130, '%s: interrupted (Ctrl-C)' % prog
+                words = getattr(e, 'exit_code', 130), '%s: %s' % (prog, stopped_by(e))
             else:
                 words = 1, unexpected(prog, e, debug)
         code, line = words

@@ -28,7 +28,8 @@ import sys
 import sysconfig
 
 __all__ = ['LIBRARIES', 'DRIVER_LIBRARY', 'DRIVER_VERSIONS', 'GPUBuildError', 'NoDriverError',
-           'gpu_build', 'library_paths', 'no_driver_message', 'prepare', 'prepare_for_package',
+           'gpu_build', 'library_paths', 'no_driver_message', 'command_module', 'prepare',
+           'prepare_for_package',
            'install_finder', 'install_hook', 'HOOK_NAME']
 
 # (folder under site-packages/nvidia/, soname): each after the libraries it needs (cuBLAS needs
@@ -150,7 +151,7 @@ def prepare(path=None):
     return loaded
 
 
-def _command(argv):
+def command_module(argv):
     """The module that ``python [options] -m MODULE ...`` runs, or None for a script or ``-c``."""
     args = iter(argv[1:])
     for arg in args:
@@ -186,7 +187,7 @@ def prepare_for_package(argv=None):
         if argv is None:
             command = 'gluon_mgpu' if sys.argv[:1] == ['-m'] else None
         else:
-            command = _command(argv)
+            command = command_module(argv)
         if command is None or command.split('.')[0] != 'gluon_mgpu':
             raise
         sys.stderr.write('python -m %s: error: %s\n' % (command, e))

@@ -9,6 +9,8 @@ import os
 import signal
 import sys
 
+from .gpu_build import command_module
+
 __all__ = ['starting_command', 'guard', 'release']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
@@ -21,10 +23,8 @@ def starting_command(argv=None, orig_argv=None):
     else None. (runpy imports the package before it sets ``sys.argv[0]``, which is ``-m`` then.)"""
     argv = sys.argv if argv is None else argv
     orig_argv = getattr(sys, 'orig_argv', []) if orig_argv is None else orig_argv
-    if argv[:1] != ['-m'] or '-m' not in orig_argv[:-1]:
-        return None
-    module = orig_argv[orig_argv.index('-m') + 1]
-    return 'python -m %s' % module if module.startswith('gluon_mgpu') else None
+    module = command_module(orig_argv) if argv[:1] == ['-m'] and orig_argv else None
+    return 'python -m %s' % module if module and module.split('.')[0] == 'gluon_mgpu' else None
 
 
 def guard():

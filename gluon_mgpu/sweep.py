@@ -351,8 +351,7 @@ def main(argv=None):
             # must not lose the rows before it either.
             return 2, str(e) + (_keep_finished(args, state, 'an error') if state['rows'] else '')
         if isinstance(e, KeyboardInterrupt):
-            what = ('terminated (%s)' % e.signal_name
-                    if getattr(e, 'signal_name', 'SIGINT') != 'SIGINT' else 'interrupted (Ctrl-C)')
+            what = cli.stopped_by(e)
             kept = _keep_finished(args, state, what)
             return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
         if isinstance(e, LossNotFiniteError):

@@ -376,6 +376,38 @@ def _load_data(args):
         raise cli.data_error(PROG, e, args.data_dir) from None
 
 
+def _file_handlers(args, devices, placement=None):
+    """The handlers that write ``--metrics-json`` and ``--plot`` (in a dist job: rank 0's)."""
+    handlers = []
+    if args.metrics_json:
+        try:
+            handlers.append(metrics.MetricsFile(
+                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
+                devices, placement))
+        except files.OutputError as e:
+            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
+    if args.plot:
+        network = 'LeNet' if args.model == 'lenet' else 'ResNet-18'
+        if args.parallel != 'data':
+            network += ' split by %s' % args.parallel
+        handlers.append(plotting.PlotHandler(args.plot, title='%s, Fashion-MNIST: %s, batch %d, '
+                                             'lr %g' % (network, devices_mod.format_devices(
+                                                 devices), args.batch_size, args.lr)))
+    return handlers
+
+
+def _save_params(args, save):
+    """``--save-params``: ``save(path)`` into a temporary file renamed over the path (a dist
+    worker's own copy: ``.rank<r>`` before the extension)."""
+    if args.save_params is None:
+        return
+    path = args.save_params
+    if args.kvstore in dist.DIST_KVSTORES:
+        path = dist.rank_path(path, args.rank)
+    with files.atomic_path(path) as tmp:
+        save(tmp)
+
+
 def _run(args, record, interrupt):
     if args.parallel != 'data':
         return _run_split(args, interrupt)
@@ -419,19 +451,8 @@ def _run(args, record, interrupt):
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replicas.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-    if args.metrics_json and lead:
-        try:
-            handlers.append(metrics.MetricsFile(
-                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
-                devices))
-        except files.OutputError as e:
-            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
-    if args.plot and lead:
-        handlers.append(plotting.PlotHandler(args.plot, title='%s, Fashion-MNIST: %s, batch %d, '
-                                             'lr %g' % ('LeNet' if args.model == 'lenet' else
-                                                        'ResNet-18',
-                                                        devices_mod.format_devices(devices),
-                                                        args.batch_size, args.lr)))
+    if lead:
+        handlers += _file_handlers(args, devices)
     if interrupt is not None:
         handlers.append(interrupt)
 
@@ -440,10 +461,7 @@ def _run(args, record, interrupt):
                                  trainer=trainer, split_f=split_f, event_handlers=handlers)
     finally:
         bar.close()  # also when training stops with an error
-    if args.save_params is not None:
-        with files.atomic_path(dist.rank_path(args.save_params, args.rank)
-                               if args.kvstore in dist.DIST_KVSTORES else args.save_params) as tmp:
-            net.save_parameters(tmp)
+    _save_params(args, net.save_parameters)
     if lead:
         print(metrics.format_summary(history, devices), flush=True)
     return history
@@ -491,20 +509,7 @@ def _run_split(args, interrupt):
     handlers = [events.LossGuard(), bar]
     if args.check_replicas is not None:
         handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
-    if args.metrics_json:
-        try:
-            handlers.append(metrics.MetricsFile(
-                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
-                devices, placement))
-        except files.OutputError as e:
-            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
-    if args.plot:
-        handlers.append(plotting.PlotHandler(args.plot, title='%s split by %s, Fashion-MNIST: '
-                                             '%s, batch %d, lr %g' % (
-                                                 'LeNet' if args.model == 'lenet' else
-                                                 'ResNet-18', args.parallel,
-                                                 devices_mod.format_devices(devices),
-                                                 args.batch_size, args.lr)))
+    handlers += _file_handlers(args, devices, placement)
     if interrupt is not None:
         handlers.append(interrupt)
     try:
@@ -512,9 +517,7 @@ def _run_split(args, interrupt):
                                        handlers)
     finally:
         bar.close()
-    if args.save_params is not None:
-        with files.atomic_path(args.save_params) as tmp:
-            split.save_parameters(tmp)
+    _save_params(args, split.save_parameters)
     print(metrics.format_summary(history, devices), flush=True)
     return history
 
@@ -539,8 +542,7 @@ def _kept(args):
 
 
 def _interrupted(args, e):
-    what = ('terminated (%s)' % e.signal_name
-            if getattr(e, 'signal_name', 'SIGINT') != 'SIGINT' else 'interrupted (Ctrl-C)')
+    what = cli.stopped_by(e)
     if _saved_epochs(args) == 0:
         return ('%s: %s before the first epoch finished, so %s holds no checkpoint yet; run the '
                 'same command again to start over' % (PROG, what, args.checkpoint_dir))

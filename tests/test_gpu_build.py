@@ -76,7 +76,7 @@ def test_prepare_names_a_library_that_cannot_be_loaded(tmp_path):
     (['python'], None),
 ])
 def test_command_reads_how_python_was_started(argv, command):
-    assert gb._command(argv) == command
+    assert gb.command_module(argv) == command
 
 
 def _no_driver(path=None):
