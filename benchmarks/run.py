@@ -102,11 +102,12 @@ def measure(config, timeout=900):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure_until_quiet(config, retries):
-    """``measure(config)``, again while disturbed, at most ``retries`` more times: all records."""
+def measure_until_quiet(config, retries, measure_f=None):
+    """``measure_f(config)`` (default ``measure``), again while disturbed, at most ``retries``
+    more times: all records."""
     records = []
     for attempt in range(retries + 1):
-        record = measure(config)
+        record = (measure_f or measure)(config)
         record['utc'] = utc_now()
         records.append(record)
         if not record['disturbed']:
@@ -310,6 +311,20 @@ def report(raw):
     return '\n'.join(lines) + '\n'
 
 
+def load_raw(parser, path, keep, required):
+    """The raw records at ``path`` when ``keep``, else empty ones; a missing file is empty
+    unless ``required`` (``--report-only``): then ``parser`` exits with code 2, naming it."""
+    if keep:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            if required:
+                parser.exit(2, '%s: error: no raw records at %s: run without --report-only\n'
+                            % (parser.prog, path))
+    return {'records': [], 'runs': []}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='tiny step counts (smoke run)')
@@ -335,15 +350,7 @@ def main(argv=None):
             p.exit(2, 'run.py: error: --only: unknown setting %s; choose from %s\n'
                    % (', '.join(unknown), ','.join(NAMES)))
         names = [n for n in NAMES if n in asked]
-    raw = {'records': [], 'runs': []}
-    if args.only or args.report_only:
-        try:
-            with open(raw_path) as f:
-                raw = json.load(f)
-        except FileNotFoundError:
-            if args.report_only:
-                p.exit(2, 'run.py: error: no raw records at %s: run without --report-only\n'
-                       % raw_path)
+    raw = load_raw(p, raw_path, args.only or args.report_only, args.report_only)
     if not args.report_only:
         start = utc_now()
         records = run(names, args.quick, args.repeats, args.retries)
