@@ -3,9 +3,10 @@
 The JSON holds the result and how its timed interval went (benchmarks/measuring.py): wall and
 CPU time, and the cores the rest of the machine kept busy meanwhile.
 
-Run by benchmarks/run.py as ``python benchmarks/worker.py '<json config>'``. The import order
-matters: MXNet reads OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet
-first and never lets gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
+Run by benchmarks/run.py and scaling.py as ``python benchmarks/worker.py '<json config>'``
+(kind "dist": by every process of a dist_sync job). The import order matters: MXNet reads
+OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet first and never lets
+gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
 """
 import json
 import os
@@ -79,14 +80,22 @@ def _network(devices, model='ours', hybrid=True):
     return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0)
 
 
-def train_speed(cfg):
+def _training(cfg, num_batches):
+    """``(devices, net, trainer, loss, batches)`` of a train configuration: ``num_batches``
+    batches of ``cfg['batch_size']``."""
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
     if cfg.get('relu') == 'onednn':
         _relu_through_onednn()
-    batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     loss = gloss.SoftmaxCrossEntropyLoss()
-    it = iter(_batches(cfg, batch * (warmup + steps)))
+    return devices, net, trainer, loss, iter(_batches(cfg, cfg['batch_size'] * num_batches))
+
+
+def train_speed(cfg, setup=None):
+    """Images/s of ``cfg['steps']`` steps after ``cfg['warmup']``, timed by METER, no waits in
+    between; ``setup`` as ``_training`` returns it (default: a fresh one)."""
+    batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
+    devices, net, trainer, loss, it = setup or _training(cfg, warmup + steps)
     for i in range(warmup + steps):
         if i == warmup:
             nd.waitall()
@@ -105,6 +114,104 @@ def train_speed(cfg):
             training.train_batch(net, X, y, loss, trainer, devices)
     nd.waitall()
     return batch * steps / METER.stop()['wall']
+
+
+class _Laps:
+    """Seconds between ``lap(phase)`` calls, each after ``nd.waitall()``: ``times[phase]``, a
+    list with one entry per step."""
+
+    def __init__(self):
+        self.times = {}
+        self.restart()
+
+    def restart(self):
+        self._start = time.perf_counter()
+
+    def lap(self, phase):
+        nd.waitall()
+        now = time.perf_counter()
+        self.times.setdefault(phase, []).append(now - self._start)
+        self._start = now
+
+
+def _phased_step(batch, net, loss, devices, finish, laps):
+    """The chapter's step on ``batch``, timed phase by phase into ``laps``.
+
+    ``split`` and ``copies`` are the two halves of ``split_and_load`` (``split_data``, then
+    ``as_in_context`` per slice); then forward and backward on every device; then ``finish``:
+    ``(phase, f)`` pairs, each called as ``f(batch_size)``.
+    """
+    X, y = batch
+    laps.restart()
+    Xs = gutils.split_data(X, len(devices), even_split=False)
+    ys = gutils.split_data(y, len(devices), even_split=False)
+    laps.lap('split')
+    Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
+    ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
+    laps.lap('copies')
+    with autograd.record():
+        ls = [loss(net(X_d), y_d) for X_d, y_d in zip(Xs, ys)]
+    for l in ls:
+        l.backward()
+    laps.lap('forward+backward')
+    for phase, f in finish:
+        f(X.shape[0])
+        laps.lap(phase)
+
+
+def _phases(cfg, setup, finish):
+    """Phase times of ``cfg['phase_steps']`` steps after an untimed one, and their interval."""
+    devices, net, _, loss, batches = setup
+    _phased_step(next(batches), net, loss, devices, finish, _Laps())
+    laps, meter = _Laps(), Interval().start()
+    for _ in range(cfg['phase_steps']):
+        _phased_step(next(batches), net, loss, devices, finish, laps)
+    return laps.times, meter.stop()
+
+
+def _with_phases(value, times, interval):
+    """The result of a phased measurement: disturbed if either of its intervals was."""
+    return {'value': value, 'phases': times, 'phase_interval': interval,
+            'disturbed': METER.record['disturbed'] or interval['disturbed']}
+
+
+def phase_speed(cfg):
+    """Images/s of the package's step (``train_speed``), then its phases with waits.
+
+    The phases use a second Trainer on the same network with ``update_on_kvstore=False``, so
+    that the gradient sum (``allreduce_grads``: the kvstore adds the devices' gradients and
+    hands the sum back to every device) and the update (``update``: every device updates its
+    replica) are separate calls. The package's Trainer on 2 or more devices does both inside
+    the kvstore (one update on the summed gradient, then the weights are copied back).
+    """
+    setup = _training(cfg, cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps'])
+    value = train_speed(cfg, setup)
+    trainer = gluon.Trainer(setup[1].collect_params(), 'sgd',
+                            {'learning_rate': book.LR_PER_DEVICE}, update_on_kvstore=False)
+    finish = [('gradient sum', lambda n: trainer.allreduce_grads()), ('update', trainer.update)]
+    return _with_phases(value, *_phases(cfg, setup, finish))
+
+
+def dist_speed(cfg):
+    """One worker of a ``dist_sync`` job: the job's images/s, then the phases with waits.
+
+    Joins the job, takes its share of every global batch of ``cfg['batch_size']``, and trains
+    the package's way (``book.init_training`` with the job's kvstore, one device). Images/s
+    are the global batch times the steps over this worker's time (the workers move in lock
+    step). Phase ``push/pull`` is ``trainer.step``: push the gradients to the server, which
+    adds up the workers' and updates, and pull the new weights.
+    """
+    kv = mx.kv.create('dist_sync')  # joins the job: waits for every process
+    devices = [mx.cpu(0)]
+    net = book.new_network(cfg['model'], cfg['mode'] == 'hybrid')
+    trainer = book.init_training(net, devices, book.LR_PER_DEVICE, seed=0, kvstore=kv)
+    n = cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps']
+    batches = _batches(cfg, cfg['batch_size'] * n)
+    batches.set_part(kv.num_workers, kv.rank)
+    setup = (devices, net, trainer, gloss.SoftmaxCrossEntropyLoss(), iter(batches))
+    value = train_speed(cfg, setup)
+    result = _with_phases(value, *_phases(cfg, setup, [('push/pull', trainer.step)]))
+    return dict(result, rank=kv.rank, num_workers=kv.num_workers)
 
 
 def data_speed(cfg):
@@ -218,9 +325,9 @@ def torch_speed(cfg):
 if __name__ == '__main__':
     kind = CONFIG['kind']
     value = {'train': train_speed, 'data': data_speed, 'eval': eval_speed, 'torch': torch_speed,
-             'gemm': gemm_flops}[kind](CONFIG)
-    result = value if isinstance(value, dict) else {'value': value}
-    result.update(METER.record)
+             'gemm': gemm_flops, 'phases': phase_speed, 'dist': dist_speed}[kind](CONFIG)
+    result = dict(METER.record)
+    result.update(value if isinstance(value, dict) else {'value': value})
     result['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS')
     result['engine'] = os.environ.get('MXNET_ENGINE_TYPE', 'ThreadedEnginePerDevice')
     print(json.dumps(result))
