@@ -68,8 +68,14 @@ def _relu_through_onednn():
 
 
 def _network(devices, model='ours', hybrid=True):
-    """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does."""
-    if model == 'd2lzh':
+    """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
+    Trainer, set up as the book does."""
+    if model == 'bnrelu':
+        import bnrelu
+        net = bnrelu.fused_resnet18(10)
+        if hybrid:
+            net.hybridize(static_alloc=True)  # as book.new_network
+    elif model == 'd2lzh':
         import d2lzh
         net = d2lzh.resnet18(10)
         if hybrid:
@@ -85,6 +91,11 @@ def train_speed(cfg):
         _relu_through_onednn()
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
+    if cfg['model'] == 'bnrelu':
+        import bnrelu
+        # Every step pays for the fence that makes the fused layers' statistics safe to read.
+        fused, step = bnrelu.fused_layers(net), trainer.step
+        trainer.step = lambda batch_size: (bnrelu.fence(fused), step(batch_size))
     loss = gloss.SoftmaxCrossEntropyLoss()
     it = iter(_batches(cfg, batch * (warmup + steps)))
     for i in range(warmup + steps):
