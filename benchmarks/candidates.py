@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/candidates.py                 # about 7 minutes on 2 cores
     .venv/bin/python benchmarks/candidates.py --group 1       # the 1-device ones only
+    .venv/bin/python benchmarks/candidates.py --group bnrelu  # BatchNorm+ReLU fused, 1 device
     .venv/bin/python benchmarks/candidates.py --report-only   # the report from the records
 
 The raw records are kept in docs/candidates.json; ``--group`` measures one group again and
@@ -18,6 +19,8 @@ Each candidate is an MXNet environment variable, so nothing in the package chang
 - Residual's ReLUs through oneDNN (group ``relu``; not an environment variable: a patch in
   benchmarks/worker.py that gives ``Residual.hybrid_forward`` an ``F`` whose ``relu`` is
   ``F.Activation(act_type='relu')``, the same values).
+- BatchNorm+ReLU as one oneDNN operator (group ``bnrelu``; benchmarks/bnrelu.py, with the
+  fence after every backward that its running statistics need, docs/bn-relu-race.md).
 - 2 simulated devices: ``MXNET_CPU_TEMP_COPY=16`` (all CPU contexts share one pool of scratch
   buffers, 4 by default), alone and with one OpenMP thread per device (``OMP_NUM_THREADS=1``).
 
@@ -61,13 +64,20 @@ GROUPS = {
              ('2 devices, the package\'s settings (F.relu)', {'devices': 2}),
              ('2 devices, Residual\'s ReLUs as F.Activation (oneDNN)',
               {'relu': 'onednn', 'devices': 2})],
+    # Not an environment variable: BatchNorm+ReLU as one oneDNN operator (benchmarks/bnrelu.py:
+    # the stem's and every block's first), with the fence its running statistics need
+    # (docs/bn-relu-race.md) after every backward.
+    'bnrelu': [('1 device, the package\'s settings (BatchNorm, then F.Activation)', {}),
+               ('1 device, BatchNorm+ReLU fused (_contrib_BatchNormWithReLU) and fenced',
+                {'model': 'bnrelu'})],
 }
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('--group', choices=['1', '2', 'relu', 'all'], default='all',
-                   help='the 1-device, the 2-device or the ReLU candidates (default: all)')
+    p.add_argument('--group', choices=list(GROUPS) + ['all'], default='all',
+                   help='the 1-device, the 2-device, the ReLU or the BatchNorm+ReLU '
+                        'candidates (default: all)')
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
@@ -114,7 +124,8 @@ def main(argv=None):
              % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
-        title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN'}[g]
+        title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN',
+                 'bnrelu': 'BatchNorm+ReLU fused'}[g]
         lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]

@@ -69,8 +69,14 @@ def _relu_through_onednn():
 
 
 def _network(devices, model='ours', hybrid=True):
-    """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does."""
-    if model == 'd2lzh':
+    """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
+    Trainer, set up as the book does."""
+    if model == 'bnrelu':
+        import bnrelu
+        net = bnrelu.fused_resnet18(10)
+        if hybrid:
+            net.hybridize(static_alloc=True)  # as book.new_network
+    elif model == 'd2lzh':
         import d2lzh
         net = d2lzh.resnet18(10)
         if hybrid:
@@ -87,6 +93,11 @@ def _training(cfg, num_batches):
     if cfg.get('relu') == 'onednn':
         _relu_through_onednn()
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
+    if cfg['model'] == 'bnrelu':
+        import bnrelu
+        # Every step pays for the fence that makes the fused layers' statistics safe to read.
+        fused, step = bnrelu.fused_layers(net), trainer.step
+        trainer.step = lambda batch_size: (bnrelu.fence(fused), step(batch_size))
     loss = gloss.SoftmaxCrossEntropyLoss()
     return devices, net, trainer, loss, iter(_batches(cfg, cfg['batch_size'] * num_batches))
 
