@@ -16,9 +16,11 @@ Each candidate is an MXNet environment variable, so nothing in the package chang
 - engine bulking: ``MXNET_EXEC_BULK_EXEC_TRAIN=0`` (off; on by default) and
   ``MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000`` (segments of up to 1000 operators
   instead of 15).
-- Residual's ReLUs through oneDNN (group ``relu``; not an environment variable: a patch in
-  benchmarks/worker.py that gives ``Residual.hybrid_forward`` an ``F`` whose ``relu`` is
-  ``F.Activation(act_type='relu')``, the same values).
+- Residual's ReLUs (group ``relu``): the package computes them as ``F.Activation(x,
+  act_type='relu')`` (oneDNN); a patch in benchmarks/worker.py puts back the book's ``F.relu``
+  (the same values, MXNet's own kernel) to show what that choice is worth.
+- Threads and scratch buffers for 2 simulated devices (group ``threads``): one OpenMP thread per
+  device with a larger scratch-buffer pool, against the package's settings.
 - BatchNorm+ReLU as one oneDNN operator (group ``bnrelu``; benchmarks/bnrelu.py, with the
   fence after every backward that its running statistics need, docs/bn-relu-race.md).
 - 2 simulated devices: ``MXNET_CPU_TEMP_COPY=16`` (all CPU contexts share one pool of scratch
@@ -56,14 +58,25 @@ GROUPS = {
           ('2 devices, MXNET_CPU_TEMP_COPY=16, OMP_NUM_THREADS=1 (one thread per device)',
            {'env': {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}}),
           ('2 devices, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
-    # Not an environment variable: Residual's ReLUs through oneDNN (docs/profile.md: MXNet's
-    # own relu runs on plain NCHW, so every one costs two layout reorders around it).
-    'relu': [('1 device, the package\'s settings (F.relu)', {}),
-             ('1 device, Residual\'s ReLUs as F.Activation (oneDNN), a patch in worker.py',
-              {'relu': 'onednn'}),
-             ('2 devices, the package\'s settings (F.relu)', {'devices': 2}),
-             ('2 devices, Residual\'s ReLUs as F.Activation (oneDNN)',
-              {'relu': 'onednn', 'devices': 2})],
+    # Not an environment variable: Residual's ReLUs as the book writes them, F.relu (MXNet's own
+    # kernel on plain NCHW, so every one costs two layout reorders around it; docs/profile.md),
+    # against the package's F.Activation (oneDNN, in the convolutions' blocked layout).
+    'relu': [('1 device, the package\'s settings (ReLU as F.Activation, oneDNN)', {}),
+             ('1 device, the book\'s F.relu in Residual (a patch in worker.py)', {'relu': 'book'}),
+             ('2 devices, the package\'s settings (F.Activation)', {'devices': 2}),
+             ('2 devices, the book\'s F.relu', {'relu': 'book', 'devices': 2})],
+    # Threads and scratch buffers for 2 simulated devices at the same global batch: MXNet runs
+    # each CPU context on its own worker thread, but all of them draw scratch buffers from one
+    # pool (MXNET_CPU_TEMP_COPY, 4 by default), and an operator holding a buffer makes any
+    # other that drew the same one wait: with few buffers the devices take turns.
+    'threads': [('1 device, the package\'s settings', {}),
+                ('2 devices, the package\'s settings', {'devices': 2}),
+                ('2 devices, OMP_NUM_THREADS=1 (one thread per device), MXNET_CPU_TEMP_COPY=64',
+                 {'devices': 2, 'env': {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '64'}}),
+                ('2 devices, OMP_NUM_THREADS=1, MXNET_CPU_TEMP_COPY=256',
+                 {'devices': 2, 'env': {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '256'}}),
+                ('2 devices, MXNET_CPU_TEMP_COPY=64 (all cores per device)',
+                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '64'}})],
     # Not an environment variable: BatchNorm+ReLU as one oneDNN operator (benchmarks/bnrelu.py:
     # the stem's and every block's first), with the fence its running statistics need
     # (docs/bn-relu-race.md) after every backward.
@@ -124,8 +137,10 @@ def main(argv=None):
              % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
-        title = {'1': '1 device', '2': '2 simulated devices', 'relu': 'ReLU through oneDNN',
-                 'bnrelu': 'BatchNorm+ReLU fused'}[g]
+        title = {'1': '1 device', '2': '2 simulated devices',
+                 'relu': 'ReLU: oneDNN (the package) against the book\'s F.relu',
+                 'bnrelu': 'BatchNorm+ReLU fused',
+                 'threads': 'Threads and scratch buffers for 2 simulated devices'}[g]
         lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]

@@ -47,25 +47,11 @@ def _batches(cfg, n_images):
     return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
 
 
-class _ReluAsActivation:
-    """``F`` whose ``relu`` is ``F.Activation(act_type='relu')``: the same values, but computed
-    by oneDNN (eltwise, in its blocked layout) instead of MXNet's own kernel on plain NCHW."""
-
-    def __init__(self, F):
-        self._F = F
-
-    def __getattr__(self, name):
-        return getattr(self._F, name)
-
-    def relu(self, x):
-        return self._F.Activation(x, act_type='relu')
-
-
-def _relu_through_onednn():
-    """Make every ``Residual`` call ``F.Activation`` for its ReLUs (a benchmark-only candidate)."""
+def _books_relu():
+    """Make every ``Residual`` compute its ReLUs as the book writes them, ``F.relu`` (MXNet's own
+    elementwise kernel on plain NCHW), instead of the package's ``F.Activation`` (oneDNN)."""
     from gluon_mgpu import model
-    plain = model.Residual.hybrid_forward
-    model.Residual.hybrid_forward = lambda self, F, X: plain(self, _ReluAsActivation(F), X)
+    model.relu = lambda F, x: F.relu(x)
 
 
 def _network(devices, model='ours', hybrid=True):
@@ -90,8 +76,8 @@ def _training(cfg, num_batches):
     """``(devices, net, trainer, loss, batches)`` of a train configuration: ``num_batches``
     batches of ``cfg['batch_size']``."""
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    if cfg.get('relu') == 'onednn':
-        _relu_through_onednn()
+    if cfg.get('relu') == 'book':
+        _books_relu()
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
     if cfg['model'] == 'bnrelu':
         import bnrelu

@@ -12,7 +12,13 @@ from .threads import configure_threads, thread_settings
 # A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
 startup.guard()
 # Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
-configure_threads()
+try:
+    configure_threads()
+except ValueError as e:  # a bad GLUON_MGPU_CPU_DEVICES: a command says so in one line
+    if startup.starting_command() is None:
+        raise
+    sys.stderr.write('%s: error: %s\n' % (startup.starting_command(), e))
+    raise SystemExit(2)
 # The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
 from .gpu_build import prepare_for_package  # noqa: E402
 prepare_for_package()

@@ -85,7 +85,8 @@ SCHEMA = {
             'type': 'object',
             'description': 'The OpenMP thread count MXNet computes with and who chose it '
                            '(`gluon_mgpu.thread_settings()`).',
-            'required': ['omp_num_threads', 'cores', 'source'],
+            'required': ['omp_num_threads', 'cores', 'source', 'devices', 'cpu_temp_copy',
+                         'temp_copy_source'],
             'additionalProperties': False,
             'properties': {
                 'omp_num_threads': {'type': ['integer', 'string', 'null'],
@@ -94,10 +95,20 @@ SCHEMA = {
                 'cores': {'type': 'integer', 'minimum': 1,
                           'description': 'Cores this process may use.'},
                 'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'],
-                           'description': 'Who chose: gluon_mgpu (one thread per usable '
-                                          'core), the user (OMP_NUM_THREADS or '
-                                          'MXNET_OMP_MAX_THREADS was set), or nobody (MXNet '
-                                          'was imported before gluon_mgpu).'},
+                           'description': 'Who chose: gluon_mgpu (the usable cores, shared '
+                                          'out over the simulated devices), the user '
+                                          '(OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS was set), '
+                                          'or nobody (MXNet was imported before gluon_mgpu).'},
+                'devices': {'type': 'integer', 'minimum': 1,
+                            'description': 'Simulated CPU devices the choice was made for (1 '
+                                           'unless the command or GLUON_MGPU_CPU_DEVICES said '
+                                           'more).'},
+                'cpu_temp_copy': {'type': ['integer', 'string', 'null'],
+                                  'description': 'MXNET_CPU_TEMP_COPY in force: the scratch '
+                                                 'buffers all CPU contexts share; null for '
+                                                 'MXNet\'s default (4).'},
+                'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'],
+                                     'description': 'Who chose the scratch buffers.'},
             },
         },
         'placement': {

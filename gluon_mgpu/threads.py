@@ -5,13 +5,42 @@ On x86, MXNet's OpenMP set-up (``src/engine/openmp.cc``) halves the number of co
 without hyper-threading it computes on one core. MXNet reads the variable once, when it is
 first imported, so ``gluon_mgpu`` sets it on import (before importing MXNet) to the number of
 cores this process may use, unless the user set it (or ``MXNET_OMP_MAX_THREADS``) already.
+
+Simulated devices. MXNet runs each CPU context (``cpu(0)``, ``cpu(1)``, ...) on its own engine
+worker thread, and every worker starts its own OpenMP team of ``OMP_NUM_THREADS``. Two things
+then decide whether N simulated devices really compute side by side:
+
+- threads: N teams of one thread per core oversubscribe the cores N times; and OpenBLAS (which
+  ``nd.dot`` uses) hangs when two workers call it at once with teams of 2 or more threads. One
+  thread per device for N >= cores avoids both.
+- scratch buffers: all CPU contexts draw temporary workspace from one pool of
+  ``MXNET_CPU_TEMP_COPY`` buffers (4 by default), handed out in turn; an operator holding a
+  buffer makes every other that drew the same one wait, so with 4 buffers the devices mostly
+  take turns (docs/devices.md). A pool of ``CPU_TEMP_COPY_PER_DEVICE`` buffers per device lets
+  them overlap, for more memory.
+
+So when ``python -m gluon_mgpu.train`` starts with N >= 2 simulated devices (``--num-gpus N`` on
+a machine without GPUs, or ``--device cpu``), the package gives each device ``cores // N``
+threads (at least 1) and the pool N * ``CPU_TEMP_COPY_PER_DEVICE`` buffers, unless the user set
+those variables. A program or notebook asks for the same with the environment variable
+``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
 """
 import os
+import re
 import sys
 
-__all__ = ['configure_threads', 'thread_settings', 'format_thread_settings']
+__all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
+           'simulated_devices_of_command', 'CPU_TEMP_COPY_PER_DEVICE', 'DEVICES_ENV']
 
 _SETTINGS = {}
+# Scratch buffers per simulated device (docs/candidates.md, group threads).
+CPU_TEMP_COPY_PER_DEVICE = 32
+DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
+# What the package set, so that a child process (a notebook's `!python -m gluon_mgpu.train`)
+# can tell the package's values, which it may choose again, from the user's.
+CHOSEN_ENV = 'GLUON_MGPU_CHOSE'
+# Commands whose --num-gpus/--device say how many devices the process computes on.
+_DEVICE_COMMANDS = ('gluon_mgpu.train',)
 
 
 def _usable_cores():
@@ -21,8 +50,69 @@ def _usable_cores():
         return os.cpu_count() or 1
 
 
-def configure_threads(environ=None, mxnet_imported=None):
-    """Set ``OMP_NUM_THREADS`` to the usable core count if nobody chose it; return what was chosen.
+def _has_gpu():
+    # Without importing MXNet: the NVIDIA driver's device files.
+    try:
+        return any(re.fullmatch(r'nvidia\d+', name) for name in os.listdir('/dev'))
+    except OSError:
+        return False
+
+
+def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
+    """How many simulated CPU devices a starting ``python -m gluon_mgpu.train`` will use.
+
+    Read from its arguments before MXNet is imported: ``--num-gpus N`` (default 1) with
+    ``--device cpu``, or with ``--device auto`` (the default) on a machine with no NVIDIA GPU.
+
+    Parameters
+    ----------
+    argv, orig_argv : list of str, optional
+        ``sys.argv`` (``['-m', ...]`` while ``python -m`` imports the package) and
+        ``sys.orig_argv``; default: this process's.
+    has_gpu : bool, optional
+        Whether the machine has a GPU (default: an NVIDIA device file in ``/dev``).
+
+    Returns
+    -------
+    int or None
+        None when the process is not that command, its GPUs are used, or the count cannot be
+        read (the command then refuses the arguments itself).
+    """
+    from .startup import starting_command
+    argv = sys.argv if argv is None else argv
+    command = starting_command(argv, orig_argv)
+    if command is None or command.split()[-1] not in _DEVICE_COMMANDS:
+        return None
+    values = {'--num-gpus': '1', '--device': 'auto'}
+    args = list(argv[1:])
+    for i, arg in enumerate(args):
+        if arg == '--':
+            break
+        name, eq, value = arg.partition('=')
+        if name in values:
+            values[name] = value if eq else (args[i + 1] if i + 1 < len(args) else '')
+    count, device = values['--num-gpus'], values['--device']
+    if not count.isdigit() or int(count) < 1:
+        return None
+    has_gpu = _has_gpu() if has_gpu is None else has_gpu
+    if device == 'cpu' or (device == 'auto' and not has_gpu):
+        return int(count)
+    return None
+
+
+def _devices_from_environment(environ):
+    value = environ.get(DEVICES_ENV, '')
+    if value == '':
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError('%s=%r is not a whole number >= 1; set it to the number of simulated '
+                         'CPU devices (for example %s=2) or unset it' % (DEVICES_ENV, value,
+                                                                         DEVICES_ENV))
+    return int(value)
+
+
+def configure_threads(environ=None, mxnet_imported=None, devices=None):
+    """Choose ``OMP_NUM_THREADS`` (and the scratch-buffer pool) before MXNet starts.
 
     Parameters
     ----------
@@ -31,18 +121,40 @@ def configure_threads(environ=None, mxnet_imported=None):
     mxnet_imported : bool, optional
         Whether MXNet was imported before us (default: look in ``sys.modules``); then it is too
         late to change anything, and the returned dict says so.
+    devices : int, optional
+        Simulated CPU devices this process will compute on. Default: ``GLUON_MGPU_CPU_DEVICES``
+        when set, else what a starting ``python -m gluon_mgpu.train`` asks for
+        (``simulated_devices_of_command``), else 1.
 
     Returns
     -------
     dict
         ``omp_num_threads`` (the value in force, or None if MXNet picks), ``cores`` (usable
-        cores), and ``source``: ``'gluon_mgpu'`` (set here), ``'user'`` (already set) or
-        ``'mxnet-imported-first'`` (MXNet had started with its own default).
+        cores), ``source``: ``'gluon_mgpu'`` (set here), ``'user'`` (already set) or
+        ``'mxnet-imported-first'`` (MXNet had started with its own default); ``devices`` (the
+        simulated devices the choice was made for) and ``cpu_temp_copy`` (the scratch-buffer
+        pool in force, None for MXNet's default of 4) with ``temp_copy_source``.
+
+    Raises
+    ------
+    ValueError
+        For a ``GLUON_MGPU_CPU_DEVICES`` that is not a whole number >= 1.
     """
     environ = os.environ if environ is None else environ
     if mxnet_imported is None:
         mxnet_imported = 'mxnet' in sys.modules
+    if devices is None:
+        devices = _devices_from_environment(environ)
+    if devices is None:
+        devices = simulated_devices_of_command() if environ is os.environ else None
+    devices = devices or 1
     cores = _usable_cores()
+    if not mxnet_imported:
+        # Values a parent process's gluon_mgpu set are not the user's: choose them again.
+        for item in environ.pop(CHOSEN_ENV, '').split():
+            name, _, value = item.partition('=')
+            if name in ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY') and environ.get(name) == value:
+                del environ[name]
     if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
         value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
         settings = {'omp_num_threads': int(value) if str(value).isdigit() else value,
@@ -50,8 +162,26 @@ def configure_threads(environ=None, mxnet_imported=None):
     elif mxnet_imported:
         settings = {'omp_num_threads': None, 'cores': cores, 'source': 'mxnet-imported-first'}
     else:
-        environ['OMP_NUM_THREADS'] = str(cores)
-        settings = {'omp_num_threads': cores, 'cores': cores, 'source': 'gluon_mgpu'}
+        threads = max(1, cores // devices)
+        environ['OMP_NUM_THREADS'] = str(threads)
+        settings = {'omp_num_threads': threads, 'cores': cores, 'source': 'gluon_mgpu'}
+    settings['devices'] = devices
+    if 'MXNET_CPU_TEMP_COPY' in environ:
+        value = environ['MXNET_CPU_TEMP_COPY']
+        settings.update(cpu_temp_copy=int(value) if value.isdigit() else value,
+                        temp_copy_source='user')
+    elif devices >= 2 and not mxnet_imported:
+        environ['MXNET_CPU_TEMP_COPY'] = str(devices * CPU_TEMP_COPY_PER_DEVICE)
+        settings.update(cpu_temp_copy=devices * CPU_TEMP_COPY_PER_DEVICE,
+                        temp_copy_source='gluon_mgpu')
+    else:
+        settings.update(cpu_temp_copy=None, temp_copy_source='mxnet')
+    chosen = ['OMP_NUM_THREADS=%s' % environ['OMP_NUM_THREADS']] \
+        if settings['source'] == 'gluon_mgpu' else []
+    if settings['temp_copy_source'] == 'gluon_mgpu':
+        chosen.append('MXNET_CPU_TEMP_COPY=%s' % environ['MXNET_CPU_TEMP_COPY'])
+    if chosen:
+        environ[CHOSEN_ENV] = ' '.join(chosen)
     if environ is os.environ:
         _SETTINGS.clear()
         _SETTINGS.update(settings)
@@ -65,13 +195,25 @@ def thread_settings():
 
 
 def format_thread_settings(settings=None):
-    """One line for the CLI: which thread count is in force and who chose it."""
+    """One line for the CLI: which thread count and scratch-buffer pool are in force, who chose."""
     s = thread_settings() if settings is None else settings
-    if s['source'] == 'gluon_mgpu':
-        return 'threads: OMP_NUM_THREADS=%d, one per usable core (set by gluon_mgpu)' % (
+    devices = s.get('devices', 1)
+    if s['source'] == 'gluon_mgpu' and devices >= 2:
+        line = ('threads: OMP_NUM_THREADS=%d per simulated device, %d devices on %d usable cores '
+                '(set by gluon_mgpu)' % (s['omp_num_threads'], devices, s['cores']))
+    elif s['source'] == 'gluon_mgpu':
+        line = 'threads: OMP_NUM_THREADS=%d, one per usable core (set by gluon_mgpu)' % (
             s['omp_num_threads'])
-    if s['source'] == 'user':
-        return 'threads: OMP_NUM_THREADS=%s (set by you; %d usable cores)' % (
+    elif s['source'] == 'user':
+        line = 'threads: OMP_NUM_THREADS=%s (set by you; %d usable cores)' % (
             s['omp_num_threads'], s['cores'])
-    return ('threads: MXNet was imported before gluon_mgpu, so it uses its default (half the '
-            'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])
+    else:
+        line = ('threads: MXNet was imported before gluon_mgpu, so it uses its default (half the '
+                'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])
+    source = s.get('temp_copy_source')
+    if source == 'gluon_mgpu':
+        line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%d, %d per device (set by gluon_mgpu)' % (
+            s['cpu_temp_copy'], CPU_TEMP_COPY_PER_DEVICE)
+    elif source == 'user':
+        line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%s (set by you)' % s['cpu_temp_copy']
+    return line

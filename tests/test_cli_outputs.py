@@ -12,7 +12,7 @@ import termios
 import jsonschema
 import pytest
 
-from gluon_mgpu import metrics, training
+from gluon_mgpu import metrics, thread_settings, training
 from gluon_mgpu.train import main
 from test_plotting import png_size
 
@@ -37,6 +37,16 @@ def test_piped_run_writes_plain_lines_metrics_and_plots(tmp_path, data_dir):
     doc = json.loads(json_path.read_text())
     assert list(jsonschema.Draft202012Validator(metrics.SCHEMA).iter_errors(doc)) == []
     assert doc['status'] == 'finished' and doc['devices'] == ['cpu(0)', 'cpu(1)']
+    # The pytest process's OMP_NUM_THREADS was set by its own gluon_mgpu (for 1 device): the
+    # command chose again, for its 2 simulated devices.
+    # (Unless whoever runs the tests set OMP_NUM_THREADS or MXNET_CPU_TEMP_COPY: theirs stay.)
+    cores, ours = len(os.sched_getaffinity(0)), thread_settings()
+    assert doc['threads'] == {
+        'omp_num_threads': max(1, cores // 2) if ours['source'] == 'gluon_mgpu'
+        else ours['omp_num_threads'], 'cores': cores, 'source': ours['source'], 'devices': 2,
+        'cpu_temp_copy': 64 if 'MXNET_CPU_TEMP_COPY' not in os.environ
+        else ours['cpu_temp_copy'],
+        'temp_copy_source': 'gluon_mgpu' if 'MXNET_CPU_TEMP_COPY' not in os.environ else 'user'}
     assert doc['arguments']['batch_size'] == 8 and doc['arguments']['lr'] == 0.2
     assert [r['epoch'] for r in doc['history']] == [1, 2]
     # The printed lines are the file's numbers.

@@ -2,6 +2,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from gluon_mgpu import threads
 
 
@@ -9,8 +11,9 @@ def test_sets_one_thread_per_usable_core_when_nobody_chose():
     env = {}
     settings = threads.configure_threads(env, mxnet_imported=False)
     cores = len(os.sched_getaffinity(0))
-    assert env == {'OMP_NUM_THREADS': str(cores)}
-    assert settings == {'omp_num_threads': cores, 'cores': cores, 'source': 'gluon_mgpu'}
+    assert env == {'OMP_NUM_THREADS': str(cores), 'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d' % cores}
+    assert settings == {'omp_num_threads': cores, 'cores': cores, 'source': 'gluon_mgpu',
+                        'devices': 1, 'cpu_temp_copy': None, 'temp_copy_source': 'mxnet'}
     assert threads.format_thread_settings(settings) == (
         'threads: OMP_NUM_THREADS=%d, one per usable core (set by gluon_mgpu)' % cores)
 
@@ -28,17 +31,19 @@ def test_says_when_mxnet_was_imported_first():
     settings = threads.configure_threads(env, mxnet_imported=True)
     assert env == {}
     assert settings == {'omp_num_threads': None, 'cores': len(os.sched_getaffinity(0)),
-                        'source': 'mxnet-imported-first'}
+                        'source': 'mxnet-imported-first', 'devices': 1, 'cpu_temp_copy': None,
+                        'temp_copy_source': 'mxnet'}
     assert 'import gluon_mgpu first or set OMP_NUM_THREADS=' in \
         threads.format_thread_settings(settings)
 
 
 def _child(code, **env):
-    full = {k: v for k, v in os.environ.items() if k not in ('OMP_NUM_THREADS',
-                                                              'MXNET_OMP_MAX_THREADS')}
+    full = {k: v for k, v in os.environ.items()
+            if k not in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS', 'MXNET_CPU_TEMP_COPY',
+                         threads.DEVICES_ENV, threads.CHOSEN_ENV)}
     full.update(env)
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          env=full, check=True).stdout.strip()
+                          env=full, check=True, timeout=120).stdout.strip()
 
 
 def test_importing_the_package_sets_the_variable_before_mxnet_starts():
@@ -50,3 +55,111 @@ def test_importing_the_package_sets_the_variable_before_mxnet_starts():
                   OMP_NUM_THREADS='1') == 'user'
     assert _child('import mxnet, gluon_mgpu; print(gluon_mgpu.thread_settings()["source"])') \
         == 'mxnet-imported-first'
+
+
+def test_simulated_devices_get_a_share_of_the_cores_and_a_larger_scratch_pool():
+    env = {}
+    settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
+    cores = len(os.sched_getaffinity(0))
+    per_device = max(1, cores // 2)
+    assert env == {'OMP_NUM_THREADS': str(per_device), 'MXNET_CPU_TEMP_COPY': '64',
+                   'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d MXNET_CPU_TEMP_COPY=64' % per_device}
+    assert settings == {'omp_num_threads': per_device, 'cores': cores, 'source': 'gluon_mgpu',
+                        'devices': 2, 'cpu_temp_copy': 64, 'temp_copy_source': 'gluon_mgpu'}
+    assert threads.format_thread_settings(settings) == (
+        'threads: OMP_NUM_THREADS=%d per simulated device, 2 devices on %d usable cores (set by '
+        'gluon_mgpu); scratch buffers: MXNET_CPU_TEMP_COPY=64, 32 per device (set by gluon_mgpu)'
+        % (per_device, cores))
+    # More devices than cores: one thread each, never 0.
+    env = {}
+    assert threads.configure_threads(env, mxnet_imported=False, devices=8 * cores)[
+        'omp_num_threads'] == 1
+    assert env['MXNET_CPU_TEMP_COPY'] == str(8 * cores * 32)
+
+
+def test_a_child_chooses_again_what_its_parents_package_chose_but_keeps_the_users():
+    parent = {}
+    threads.configure_threads(parent, mxnet_imported=False)   # a notebook: 1 device
+    child = dict(parent)
+    settings = threads.configure_threads(child, mxnet_imported=False, devices=2)
+    assert (settings['source'], settings['omp_num_threads']) == (
+        'gluon_mgpu', max(1, len(os.sched_getaffinity(0)) // 2))
+    child = dict(parent, OMP_NUM_THREADS='5')                # changed by the user since
+    assert threads.configure_threads(child, mxnet_imported=False, devices=2)['source'] == 'user'
+
+
+def test_simulated_devices_respect_each_variable_the_user_set():
+    env = {'OMP_NUM_THREADS': '3'}
+    settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
+    assert env == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '64',
+                   'GLUON_MGPU_CHOSE': 'MXNET_CPU_TEMP_COPY=64'}
+    assert (settings['source'], settings['temp_copy_source']) == ('user', 'gluon_mgpu')
+    env = {'MXNET_CPU_TEMP_COPY': '8'}
+    settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
+    assert env['MXNET_CPU_TEMP_COPY'] == '8' and 'MXNET_CPU_TEMP_COPY' not in env[
+        'GLUON_MGPU_CHOSE']
+    assert settings['cpu_temp_copy'] == 8 and settings['temp_copy_source'] == 'user'
+    assert threads.format_thread_settings(settings).endswith(
+        '; scratch buffers: MXNET_CPU_TEMP_COPY=8 (set by you)')
+    # Too late once MXNet runs: nothing is changed, and the pool is MXNet's.
+    env = {}
+    settings = threads.configure_threads(env, mxnet_imported=True, devices=2)
+    assert env == {} and settings['temp_copy_source'] == 'mxnet'
+
+
+@pytest.mark.parametrize('argv,has_gpu,expected', [
+    (['--num-gpus', '2'], False, 2),
+    (['--num-gpus=4', '--epochs', '1'], False, 4),
+    ([], False, 1),
+    (['--num-gpus', '2'], True, None),                     # GPUs will be used
+    (['--num-gpus', '2', '--device', 'cpu'], True, 2),
+    (['--num-gpus', '2', '--device=gpu'], False, None),
+    (['--num-gpus', 'two'], False, None),                  # the command refuses it itself
+    (['--num-gpus'], False, None),
+    (['--num-gpus', '0'], False, None),
+])
+def test_reads_the_device_count_of_a_starting_train_command(argv, has_gpu, expected):
+    orig = ['python', '-m', 'gluon_mgpu.train'] + argv
+    assert threads.simulated_devices_of_command(['-m'] + argv, orig, has_gpu) == expected
+    # Not the train command, or not starting through python -m: no guess.
+    assert threads.simulated_devices_of_command(
+        ['-m'] + argv, ['python', '-m', 'gluon_mgpu.sweep'] + argv, has_gpu) is None
+    assert threads.simulated_devices_of_command(['x.py'] + argv, orig, has_gpu) is None
+
+
+def test_the_environment_variable_chooses_for_programs_and_a_bad_one_is_refused():
+    assert threads.configure_threads({threads.DEVICES_ENV: '2'}, mxnet_imported=False)[
+        'devices'] == 2
+    with pytest.raises(ValueError) as e:
+        threads.configure_threads({threads.DEVICES_ENV: 'two'}, mxnet_imported=False)
+    assert str(e.value) == ("GLUON_MGPU_CPU_DEVICES='two' is not a whole number >= 1; set it to "
+                            "the number of simulated CPU devices (for example "
+                            "GLUON_MGPU_CPU_DEVICES=2) or unset it")
+    cores = len(os.sched_getaffinity(0))
+    out = _child('import os, gluon_mgpu; print(os.environ["OMP_NUM_THREADS"], '
+                 'os.environ["MXNET_CPU_TEMP_COPY"])', GLUON_MGPU_CPU_DEVICES='2')
+    assert out == '%d 64' % max(1, cores // 2)
+    bad = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2'],
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, GLUON_MGPU_CPU_DEVICES='0'))
+    assert (bad.returncode, bad.stdout) == (2, '')
+    assert bad.stderr == ("python -m gluon_mgpu.train: error: GLUON_MGPU_CPU_DEVICES='0' is not "
+                          "a whole number >= 1; set it to the number of simulated CPU devices "
+                          "(for example GLUON_MGPU_CPU_DEVICES=2) or unset it\n")
+
+
+DOT_ON_TWO_DEVICES = (
+    'import os, gluon_mgpu, mxnet as mx; from mxnet import nd\n'
+    'for i in range(50):\n'
+    '    outs = [nd.dot(a, a) for a in (nd.ones((512, 512), ctx=mx.cpu(d)) for d in (0, 1))]\n'
+    '    nd.waitall()\n'
+    'print(outs[0][0, 0].asscalar(), outs[1][0, 0].asscalar(), os.environ["OMP_NUM_THREADS"])')
+
+
+def test_nd_dot_on_two_simulated_devices_at_once_finishes_with_the_packages_choice():
+    # OpenBLAS 0.3.13 (MXNet 1.9.1's) hangs when two engine workers with OpenMP teams of 2 or
+    # more call it at once; with at least as many simulated devices as cores the package gives
+    # each one thread, which never enters that path (on this 2-core machine: 2 devices).
+    devices = max(2, len(os.sched_getaffinity(0)))
+    out = _child(DOT_ON_TWO_DEVICES, GLUON_MGPU_CPU_DEVICES=str(devices))
+    assert out == '512.0 512.0 1'
