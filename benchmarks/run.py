@@ -70,6 +70,12 @@ OTHER = {
                       '(inference fusion), 1 device',
                       dict(kind='eval', devices=1, images=2048, threads='package',
                            backend='MKLDNN')),
+    'eval-1-fold': ('(g) evaluation, BatchNorm folded into the convolutions, 1 device',
+                    dict(kind='eval', devices=1, images=2048, threads='package', fold=True)),
+    'eval-1-fold-mkldnn': ("(g) evaluation, BatchNorm folded, then MXNet's MKLDNN backend "
+                           '(ReLU and the sum fused into the convolutions), 1 device',
+                           dict(kind='eval', devices=1, images=2048, threads='package',
+                                fold=True, backend='MKLDNN')),
 }
 
 
@@ -227,6 +233,9 @@ def targets(med, best):
     add('evaluation >= 4x the training rate', 'eval-1', 'ours-hyb-1', 4)
     add('evaluation with the MKLDNN backend >= 4x the training rate', 'eval-1-mkldnn',
         'ours-hyb-1', 4)
+    add('evaluation, BatchNorm folded, >= 3x the training rate', 'eval-1-fold', 'ours-hyb-1', 3)
+    add('evaluation, BatchNorm folded, MKLDNN backend, >= 3x the training rate',
+        'eval-1-fold-mkldnn', 'ours-hyb-1', 3)
     return rows
 
 

@@ -228,12 +228,24 @@ def data_speed(cfg):
 
 
 def eval_speed(cfg):
+    """Evaluation (``training.evaluate_accuracy``) of the trained-shape ResNet-18: images/s.
+
+    ``cfg['fold']``: through ``inference.fold_batchnorm``'s copy (BatchNorm folded into the
+    convolutions), hybridized with ``static_alloc`` and ``cfg['static_shape']``, partitioned by
+    ``cfg['backend']`` when given. Else ``cfg['backend']``: the exported graph, partitioned.
+    """
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
     net, _ = _network(devices)
     images, labels = data.load_fashion_mnist_arrays('test')
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
-    if cfg.get('backend'):
+    if cfg.get('fold'):
+        from gluon_mgpu.inference import fold_batchnorm
+        net = fold_batchnorm(net, hybridize=False)
+        net.hybridize(static_alloc=True, static_shape=cfg.get('static_shape', False),
+                      backend=cfg.get('backend'))
+        training.evaluate_accuracy(warm, net, devices)
+    elif cfg.get('backend'):
         # The same network and weights as an exported graph, partitioned by MXNet's backend
         # (oneDNN: BatchNorm folded into the convolutions, for inference only).
         import tempfile

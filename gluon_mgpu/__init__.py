@@ -28,6 +28,7 @@ from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnis
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
 from .events import EpochLine, LossGuard, LossNotFiniteError
+from .inference import fold_batchnorm
 from .model import Residual, resnet18
 from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, ReplicaReport,
                        assert_replicas_match, format_replica_report, format_replica_summary,
@@ -44,7 +45,7 @@ __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'fo
            'train', 'book_setting', 'new_network', 'init_training', 'EpochLine', 'LossGuard',
            'LossNotFiniteError', 'thread_settings', 'inspect_replicas', 'assert_replicas_match',
            'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
-           'format_replica_report', 'format_replica_summary', 'ReplicaCheck']
+           'format_replica_report', 'format_replica_summary', 'ReplicaCheck', 'fold_batchnorm']
 
 
 class _Package(types.ModuleType):
