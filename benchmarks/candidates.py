@@ -42,6 +42,7 @@ sys.path.insert(0, HERE)
 import run  # noqa: E402  (benchmarks/run.py: config, measure_until_quiet, machine, write_report)
 from measuring import TABLE_HEADER, TABLE_LEGEND, summarize, table_row  # noqa: E402
 
+CORES = len(os.sched_getaffinity(0))
 BULK_OFF = {'env': {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}}
 BULK_BIG = {'env': {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '1000',
                     'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1000'}}
@@ -69,14 +70,19 @@ GROUPS = {
     # each CPU context on its own worker thread, but all of them draw scratch buffers from one
     # pool (MXNET_CPU_TEMP_COPY, 4 by default), and an operator holding a buffer makes any
     # other that drew the same one wait: with few buffers the devices take turns.
-    'threads': [('1 device, the package\'s settings', {}),
-                ('2 devices, the package\'s settings', {'devices': 2}),
-                ('2 devices, OMP_NUM_THREADS=1 (one thread per device), MXNET_CPU_TEMP_COPY=64',
-                 {'devices': 2, 'env': {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '64'}}),
-                ('2 devices, OMP_NUM_THREADS=1, MXNET_CPU_TEMP_COPY=256',
-                 {'devices': 2, 'env': {'OMP_NUM_THREADS': '1', 'MXNET_CPU_TEMP_COPY': '256'}}),
-                ('2 devices, MXNET_CPU_TEMP_COPY=64 (all cores per device)',
-                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '64'}})],
+    'threads': [('1 device, the package\'s settings (OMP_NUM_THREADS = cores)', {}),
+                ('2 devices, the package\'s settings (cores // 2 threads each, '
+                 'MXNET_CPU_TEMP_COPY=256)', {'devices': 2}),
+                ('2 devices, as before: all cores per device, MXNET_CPU_TEMP_COPY=4 (MXNet\'s)',
+                 {'devices': 2, 'env': {'OMP_NUM_THREADS': str(CORES),
+                                        'MXNET_CPU_TEMP_COPY': '4'}}),
+                ('2 devices, cores // 2 threads each, MXNET_CPU_TEMP_COPY=4 (MXNet\'s)',
+                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '4'}}),
+                ('2 devices, cores // 2 threads each, MXNET_CPU_TEMP_COPY=64',
+                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '64'}}),
+                ('2 devices, all cores per device, MXNET_CPU_TEMP_COPY=64',
+                 {'devices': 2, 'env': {'OMP_NUM_THREADS': str(CORES),
+                                        'MXNET_CPU_TEMP_COPY': '64'}})],
     # Not an environment variable: BatchNorm+ReLU as one oneDNN operator (benchmarks/bnrelu.py:
     # the stem's and every block's first), with the fence its running statistics need
     # (docs/bn-relu-race.md) after every backward.
@@ -130,14 +136,18 @@ def main(argv=None):
              'report was written: %(load)s.' % info,
              '- %d measurements, %d disturbed (each measured again, up to %d more times).'
              % (len(every), sum(r['disturbed'] for r in every), args.retries),
-             '- hybridized ResNet-18 training step, global batch %d, %d timed steps after 1 '
-             'warm-up, images/s; in rounds (as many as n in the spread column), the settings of '
-             'a table interleaved, one fresh process each. Ratios are of medians, to the first '
-             'row of the same table. %s'
-             % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'], TABLE_LEGEND)]
+             '- hybridized ResNet-18 training step, global batch %d, %d timed steps after %d '
+             'warm-up steps (1 in the groups 1 and 2, measured before run.py took 2), images/s; '
+             'in rounds (as many as n in the spread column), the settings of a table '
+             'interleaved, one fresh process each. Ratios are of medians, to the first row of '
+             'the same table. %s'
+             % (run.GLOBAL_BATCH, run.config('ours-hyb-1')['steps'],
+                run.config('ours-hyb-1')['warmup'], TABLE_LEGEND)]
     for g in groups:
         base = summarize(records[GROUPS[g][0][0]])['median']
-        title = {'1': '1 device', '2': '2 simulated devices',
+        title = {'1': '1 device',
+                 '2': '2 simulated devices (measured with the package\'s earlier thread '
+                      'settings: all cores per device, 4 scratch buffers)',
                  'relu': 'ReLU: oneDNN (the package) against the book\'s F.relu',
                  'bnrelu': 'BatchNorm+ReLU fused',
                  'threads': 'Threads and scratch buffers for 2 simulated devices'}[g]
@@ -145,7 +155,7 @@ def main(argv=None):
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py` (or one `--group` at '
-              'a time; the ReLU group was run with `--repeats 3`).']
+              'a time).']
     run.write_report(args.out, lines)
 
 

@@ -18,6 +18,8 @@ from measuring import Interval  # noqa: E402
 
 CONFIG = json.loads(sys.argv[1])
 if CONFIG.get('threads') == 'package':
+    # The choice `python -m gluon_mgpu.train --num-gpus N` makes for N simulated devices.
+    os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(CONFIG.get('devices', 1)))
     import gluon_mgpu  # noqa: F401  (chooses OMP_NUM_THREADS before MXNet starts)
 
 import mxnet as mx  # noqa: E402

@@ -34,7 +34,7 @@ __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
 
 _SETTINGS = {}
 # Scratch buffers per simulated device (docs/candidates.md, group threads).
-CPU_TEMP_COPY_PER_DEVICE = 32
+CPU_TEMP_COPY_PER_DEVICE = 128
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
 # What the package set, so that a child process (a notebook's `!python -m gluon_mgpu.train`)
 # can tell the package's values, which it may choose again, from the user's.
