@@ -83,6 +83,15 @@ GROUPS = {
                 ('2 devices, all cores per device, MXNET_CPU_TEMP_COPY=64',
                  {'devices': 2, 'env': {'OMP_NUM_THREADS': str(CORES),
                                         'MXNET_CPU_TEMP_COPY': '64'}})],
+    # The same for the network run line by line (--no-hybridize), where Python dispatches
+    # every operator of every device from one thread.
+    'threads-imperative': [
+        ('1 device, not hybridized, the package\'s settings', {'mode': 'imperative'}),
+        ('2 devices, not hybridized, the package\'s settings (cores // 2 threads each)',
+         {'mode': 'imperative', 'devices': 2}),
+        ('2 devices, not hybridized, all cores per device, MXNET_CPU_TEMP_COPY=4',
+         {'mode': 'imperative', 'devices': 2,
+          'env': {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'}})],
     # Not an environment variable: BatchNorm+ReLU as one oneDNN operator (benchmarks/bnrelu.py:
     # the stem's and every block's first), with the fence its running statistics need
     # (docs/bn-relu-race.md) after every backward.
@@ -95,8 +104,8 @@ GROUPS = {
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--group', choices=list(GROUPS) + ['all'], default='all',
-                   help='the 1-device, the 2-device, the ReLU or the BatchNorm+ReLU '
-                        'candidates (default: all)')
+                   help='one group of candidates: 1 or 2 devices, ReLU, BatchNorm+ReLU, the '
+                        'threads of 2 devices hybridized or not (default: all)')
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
@@ -150,7 +159,8 @@ def main(argv=None):
                       'settings: all cores per device, 4 scratch buffers)',
                  'relu': 'ReLU: oneDNN (the package) against the book\'s F.relu',
                  'bnrelu': 'BatchNorm+ReLU fused',
-                 'threads': 'Threads and scratch buffers for 2 simulated devices'}[g]
+                 'threads': 'Threads and scratch buffers for 2 simulated devices',
+                 'threads-imperative': 'The same, not hybridized'}[g]
         lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]

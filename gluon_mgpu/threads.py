@@ -16,13 +16,13 @@ then decide whether N simulated devices really compute side by side:
 - scratch buffers: all CPU contexts draw temporary workspace from one pool of
   ``MXNET_CPU_TEMP_COPY`` buffers (4 by default), handed out in turn; an operator holding a
   buffer makes every other that drew the same one wait, so with 4 buffers the devices mostly
-  take turns (docs/devices.md). A pool of ``CPU_TEMP_COPY_PER_DEVICE`` buffers per device lets
-  them overlap, for more memory.
+  take turns (docs/devices.md). A pool of ``CPU_TEMP_COPY_PER_DEVICE`` buffers per device that
+  can compute at once (at most one per core) lets them overlap, for more memory.
 
 So when ``python -m gluon_mgpu.train`` starts with N >= 2 simulated devices (``--num-gpus N`` on
 a machine without GPUs, or ``--device cpu``), the package gives each device ``cores // N``
-threads (at least 1) and the pool N * ``CPU_TEMP_COPY_PER_DEVICE`` buffers, unless the user set
-those variables. A program or notebook asks for the same with the environment variable
+threads (at least 1) and the pool ``min(N, cores) * CPU_TEMP_COPY_PER_DEVICE`` buffers, unless
+the user set those variables. A program or notebook asks for the same with the environment variable
 ``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
 """
 import os
@@ -171,9 +171,11 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         settings.update(cpu_temp_copy=int(value) if value.isdigit() else value,
                         temp_copy_source='user')
     elif devices >= 2 and not mxnet_imported:
-        environ['MXNET_CPU_TEMP_COPY'] = str(devices * CPU_TEMP_COPY_PER_DEVICE)
-        settings.update(cpu_temp_copy=devices * CPU_TEMP_COPY_PER_DEVICE,
-                        temp_copy_source='gluon_mgpu')
+        # Only as many devices as cores compute at once: more buffers would only cost memory
+        # (8 devices on 2 cores with 1024 buffers took 10 GB).
+        pool = min(devices, cores) * CPU_TEMP_COPY_PER_DEVICE
+        environ['MXNET_CPU_TEMP_COPY'] = str(pool)
+        settings.update(cpu_temp_copy=pool, temp_copy_source='gluon_mgpu')
     else:
         settings.update(cpu_temp_copy=None, temp_copy_source='mxnet')
     chosen = ['OMP_NUM_THREADS=%s' % environ['OMP_NUM_THREADS']] \
@@ -212,8 +214,8 @@ def format_thread_settings(settings=None):
                 'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])
     source = s.get('temp_copy_source')
     if source == 'gluon_mgpu':
-        line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%d, %d per device (set by gluon_mgpu)' % (
-            s['cpu_temp_copy'], CPU_TEMP_COPY_PER_DEVICE)
+        line += ('; scratch buffers: MXNET_CPU_TEMP_COPY=%d, %d per device computing at once (set '
+                 'by gluon_mgpu)' % (s['cpu_temp_copy'], CPU_TEMP_COPY_PER_DEVICE))
     elif source == 'user':
         line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%s (set by you)' % s['cpu_temp_copy']
     return line

@@ -6,6 +6,10 @@ import pytest
 
 from gluon_mgpu import threads
 
+# The scratch-buffer pool the package gives 2 simulated devices: 128 per device computing at
+# once, at most one per core.
+POOL2 = 128 * min(2, len(os.sched_getaffinity(0)))
+
 
 def test_sets_one_thread_per_usable_core_when_nobody_chose():
     env = {}
@@ -62,19 +66,21 @@ def test_simulated_devices_get_a_share_of_the_cores_and_a_larger_scratch_pool():
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
     cores = len(os.sched_getaffinity(0))
     per_device = max(1, cores // 2)
-    assert env == {'OMP_NUM_THREADS': str(per_device), 'MXNET_CPU_TEMP_COPY': '256',
-                   'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d MXNET_CPU_TEMP_COPY=256' % per_device}
+    assert env == {'OMP_NUM_THREADS': str(per_device), 'MXNET_CPU_TEMP_COPY': str(POOL2),
+                   'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d MXNET_CPU_TEMP_COPY=%d' % (
+                       per_device, POOL2)}
     assert settings == {'omp_num_threads': per_device, 'cores': cores, 'source': 'gluon_mgpu',
-                        'devices': 2, 'cpu_temp_copy': 256, 'temp_copy_source': 'gluon_mgpu'}
+                        'devices': 2, 'cpu_temp_copy': POOL2, 'temp_copy_source': 'gluon_mgpu'}
     assert threads.format_thread_settings(settings) == (
         'threads: OMP_NUM_THREADS=%d per simulated device, 2 devices on %d usable cores (set by '
-        'gluon_mgpu); scratch buffers: MXNET_CPU_TEMP_COPY=256, 128 per device (set by gluon_mgpu)'
-        % (per_device, cores))
-    # More devices than cores: one thread each, never 0.
+        'gluon_mgpu); scratch buffers: MXNET_CPU_TEMP_COPY=%d, 128 per device computing at once '
+        '(set by gluon_mgpu)' % (per_device, cores, POOL2))
+    # More devices than cores: one thread each, never 0, and buffers for the devices that can
+    # compute at once (one per core), not for all.
     env = {}
     assert threads.configure_threads(env, mxnet_imported=False, devices=8 * cores)[
         'omp_num_threads'] == 1
-    assert env['MXNET_CPU_TEMP_COPY'] == str(8 * cores * 128)
+    assert env['MXNET_CPU_TEMP_COPY'] == str(cores * 128)
 
 
 def test_a_child_chooses_again_what_its_parents_package_chose_but_keeps_the_users():
@@ -91,8 +97,8 @@ def test_a_child_chooses_again_what_its_parents_package_chose_but_keeps_the_user
 def test_simulated_devices_respect_each_variable_the_user_set():
     env = {'OMP_NUM_THREADS': '3'}
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
-    assert env == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': '256',
-                   'GLUON_MGPU_CHOSE': 'MXNET_CPU_TEMP_COPY=256'}
+    assert env == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': str(POOL2),
+                   'GLUON_MGPU_CHOSE': 'MXNET_CPU_TEMP_COPY=%d' % POOL2}
     assert (settings['source'], settings['temp_copy_source']) == ('user', 'gluon_mgpu')
     env = {'MXNET_CPU_TEMP_COPY': '8'}
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
@@ -138,7 +144,7 @@ def test_the_environment_variable_chooses_for_programs_and_a_bad_one_is_refused(
     cores = len(os.sched_getaffinity(0))
     out = _child('import os, gluon_mgpu; print(os.environ["OMP_NUM_THREADS"], '
                  'os.environ["MXNET_CPU_TEMP_COPY"])', GLUON_MGPU_CPU_DEVICES='2')
-    assert out == '%d 256' % max(1, cores // 2)
+    assert out == '%d %d' % (max(1, cores // 2), POOL2)
     bad = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2'],
                          capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, GLUON_MGPU_CPU_DEVICES='0'))
