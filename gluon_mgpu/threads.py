@@ -63,6 +63,8 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
 
     Read from its arguments before MXNet is imported: ``--num-gpus N`` (default 1) with
     ``--device cpu``, or with ``--device auto`` (the default) on a machine with no NVIDIA GPU.
+    With ``--resume``, what the flags do not give comes from the latest checkpoint in
+    ``--checkpoint-dir``, as the command takes it.
 
     Parameters
     ----------
@@ -83,14 +85,21 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
     command = starting_command(argv, orig_argv)
     if command is None or command.split()[-1] not in _DEVICE_COMMANDS:
         return None
-    values = {'--num-gpus': '1', '--device': 'auto'}
+    given = {}
     args = list(argv[1:])
     for i, arg in enumerate(args):
         if arg == '--':
             break
         name, eq, value = arg.partition('=')
-        if name in values:
-            values[name] = value if eq else (args[i + 1] if i + 1 < len(args) else '')
+        if name in ('--num-gpus', '--device', '--checkpoint-dir'):
+            given[name] = value if eq else (args[i + 1] if i + 1 < len(args) else '')
+        elif arg == '--resume':
+            given['--resume'] = True
+    values = {'--num-gpus': '1', '--device': 'auto'}
+    if given.get('--resume') and '--checkpoint-dir' in given:
+        # A resumed run trains on the devices its checkpoint records, unless the flags say.
+        values.update(_recorded_devices(given['--checkpoint-dir']))
+    values.update({k: v for k, v in given.items() if k in values})
     count, device = values['--num-gpus'], values['--device']
     if not count.isdigit() or int(count) < 1:
         return None
@@ -98,6 +107,24 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
     if device == 'cpu' or (device == 'auto' and not has_gpu):
         return int(count)
     return None
+
+
+def _recorded_devices(directory):
+    """``--num-gpus`` and ``--device`` as the latest checkpoint in ``directory`` records them
+    (plain JSON, at most 1 MB read); ``{}`` when there is none or it cannot be read: the command
+    then says what is wrong with the checkpoint itself."""
+    import json
+    try:
+        epochs = [int(m.group(1)) for m in map(re.compile(r'^epoch-(\d{4,})\.json$').match,
+                                                 os.listdir(directory)) if m]
+        with open(os.path.join(directory, 'epoch-%04d.json' % max(epochs)), 'rb') as f:
+            args = json.loads(f.read(1 << 20))['args']
+        count, device = args['num_gpus'], args.get('device', 'auto')
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    if isinstance(count, bool) or not isinstance(count, int) or not isinstance(device, str):
+        return {}
+    return {'--num-gpus': str(count), '--device': device}
 
 
 def _devices_from_environment(environ):

@@ -169,3 +169,25 @@ def test_nd_dot_on_two_simulated_devices_at_once_finishes_with_the_packages_choi
     devices = max(2, len(os.sched_getaffinity(0)))
     out = _child(DOT_ON_TWO_DEVICES, GLUON_MGPU_CPU_DEVICES=str(devices))
     assert out == '512.0 512.0 1'
+
+
+def test_a_resumed_command_takes_the_device_count_its_checkpoint_records(tmp_path):
+    import json
+    folder = tmp_path / 'ck'
+    folder.mkdir()
+    (folder / 'epoch-0001.json').write_text(json.dumps({'args': {'num_gpus': 1}}))
+    (folder / 'epoch-0002.json').write_text(json.dumps({'args': {'num_gpus': 4,
+                                                                 'device': 'auto'}}))
+
+    def devices(*argv):
+        argv = list(argv)
+        return threads.simulated_devices_of_command(
+            ['-m'] + argv, ['python', '-m', 'gluon_mgpu.train'] + argv, False)
+    assert devices('--checkpoint-dir', str(folder), '--resume') == 4
+    assert devices('--resume', '--checkpoint-dir=%s' % folder, '--num-gpus', '2') == 2
+    assert devices('--checkpoint-dir', str(folder)) == 1            # not resuming
+    (folder / 'epoch-0003.json').write_text('{"args": {"num_gpus": "4"}}')   # tampered
+    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
+    (folder / 'epoch-0003.json').write_bytes(b'\x00' * 100)
+    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
+    assert devices('--checkpoint-dir', str(tmp_path / 'missing'), '--resume') == 1
