@@ -50,6 +50,11 @@ def _usable_cores():
         return os.cpu_count() or 1
 
 
+def _whole(text):
+    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+    return re.fullmatch(r'[0-9]+', text) is not None
+
+
 def _has_gpu():
     # Without importing MXNet: the NVIDIA driver's device files.
     try:
@@ -101,7 +106,7 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
         values.update(_recorded_devices(given['--checkpoint-dir']))
     values.update({k: v for k, v in given.items() if k in values})
     count, device = values['--num-gpus'], values['--device']
-    if not count.isdigit() or int(count) < 1:
+    if not _whole(count) or int(count) < 1:
         return None
     has_gpu = _has_gpu() if has_gpu is None else has_gpu
     if device == 'cpu' or (device == 'auto' and not has_gpu):
@@ -131,7 +136,7 @@ def _devices_from_environment(environ):
     value = environ.get(DEVICES_ENV, '')
     if value == '':
         return None
-    if not value.isdigit() or int(value) < 1:
+    if not _whole(value) or int(value) < 1:
         raise ValueError('%s=%r is not a whole number >= 1; set it to the number of simulated '
                          'CPU devices (for example %s=2) or unset it' % (DEVICES_ENV, value,
                                                                          DEVICES_ENV))
@@ -184,7 +189,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
                 del environ[name]
     if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
         value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
-        settings = {'omp_num_threads': int(value) if str(value).isdigit() else value,
+        settings = {'omp_num_threads': int(value) if _whole(str(value)) else value,
                     'cores': cores, 'source': 'user'}
     elif mxnet_imported:
         settings = {'omp_num_threads': None, 'cores': cores, 'source': 'mxnet-imported-first'}
@@ -195,7 +200,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     settings['devices'] = devices
     if 'MXNET_CPU_TEMP_COPY' in environ:
         value = environ['MXNET_CPU_TEMP_COPY']
-        settings.update(cpu_temp_copy=int(value) if value.isdigit() else value,
+        settings.update(cpu_temp_copy=int(value) if _whole(value) else value,
                         temp_copy_source='user')
     elif devices >= 2 and not mxnet_imported:
         # Only as many devices as cores compute at once: more buffers would only cost memory

@@ -123,6 +123,7 @@ def test_simulated_devices_respect_each_variable_the_user_set():
     (['--num-gpus', 'two'], False, None),                  # the command refuses it itself
     (['--num-gpus'], False, None),
     (['--num-gpus', '0'], False, None),
+    (['--num-gpus', '\u00b2'], False, None),              # a digit to str.isdigit, not to int
 ])
 def test_reads_the_device_count_of_a_starting_train_command(argv, has_gpu, expected):
     orig = ['python', '-m', 'gluon_mgpu.train'] + argv
@@ -136,6 +137,13 @@ def test_reads_the_device_count_of_a_starting_train_command(argv, has_gpu, expec
 def test_the_environment_variable_chooses_for_programs_and_a_bad_one_is_refused():
     assert threads.configure_threads({threads.DEVICES_ENV: '2'}, mxnet_imported=False)[
         'devices'] == 2
+    # Odd values the user set are reported as they are, never a crash.
+    assert threads.configure_threads({'OMP_NUM_THREADS': '\u00b2', 'MXNET_CPU_TEMP_COPY': 'x'},
+                                     mxnet_imported=False, devices=2)['omp_num_threads'] == '\u00b2'
+    for bad in ('two', '\u00b2', '0', '-1'):
+        with pytest.raises(ValueError, match='GLUON_MGPU_CPU_DEVICES=%r is not a whole number'
+                           % bad):
+            threads.configure_threads({threads.DEVICES_ENV: bad}, mxnet_imported=False)
     with pytest.raises(ValueError) as e:
         threads.configure_threads({threads.DEVICES_ENV: 'two'}, mxnet_imported=False)
     assert str(e.value) == ("GLUON_MGPU_CPU_DEVICES='two' is not a whole number >= 1; set it to "
