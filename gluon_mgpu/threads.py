@@ -119,10 +119,16 @@ def _recorded_devices(directory):
     (plain JSON, at most 1 MB read); ``{}`` when there is none or it cannot be read: the command
     then says what is wrong with the checkpoint itself."""
     import json
+    import stat
     try:
         epochs = [int(m.group(1)) for m in map(re.compile(r'^epoch-(\d{4,})\.json$').match,
                                                  os.listdir(directory)) if m]
-        with open(os.path.join(directory, 'epoch-%04d.json' % max(epochs)), 'rb') as f:
+        # Non-blocking, and regular files only: a FIFO in its place must not hang the import.
+        fd = os.open(os.path.join(directory, 'epoch-%04d.json' % max(epochs)),
+                     os.O_RDONLY | os.O_NONBLOCK)
+        with os.fdopen(fd, 'rb') as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return {}
             args = json.loads(f.read(1 << 20))['args']
         count, device = args['num_gpus'], args.get('device', 'auto')
     except (OSError, ValueError, KeyError, TypeError):

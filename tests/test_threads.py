@@ -199,3 +199,8 @@ def test_a_resumed_command_takes_the_device_count_its_checkpoint_records(tmp_pat
     (folder / 'epoch-0003.json').write_bytes(b'\x00' * 100)
     assert devices('--checkpoint-dir', str(folder), '--resume') == 1
     assert devices('--checkpoint-dir', str(tmp_path / 'missing'), '--resume') == 1
+    (folder / 'epoch-0003.json').unlink()
+    os.mkfifo(folder / 'epoch-0003.json')        # would block a plain open() for good
+    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
+    (folder / 'epoch-0004.json').mkdir()
+    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
