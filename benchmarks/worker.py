@@ -59,18 +59,17 @@ def _books_relu():
 def _network(devices, model='ours', hybrid=True):
     """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
     Trainer, set up as the book does."""
-    if model == 'bnrelu':
-        import bnrelu
-        net = bnrelu.fused_resnet18(10)
+    if model == 'ours':
+        net = book.new_network('resnet18', hybrid)
+    else:
+        if model == 'bnrelu':
+            import bnrelu
+            net = bnrelu.fused_resnet18(10)
+        else:
+            import d2lzh
+            net = d2lzh.resnet18(10)
         if hybrid:
             net.hybridize(static_alloc=True)  # as book.new_network
-    elif model == 'd2lzh':
-        import d2lzh
-        net = d2lzh.resnet18(10)
-        if hybrid:
-            net.hybridize(static_alloc=True)
-    else:
-        net = book.new_network('resnet18', hybrid)
     return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0)
 
 

@@ -15,9 +15,10 @@ startup.guard()
 try:
     configure_threads()
 except ValueError as e:  # a bad GLUON_MGPU_CPU_DEVICES: a command says so in one line
-    if startup.starting_command() is None:
+    _command = startup.starting_command()
+    if _command is None:
         raise
-    sys.stderr.write('%s: error: %s\n' % (startup.starting_command(), e))
+    sys.stderr.write('%s: error: %s\n' % (_command, e))
     raise SystemExit(2)
 # The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
 from .gpu_build import prepare_for_package  # noqa: E402

@@ -70,6 +70,8 @@ from mxnet import nd
 
 from . import book
 from .events import EpochEnd, TrainBegin
+from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
+                               list_checkpoints)
 from .files import InputError, atomic_path, input_problem, open_input
 from .interrupts import one_line
 
@@ -79,45 +81,15 @@ __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_pat
            'network_names', 'restore', 'load_states', 'resume_settings', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 1'
-KINDS = ('params', 'replicas', 'states')
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit')
-LOCK_NAME = '.lock'
 JSON_LIMIT = 64 << 20  # bytes; a record with a thousand epochs is about 200 kB
 
-_NAME = re.compile(r'^epoch-(\d{4,})\.json$')
-# Temporary files: '.epoch-0003.params.' + mkstemp's random part + '.tmp'.
-_TEMP = re.compile(r'^\.epoch-\d{4,}\.\w+\.\w+\.tmp$')
 
 
 class CheckpointError(RuntimeError):
     """A checkpoint that is missing, damaged, or does not fit this run, or a folder in use; the
     message is one line that says which file and what to do."""
-
-
-def checkpoint_path(directory, epoch, kind):
-    """Return the path of one file of epoch ``epoch``'s checkpoint (``kind``: params, replicas,
-    states or json)."""
-    return os.path.join(directory, 'epoch-%04d.%s' % (epoch, kind))
-
-
-def is_checkpoint_file(name):
-    """Whether a file named ``name`` in a checkpoint folder is the folder's own (a checkpoint
-    file, its temporary file, or the lock)."""
-    return bool(re.match(r'^epoch-\d{4,}\.(%s|json)$' % '|'.join(KINDS), name)
-                or _TEMP.match(name)) or name == LOCK_NAME
-
-
-def list_checkpoints(directory):
-    """Return the epochs with a committed checkpoint (a JSON file) in ``directory``, sorted.
-
-    A folder that does not exist holds none.
-    """
-    try:
-        names = os.listdir(directory)
-    except (FileNotFoundError, NotADirectoryError):
-        return []
-    return sorted(int(m.group(1)) for m in map(_NAME.match, names) if m)
 
 
 class DirectoryLock:

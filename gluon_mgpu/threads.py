@@ -116,22 +116,17 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
 
 def _recorded_devices(directory):
     """``--num-gpus`` and ``--device`` as the latest checkpoint in ``directory`` records them
-    (plain JSON, at most 1 MB read); ``{}`` when there is none or it cannot be read: the command
-    then says what is wrong with the checkpoint itself."""
+    (its JSON, regular files only, at most 1 MB read); ``{}`` when there is none or it cannot be
+    read: the command then says what is wrong with the checkpoint itself."""
     import json
-    import stat
+    from .checkpoint_names import checkpoint_path, list_checkpoints
+    from .files import InputError, open_input
     try:
-        epochs = [int(m.group(1)) for m in map(re.compile(r'^epoch-(\d{4,})\.json$').match,
-                                                 os.listdir(directory)) if m]
-        # Non-blocking, and regular files only: a FIFO in its place must not hang the import.
-        fd = os.open(os.path.join(directory, 'epoch-%04d.json' % max(epochs)),
-                     os.O_RDONLY | os.O_NONBLOCK)
-        with os.fdopen(fd, 'rb') as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return {}
+        epochs = list_checkpoints(directory)
+        with open_input(checkpoint_path(directory, epochs[-1], 'json')) as f:
             args = json.loads(f.read(1 << 20))['args']
         count, device = args['num_gpus'], args.get('device', 'auto')
-    except (OSError, ValueError, KeyError, TypeError):
+    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError):
         return {}
     if isinstance(count, bool) or not isinstance(count, int) or not isinstance(device, str):
         return {}
