@@ -36,6 +36,7 @@ import itertools
 import json
 import os
 import sys
+from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -92,6 +93,25 @@ GROUPS = {
         ('2 devices, not hybridized, all cores per device, MXNET_CPU_TEMP_COPY=4',
          {'mode': 'imperative', 'devices': 2,
           'env': {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'}})],
+    # Scratch buffers: MXNet keeps one pool for all CPU contexts per *issuing* thread, and gives
+    # every graph node that asks for scratch space a fixed buffer of it, in turn, grown to what
+    # oneDNN asked for on that thread. The package issues each device's calls from its own
+    # thread (gluon_mgpu.dispatch): a pool of MXNet's 4 buffers per device. The book's loop
+    # issues both devices from one thread: they share one pool, and need a big one (a buffer
+    # per node) not to wait for each other, which costs memory and cache even on one device.
+    'pool': [('1 device, the package\'s settings (MXNet\'s 4 scratch buffers)', {}),
+             ('2 devices, the package\'s settings (each device issued from its own thread, '
+              '4 buffers each)', {'devices': 2}),
+             ('2 devices, issued from one thread (the book\'s loop), MXNET_CPU_TEMP_COPY=256 '
+              '(the package\'s earlier setting)',
+              {'devices': 2, 'loop': 'book', 'env': {'MXNET_CPU_TEMP_COPY': '256'}}),
+             ('2 devices, issued from one thread (the book\'s loop), 4 buffers (MXNet\'s)',
+              {'devices': 2, 'loop': 'book'}),
+             ('1 device, MXNET_CPU_TEMP_COPY=256',
+              {'env': {'MXNET_CPU_TEMP_COPY': '256'}}),
+             ('1 device, not hybridized', {'mode': 'imperative'}),
+             ('2 devices, not hybridized, the package\'s settings',
+              {'mode': 'imperative', 'devices': 2})],
     # Not an environment variable: BatchNorm+ReLU as one oneDNN operator (benchmarks/bnrelu.py:
     # the stem's and every block's first), with the fence its running statistics need
     # (docs/bn-relu-race.md) after every backward.
@@ -159,11 +179,21 @@ def main(argv=None):
                       'settings: all cores per device, 4 scratch buffers)',
                  'relu': 'ReLU: oneDNN (the package) against the book\'s F.relu',
                  'bnrelu': 'BatchNorm+ReLU fused',
-                 'threads': 'Threads and scratch buffers for 2 simulated devices',
-                 'threads-imperative': 'The same, not hybridized'}[g]
+                 'threads': 'Threads and scratch buffers for 2 simulated devices (measured '
+                            'while the package issued every device from one thread and set '
+                            'MXNET_CPU_TEMP_COPY=256: "the package\'s settings" here)',
+                 'threads-imperative': 'The same, not hybridized (idem)',
+                 'pool': 'A scratch-buffer pool per device: each device issued from its own '
+                         'thread'}[g]
         lines += ['', '## %s (measured %s)' % (title, raw['runs'][g]), '',
                   TABLE_HEADER[0] % 'x first row', TABLE_HEADER[1]]
         lines += [table_row(name, records[name], base) for name, _ in GROUPS[g]]
+        memory = [(name, [r['max_rss_mb'] for r in records[name] if 'max_rss_mb' in r])
+                  for name, _ in GROUPS[g]]
+        if all(m for _, m in memory):
+            lines += ['', 'Peak memory of the measured process (max RSS, median): '
+                      + '; '.join('%s: %.1f GB' % (name.split(' (')[0], median(m) / 1024)
+                                  for name, m in memory) + '.']
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py` (or one `--group` at '
               'a time).']
     run.write_report(args.out, lines)

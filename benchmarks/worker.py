@@ -10,6 +10,7 @@ gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
 """
 import json
 import os
+import resource
 import sys
 import time
 
@@ -340,4 +341,6 @@ if __name__ == '__main__':
     result.update(value if isinstance(value, dict) else {'value': value})
     result['omp_num_threads'] = os.environ.get('OMP_NUM_THREADS')
     result['engine'] = os.environ.get('MXNET_ENGINE_TYPE', 'ThreadedEnginePerDevice')
+    # Peak memory of the process (Linux reports kilobytes): the scratch-buffer pool shows here.
+    result['max_rss_mb'] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     print(json.dumps(result))

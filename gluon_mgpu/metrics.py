@@ -105,10 +105,15 @@ SCHEMA = {
                                            'more).'},
                 'cpu_temp_copy': {'type': ['integer', 'string', 'null'],
                                   'description': 'MXNET_CPU_TEMP_COPY in force: the scratch '
-                                                 'buffers all CPU contexts share; null for '
+                                                 'buffers of each pool (one pool per thread '
+                                                 'issuing calls; the package issues every '
+                                                 'device\'s from its own thread); null for '
                                                  'MXNet\'s default (4).'},
                 'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'],
-                                     'description': 'Who chose the scratch buffers.'},
+                                     'description': 'Who chose the scratch buffers '
+                                                    '("gluon_mgpu": files of earlier versions, '
+                                                    'which enlarged the pool for simulated '
+                                                    'devices).'},
             },
         },
         'placement': {

@@ -7,34 +7,26 @@ first imported, so ``gluon_mgpu`` sets it on import (before importing MXNet) to 
 cores this process may use, unless the user set it (or ``MXNET_OMP_MAX_THREADS``) already.
 
 Simulated devices. MXNet runs each CPU context (``cpu(0)``, ``cpu(1)``, ...) on its own engine
-worker thread, and every worker starts its own OpenMP team of ``OMP_NUM_THREADS``. Two things
-then decide whether N simulated devices really compute side by side:
+worker thread, and every worker starts its own OpenMP team of ``OMP_NUM_THREADS``. N teams of
+one thread per core oversubscribe the cores N times; and OpenBLAS (which ``nd.dot`` uses) hangs
+when two workers call it at once with teams of 2 or more threads. So when ``python -m
+gluon_mgpu.train`` starts with N >= 2 simulated devices (``--num-gpus N`` on a machine without
+GPUs, or ``--device cpu``), the package gives each device ``cores // N`` threads (at least 1),
+unless the user set the variable. A program or notebook asks for the same with the environment
+variable ``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
 
-- threads: N teams of one thread per core oversubscribe the cores N times; and OpenBLAS (which
-  ``nd.dot`` uses) hangs when two workers call it at once with teams of 2 or more threads. One
-  thread per device for N >= cores avoids both.
-- scratch buffers: all CPU contexts draw temporary workspace from one pool of
-  ``MXNET_CPU_TEMP_COPY`` buffers (4 by default), handed out in turn; an operator holding a
-  buffer makes every other that drew the same one wait, so with 4 buffers the devices mostly
-  take turns (docs/devices.md). A pool of ``CPU_TEMP_COPY_PER_DEVICE`` buffers per device that
-  can compute at once (at most one per core) lets them overlap, for more memory.
-
-So when ``python -m gluon_mgpu.train`` starts with N >= 2 simulated devices (``--num-gpus N`` on
-a machine without GPUs, or ``--device cpu``), the package gives each device ``cores // N``
-threads (at least 1) and the pool ``min(N, cores) * CPU_TEMP_COPY_PER_DEVICE`` buffers, unless
-the user set those variables. A program or notebook asks for the same with the environment variable
-``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
+The other condition for devices computing side by side, a pool of scratch buffers per device,
+is met by issuing each device's calls from its own thread (``gluon_mgpu.dispatch``), not here:
+``MXNET_CPU_TEMP_COPY`` is left to MXNet (4 buffers per pool) or to the user.
 """
 import os
 import re
 import sys
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
-           'simulated_devices_of_command', 'CPU_TEMP_COPY_PER_DEVICE', 'DEVICES_ENV']
+           'simulated_devices_of_command', 'DEVICES_ENV']
 
 _SETTINGS = {}
-# Scratch buffers per simulated device (docs/candidates.md, group threads).
-CPU_TEMP_COPY_PER_DEVICE = 128
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
 # What the package set, so that a child process (a notebook's `!python -m gluon_mgpu.train`)
 # can tell the package's values, which it may choose again, from the user's.
@@ -145,7 +137,7 @@ def _devices_from_environment(environ):
 
 
 def configure_threads(environ=None, mxnet_imported=None, devices=None):
-    """Choose ``OMP_NUM_THREADS`` (and the scratch-buffer pool) before MXNet starts.
+    """Choose ``OMP_NUM_THREADS`` before MXNet starts; report the scratch-buffer pool.
 
     Parameters
     ----------
@@ -166,7 +158,8 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         cores), ``source``: ``'gluon_mgpu'`` (set here), ``'user'`` (already set) or
         ``'mxnet-imported-first'`` (MXNet had started with its own default); ``devices`` (the
         simulated devices the choice was made for) and ``cpu_temp_copy`` (the scratch-buffer
-        pool in force, None for MXNet's default of 4) with ``temp_copy_source``.
+        pool per issuing thread in force, None for MXNet's default of 4) with ``temp_copy_source``
+        (``'user'`` or ``'mxnet'``).
 
     Raises
     ------
@@ -203,20 +196,10 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         value = environ['MXNET_CPU_TEMP_COPY']
         settings.update(cpu_temp_copy=int(value) if _whole(value) else value,
                         temp_copy_source='user')
-    elif devices >= 2 and not mxnet_imported:
-        # Only as many devices as cores compute at once: more buffers would only cost memory
-        # (8 devices on 2 cores with 1024 buffers took 10 GB).
-        pool = min(devices, cores) * CPU_TEMP_COPY_PER_DEVICE
-        environ['MXNET_CPU_TEMP_COPY'] = str(pool)
-        settings.update(cpu_temp_copy=pool, temp_copy_source='gluon_mgpu')
     else:
         settings.update(cpu_temp_copy=None, temp_copy_source='mxnet')
-    chosen = ['OMP_NUM_THREADS=%s' % environ['OMP_NUM_THREADS']] \
-        if settings['source'] == 'gluon_mgpu' else []
-    if settings['temp_copy_source'] == 'gluon_mgpu':
-        chosen.append('MXNET_CPU_TEMP_COPY=%s' % environ['MXNET_CPU_TEMP_COPY'])
-    if chosen:
-        environ[CHOSEN_ENV] = ' '.join(chosen)
+    if settings['source'] == 'gluon_mgpu':
+        environ[CHOSEN_ENV] = 'OMP_NUM_THREADS=%s' % environ['OMP_NUM_THREADS']
     if environ is os.environ:
         _SETTINGS.clear()
         _SETTINGS.update(settings)
@@ -245,10 +228,6 @@ def format_thread_settings(settings=None):
     else:
         line = ('threads: MXNet was imported before gluon_mgpu, so it uses its default (half the '
                 'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])
-    source = s.get('temp_copy_source')
-    if source == 'gluon_mgpu':
-        line += ('; scratch buffers: MXNET_CPU_TEMP_COPY=%d, %d per device computing at once (set '
-                 'by gluon_mgpu)' % (s['cpu_temp_copy'], CPU_TEMP_COPY_PER_DEVICE))
-    elif source == 'user':
+    if s.get('temp_copy_source') == 'user':
         line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%s (set by you)' % s['cpu_temp_copy']
     return line

@@ -4,6 +4,8 @@
 one slice per device; under ``autograd.record()`` every device runs the network on its slice;
 ``backward()`` on every device's loss; then ``trainer.step(batch_size)`` sums the gradients of
 all devices (the kvstore), divides by the batch size and updates every replica the same way.
+Each device's calls are issued from a thread of its own (``gluon_mgpu.dispatch``), so each has
+its own scratch buffers.
 ``train_epoch`` runs it over the data and ``train`` over the epochs, printing the book's line.
 
 Everything else (checkpoints, progress, metrics, checks) hangs around the loop as event
@@ -18,6 +20,7 @@ from mxnet.gluon import loss as gloss, utils as gutils
 from .balance import check_device_weights, slice_sizes
 from .book import LR_PER_DEVICE, init_training
 from .devices import format_devices, try_all_gpus
+from .dispatch import call
 from .events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
                      format_epoch)
 from .interrupts import UpdateError, guard_updates
@@ -70,8 +73,8 @@ def evaluate_accuracy(data_iter, net, devices=None):
     n = 0
     for X, y in data_iter:
         Xs, ys = split_batch(X, y, devices[:X.shape[0]])
-        for i, (X_d, y_d) in enumerate(zip(Xs, ys)):
-            correct[i] += (net(X_d).argmax(axis=1) == y_d.astype('float32')).sum()
+        for d, X_d, y_d, correct_d in zip(devices, Xs, ys, correct):
+            _count_correct(d, net, X_d, y_d, correct_d)
         n += X.shape[0]
     if n == 0:
         raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
@@ -79,14 +82,28 @@ def evaluate_accuracy(data_iter, net, devices=None):
     return sum(c.asscalar() for c in correct) / n
 
 
+def _add_correct(out, y, correct):
+    correct += (out.argmax(axis=1) == y.astype('float32')).sum()
+
+
+def _count_correct(device, net, X, y, correct):
+    """Add to ``correct`` (on ``device``) how many of ``net``'s predictions for ``X`` are ``y``."""
+    call(device, _add_correct, call(device, net, X), y, correct)
+
+
 def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
-    """The chapter's step on one batch; return the losses, outputs and labels per device."""
+    """The chapter's step on one batch; return the losses, outputs and labels per device.
+
+    The book's calls in the book's order, each device's issued from that device's own thread
+    (``dispatch.call``), so that every device draws its scratch buffers from its own pool, as
+    every GPU does: simulated CPU devices then compute side by side (docs/devices.md).
+    """
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
-        outs = [net(X_d) for X_d in Xs]
-        ls = [loss(out, y_d) for out, y_d in zip(outs, ys)]
-    for l in ls:
-        l.backward()
+        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
+    for d, l in zip(devices, ls):
+        call(d, l.backward)
     # The gradients were summed over the batch: divide by its real size.
     trainer.step(X.shape[0])
     return ls, outs, ys

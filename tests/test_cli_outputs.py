@@ -44,9 +44,8 @@ def test_piped_run_writes_plain_lines_metrics_and_plots(tmp_path, data_dir):
     assert doc['threads'] == {
         'omp_num_threads': max(1, cores // 2) if ours['source'] == 'gluon_mgpu'
         else ours['omp_num_threads'], 'cores': cores, 'source': ours['source'], 'devices': 2,
-        'cpu_temp_copy': 128 * min(2, cores) if 'MXNET_CPU_TEMP_COPY' not in os.environ
-        else ours['cpu_temp_copy'],
-        'temp_copy_source': 'gluon_mgpu' if 'MXNET_CPU_TEMP_COPY' not in os.environ else 'user'}
+        'cpu_temp_copy': ours['cpu_temp_copy'],
+        'temp_copy_source': 'mxnet' if 'MXNET_CPU_TEMP_COPY' not in os.environ else 'user'}
     assert doc['arguments']['batch_size'] == 8 and doc['arguments']['lr'] == 0.2
     assert [r['epoch'] for r in doc['history']] == [1, 2]
     # The printed lines are the file's numbers.

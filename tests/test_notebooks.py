@@ -111,8 +111,9 @@ def test_shown_step_is_the_books_and_the_packages(executed):
     # The chapter's step, in its order, in one short cell.
     code = step.splitlines()
     assert len(code) <= 12, step
-    order = ['split_f(X, y, devices)', 'with autograd.record():', 'net(X_d)', 'loss(out, y_d)',
-             'l.backward()', 'trainer.step(X.shape[0])']
+    # Each device's calls issued from its own thread: call(d, f, *args) is f(*args).
+    order = ['split_f(X, y, devices)', 'with autograd.record():', 'call(d, net, X_d)',
+             'call(d, loss, out, y_d)', 'call(d, l.backward)', 'trainer.step(X.shape[0])']
     at = [next(i for i, line in enumerate(code) if text in line) for text in order]
     assert at == sorted(at), step
     loop = _result(_cell(executed, 'source-training'))

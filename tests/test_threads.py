@@ -6,10 +6,6 @@ import pytest
 
 from gluon_mgpu import threads
 
-# The scratch-buffer pool the package gives 2 simulated devices: 128 per device computing at
-# once, at most one per core.
-POOL2 = 128 * min(2, len(os.sched_getaffinity(0)))
-
 
 def test_sets_one_thread_per_usable_core_when_nobody_chose():
     env = {}
@@ -61,26 +57,28 @@ def test_importing_the_package_sets_the_variable_before_mxnet_starts():
         == 'mxnet-imported-first'
 
 
-def test_simulated_devices_get_a_share_of_the_cores_and_a_larger_scratch_pool():
+def test_simulated_devices_get_a_share_of_the_cores_and_mxnets_scratch_pool():
     env = {}
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
     cores = len(os.sched_getaffinity(0))
     per_device = max(1, cores // 2)
-    assert env == {'OMP_NUM_THREADS': str(per_device), 'MXNET_CPU_TEMP_COPY': str(POOL2),
-                   'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d MXNET_CPU_TEMP_COPY=%d' % (
-                       per_device, POOL2)}
+    # The pool is not enlarged: every device issues from its own thread (gluon_mgpu.dispatch)
+    # and so has MXNet's 4 buffers of its own.
+    assert env == {'OMP_NUM_THREADS': str(per_device),
+                   'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d' % per_device}
     assert settings == {'omp_num_threads': per_device, 'cores': cores, 'source': 'gluon_mgpu',
-                        'devices': 2, 'cpu_temp_copy': POOL2, 'temp_copy_source': 'gluon_mgpu'}
+                        'devices': 2, 'cpu_temp_copy': None, 'temp_copy_source': 'mxnet'}
     assert threads.format_thread_settings(settings) == (
         'threads: OMP_NUM_THREADS=%d per simulated device, 2 devices on %d usable cores (set by '
-        'gluon_mgpu); scratch buffers: MXNET_CPU_TEMP_COPY=%d, 128 per device computing at once '
-        '(set by gluon_mgpu)' % (per_device, cores, POOL2))
-    # More devices than cores: one thread each, never 0, and buffers for the devices that can
-    # compute at once (one per core), not for all.
+        'gluon_mgpu)' % (per_device, cores))
+    # More devices than cores: one thread each, never 0.
     env = {}
     assert threads.configure_threads(env, mxnet_imported=False, devices=8 * cores)[
         'omp_num_threads'] == 1
-    assert env['MXNET_CPU_TEMP_COPY'] == str(cores * 128)
+    # A pool a parent process's gluon_mgpu chose (an earlier version did) is not kept.
+    env = {'MXNET_CPU_TEMP_COPY': '256', 'GLUON_MGPU_CHOSE': 'MXNET_CPU_TEMP_COPY=256'}
+    assert threads.configure_threads(env, mxnet_imported=False, devices=2)[
+        'temp_copy_source'] == 'mxnet' and 'MXNET_CPU_TEMP_COPY' not in env
 
 
 def test_a_child_chooses_again_what_its_parents_package_chose_but_keeps_the_users():
@@ -97,9 +95,8 @@ def test_a_child_chooses_again_what_its_parents_package_chose_but_keeps_the_user
 def test_simulated_devices_respect_each_variable_the_user_set():
     env = {'OMP_NUM_THREADS': '3'}
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
-    assert env == {'OMP_NUM_THREADS': '3', 'MXNET_CPU_TEMP_COPY': str(POOL2),
-                   'GLUON_MGPU_CHOSE': 'MXNET_CPU_TEMP_COPY=%d' % POOL2}
-    assert (settings['source'], settings['temp_copy_source']) == ('user', 'gluon_mgpu')
+    assert env == {'OMP_NUM_THREADS': '3'}
+    assert (settings['source'], settings['temp_copy_source']) == ('user', 'mxnet')
     env = {'MXNET_CPU_TEMP_COPY': '8'}
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
     assert env['MXNET_CPU_TEMP_COPY'] == '8' and 'MXNET_CPU_TEMP_COPY' not in env[
@@ -151,8 +148,8 @@ def test_the_environment_variable_chooses_for_programs_and_a_bad_one_is_refused(
                             "GLUON_MGPU_CPU_DEVICES=2) or unset it")
     cores = len(os.sched_getaffinity(0))
     out = _child('import os, gluon_mgpu; print(os.environ["OMP_NUM_THREADS"], '
-                 'os.environ["MXNET_CPU_TEMP_COPY"])', GLUON_MGPU_CPU_DEVICES='2')
-    assert out == '%d %d' % (max(1, cores // 2), POOL2)
+                 'os.environ.get("MXNET_CPU_TEMP_COPY"))', GLUON_MGPU_CPU_DEVICES='2')
+    assert out == '%d None' % max(1, cores // 2)
     bad = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2'],
                          capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, GLUON_MGPU_CPU_DEVICES='0'))
