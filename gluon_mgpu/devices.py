@@ -129,13 +129,14 @@ ENGINE_BASE_THREADS = 6
 
 
 def threads_per_cpu_context():
-    """The threads MXNet starts for each CPU context: one engine worker and its OpenMP team,
-    ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set)."""
+    """The threads each CPU context costs: MXNet's engine worker and its OpenMP team,
+    ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set), and
+    the thread ``gluon_mgpu.dispatch`` issues the device's calls from."""
     from .threads import thread_settings
     value = thread_settings().get('omp_num_threads')
     if isinstance(value, int) and value > 0:
-        return value
-    return max(1, (os.cpu_count() or 2) // 2)
+        return value + 1
+    return max(1, (os.cpu_count() or 2) // 2) + 1
 
 
 def _read_int(path):
@@ -199,9 +200,9 @@ def max_cpu_devices():
         return None, 'no limit on threads is known'
     per_context = threads_per_cpu_context()
     n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // per_context)
-    return n, ('MXNet starts %d thread%s per CPU context (OMP_NUM_THREADS), and one run may '
-               'take half of the %d threads %s allows'
-               % (per_context, '' if per_context == 1 else 's', limit, source))
+    return n, ('a CPU context costs %d threads (OMP_NUM_THREADS for MXNet, 1 to issue its '
+               'calls), and one run may take half of the %d threads %s allows'
+               % (per_context, limit, source))
 
 
 def check_cpu_device_count(n):

@@ -649,17 +649,17 @@ def test_a_million_cpu_devices_are_refused_at_once(device, caplog, monkeypatch):
     limit, source = devices.thread_limit()
     assert limit is not None  # Linux always has threads-max
     per = devices.threads_per_cpu_context()
-    assert per == int(os.environ['OMP_NUM_THREADS'])
+    assert per == int(os.environ['OMP_NUM_THREADS']) + 1
     most = (limit // 2 - 6) // per
     before = _threads()
     with pytest.raises(ValueError) as e:
         devices.get_devices(1000000, device)
     assert _one_line(str(e.value)) == (
         'num_gpus=1000000 simulated CPU devices are more than this machine can hold (at most '
-        '%d: MXNet starts %d thread%s per CPU context (OMP_NUM_THREADS), and one run may take '
-        'half of the %d threads %s allows); pass at most %d (CPU contexts share the same cores, '
-        'so a few, 2 to 8, show the data parallelism as well)'
-        % (most, per, '' if per == 1 else 's', limit, source, most))
+        '%d: a CPU context costs %d threads (OMP_NUM_THREADS for MXNet, 1 to issue its calls), '
+        'and one run may take half of the %d threads %s allows); pass at most %d (CPU contexts '
+        'share the same cores, so a few, 2 to 8, show the data parallelism as well)'
+        % (most, per, limit, source, most))
     assert _threads() == before and caplog.records == []
 
 
@@ -678,18 +678,19 @@ def test_the_limit_follows_the_tightest_thread_limit(monkeypatch):
 
 @pytest.mark.parametrize('omp', ['1', '2', '4'])
 def test_cpu_contexts_cost_no_more_threads_than_the_limit_assumes(omp):
-    # A reduction runs an OpenMP loop: the engine worker of each context starts its team.
+    # A reduction runs an OpenMP loop: the engine worker of each context starts its team; the
+    # package issues each context's calls from a thread of its own.
     code = ('import os, gluon_mgpu, mxnet as mx\n'
             'from mxnet import nd\n'
-            'from gluon_mgpu import devices\n'
+            'from gluon_mgpu import devices, dispatch\n'
             'for i in range(3):\n'
             '    a = nd.ones((64, 64), ctx=mx.cpu(i))\n'
-            '    nd.dot(a, a).sum().asscalar()\n'
+            '    dispatch.call(mx.cpu(i), lambda: nd.dot(a, a).sum().asscalar())\n'
             'print(devices.threads_per_cpu_context(), len(os.listdir("/proc/self/task")) <=\n'
             '      devices.ENGINE_BASE_THREADS + 3 * devices.threads_per_cpu_context())\n')
     out = subprocess.run([PY, '-c', code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, OMP_NUM_THREADS=omp))
-    assert out.stdout == '%s True\n' % omp, out.stderr
+    assert out.stdout == '%d True\n' % (int(omp) + 1), out.stderr
 
 
 def test_long_device_lists_are_shortened(caplog, monkeypatch):
