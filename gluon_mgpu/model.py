@@ -123,7 +123,11 @@ def sync_batch_norm(num_devices):
     the same running statistics. ``num_devices`` must equal the number of devices the batch is
     split over: each layer waits until that many devices have reached it.
 
-    On GPUs only, in practice: with CPU contexts MXNet 1.9.1 deadlocks (see the README).
+    Each layer blocks MXNet's engine thread of its device until all have arrived, holding a
+    scratch buffer. Issued from one thread, CPU contexts share one pool of scratch buffers in
+    MXNet 1.9.1 and deadlock; ``train_batch`` issues each device's calls from its own thread
+    (``gluon_mgpu.dispatch``), which gives each its own pool, and then it runs on CPU contexts
+    too (docs/devices.md).
     """
     from mxnet.gluon.contrib.nn import SyncBatchNorm
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:

@@ -116,8 +116,7 @@ def build_parser():
                             '(default: even)')
     p.add_argument('--sync-bn', action='store_true',
                    help='BatchNorm with statistics over the whole batch of all devices '
-                        '(SyncBatchNorm); GPUs only, it deadlocks on CPU contexts in MXNet '
-                        '1.9.1 (default: off)')
+                        '(SyncBatchNorm; default: off)')
     p.add_argument('--parallel', choices=parallel.METHODS, default='data',
                    help="how to split training over the devices: data (the chapter: every "
                         "device a replica, a slice of every batch); scratch (the same written "
@@ -296,11 +295,11 @@ def _prepare_checkpoints(args):
 
 def _devices(args):
     found = cli.devices(PROG, args.num_gpus, args.device)
-    if args.sync_bn and any(d.device_type == 'cpu' for d in found):
-        raise UsageError('%s: error: --sync-bn on CPU contexts deadlocks in MXNet 1.9.1 '
-                         '(SyncBatchNorm blocks an engine thread until every device arrives, '
-                         'holding scratch memory that all CPU contexts share); use it with '
-                         'GPUs (--device gpu), or drop --sync-bn' % PROG)
+    if args.sync_bn and len(found) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
+        raise UsageError('%s: error: --sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks '
+                         '(that engine computes each operator in the thread that issues it, so '
+                         'the first device\'s SyncBatchNorm waits for devices whose work is never '
+                         'issued); unset MXNET_ENGINE_TYPE or drop --sync-bn' % PROG)
     return found
 
 

@@ -137,3 +137,22 @@ def test_bad_output_paths_are_one_line_and_exit_2(flag, name, expected, tmp_path
     assert err.startswith('python -m gluon_mgpu.train: error: argument %s: ' % flag), err
     assert re.search(expected.format(tmp=re.escape(str(tmp_path))), err), err
     assert sorted(os.listdir(tmp_path)) == ['file']
+
+
+def test_sync_bn_trains_on_simulated_devices(tmp_path, data_dir):
+    # It deadlocked on CPU contexts while both devices were issued from one thread (one shared
+    # scratch pool), and the command refused it; now each device has its own pool
+    # (gluon_mgpu.dispatch). That the statistics agree: tests/test_model.py.
+    json_path = tmp_path / 'run.json'
+    result = subprocess.run(
+        [sys.executable, '-m', 'gluon_mgpu.train', *TINY, '--data-dir', data_dir, '--sync-bn',
+         '--metrics-json', str(json_path)],
+        capture_output=True, text=True, timeout=600,
+        env={k: v for k, v in os.environ.items() if k != 'MXNET_ENGINE_TYPE'})
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == 'running on: [cpu(0), cpu(1)]'
+    assert [bool(re.fullmatch(EPOCH_LINE % e, line)) for e, line in zip((1, 2), lines[1:3])] \
+        == [True, True], lines
+    doc = json.loads(json_path.read_text())
+    assert doc['status'] == 'finished' and doc['arguments']['sync_bn'] is True

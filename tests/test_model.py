@@ -160,6 +160,7 @@ def test_lenet_is_the_books_without_batchnorm():
 SYNC_BN_CHECK = r'''
 import json
 import gluon_mgpu
+from gluon_mgpu.dispatch import call
 import mxnet as mx
 from mxnet import autograd, gluon, init, nd
 
@@ -177,10 +178,11 @@ for name, norm in (('sync', gluon_mgpu.model.sync_batch_norm(2)), ('plain', None
     for a, b in zip(ref.collect_params().values(), net.collect_params().values()):
         b.set_data(a.data())
     Xs = gluon.utils.split_and_load(X, devices)
+    # Each device issued from its own thread, as train_batch does: a scratch pool per device.
     with autograd.record():
-        outs = [net(x) for x in Xs]
-    for o in outs:
-        o.backward()
+        outs = [call(d, net, x) for d, x in zip(devices, Xs)]
+    for d, o in zip(devices, outs):
+        call(d, o.backward)
     nets[name] = net
 with autograd.record():
     out = ref(X)
@@ -202,14 +204,16 @@ print(json.dumps({name: diffs(net) for name, net in nets.items()}))
 
 @pytest.mark.slow
 def test_sync_bn_gives_every_device_the_whole_batch_statistics():
-    """SyncBatchNorm on two CPU contexts, with the only set-up that does not deadlock here.
+    """SyncBatchNorm on two CPU contexts, each issued from its own thread, MXNet's settings.
 
-    MXNet 1.9.1 deadlocks by default (see the README): the layer blocks an engine thread
-    until the other device arrives, while holding CPU scratch space that every CPU context
-    draws from in turn. Many scratch copies and no bulk execution avoid that, for this size.
+    The layer blocks each device's engine thread until the other arrives, holding a scratch
+    buffer. Issued from one thread, the two CPU contexts share one pool of buffers and MXNet
+    1.9.1 deadlocks (it ran only with MXNET_CPU_TEMP_COPY=1000 and bulk execution off); from
+    their own threads (gluon_mgpu.dispatch) each has its own pool, as GPUs do.
     """
-    env = dict(os.environ, OMP_NUM_THREADS='1', MXNET_CPU_TEMP_COPY='1000',
-               MXNET_EXEC_BULK_EXEC_TRAIN='0')
+    env = {k: v for k, v in os.environ.items()
+           if k not in ('MXNET_CPU_TEMP_COPY', 'MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_ENGINE_TYPE')}
+    env['GLUON_MGPU_CPU_DEVICES'] = '2'
     result = subprocess.run([sys.executable, '-c', SYNC_BN_CHECK], capture_output=True,
                             text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
