@@ -191,9 +191,8 @@ def main(argv=None):
         memory = [(name, [r['max_rss_mb'] for r in records[name] if 'max_rss_mb' in r])
                   for name, _ in GROUPS[g]]
         if all(m for _, m in memory):
-            lines += ['', 'Peak memory of the measured process (max RSS, median): '
-                      + '; '.join('%s: %.1f GB' % (name.split(' (')[0], median(m) / 1024)
-                                  for name, m in memory) + '.']
+            lines += ['', 'Peak memory of the measured process (max RSS, median), row by row: '
+                      + ', '.join('%.1f' % (median(m) / 1024) for _, m in memory) + ' GB.']
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/candidates.py` (or one `--group` at '
               'a time).']
     run.write_report(args.out, lines)

@@ -217,10 +217,15 @@ def targets(med, best):
     """The issue's targets, each as (target, measured on medians, on bests, met on medians?)."""
     rows = []
 
+    def shown(ratio, goal):
+        # A ratio that rounds to the goal is shown to 3 decimals: 0.995 is not "1.00x, no".
+        return ('%.3fx' if '%.2f' % ratio == '%.2f' % goal else '%.2fx') % ratio
+
     def add(text, a, b, goal):
         if a in med and b in med:
             ratio = med[a] / med[b]
-            rows.append((text, '%.2fx' % ratio, '%.2fx' % (best[a] / best[b]), ratio >= goal))
+            rows.append((text, shown(ratio, goal), shown(best[a] / best[b], goal),
+                         ratio >= goal))
     add('ours (hybridized, 1 device) >= 2.5x the book-style loop (1 device)',
         'ours-hyb-1', 'book-1', 2.5)
     add('ours (hybridized, 2 devices) >= 2.5x the book-style loop (2 devices)',

@@ -29,6 +29,7 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
 from gluon_mgpu import book, data, training  # noqa: E402
+from gluon_mgpu.dispatch import call  # noqa: E402
 
 # The one timed interval of this measurement: every function below starts and stops it.
 METER = Interval()
@@ -137,7 +138,8 @@ def _phased_step(batch, net, loss, devices, finish, laps):
     """The chapter's step on ``batch``, timed phase by phase into ``laps``.
 
     ``split`` and ``copies`` are the two halves of ``split_and_load`` (``split_data``, then
-    ``as_in_context`` per slice); then forward and backward on every device; then ``finish``:
+    ``as_in_context`` per slice); then forward and backward on every device, each issued from
+    its own thread as ``training.train_batch`` does (``dispatch.call``); then ``finish``:
     ``(phase, f)`` pairs, each called as ``f(batch_size)``.
     """
     X, y = batch
@@ -148,10 +150,12 @@ def _phased_step(batch, net, loss, devices, finish, laps):
     Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
     ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
     laps.lap('copies')
+    # Issued as training.train_batch issues them: each device from its own thread.
     with autograd.record():
-        ls = [loss(net(X_d), y_d) for X_d, y_d in zip(Xs, ys)]
-    for l in ls:
-        l.backward()
+        ls = [call(d, lambda X_d, y_d: loss(net(X_d), y_d), X_d, y_d)
+              for d, X_d, y_d in zip(devices, Xs, ys)]
+    for d, l in zip(devices, ls):
+        call(d, l.backward)
     laps.lap('forward+backward')
     for phase, f in finish:
         f(X.shape[0])
