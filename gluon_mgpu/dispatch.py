@@ -146,7 +146,10 @@ def call(device, f, *args):
 
 
 def _forget_threads():
-    # A forked child has none of its parent's threads: it starts its own when it needs them.
+    # A forked child has none of its parent's threads (and a lock one of them may have held):
+    # it starts its own when it needs them.
+    global _LOCK
+    _LOCK = threading.Lock()
     _THREADS.clear()
 
 

@@ -55,3 +55,27 @@ def test_ctrl_c_while_waiting_is_raised_after_the_call_has_finished():
     # The caller's next MXNet call cannot overlap the device thread's: it had finished.
     assert finished == [True]
     timer.join()
+
+
+def test_a_forked_child_issues_from_threads_of_its_own():
+    import os
+    import select
+    import signal
+    call(mx.cpu(0), threading.get_ident)  # the parent's thread for cpu(0) exists
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's device threads do not exist here
+        try:
+            child = call(mx.cpu(0), threading.get_ident)
+            os.write(write, b'%d' % (child != threading.get_ident()))
+        finally:
+            os._exit(0)
+    os.close(write)
+    # Submitting to the parent's thread would wait forever: give the child 30 s.
+    ready, _, _ = select.select([read], [], [], 30)
+    if not ready:
+        os.kill(pid, signal.SIGKILL)
+    with os.fdopen(read) as f:
+        answer = f.read() if ready else 'no answer in 30 s'
+    os.waitpid(pid, 0)
+    assert answer == '1'
