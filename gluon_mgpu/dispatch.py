@@ -32,7 +32,7 @@ import os
 import threading
 import weakref
 
-from mxnet import autograd
+from mxnet import Context, autograd
 from mxnet.gluon import Block
 
 __all__ = ['call']
@@ -123,11 +123,16 @@ def call(device, f, *args):
 
     Raises
     ------
+    TypeError
+        If ``device`` is not an ``mxnet.Context``.
     BaseException
         Whatever ``f`` raised, as it raised it. A Ctrl-C (or SIGTERM's exception) while ``f``
         runs is raised once ``f`` has returned, so the caller's next MXNet call cannot overlap
         it.
     """
+    if not isinstance(device, Context):
+        raise TypeError('device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), got %r'
+                        % (device,))
     worker = _thread_of(device)
     job = _Job(f, args)
     if threading.current_thread() is worker.thread or _waits_for_shapes(f):

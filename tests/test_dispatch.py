@@ -79,3 +79,10 @@ def test_a_forked_child_issues_from_threads_of_its_own():
         answer = f.read() if ready else 'no answer in 30 s'
     os.waitpid(pid, 0)
     assert answer == '1'
+
+
+def test_a_device_that_is_not_a_context_is_named():
+    with pytest.raises(TypeError) as e:
+        call('cpu(1)', threading.current_thread)
+    assert str(e.value) == ("device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), "
+                            "got 'cpu(1)'")
