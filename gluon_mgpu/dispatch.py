@@ -29,6 +29,7 @@ draws the numbers the seed chose, as in the book. Random operators inside a netw
 does not reach; the chapter's networks have none.
 """
 import os
+import queue
 import threading
 import weakref
 
@@ -71,23 +72,16 @@ class _DeviceThread:
     """A thread that runs the jobs of one device, one after the other, for the process's life."""
 
     def __init__(self, name):
-        self._jobs = []
-        self._ready = threading.Condition()
+        self._jobs = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self.thread.start()
 
     def _serve(self):
         while True:
-            with self._ready:
-                while not self._jobs:
-                    self._ready.wait()
-                job = self._jobs.pop(0)
-            job.run()
+            self._jobs.get().run()
 
     def submit(self, job):
-        with self._ready:
-            self._jobs.append(job)
-            self._ready.notify()
+        self._jobs.put(job)
 
 
 def _thread_of(device):
