@@ -152,8 +152,8 @@ def _phased_step(batch, net, loss, devices, finish, laps):
     laps.lap('copies')
     # Issued as training.train_batch issues them: each device from its own thread.
     with autograd.record():
-        ls = [call(d, lambda X_d, y_d: loss(net(X_d), y_d), X_d, y_d)
-              for d, X_d, y_d in zip(devices, Xs, ys)]
+        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
     for d, l in zip(devices, ls):
         call(d, l.backward)
     laps.lap('forward+backward')
