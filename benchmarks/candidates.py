@@ -47,6 +47,20 @@ CORES = len(os.sched_getaffinity(0))
 BULK_OFF = {'env': {'MXNET_EXEC_BULK_EXEC_TRAIN': '0'}}
 BULK_BIG = {'env': {'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': '1000',
                     'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': '1000'}}
+
+
+def _one_thread(env):
+    """2 devices issued from one thread (the book's loop), with environment ``env``."""
+    return {'devices': 2, 'loop': 'book', 'env': env}
+
+
+def _with(config, env):
+    """``config`` with more environment variables."""
+    return dict(config, env=dict(config['env'], **env))
+
+
+# The package's settings for 2 devices before the thread choice and the per-device issuing.
+EARLIER = _one_thread({'OMP_NUM_THREADS': str(CORES)})
 # group -> [(setting, what it adds to the worker's configuration)]; the first is the baseline.
 # An environment variable goes in 'env'.
 GROUPS = {
@@ -55,11 +69,15 @@ GROUPS = {
            {'env': {'MXNET_OPTIMIZER_AGGREGATION_SIZE': '32'}}),
           ('1 device, MXNET_EXEC_BULK_EXEC_TRAIN=0 (no bulking)', BULK_OFF),
           ('1 device, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
-    '2': [('2 devices, the package\'s settings', {}),
-          ('2 devices, MXNET_CPU_TEMP_COPY=16', {'env': {'MXNET_CPU_TEMP_COPY': '16'}}),
+    # Measured with the package's settings of the time, which these configurations pin: all
+    # cores per device, and every device issued from one thread (the book's loop).
+    '2': [('2 devices, the package\'s settings', EARLIER),
+          ('2 devices, MXNET_CPU_TEMP_COPY=16',
+           _with(EARLIER, {'MXNET_CPU_TEMP_COPY': '16'})),
           ('2 devices, MXNET_CPU_TEMP_COPY=16, OMP_NUM_THREADS=1 (one thread per device)',
-           {'env': {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'}}),
-          ('2 devices, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000', BULK_BIG)],
+           _with(EARLIER, {'MXNET_CPU_TEMP_COPY': '16', 'OMP_NUM_THREADS': '1'})),
+          ('2 devices, MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD/BWD=1000',
+           _with(EARLIER, BULK_BIG['env']))],
     # Not an environment variable: Residual's ReLUs as the book writes them, F.relu (MXNet's own
     # kernel on plain NCHW, so every one costs two layout reorders around it; docs/profile.md),
     # against the package's F.Activation (oneDNN, in the convolutions' blocked layout).
@@ -70,29 +88,28 @@ GROUPS = {
     # Threads and scratch buffers for 2 simulated devices at the same global batch: MXNet runs
     # each CPU context on its own worker thread, but all of them draw scratch buffers from one
     # pool (MXNET_CPU_TEMP_COPY, 4 by default), and an operator holding a buffer makes any
-    # other that drew the same one wait: with few buffers the devices take turns.
+    # other that drew the same one wait: with few buffers the devices take turns. Measured
+    # while the package issued every device from one thread (the book's loop, pinned here).
     'threads': [('1 device, the package\'s settings (OMP_NUM_THREADS = cores)', {}),
                 ('2 devices, the package\'s settings (cores // 2 threads each, '
-                 'MXNET_CPU_TEMP_COPY=256)', {'devices': 2}),
+                 'MXNET_CPU_TEMP_COPY=256)', _one_thread({'MXNET_CPU_TEMP_COPY': '256'})),
                 ('2 devices, as before: all cores per device, MXNET_CPU_TEMP_COPY=4 (MXNet\'s)',
-                 {'devices': 2, 'env': {'OMP_NUM_THREADS': str(CORES),
-                                        'MXNET_CPU_TEMP_COPY': '4'}}),
+                 _one_thread({'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'})),
                 ('2 devices, cores // 2 threads each, MXNET_CPU_TEMP_COPY=4 (MXNet\'s)',
-                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '4'}}),
+                 _one_thread({'MXNET_CPU_TEMP_COPY': '4'})),
                 ('2 devices, cores // 2 threads each, MXNET_CPU_TEMP_COPY=64',
-                 {'devices': 2, 'env': {'MXNET_CPU_TEMP_COPY': '64'}}),
+                 _one_thread({'MXNET_CPU_TEMP_COPY': '64'})),
                 ('2 devices, all cores per device, MXNET_CPU_TEMP_COPY=64',
-                 {'devices': 2, 'env': {'OMP_NUM_THREADS': str(CORES),
-                                        'MXNET_CPU_TEMP_COPY': '64'}})],
+                 _one_thread({'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '64'}))],
     # The same for the network run line by line (--no-hybridize), where Python dispatches
     # every operator of every device from one thread.
     'threads-imperative': [
         ('1 device, not hybridized, the package\'s settings', {'mode': 'imperative'}),
         ('2 devices, not hybridized, the package\'s settings (cores // 2 threads each)',
-         {'mode': 'imperative', 'devices': 2}),
+         dict(_one_thread({'MXNET_CPU_TEMP_COPY': '256'}), mode='imperative')),
         ('2 devices, not hybridized, all cores per device, MXNET_CPU_TEMP_COPY=4',
-         {'mode': 'imperative', 'devices': 2,
-          'env': {'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'}})],
+         dict(_one_thread({'OMP_NUM_THREADS': str(CORES), 'MXNET_CPU_TEMP_COPY': '4'}),
+              mode='imperative'))],
     # Scratch buffers: MXNet keeps one pool for all CPU contexts per *issuing* thread, and gives
     # every graph node that asks for scratch space a fixed buffer of it, in turn, grown to what
     # oneDNN asked for on that thread. The package issues each device's calls from its own
