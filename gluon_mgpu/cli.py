@@ -164,7 +164,7 @@ def add_seed_flag(parser, help):
 def add_hybridize_flag(parser):
     parser.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
                         help='compile the network into one graph (same results as imperative, '
-                             '1.19x as fast on a 2-core CPU, docs/benchmarks.md); --no-hybridize '
+                             '1.24x as fast on a 2-core CPU, docs/benchmarks.md); --no-hybridize '
                              'runs it line by line as the book does (default: hybridize)')
 
 
