@@ -1,0 +1,85 @@
+"""BatchNorm statistics and test accuracy: three ways to normalize at test time.
+
+The book measures test accuracy with the running statistics of device 0 (``In [7]``:
+``evaluate_accuracy(test_iter, net, ctx[0])``), which BatchNorm updates with momentum 0.9 at
+every step. When the weights move fast (the first epoch at the book's learning rate) those
+averages lag behind them. Two other measures show how much that costs: the running statistics
+re-estimated from a few hundred training images with the final weights ("precise BatchNorm",
+Wu and Johnson 2021), and batch statistics (train-mode BatchNorm on every test batch). Both are
+diagnostics beside the book's measure, never a replacement (docs/book-comparison.md).
+"""
+from mxnet import autograd, nd
+from mxnet.gluon import nn
+
+__all__ = ['batch_norm_layers', 'reestimate_running_stats', 'evaluate_with_batch_stats']
+
+
+def batch_norm_layers(net):
+    """Every ``nn.BatchNorm`` inside ``net``, in order (17 in the chapter's ResNet-18)."""
+    found = [net] if isinstance(net, nn.BatchNorm) else []
+    for child in net._children.values():
+        found += batch_norm_layers(child)
+    return found
+
+
+def reestimate_running_stats(net, X, device):
+    """Set every BatchNorm's running statistics on ``device`` to those of the batch ``X``.
+
+    One forward and backward pass in training mode with momentum 0, so that MXNet's own update
+    (``running = momentum * running + (1 - momentum) * batch``) writes the batch's mean and
+    (biased) variance; no weight changes (no ``trainer.step``). The other devices' copies stay.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.Block
+        Not hybridized (the momentum is read at every call; a hybridized graph holds its own);
+        initialized on ``device``. Hybridize it afterwards for a faster evaluation.
+    X : mxnet.nd.NDArray
+        A batch of training images, e.g. 512 of shape (512, 1, 28, 28).
+    device : mxnet.Context
+
+    Raises
+    ------
+    ValueError
+        If ``net`` is hybridized or holds no BatchNorm.
+    """
+    if getattr(net, '_active', False):
+        raise ValueError('%s is hybridized, so its BatchNorm momentum cannot change; pass a '
+                         'network that is not (new_network(..., hybridize=False)) and '
+                         'hybridize it afterwards' % type(net).__name__)
+    layers = batch_norm_layers(net)
+    if not layers:
+        raise ValueError('%s holds no nn.BatchNorm, so there are no running statistics to '
+                         're-estimate' % type(net).__name__)
+    saved = [layer._kwargs['momentum'] for layer in layers]
+    try:
+        for layer in layers:
+            layer._kwargs['momentum'] = 0.0
+        with autograd.record():
+            out = net(X.as_in_context(device))
+        out.backward()
+        nd.waitall()
+    finally:
+        for layer, momentum in zip(layers, saved):
+            layer._kwargs['momentum'] = momentum
+
+
+def evaluate_with_batch_stats(data_iter, net, device):
+    """Accuracy of ``net`` on ``data_iter`` with BatchNorm normalizing by each batch's own
+    statistics (training mode, no gradients), on one ``device``.
+
+    The result depends on the batch size: the issue's and docs' numbers use batches of 500.
+    Running statistics may change on ``device`` (MXNet updates them in training mode), so use
+    a copy of the network that is not needed afterwards.
+    """
+    correct = nd.zeros((1,), ctx=device)
+    n = 0
+    for X, y in data_iter:
+        with autograd.train_mode():
+            out = net(X.as_in_context(device))
+        correct += (out.argmax(axis=1) == y.as_in_context(device).astype('float32')).sum()
+        n += X.shape[0]
+    if n == 0:
+        raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
+                         'batches')
+    return correct.asscalar() / n
