@@ -29,7 +29,7 @@ from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, E
 
 __all__ = ['TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
            'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
-           'format_epoch']
+           'LinearWarmup', 'format_epoch']
 
 _KINDS = (('train_begin', TrainBegin), ('epoch_begin', EpochBegin),
           ('batch_begin', BatchBegin), ('batch_end', BatchEnd), ('epoch_end', EpochEnd),
@@ -186,3 +186,53 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
         self._check(estimator)
         self.pending = None
         return False
+
+
+class LinearWarmup(TrainBegin, EpochBegin, BatchBegin):
+    """Raise the learning rate linearly over the first ``steps`` steps, then keep it.
+
+    Step ``s`` (counted from 1 over the whole run) trains with ``lr * s / steps`` while
+    ``s <= steps``, and with ``lr`` after: the gradual warmup of Goyal et al. 2017 ("Accurate,
+    Large Minibatch SGD"), which keeps a large batch's large rate from blowing up the first
+    steps. Off by default everywhere: the book trains at ``lr`` from the first step.
+
+    Parameters
+    ----------
+    steps : int
+        How many steps the rate takes to reach ``lr`` (at least 1).
+    lr : float, optional
+        The rate reached; default: the trainer's learning rate when training begins.
+
+    Notes
+    -----
+    A resumed run continues the ramp where it was: the step count of epoch ``e`` starts at
+    ``(e - 1) * len(train_iter)``, so ``train_iter`` must have a length when a run resumes
+    inside its warmup.
+    """
+
+    def __init__(self, steps, lr=None):
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError('steps must be a whole number >= 1, got %r; for example '
+                             'LinearWarmup(100)' % (steps,))
+        self.steps, self.lr = steps, lr
+        self.step = 0
+
+    def train_begin(self, estimator, *args, **kwargs):
+        if self.lr is None:
+            self.lr = estimator.trainer.learning_rate
+
+    def epoch_begin(self, estimator, *args, **kwargs):
+        done = estimator.epoch - 1
+        if done and self.step == 0:  # a resumed run: where the ramp stood
+            try:
+                self.step = done * len(estimator.train_iter)
+            except TypeError:
+                raise ValueError('a run resumed after epoch %d cannot continue its warmup: '
+                                 'train_iter has no len(); pass an iterator with a length, '
+                                 'such as load_data_fashion_mnist\'s' % done) from None
+
+    def batch_begin(self, estimator, *args, **kwargs):
+        self.step += 1
+        if self.step <= self.steps + 1:
+            estimator.trainer.set_learning_rate(self.lr * min(self.step, self.steps) /
+                                                self.steps)

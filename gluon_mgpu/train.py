@@ -114,6 +114,11 @@ def build_parser():
                        help='even: equal slices, as the book; auto: time a few batches on '
                             'each device first and split in proportion to measured speed '
                             '(default: even)')
+    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+                   metavar='N',
+                   help='raise the learning rate linearly from lr/N to lr over the first N '
+                        'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
+                        'book trains at lr from the first step)')
     p.add_argument('--sync-bn', action='store_true',
                    help='BatchNorm with statistics over the whole batch of all devices '
                         '(SyncBatchNorm; default: off)')
@@ -238,6 +243,7 @@ def parse_args(argv=None):
         ('--kvstore %s' % args.kvstore, args.kvstore != 'device'), ('--sync-bn', args.sync_bn),
         ('--device-weights', args.device_weights is not None),
         ('--balance auto', args.balance == 'auto'),
+        ('--warmup-steps', args.warmup_steps is not None),
         ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
     try:
         parallel.check_parallel_options(
@@ -429,6 +435,8 @@ def _run(args, record, interrupt):
     trainer = book.init_training(net, devices, args.lr, args.seed, kvstore)
     bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
     handlers = [events.LossGuard(), bar]
+    if args.warmup_steps is not None:
+        handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
     if args.checkpoint_dir is not None:
         if record is not None:
             try:
