@@ -17,6 +17,7 @@ no row is a mismatch, 1 when one is, 2 on bad input (one line on stderr).
 """
 import datetime
 import json
+import math
 import os
 import re
 import subprocess
@@ -27,10 +28,12 @@ import numpy as np
 from . import book, cli
 from .cli import UsageError
 
-__all__ = ['BOOK', 'OUT4_RTOL', 'ACC_BAND', 'ACC_BAND_FIRST_EPOCH', 'SPEEDUP_BAND',
-           'printed_numbers', 'format_like_book', 'run_chapter_cells', 'chapter_cells',
-           'deterministic_rows', 'train_book_setting', 'training_rows', 'is_simulated',
-           'notes', 'describe_devices', 'format_table', 'format_markdown', 'main']
+__all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
+           'format_like_book', 'run_chapter_cells', 'chapter_cells', 'deterministic_rows',
+           'book_loop_steps', 'port_equality', 'step_row', 'prediction_interval',
+           'table_records', 'training_rows', 'diagnosis_rows', 'format_diagnosis', 'explain',
+           'is_simulated', 'notes', 'describe_devices', 'format_table', 'format_table_lines',
+           'format_markdown', 'main']
 
 # What the book prints, copied as data from the rendered English MXNet page (d2l.ai, "Gluon
 # Implementation for Multi-GPU Computation"), run on two GPUs.
@@ -68,10 +71,6 @@ BOOK = {
 }
 
 OUT4_RTOL = 1e-4
-# One run of the book is one draw: the test accuracy of another run with other random
-# initial weights and another data order lands near it, not on it. The first epoch swings most.
-ACC_BAND = 0.05
-ACC_BAND_FIRST_EPOCH = 0.10
 # Our 2-device speed-up divided by the book's 1.95x must fall in this range (1.46x to 2.15x).
 SPEEDUP_BAND = (0.75, 1.10)
 
@@ -180,6 +179,111 @@ def chapter_cells(devices, fresh_process=True):
     return json.loads(result.stdout.splitlines()[-1])
 
 
+def book_loop_steps(net, batches, devices, batch_size, lr):
+    """Train ``net`` on ``batches`` with the chapter's ``In [7]`` loop body, as the book writes it.
+
+    The book's own calls, in its order: ``gutils.split_and_load`` (even split), the losses under
+    ``autograd.record()``, ``l.backward()`` per device, ``trainer.step(batch_size)``, then
+    ``nd.waitall()``. ``net`` must already be initialized on ``devices``. Returns the losses of
+    every step (one numpy array per device). The oracle of ``port_equality``: our step is
+    measured against it, never used inside it.
+    """
+    from mxnet import autograd, gluon, nd
+    from mxnet.gluon import loss as gloss, utils as gutils
+
+    ctx = devices
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr})
+    loss = gloss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for X, y in batches:
+        gpu_Xs = gutils.split_and_load(X, ctx)
+        gpu_ys = gutils.split_and_load(y, ctx)
+        with autograd.record():
+            ls = [loss(net(gpu_X), gpu_y)
+                  for gpu_X, gpu_y in zip(gpu_Xs, gpu_ys)]
+        for l in ls:
+            l.backward()
+        trainer.step(batch_size)
+        losses.append([l.asnumpy() for l in ls])
+    nd.waitall()
+    return losses
+
+
+def _values_by_device(net, devices):
+    """Every parameter's values on every device, in order: ``[(name, [array per device])]``."""
+    return [(p.name, [p.data(d).asnumpy() for d in devices])
+            for p in net.collect_params().values()]
+
+
+def port_equality(devices, batches, test_batches, lr, seed=0):
+    """Train the book's network with the book's loop and ours with ``train_batch``; compare.
+
+    Both start from the same weights (``d2lzh.resnet18(10)`` initialized as the book does, the
+    values copied into ``gluon_mgpu.resnet18(10)``, hybridized as the command trains it) and see
+    the same ``batches`` (a list of ``(X, y)`` whose sizes are multiples of ``len(devices)``,
+    as the book's ``split_and_load`` needs).
+
+    Returns
+    -------
+    dict
+        ``steps``; ``loss``: the largest difference of any step's per-example loss on any device;
+        ``trained`` and ``running``: the largest difference of the trained parameters and of the
+        BatchNorm running statistics over every device, with ``arrays`` (how many arrays per
+        device: trained, running); ``test_acc``: ``(book, ours)`` with device 0's parameters,
+        as the book evaluates (``d2lzh.evaluate_accuracy(test_iter, net, ctx[0])``);
+        ``test_acc_split``: ours over all devices, as ``train()`` evaluates (each device then
+        uses its own running statistics, so it may differ).
+    """
+    import d2lzh
+    import mxnet as mx
+    from mxnet import gluon, init
+
+    from .training import evaluate_accuracy, train_batch
+
+    batch_size = batches[0][0].shape[0]
+    if any(X.shape[0] % len(devices) for X, _ in batches):
+        raise ValueError('the book\'s split_and_load needs every batch to be a multiple of the '
+                         '%d devices; got batches of %s' % (len(devices),
+                                                            [X.shape[0] for X, _ in batches]))
+    mx.random.seed(seed)
+    theirs = d2lzh.resnet18(10)
+    theirs.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
+    ours = book.new_network('resnet18')
+    ours.initialize(ctx=devices)
+    first = batches[0][0][:len(devices)]
+    for net in (theirs, ours):  # shapes are known after a first call on every device
+        for i, d in enumerate(devices):
+            net(first[i:i + 1].as_in_context(d))
+    # A new network holds the same values on every device: one copy serves them all.
+    for t, o in zip(theirs.collect_params().values(), ours.collect_params().values()):
+        o.set_data(t.data(devices[0]))
+
+    book_losses = book_loop_steps(theirs, batches, devices, batch_size, lr)
+    trainer = gluon.Trainer(ours.collect_params(), 'sgd', {'learning_rate': lr})
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    our_losses = []
+    for X, y in batches:
+        ls = train_batch(ours, X, y, loss, trainer, devices)[0]
+        our_losses.append([l.asnumpy() for l in ls])
+
+    def most(pairs):
+        return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs),
+                   default=0.0)
+
+    diffs = {'trained': [], 'running': []}
+    for (name, t), p in zip(_values_by_device(theirs, devices), ours.collect_params().values()):
+        kind = 'running' if p.grad_req == 'null' else 'trained'
+        diffs[kind] += list(zip(t, [p.data(d).asnumpy() for d in devices]))
+    return {'steps': len(batches),
+            'loss': most((a, b) for s, t in zip(book_losses, our_losses) for a, b in zip(s, t)),
+            'trained': most(diffs['trained']), 'running': most(diffs['running']),
+            'arrays': (len(diffs['trained']) // len(devices),
+                       len(diffs['running']) // len(devices)),
+            'test_acc': (d2lzh.evaluate_accuracy(test_batches, theirs, devices[0]),
+                         evaluate_accuracy(test_batches, ours, devices[:1])),
+            'test_acc_split': evaluate_accuracy(test_batches, ours, devices)}
+
+
 def is_simulated(devices):
     """True when several devices are all CPU contexts: they share one CPU's cores."""
     names = [str(d) for d in devices]
@@ -252,73 +356,110 @@ def deterministic_rows(cells):
     return rows
 
 
-def train_book_setting(devices, data_dir=None, num_epochs=4, train_limit=None, test_limit=None):
-    """Train a new ResNet-18 as the book's ``train(num_gpus, batch_size, lr)`` does; return its history.
+# A verdict needs a spread: with fewer seeds a row shows our values and is not judged.
+MIN_SEEDS = 3
+# Student's t at 97.5% by degrees of freedom, for the 95% prediction interval of one more draw.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 
-    The book's setting for ``n = len(devices)`` (``book.book_setting``): a global batch of
-    ``256 * n``, ``lr = 0.1 * n``, 4 epochs, the full data set, imperative (not hybridized) like
-    the book. The limits make a small run for tests. Prints the book's per-epoch lines.
+
+def prediction_interval(values):
+    """The 95% prediction interval of one more draw from the distribution of ``values``.
+
+    ``mean +- t(n-1) * s * sqrt(1 + 1/n)`` (Student's t, ``s`` the sample standard deviation):
+    where a single run of the book should land if it came from the same distribution as ours.
+    Needs at least 2 values.
     """
-    from .data import load_data_fashion_mnist
-    from .training import train
+    n = len(values)
+    if n < 2:
+        raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    df = n - 1
+    t = _T975.get(df) or next((_T975[k] for k in sorted(_T975) if k >= df), 1.96)
+    half = t * s * math.sqrt(1 + 1 / n)
+    return mean - half, mean + half
 
-    batch_size, lr = book.book_setting(len(devices))
-    train_iter, test_iter = load_data_fashion_mnist(batch_size, data_dir=data_dir,
-                                                    train_limit=train_limit,
-                                                    test_limit=test_limit)
-    return train(book.new_network('resnet18', hybridize=False), train_iter, test_iter, devices,
-                 lr=lr, num_epochs=num_epochs)
+
+def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None):
+    """The records of one configuration, ``{epoch: [record per seed]}``."""
+    from .booktable import record_key
+    by_epoch = {}
+    for r in records:
+        if record_key(r)[0] == devices and record_key(r)[2:] == (warmup_steps, train_limit,
+                                                                   test_limit):
+            by_epoch.setdefault(r['epoch'], []).append(r)
+    return by_epoch
 
 
-def training_rows(devices, runs=None):
-    """Compare training runs with the book's ``In [7]`` and ``In [8]``; return rows.
+def _spread(values, fmt='%.2f'):
+    from .booktable import summarize
+    s = summarize(values)
+    return ('mean ' + fmt + ' (' + fmt + '-' + fmt + ', %d seed%s)') % (
+        s['mean'], s['low'], s['high'], s['n'], '' if s['n'] == 1 else 's')
+
+
+def training_rows(devices, records=(), train_limit=None, test_limit=None):
+    """Compare the recorded runs with the book's ``In [7]`` and ``In [8]``; return rows.
 
     Parameters
     ----------
     devices : list of mxnet.Context
-        The two devices of the 2-device run (done or not): on simulated devices the speed-up
+        The two devices of the 2-device runs (done or not): on simulated devices the speed-up
         row says why none is expected.
-    runs : dict, optional
-        ``{1: (devices, history), 2: (devices, history)}``, histories from
-        ``train_book_setting``; a missing run, or a missing epoch, gives rows that say
-        "not run".
+    records : list of dict
+        Lines of the book table's record (``booktable.read_records``); the book's settings
+        without warmup, full data unless the limits say otherwise.
 
     Notes
     -----
-    Accuracy must lie within ``ACC_BAND`` of the book's (``ACC_BAND_FIRST_EPOCH`` for epoch 1).
-    Seconds depend on the hardware and are shown, not judged; the speed-up (mean seconds per
-    epoch on 1 device over 2 devices, measured in one run) is judged as a ratio to the book's.
+    Test accuracy is the book's measure: device 0's parameters and running statistics. A cell
+    shows our mean with lowest-highest over seeds; with ``MIN_SEEDS`` seeds or more it is
+    judged: the book's value must lie in the 95% prediction interval of one more of our runs
+    (``prediction_interval``). Seconds depend on the hardware and are shown, not judged; the
+    speed-up (mean seconds per epoch on 1 device over 2 devices) is judged as a ratio to the
+    book's.
     """
-    runs = runs or {}
     rows = []
+    seconds = {}
     for n in (1, 2):
         book = BOOK['training'][n]
-        run_devices, history = runs.get(n, (None, []))
+        by_epoch = table_records(records, n, 0, train_limit, test_limit)
         setting = '%d device%s' % (n, 's' if n > 1 else '')
         for e, book_acc in enumerate(book['test_acc'], 1):
             what = 'test_acc epoch %d, %s' % (e, setting)
-            if e > len(history):
+            values = [r['acc_running'][0] for r in by_epoch.get(e, [])]
+            if not values:
                 rows.append(_row(book['cell'], what, '%.2f' % book_acc, 'not run', '',
-                                 'not run (pass --full)', 'not run'))
+                                 'not run (compare --full)', 'not run'))
                 continue
-            ours = history[e - 1]['test_acc']
-            band = ACC_BAND_FIRST_EPOCH if e == 1 else ACC_BAND
-            ok = abs(ours - book_acc) <= band + 1e-9
-            rows.append(_row(book['cell'], what, '%.2f' % book_acc, '%.2f' % ours,
-                             '%+.2f' % (ours - book_acc),
-                             '%s (+-%.2f)' % ('within band' if ok else 'OUTSIDE band', band),
-                             'match' if ok else 'mismatch'))
+            mean = sum(values) / len(values)
+            if len(values) < MIN_SEEDS:
+                verdict, status = ('not judged: %d seed%s so far, %d needed'
+                                   % (len(values), '' if len(values) == 1 else 's', MIN_SEEDS),
+                                   'not judged')
+            else:
+                low, high = prediction_interval(values)
+                ok = low <= book_acc <= high
+                verdict = '%s our 95%% prediction interval %.2f to %.2f' % (
+                    'within' if ok else 'OUTSIDE', max(low, 0.0), min(high, 1.0))
+                status = 'match' if ok else 'mismatch'
+            rows.append(_row(book['cell'], what, '%.2f' % book_acc, _spread(values),
+                             '%+.2f' % (mean - book_acc), verdict, status))
         book_sec = float(np.mean(book['seconds']))
-        if len(history) == len(book['seconds']):
-            ours_sec = float(np.mean([r['seconds'] for r in history]))
+        per_epoch = [r['seconds'] for rs in by_epoch.values() for r in rs]
+        if per_epoch:
+            seconds[n] = float(np.mean(per_epoch))
             rows.append(_row(book['cell'], 'sec/epoch (mean), %s' % setting,
-                             '%.1f' % book_sec, '%.1f on %s' % (ours_sec, ', '.join(
-                                 str(d) for d in run_devices)), 'x%.2f' % (ours_sec / book_sec),
+                             '%.1f' % book_sec, '%.1f on %s (%d epochs)' % (
+                                 seconds[n], ', '.join(by_epoch[min(by_epoch)][0].get(
+                                     'device_names', [])), len(per_epoch)),
+                             'x%.2f' % (seconds[n] / book_sec),
                              'not comparable: depends on the hardware (the speed-up is)',
                              'not comparable'))
         else:
             rows.append(_row(book['cell'], 'sec/epoch (mean), %s' % setting,
-                             '%.1f' % book_sec, 'not run', '', 'not run (pass --full)',
+                             '%.1f' % book_sec, 'not run', '', 'not run (compare --full)',
                              'not run'))
 
     book_sec = [float(np.mean(BOOK['training'][n]['seconds'])) for n in (1, 2)]
@@ -327,17 +468,15 @@ def training_rows(devices, runs=None):
     book_text = '%.2fx (PyTorch ed. %.2fx)' % (
         book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch'])
     what = 'speed-up, 2 devices'
-    done = all(len(runs.get(n, (None, []))[1]) == 4 for n in (1, 2))
     simulated = is_simulated(devices)
     why = ('%s are simulated devices: they share the same CPU cores, which one device already '
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
            % ', '.join(str(d) for d in devices))
-    if not done:
-        verdict = 'not run (pass --full)' + ('; ' + why if simulated else '')
+    if len(seconds) < 2:
+        verdict = 'not run (compare --full)' + ('; ' + why if simulated else '')
         rows.append(_row('In [7]/[8]', what, book_text, 'not run', '', verdict, 'not run'))
         return rows
-    ours_sec = [float(np.mean([r['seconds'] for r in runs[n][1]])) for n in (1, 2)]
-    speedup = ours_sec[0] / ours_sec[1]
+    speedup = seconds[1] / seconds[2]
     ratio = speedup / book_speedup
     if simulated:
         verdict, status = 'not comparable: ' + why, 'not comparable'
@@ -347,9 +486,87 @@ def training_rows(devices, runs=None):
             'within band' if ok else 'OUTSIDE band', *SPEEDUP_BAND)
         status = 'match' if ok else 'mismatch'
     rows.append(_row('In [7]/[8]', what, book_text,
-                     '%.2fx (%.1f / %.1f s)' % (speedup, ours_sec[0], ours_sec[1]),
+                     '%.2fx (%.1f / %.1f s)' % (speedup, seconds[1], seconds[2]),
                      'ours / book %.2f' % ratio, verdict, status))
     return rows
+
+
+def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
+    """Per configuration and epoch: test accuracy normalized three ways, over seeds.
+
+    Rows (dicts) with ``setting``, ``epoch``, ``seeds``, ``book`` (the book's printed value),
+    ``running0`` (device 0's running statistics: the book's measure, the table's value),
+    ``running_other`` (the other devices'), ``precise`` (running statistics re-estimated with
+    the final weights), ``batch`` (batch statistics), ``train_acc`` (epoch average), each a
+    ``booktable.summarize`` dict or None.
+    """
+    from .booktable import summarize
+    rows = []
+    configs = [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]
+    for n, w in configs:
+        by_epoch = table_records(records, n, w, train_limit, test_limit)
+        for e in sorted(by_epoch):
+            rs = by_epoch[e]
+            book = BOOK['training'][n]['test_acc']
+            rows.append({
+                'setting': '%d device%s%s' % (n, 's' if n > 1 else '',
+                                              ', warmup %d steps' % w if w else ''),
+                'epoch': e, 'seeds': sorted(r['seed'] for r in rs),
+                'book': book[e - 1] if e <= len(book) else None,
+                'running0': summarize([r['acc_running'][0] for r in rs]),
+                'running_other': summarize([a for r in rs for a in r['acc_running'][1:]]),
+                'precise': summarize([r['acc_precise_bn'] for r in rs]),
+                'batch': summarize([r['acc_batch_stats'] for r in rs]),
+                'train_acc': summarize([r['train_acc'] for r in rs])})
+    return rows
+
+
+def _cell_of(summary):
+    if summary is None:
+        return '-'
+    if summary['n'] == 1:
+        return '%.3f' % summary['mean']
+    return '%.3f (%.3f-%.3f)' % (summary['mean'], summary['low'], summary['high'])
+
+
+_DIAGNOSIS_COLUMNS = (('setting', 'setting'), ('epoch', 'epoch'), ('seeds', 'seeds'),
+                      ('book', "book's test_acc"),
+                      ('running0', 'device 0 running stats (book\'s measure)'),
+                      ('running_other', 'other devices\' running stats'),
+                      ('precise', 'precise BatchNorm'), ('batch', 'batch statistics'),
+                      ('train_acc', 'train_acc (epoch mean)'))
+
+
+def format_diagnosis(rows):
+    """The diagnosis rows as lists of cell texts, headed by the column titles."""
+    lines = [[title for _, title in _DIAGNOSIS_COLUMNS]]
+    for r in rows:
+        lines.append([r['setting'], str(r['epoch']), ' '.join(map(str, r['seeds'])),
+                      '-' if r['book'] is None else '%.2f' % r['book']] +
+                     [_cell_of(r[k]) for k in ('running0', 'running_other', 'precise', 'batch',
+                                               'train_acc')])
+    return lines
+
+
+def explain(rows):
+    """Sentences that put the epoch-1 gap to the book in numbers, from the diagnosis rows."""
+    said = []
+    for r in rows:
+        if r['epoch'] != 1 or r['book'] is None or r['running0'] is None:
+            continue
+        gap = r['book'] - r['running0']['mean']
+        gain = r['precise']['mean'] - r['running0']['mean']
+        text = ('%s, epoch 1 (%d seed%s): the book printed %.2f, ours gives %.3f with the '
+                'running statistics (the book\'s measure), %.3f with them re-estimated for '
+                'the final weights and %.3f with batch statistics'
+                % (r['setting'], len(r['seeds']), '' if len(r['seeds']) == 1 else 's',
+                   r['book'], r['running0']['mean'], r['precise']['mean'],
+                   r['batch']['mean']))
+        if gap > 0:
+            text += ('; re-estimating recovers %.3f of the %.3f gap (%.0f%%)'
+                     % (gain, gap, 100 * gain / gap))
+        said.append(text + '.')
+    return said
 
 
 _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours', 'ours'),
@@ -358,13 +575,8 @@ _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours
 
 def format_table(rows):
     """Format rows as a plain-text table, one line per row."""
-    head = [title for _, title in _COLUMNS]
-    body = [[str(r[key]) for key, _ in _COLUMNS] for r in rows]
-    widths = [max(len(line[i]) for line in [head] + body) for i in range(len(head) - 1)]
-    lines = []
-    for line in [head, ['-' * w for w in widths] + ['-' * len(head[-1])]] + body:
-        lines.append('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  ' + line[-1])
-    return '\n'.join(l.rstrip() for l in lines)
+    return format_table_lines([[title for _, title in _COLUMNS]] +
+                              [[str(r[key]) for key, _ in _COLUMNS] for r in rows])
 
 
 def notes():
@@ -375,11 +587,17 @@ def notes():
         'random seed and in the book\'s order; Out[4] must agree within rtol %.0e per element '
         '(another machine sums in another order), Out[5] to every printed digit (the weights '
         'are drawn on the CPU, also when the devices are GPUs).' % OUT4_RTOL,
-        'test_acc: within +-%.2f of the book\'s (+-%.2f in epoch 1); one run of the book is one '
-        'random draw.' % (ACC_BAND, ACC_BAND_FIRST_EPOCH),
+        'The step: the chapter\'s loop with its own network (d2lzh.resnet18) beside '
+        'gluon_mgpu.train_batch with ours, hybridized, from the same weights and batches: every '
+        'loss, parameter and running statistic on every device, and the test accuracy, must be '
+        'equal bit for bit.',
+        'test_acc: the book\'s measure (device 0\'s parameters and running statistics, '
+        'evaluate_accuracy(test_iter, net, ctx[0])); ours is the mean over seeds with '
+        'lowest-highest. With %d seeds or more a cell is judged: the book\'s value, one draw, '
+        'must lie in the 95%% prediction interval of one more of our runs (Student\'s t).'
+        % MIN_SEEDS,
         'sec/epoch: depends on the hardware, shown only. The speed-up (mean seconds per epoch '
-        'on 1 device over 2 devices, both measured in one run) is judged: ours / book within '
-        '%.2f to %.2f.' % SPEEDUP_BAND,
+        'on 1 device over 2 devices) is judged: ours / book within %.2f to %.2f.' % SPEEDUP_BAND,
         'PyTorch ed.: the newer edition prints %.1f and %.1f s per epoch on 1 and 2 GPUs '
         '(10 epochs, test acc %.2f and %.2f).' % (newer[1]['sec_per_epoch'],
                                                   newer[2]['sec_per_epoch'],
@@ -394,31 +612,43 @@ def describe_devices(devices):
         ', simulated on the CPU (no GPU used)' if is_simulated(devices) else '')
 
 
+def _markdown_table(head, body):
+    def cell(text):
+        return str(text).replace('|', '\\|')
+    return (['| ' + ' | '.join(cell(c) for c in head) + ' |', '|' + '---|' * len(head)] +
+            ['| ' + ' | '.join(cell(c) for c in line) + ' |' for line in body])
+
+
 def format_markdown(report):
     """Format a report as the page ``docs/book-comparison.md``.
 
-    ``report`` holds ``rows``, ``cells`` (from ``chapter_cells``), ``full`` (bool),
-    ``command``, ``date`` and ``mxnet_version``.
+    ``report`` holds ``rows``, ``diagnosis`` (``diagnosis_rows``), ``cells`` (from
+    ``chapter_cells``), ``record`` (the record file's name), ``command``, ``date`` and
+    ``mxnet_version``.
     """
-    def cell(text):
-        return str(text).replace('|', '\\|')
-
     cells = report['cells']
     lines = ['# The book, side by side', '',
              'Generated by `%s` on %s with MXNet %s; %s.'
              % (report['command'], report['date'], report['mxnet_version'],
-                describe_devices(cells['devices'])), '']
-    if report['full']:
-        lines += ['The training rows come from the book\'s settings, run here in full.', '']
-    else:
-        lines += ['Run without `--full`: the chapter\'s deterministic cells were re-run, its '
-                  'training was not (on 2 CPU cores it would take several hours), so those rows '
-                  'say "not run". `python -m gluon_mgpu.compare --full` fills them.', '']
-    lines += ['| ' + ' | '.join(title for _, title in _COLUMNS) + ' |',
-              '|' + '---|' * len(_COLUMNS)]
-    for r in report['rows']:
-        lines.append('| ' + ' | '.join(cell(r[key]) for key, _ in _COLUMNS) + ' |')
+                describe_devices(cells['devices'])), '',
+             'The training rows come from the runs recorded in `%s` (the book\'s settings, full '
+             'data, one line per finished epoch; `python -m gluon_mgpu.compare --full` trains '
+             'the epochs still missing and resumes where it was stopped).' % report['record'],
+             '']
+    lines += _markdown_table([title for _, title in _COLUMNS],
+                             [[r[key] for key, _ in _COLUMNS] for r in report['rows']])
     lines += [''] + ['- ' + n for n in notes()]
+    if report['diagnosis']:
+        table = format_diagnosis(report['diagnosis'])
+        lines += ['', '## Why the first epoch differs: BatchNorm statistics', '',
+                  'The same checkpoints, the test set normalized three ways: with each device\'s '
+                  'running statistics (device 0\'s is the book\'s measure, the table\'s value), '
+                  'with the running statistics re-estimated on %d training images with the '
+                  'final weights ("precise BatchNorm"), and with the statistics of each test '
+                  'batch of %d (training-mode BatchNorm). Mean (lowest-highest) over seeds.'
+                  % (report['precise_bn_images'], report['batch_stats_batch']), '']
+        lines += _markdown_table(table[0], table[1:])
+        lines += [''] + ['- ' + t for t in explain(report['diagnosis'])]
     lines += ['', '## The printed values in full', '']
     for i in range(2):
         lines += ['Out[4], device %d: the book (%s)' % (i, BOOK['devices'][i]), '', '```',
@@ -435,15 +665,35 @@ PROG = 'python -m gluon_mgpu.compare'
 
 
 def build_parser():
-    p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and print a table: the '
-                   'book\'s printed values, ours, the difference, a verdict.')
+    from . import booktable
+    p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its step, and print '
+                   'a table: the book\'s printed values, ours, the difference, a verdict. The '
+                   'training rows come from the record of full runs (--full makes them).')
     p.add_argument('--full', action='store_true',
-                   help='also run the book\'s training (1 then 2 devices, 4 epochs, full data; '
-                        'hours on a CPU) and compare accuracy and speed-up (default: off, those '
-                        'rows say "not run")')
+                   help='first train every run of the book\'s table not yet recorded (1 and 2 '
+                        'devices, 4 epochs, full data, each seed; hours on a CPU), one epoch '
+                        'at a time, resumable: give the same command again after a stop '
+                        '(default: off, the table shows what is recorded)')
+    p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
+                   help='the seeds of the runs, for --full (default: 0 1 2)')
+    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+                   metavar='N',
+                   help='with --full, also train epoch 1 of each seed on 2 devices with a '
+                        'linear learning-rate warmup of N steps, as rows of their own '
+                        '(default: none)')
+    p.add_argument('--record', default=booktable.DEFAULT_RECORD, metavar='PATH',
+                   help='the record of finished epochs, one JSON line each, read for the table '
+                        'and appended to by --full (default: docs/book-table.jsonl in the '
+                        'repository)')
+    p.add_argument('--work-dir', default=booktable.DEFAULT_WORK_DIR, metavar='DIR',
+                   help='with --full, the runs\' checkpoints (45 MB per epoch) and logs '
+                        '(default: %s)' % booktable.DEFAULT_WORK_DIR.replace(
+                            os.path.expanduser('~'), '~'))
+    p.add_argument('--epochs', type=cli.count('--epochs'), default=booktable.RUN_EPOCHS,
+                   help='epochs per run, for --full (default: %d, the book\'s)'
+                        % booktable.RUN_EPOCHS)
     cli.add_device_flag(p)
-    p.add_argument('--data-dir', default=None,
-                   help='folder with the Fashion-MNIST files, for --full (default: searched)')
+    cli.add_data_flags(p)
     p.add_argument('--output', default=None, metavar='PATH',
                    help='also write the table as Markdown to PATH, e.g. '
                         'docs/book-comparison.md (default: print only)')
@@ -454,49 +704,124 @@ def build_parser():
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _compare(argv, build_parser().parse_args(argv)))
+    return cli.run_command(PROG, argv, lambda: _compare(argv, build_parser().parse_args(argv)),
+                           explain=_explain_failure)
+
+
+def _explain_failure(e):
+    from .booktable import RecordError, RunFailed
+    from .checkpoint import CheckpointError
+    from .files import OutputError
+    if isinstance(e, RunFailed):
+        return 1, '%s: error: %s' % (PROG, e)
+    if isinstance(e, OutputError):
+        return 1, '%s: error: %s' % (PROG, e)
+    if isinstance(e, (RecordError, CheckpointError)):
+        return 2, '%s: error: %s' % (PROG, e)
+    if isinstance(e, KeyboardInterrupt):
+        return (getattr(e, 'exit_code', 130),
+                '%s: %s; the finished epochs are recorded, give the same command again to '
+                'continue' % (PROG, cli.stopped_by(e)))
+    return None
 
 
 def _compare(argv, args):
+    from . import booktable
     from .data import DataError, DataNotFoundError, find_data_dir
     from .devices import format_devices, get_devices
+    from .files import output_problem
+    from .interrupts import DeferredInterrupt
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise UsageError('%s: error: --output %s: folder %s does not exist; create it or '
                          'pass another path' % (PROG, args.output,
                                                 os.path.dirname(args.output)))
+    for flag, path in (('--output', args.output), ('--record', args.record)):
+        problem = path and output_problem(path)
+        if problem:
+            raise UsageError('%s: error: %s %s %s; pass another path' % (PROG, flag, path,
+                                                                          problem))
     try:
         pair = get_devices(2, args.device)
-        singles = get_devices(1, args.device) if args.full else None
     except ValueError as e:
         raise UsageError('%s: error: --device %s: %s' % (PROG, args.device, e)) from None
-    if args.full:
-        try:
-            find_data_dir(args.data_dir)
-        except (DataError, DataNotFoundError) as e:
-            raise UsageError('%s: error: %s' % (PROG, e)) from None
+    try:
+        find_data_dir(args.data_dir)
+    except (DataError, DataNotFoundError) as e:
+        raise UsageError('%s: error: %s' % (PROG, e)) from None
+    records = booktable.read_records(args.record)  # a bad record stops us before any run
 
+    if args.full:
+        runs = booktable.plan_runs(args.seeds, warmup_steps=args.warmup_steps or 0,
+                                   epochs=args.epochs, train_limit=args.train_limit,
+                                   test_limit=args.test_limit)
+        print('running on:', format_devices(pair), flush=True)
+        with DeferredInterrupt():
+            records = booktable.run_table(runs, args.work_dir, args.record, pair, args.device,
+                                          args.data_dir,
+                                          progress=lambda line: print(line, flush=True))
     cells = chapter_cells(pair)
     rows = deterministic_rows(cells)
-    runs = {}
-    if args.full:
-        for devices in (singles, pair):
-            print('running on:', format_devices(devices), flush=True)
-            runs[len(devices)] = (devices, train_book_setting(devices, data_dir=args.data_dir))
-    rows += training_rows(pair, runs)
+    rows.append(step_row(pair, args.data_dir))
+    rows += training_rows(pair, records, args.train_limit, args.test_limit)
+    warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
+    diagnosis = diagnosis_rows(records, warmups, args.train_limit, args.test_limit)
     print(describe_devices(pair))
     print(format_table(rows))
+    if diagnosis:
+        print()
+        print(format_table_lines(format_diagnosis(diagnosis)))
+        for line in explain(diagnosis):
+            print('diagnosis:', line)
     print()
     for line in notes():
         print('note:', line)
     if args.output:
-        report = {'rows': rows, 'cells': cells, 'full': args.full,
+        report = {'rows': rows, 'diagnosis': diagnosis, 'cells': cells,
+                  'record': os.path.relpath(args.record, booktable.ROOT)
+                  if args.record == booktable.DEFAULT_RECORD else args.record,
+                  'precise_bn_images': booktable.PRECISE_BN_IMAGES,
+                  'batch_stats_batch': booktable.BATCH_STATS_BATCH,
                   'command': ' '.join([PROG] + argv),
                   'mxnet_version': cells['mxnet_version'], 'date': datetime.date.today().isoformat()}
-        with open(args.output, 'w') as f:
-            f.write(format_markdown(report))
+        from .files import atomic_path
+        with atomic_path(args.output) as tmp:
+            with open(tmp, 'w') as f:
+                f.write(format_markdown(report))
         print('wrote', args.output)
     bad = [r for r in rows if r['status'] == 'mismatch']
     return 1 if bad else 0
+
+
+# The step row's size: cheap enough for every run of the command.
+STEP_ROW_BATCHES = (4, 64)
+
+
+def step_row(devices, data_dir=None):
+    """Run ``port_equality`` on a few real batches and return its row of the table."""
+    from .data import load_data_fashion_mnist
+    steps, size = STEP_ROW_BATCHES
+    train_iter, test_iter = load_data_fashion_mnist(size, data_dir=data_dir,
+                                                    train_limit=steps * size, test_limit=256,
+                                                    seed=0)
+    found = port_equality(devices, list(train_iter), list(test_iter), lr=0.2)
+    biggest = max(found['loss'], found['trained'], found['running'])
+    same_acc = found['test_acc'][0] == found['test_acc'][1]
+    ok = biggest == 0.0 and same_acc
+    return _row('In [7]', 'the step, %d steps of %d on %d devices' % (steps, size, len(devices)),
+                "d2lzh.resnet18, the book's loop", 'gluon_mgpu.train_batch, hybridized',
+                'max abs %.1e (losses, %d + %d arrays per device); test_acc %.4f vs %.4f'
+                % (biggest, found['arrays'][0], found['arrays'][1], *found['test_acc']),
+                'match (bit for bit)' if ok else 'MISMATCH', 'match' if ok else 'mismatch')
+
+
+def format_table_lines(lines):
+    """Format lists of cell texts (the first the titles) as a plain-text table."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    out = []
+    for line in [lines[0], ['-' * w for w in widths] + ['-' * len(lines[0][-1])]] + lines[1:]:
+        out.append('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  ' + line[-1])
+    return '\n'.join(l.rstrip() for l in out)
+
 
 if __name__ == '__main__':
     sys.exit(main())

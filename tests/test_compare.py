@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 from mxnet import nd
 
-from gluon_mgpu import compare
+from gluon_mgpu import booktable, compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'book-comparison.md')
@@ -65,8 +65,8 @@ def test_reading_outside_the_devices_prints_the_books_line():
     assert [r['status'] for r in _by(rows, 'Out[5]')] == ['match'] * 3
 
 
-def test_training_rows_say_not_run_without_full():
-    rows = compare.training_rows([mx.cpu(0), mx.cpu(1)])
+def test_training_rows_say_not_run_without_records():
+    rows = compare.training_rows([mx.cpu(0), mx.cpu(1)], [])
     assert len(rows) == 11
     assert {r['ours'] for r in rows} == {'not run'}
     assert {r['status'] for r in rows} == {'not run'}
@@ -74,33 +74,89 @@ def test_training_rows_say_not_run_without_full():
     assert [r['book'] for r in _by(rows, 'In [8]')] == ['0.77', '0.86', '0.88', '0.89', '31.6']
     [speedup] = _by(rows, 'In [7]/[8]')
     assert speedup['book'] == '1.95x (PyTorch ed. 1.53x)'
-    assert speedup['verdict'].startswith('not run (pass --full); cpu(0), cpu(1) are simulated '
-                                         'devices: they share the same CPU cores')
+    assert speedup['verdict'].startswith('not run (compare --full); cpu(0), cpu(1) are '
+                                         'simulated devices: they share the same CPU cores')
     assert speedup['verdict'].endswith('so no speed-up is expected')
-    [on_gpus] = _by(compare.training_rows([mx.gpu(0), mx.gpu(1)]), 'In [7]/[8]')
-    assert on_gpus['verdict'] == 'not run (pass --full)'
+    [on_gpus] = _by(compare.training_rows([mx.gpu(0), mx.gpu(1)], []), 'In [7]/[8]')
+    assert on_gpus['verdict'] == 'not run (compare --full)'
 
 
-@pytest.mark.slow
-def test_training_rows_judge_a_real_run(data_dir):
-    runs = {}
-    for devices in ([mx.cpu(0)], [mx.cpu(0), mx.cpu(1)]):
-        runs[len(devices)] = (devices, compare.train_book_setting(
-            devices, data_dir=data_dir, train_limit=8, test_limit=8, num_epochs=4))
-    rows = compare.training_rows([mx.cpu(0), mx.cpu(1)], runs)
-    for n, cell in ((1, 'In [7]'), (2, 'In [8]')):
-        acc_rows = _by(rows, cell)[:4]
-        for e, (row, book) in enumerate(zip(acc_rows, compare.BOOK['training'][n]['test_acc'])):
-            ours = runs[n][1][e]['test_acc']
-            band = compare.ACC_BAND_FIRST_EPOCH if e == 0 else compare.ACC_BAND
-            assert row['ours'] == '%.2f' % ours
-            assert row['status'] == ('match' if abs(ours - book) <= band + 1e-9 else 'mismatch')
-        assert _by(rows, cell)[4]['status'] == 'not comparable'
+def _record(devices, seed, epoch, acc, seconds=100.0, warmup=0, precise=None, batch=None,
+            limits=(None, None)):
+    return {'devices': devices, 'seed': seed, 'warmup_steps': warmup, 'epoch': epoch,
+            'batch_size': 256 * devices, 'lr': 0.1 * devices, 'seconds': seconds,
+            'train_loss': 1.0, 'train_acc': 0.5, 'test_acc': acc,
+            'acc_running': [acc] + [acc + 0.01] * (devices - 1),
+            'acc_precise_bn': acc + 0.2 if precise is None else precise,
+            'acc_batch_stats': acc + 0.25 if batch is None else batch,
+            'train_limit': limits[0], 'test_limit': limits[1],
+            'device_names': ['cpu(%d)' % i for i in range(devices)]}
+
+
+def test_prediction_interval_is_students_for_one_more_draw():
+    low, high = compare.prediction_interval([0.5, 0.6, 0.7])
+    # mean 0.6, s 0.1, t(2) 4.303, sqrt(1 + 1/3): half-width 0.49687
+    assert (low, high) == pytest.approx((0.6 - 0.496867, 0.6 + 0.496867), abs=1e-6)
+    assert compare.prediction_interval([0.8, 0.8, 0.8, 0.8]) == pytest.approx((0.8, 0.8))
+    with pytest.raises(ValueError, match='at least 2 values, got 1'):
+        compare.prediction_interval([0.5])
+
+
+def test_training_rows_judge_the_book_against_our_spread():
+    records = [_record(2, s, 1, acc) for s, acc in enumerate((0.28, 0.43, 0.57))]
+    records += [_record(2, s, 2, acc) for s, acc in enumerate((0.85, 0.86, 0.87))]
+    records += [_record(2, 0, 3, 0.80), _record(2, 1, 3, 0.81)]
+    records += [_record(1, 0, 1, 0.80, seconds=200.0)]
+    # Other settings never enter the book's rows.
+    records += [_record(2, 5, 1, 0.99, warmup=50), _record(2, 6, 1, 0.01, limits=(256, 128))]
+    rows = compare.training_rows([mx.cpu(0), mx.cpu(1)], records)
+    two = _by(rows, 'In [8]')
+    # Epoch 1: 0.77 lies inside 0.427 +- 4.303 * 0.145 * 1.155 (a wide spread, 3 seeds).
+    assert two[0]['ours'] == 'mean 0.43 (0.28-0.57, 3 seeds)'
+    assert (two[0]['diff'], two[0]['status']) == ('-0.34', 'match')
+    assert two[0]['verdict'] == 'within our 95% prediction interval 0.00 to 1.00'
+    # Epoch 2: 0.86 +- 4.303 * 0.01 * 1.155.
+    assert two[1]['status'] == 'match'
+    assert two[1]['verdict'] == 'within our 95% prediction interval 0.81 to 0.91'
+    assert (two[2]['ours'], two[2]['status']) == ('mean 0.81 (0.80-0.81, 2 seeds)', 'not judged')
+    assert two[2]['verdict'] == 'not judged: 2 seeds so far, 3 needed'
+    assert (two[3]['ours'], two[3]['status']) == ('not run', 'not run')
+    assert two[4]['ours'] == '100.0 on cpu(0), cpu(1) (8 epochs)'
     [speedup] = _by(rows, 'In [7]/[8]')
-    one, two = (sum(r['seconds'] for r in runs[n][1]) / 4 for n in (1, 2))
-    assert speedup['ours'].startswith('%.2fx' % (one / two))
+    assert speedup['ours'] == '2.00x (200.0 / 100.0 s)'
     assert speedup['status'] == 'not comparable'
-    assert 'simulated devices' in speedup['verdict']
+
+
+def test_training_rows_say_when_the_book_lies_outside():
+    records = [_record(1, s, 1, acc) for s, acc in enumerate((0.70, 0.71, 0.72))]
+    [row] = _by(compare.training_rows([mx.cpu(0), mx.cpu(1)], records), 'In [7]')[:1]
+    assert row['status'] == 'mismatch'
+    assert row['verdict'] == 'OUTSIDE our 95% prediction interval 0.66 to 0.76'
+    assert row['diff'] == '-0.15'
+
+
+def test_diagnosis_rows_and_the_explanation_in_numbers():
+    records = [_record(2, s, 1, acc, precise=acc + 0.3, batch=acc + 0.31)
+               for s, acc in enumerate((0.40, 0.50))]
+    records += [_record(2, 0, 1, 0.60, warmup=50, precise=0.70, batch=0.72)]
+    rows = compare.diagnosis_rows(records, warmup_steps=[50])
+    assert [(r['setting'], r['epoch'], r['seeds']) for r in rows] == [
+        ('2 devices', 1, [0, 1]), ('2 devices, warmup 50 steps', 1, [0])]
+    assert rows[0]['running0'] == {'n': 2, 'mean': pytest.approx(0.45), 'low': 0.40,
+                                   'high': 0.50}
+    assert rows[0]['running_other']['mean'] == pytest.approx(0.46)
+    assert rows[0]['precise']['mean'] == pytest.approx(0.75)
+    table = compare.format_diagnosis(rows)
+    assert table[1] == ['2 devices', '1', '0 1', '0.77', '0.450 (0.400-0.500)',
+                        '0.460 (0.410-0.510)', '0.750 (0.700-0.800)', '0.760 (0.710-0.810)',
+                        '0.500 (0.500-0.500)']
+    said = compare.explain(rows)
+    assert said[0] == ('2 devices, epoch 1 (2 seeds): the book printed 0.77, ours gives 0.450 '
+                       'with the running statistics (the book\'s measure), 0.750 with them '
+                       're-estimated for the final weights and 0.760 with batch statistics; '
+                       're-estimating recovers 0.300 of the 0.320 gap (94%).')
+    assert said[1].startswith('2 devices, warmup 50 steps, epoch 1 (1 seed): the book printed '
+                              '0.77, ours gives 0.600')
 
 
 def _run(*args):
@@ -112,7 +168,7 @@ def _run(*args):
 
 def test_cli_prints_the_table_and_writes_the_page(tmp_path):
     out = tmp_path / 'comparison.md'
-    result = _run('--output', str(out))
+    result = _run('--output', str(out), '--record', str(tmp_path / 'none.jsonl'))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == ('devices: the book [gpu(0), gpu(1)]; ours [cpu(0), cpu(1)], simulated '
@@ -122,7 +178,10 @@ def test_cli_prints_the_table_and_writes_the_page(tmp_path):
     out5 = [l for l in lines if l.startswith('Out[5]')]
     assert len(out5) == 3 and all(l.endswith('match (every printed digit)') or
                                   l.endswith('match') for l in out5)
-    assert sum(l.endswith('not run (pass --full)') for l in lines) == 10
+    assert sum(l.endswith('not run (compare --full)') for l in lines) == 10
+    [step] = [l for l in lines if 'the step, 4 steps of 64 on 2 devices' in l]
+    assert step.endswith('match (bit for bit)')
+    assert 'max abs 0.0e+00 (losses, 76 + 34 arrays per device)' in step
     assert lines[-1] == 'wrote %s' % out
     page = out.read_text()
     assert '| Out[5] | first conv weight, device 0 | 1x3x3: -0.01473444 ... -0.00601594 |' in page
@@ -130,7 +189,9 @@ def test_cli_prints_the_table_and_writes_the_page(tmp_path):
 
 
 def test_committed_page_agrees_with_a_run_now(cells):
-    rows = compare.deterministic_rows(cells) + compare.training_rows([mx.cpu(0), mx.cpu(1)])
+    records = booktable.read_records(booktable.DEFAULT_RECORD)
+    rows = compare.deterministic_rows(cells) + compare.training_rows([mx.cpu(0), mx.cpu(1)],
+                                                                     records)
     page = open(DOC).read()
     assert 'python -m gluon_mgpu.compare --output docs/book-comparison.md' in page
     for row in rows:

@@ -1,0 +1,451 @@
+"""The book's accuracy table at full scale, over several seeds, resumable: ``compare --full``.
+
+Every run of the table (devices, seed, optional warmup) is ``python -m gluon_mgpu.train`` with
+the book's settings, trained one epoch at a time into a checkpoint folder of its own; after each
+epoch its checkpoint is diagnosed (test accuracy with each device's running statistics, with
+re-estimated ones, with batch statistics: ``gluon_mgpu.bnstats``) and one JSON line is appended
+to a record kept in the repository. The record, not the checkpoints, is what the table is made
+of, so a finished epoch survives a lost machine; a killed run continues from its last checkpoint
+when the same command is given again. See docs/book-comparison.md.
+"""
+import collections
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+
+from . import book
+from .checkpoint_names import list_checkpoints
+
+__all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_runs',
+           'RecordError', 'read_records', 'append_record', 'recorded_epochs', 'train_argv',
+           'diagnose', 'run_table', 'summarize']
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
+DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
+RUN_EPOCHS = 4
+# The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
+# statistics are taken over test batches of 500.
+PRECISE_BN_IMAGES = 512
+BATCH_STATS_BATCH = 500
+
+
+class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_limit '
+                                        'test_limit')):
+    """One training run of the table: ``devices`` devices with the book's batch and learning
+    rate, ``seed``, a linear warmup of ``warmup_steps`` steps (0: none, the book's), ``epochs``
+    epochs, and the data limits (None: the full data, the book's)."""
+
+    @property
+    def name(self):
+        name = '%ddev-seed%d' % (self.devices, self.seed)
+        if self.warmup_steps:
+            name += '-warmup%d' % self.warmup_steps
+        if self.train_limit or self.test_limit:
+            name += '-limit%sx%s' % (self.train_limit or 'all', self.test_limit or 'all')
+        return name
+
+    def key(self):
+        """What identifies the run in the record (everything but the number of epochs)."""
+        return (self.devices, self.seed, self.warmup_steps, self.train_limit, self.test_limit)
+
+
+def plan_runs(seeds, device_counts=(2, 1), warmup_steps=0, warmup_epochs=1, epochs=RUN_EPOCHS,
+              train_limit=None, test_limit=None):
+    """The runs of the table, in the order they are trained.
+
+    The book's 2-device row first (its first epoch is where the book and we differ most), then
+    the warmup rows (2 devices, ``warmup_epochs`` epochs each, only when ``warmup_steps``), then
+    the 1-device row.
+    """
+    runs = []
+    for n in device_counts:
+        runs += [Run(n, s, 0, epochs, train_limit, test_limit) for s in seeds]
+        if n == 2 and warmup_steps:
+            runs += [Run(2, s, warmup_steps, warmup_epochs, train_limit, test_limit)
+                     for s in seeds]
+    return runs
+
+
+class RecordError(ValueError):
+    """The record file cannot be used: the message names the file, the line and the fix."""
+
+
+_FIELDS = {'devices': int, 'seed': int, 'warmup_steps': int, 'epoch': int,
+           'batch_size': int, 'lr': float, 'seconds': float, 'train_loss': float,
+           'train_acc': float, 'test_acc': float, 'acc_running': list,
+           'acc_precise_bn': float, 'acc_batch_stats': float}
+
+
+def _check_line(record, path, number):
+    def refuse(what):
+        raise RecordError('%s, line %d: %s; fix or delete that line (the epoch is then trained '
+                          'again)' % (path, number, what))
+    if not isinstance(record, dict):
+        refuse('not a JSON object')
+    for name, kind in _FIELDS.items():
+        value = record.get(name)
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+              and math.isfinite(value)) if kind is float else (
+            isinstance(value, int) and not isinstance(value, bool)) if kind is int else \
+            isinstance(value, list)
+        if not ok:
+            refuse('%s is %r, not a %s' % (name, value, 'number' if kind is float else
+                                           'whole number' if kind is int else 'list'))
+    if not (record['devices'] >= 1 and record['epoch'] >= 1 and record['warmup_steps'] >= 0):
+        refuse('devices, epoch or warmup_steps out of range')
+    accuracies = [record[k] for k in ('train_acc', 'test_acc', 'acc_precise_bn',
+                                      'acc_batch_stats')] + record['acc_running']
+    if len(record['acc_running']) != record['devices'] or not all(
+            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1
+            for a in accuracies):
+        refuse('an accuracy is not a number from 0 to 1, or acc_running does not hold one per '
+               'device')
+    for name in ('train_limit', 'test_limit'):
+        value = record.get(name)
+        if value is not None and not (isinstance(value, int) and value >= 1):
+            refuse('%s is %r, not a whole number or null' % (name, value))
+
+
+def record_key(record):
+    """The ``Run.key()`` of a record line."""
+    return (record['devices'], record['seed'], record['warmup_steps'],
+            record.get('train_limit'), record.get('test_limit'))
+
+
+def read_records(path):
+    """Read the record file (JSON, one epoch per line); return the lines as dicts, in order.
+
+    A file that does not exist holds no records. Every line is checked (types, ranges); an
+    epoch recorded twice must carry the same accuracies (a run retrained from scratch after its
+    checkpoints were lost repeats itself bit for bit on the same machine), and only the first is
+    kept.
+
+    Raises
+    ------
+    RecordError
+        Naming the file, the line and what is wrong.
+    """
+    from .files import InputError, open_input
+    try:
+        with open_input(path) as f:
+            text = f.read().decode('utf-8')
+    except FileNotFoundError:
+        return []
+    except InputError as e:
+        if e.reason == 'does not exist':
+            return []
+        raise RecordError('%s %s; pass --record with a regular file' % (path, e.reason)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError('%s cannot be read (%s); pass --record with a readable file'
+                          % (path, getattr(e, 'strerror', None) or e)) from None
+    records, seen = [], {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line, parse_constant=lambda c: float('nan'))
+        except ValueError as e:
+            raise RecordError('%s, line %d: not JSON (%s); fix or delete that line'
+                              % (path, number, e)) from None
+        _check_line(record, path, number)
+        where = (record_key(record), record['epoch'])
+        if where in seen:
+            first = seen[where]
+            if (first['test_acc'], first['acc_running']) != (record['test_acc'],
+                                                              record['acc_running']):
+                raise RecordError('%s, line %d: epoch %d of run %s is recorded twice with '
+                                  'different accuracies (%s, then %s); keep one of the two lines'
+                                  % (path, number, record['epoch'], _name_of(record),
+                                     first['test_acc'], record['test_acc']))
+            continue
+        seen[where] = record
+        records.append(record)
+    return records
+
+
+def _name_of(record):
+    return Run(*record_key(record)[:3], 0, *record_key(record)[3:]).name
+
+
+def append_record(path, record):
+    """Append one line to the record file and flush it to disk before returning.
+
+    Raises
+    ------
+    files.OutputError
+        When the path is not a regular file of ours (a folder, a device, a link) or the disk
+        refuses the write.
+    """
+    from .files import OutputError, output_problem
+    problem = output_problem(path)
+    if problem:
+        raise OutputError(path, 'cannot append to the record %s: %s' % (path, problem))
+    line = json.dumps(record, sort_keys=True, allow_nan=False) + '\n'
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, line.encode('utf-8'))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OutputError(path, 'cannot append to the record %s: %s' % (
+            path, e.strerror or e), e.errno) from None
+
+
+def recorded_epochs(records, run):
+    """The epochs of ``run`` in ``records``, sorted."""
+    return sorted(r['epoch'] for r in records if record_key(r) == run.key())
+
+
+def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
+    """The command that trains ``run`` up to epoch ``epochs`` in checkpoint folder ``directory``."""
+    argv = [sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', str(run.devices),
+            '--seed', str(run.seed), '--epochs', str(epochs), '--checkpoint-dir', directory,
+            '--device', device]
+    if resume:
+        argv.append('--resume')
+    if run.warmup_steps:
+        argv += ['--warmup-steps', str(run.warmup_steps)]
+    for flag, value in (('--train-limit', run.train_limit), ('--test-limit', run.test_limit),
+                        ('--data-dir', data_dir)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _restored(directory, record, devices, hybridize):
+    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``."""
+    from . import checkpoint
+    net = book.new_network('resnet18', hybridize=hybridize)
+    trainer = book.init_training(net, devices, record['args']['lr'])
+    checkpoint.restore(directory, record, net, trainer, devices)
+    return net
+
+
+def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
+             precise_images=PRECISE_BN_IMAGES, batch_stats_batch=BATCH_STATS_BATCH):
+    """Test accuracy of checkpoint ``epoch`` in ``directory``, normalized three ways.
+
+    Returns
+    -------
+    dict
+        ``stats``: the epoch's numbers as the train command recorded them (``seconds``,
+        ``train_loss``, ``train_acc``, ``test_acc``, ...); ``acc_running``: one accuracy per
+        device, each with that device's running statistics (device 0's is the book's measure);
+        ``acc_precise_bn``: device 0's weights with the running statistics re-estimated on the
+        first ``precise_images`` training images (file order); ``acc_batch_stats``: batch
+        statistics over test batches of ``batch_stats_batch``. Nothing in the folder changes.
+    """
+    from mxnet import nd
+
+    from . import checkpoint, data
+    from .bnstats import evaluate_with_batch_stats, reestimate_running_stats
+    from .training import evaluate_accuracy
+
+    record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
+                                        checkpoint.checkpoint_path(directory, epoch, 'json'))
+    batch_size = record['args']['batch_size']
+    _, test_iter = data.load_data_fashion_mnist(batch_size, data_dir=data_dir,
+                                                train_limit=1, test_limit=test_limit)
+    net = _restored(directory, record, devices, hybridize=True)
+    acc_running = [evaluate_accuracy(test_iter, net, [d]) for d in devices]
+
+    plain = _restored(directory, record, devices, hybridize=False)
+    images, _ = data.load_fashion_mnist_arrays('train', data_dir)
+    X = nd.array(data.to_tensor(images[:precise_images]), dtype='float32')
+    reestimate_running_stats(plain, X, devices[0])
+    plain.hybridize(static_alloc=True)
+    acc_precise = evaluate_accuracy(test_iter, plain, devices[:1])
+    _, stats_iter = data.load_data_fashion_mnist(batch_stats_batch, data_dir=data_dir,
+                                                 train_limit=1, test_limit=test_limit)
+    acc_batch = evaluate_with_batch_stats(stats_iter, net, devices[0])
+    return {'stats': record['history'][epoch - 1], 'acc_running': acc_running,
+            'acc_precise_bn': acc_precise,
+            'acc_batch_stats': acc_batch, 'precise_bn_images': precise_images,
+            'batch_stats_batch': batch_stats_batch}
+
+
+def _commit():
+    try:
+        out = subprocess.run(['git', '-C', ROOT, 'rev-parse', 'HEAD'], capture_output=True,
+                             text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _cpu_name():
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
+class RunFailed(RuntimeError):
+    """A run's train command failed; ``exit_code`` is its exit code, the message its log."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _is_locked(directory):
+    from .checkpoint import CheckpointError, lock_dir
+    if not os.path.isdir(directory):
+        return None
+    try:
+        lock_dir(directory).release()
+    except CheckpointError as e:
+        return str(e)
+    return None
+
+
+def _train_epochs(argv, log_path):
+    """Run the train command, its output appended to ``log_path``; return its exit code."""
+    with open(log_path, 'ab') as log:
+        log.write(('\n$ %s\n' % ' '.join(argv)).encode())
+        log.flush()
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                 cwd=ROOT)
+        try:
+            return child.wait()
+        except BaseException:
+            # Ctrl-C or SIGTERM of this process: the child stops too (it keeps its finished
+            # epochs), then the reason goes on.
+            child.terminate()
+            child.wait()
+            raise
+
+
+def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None,
+              progress=None, wait_seconds=60):
+    """Train and diagnose every epoch of ``runs`` not yet in the record; return the records.
+
+    Resumable at any point: an epoch counts once its line is in ``record_path``; a run whose
+    checkpoint folder holds later epochs than the record is diagnosed from them, one that holds
+    fewer is resumed from its last checkpoint (or trained again from the start when the folder
+    was lost). A run whose folder another process holds (``--checkpoint-dir`` lock) is left
+    until last, then waited for.
+
+    Parameters
+    ----------
+    runs : list of Run
+    work_dir : str
+        Holds one checkpoint folder per run (``work_dir/<run name>``, 45 MB per epoch) and the
+        train commands' logs (``work_dir/logs``).
+    record_path : str
+        The record file (JSON lines), appended to after each epoch.
+    devices : list of mxnet.Context
+        Where the checkpoints are diagnosed: as many as the largest run has devices.
+    progress : callable, optional
+        Called with one line of text before each epoch and after each diagnosis.
+
+    Raises
+    ------
+    RunFailed
+        When a train command fails (its exit code and log); KeyboardInterrupt when stopped.
+    """
+    say = progress or (lambda line: None)
+    os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
+    records = read_records(record_path)
+    total = sum(r.epochs for r in runs)
+    spent = []  # wall seconds per epoch of this call: train command and diagnosis
+    for run in runs:
+        directory = os.path.join(work_dir, run.name)
+        while True:
+            done = recorded_epochs(records, run)
+            if len(done) >= run.epochs:
+                break
+            # One training at a time: a run another process holds is waited for.
+            holder = _is_locked(directory)
+            if holder:
+                say('waiting: %s' % holder)
+                time.sleep(wait_seconds)
+                continue
+            epoch, start = len(done) + 1, time.time()
+            if epoch not in list_checkpoints(directory):
+                recorded = sum(min(len(recorded_epochs(records, r)), r.epochs) for r in runs)
+                per_epoch = _seconds_per_epoch(spent, records)
+                say('book table: %d of %d epochs recorded; training %s epoch %d%s'
+                    % (recorded, total, run.name, epoch, '' if per_epoch is None else
+                       ', about %.1f h left at %.0f min per epoch'
+                       % ((total - recorded) * per_epoch / 3600, per_epoch / 60)))
+                _train(run, directory, epoch, work_dir, device, data_dir)
+            records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
+            spent.append(time.time() - start)
+            say(_diagnosis_line(run, records[-1]))
+    return records
+
+
+def _train(run, directory, epoch, work_dir, device, data_dir):
+    """Train ``run`` up to ``epoch`` with the train command, from its last checkpoint."""
+    resume = bool(list_checkpoints(directory))
+    argv = train_argv(run, directory, epoch, resume, device, data_dir)
+    log_path = os.path.join(work_dir, 'logs', run.name + '.log')
+    code = _train_epochs(argv, log_path)
+    if code in (129, 130, 143):
+        raise KeyboardInterrupt('the train command of %s was stopped (exit %d)'
+                                % (run.name, code))
+    if code != 0:
+        raise RunFailed('the train command of %s exited with %d; its output is in %s'
+                        % (run.name, code, log_path), code)
+
+
+def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
+    """Diagnose epoch ``epoch``'s checkpoint of ``run``; append its line to the record and
+    return it."""
+    found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
+    stats = found.pop('stats')
+    batch_size, lr = book.book_setting(run.devices)
+    record = dict(found, devices=run.devices, seed=run.seed,
+                  warmup_steps=run.warmup_steps, train_limit=run.train_limit,
+                  test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
+                  seconds=stats['seconds'], train_loss=stats['train_loss'],
+                  train_acc=stats['train_acc'], test_acc=stats['test_acc'],
+                  images_per_sec=stats['images_per_sec'],
+                  device_names=[str(d) for d in devices[:run.devices]],
+                  commit=_commit(), mxnet=_mxnet_version(), cpu=_cpu_name(),
+                  recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
+                      '%Y-%m-%dT%H:%M:%SZ'))
+    append_record(record_path, record)
+    return record
+
+
+def _diagnosis_line(run, record):
+    return ('%s epoch %d: test_acc %.4f (device 0: %.4f), precise BatchNorm %.4f, batch '
+            'statistics %.4f' % (run.name, record['epoch'], record['test_acc'],
+                                 record['acc_running'][0], record['acc_precise_bn'],
+                                 record['acc_batch_stats']))
+
+
+def _mxnet_version():
+    import mxnet
+    return mxnet.__version__
+
+
+def _seconds_per_epoch(spent, records):
+    if spent:
+        return sum(spent) / len(spent)
+    seconds = [r['seconds'] for r in records]
+    return sum(seconds) / len(seconds) if seconds else None
+
+
+def summarize(values):
+    """``{'n', 'mean', 'low', 'high'}`` of a list of numbers (None for an empty list)."""
+    if not values:
+        return None
+    return {'n': len(values), 'mean': sum(values) / len(values), 'low': min(values),
+            'high': max(values)}
