@@ -363,6 +363,7 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
     records = read_records(record_path)
     total = sum(r.epochs for r in runs)
     spent = []  # wall seconds per epoch of this call: train command and diagnosis
+    waiting_for = None
     for run in runs:
         directory = os.path.join(work_dir, run.name)
         while True:
@@ -372,9 +373,12 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
             # One training at a time: a run another process holds is waited for.
             holder = _is_locked(directory)
             if holder:
-                say('waiting: %s' % holder)
+                if holder != waiting_for:
+                    say('waiting: %s' % holder)
+                waiting_for = holder
                 time.sleep(wait_seconds)
                 continue
+            waiting_for = None
             epoch, start = len(done) + 1, time.time()
             if epoch not in list_checkpoints(directory):
                 recorded = sum(min(len(recorded_epochs(records, r)), r.epochs) for r in runs)
