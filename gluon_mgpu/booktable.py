@@ -16,14 +16,16 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
 import time
 
 from . import book
 from .checkpoint_names import list_checkpoints
 
 __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_runs',
-           'RecordError', 'read_records', 'append_record', 'recorded_epochs', 'train_argv',
-           'diagnose', 'run_table', 'summarize']
+           'RecordError', 'RunFailed', 'read_records', 'append_record', 'record_key',
+           'recorded_epochs', 'train_argv', 'diagnose', 'work_dir_problem', 'run_table',
+           'summarize']
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
@@ -89,7 +91,9 @@ def _check_line(record, path, number):
     if not isinstance(record, dict):
         refuse('not a JSON object')
     for name, kind in _FIELDS.items():
-        value = record.get(name)
+        if name not in record:
+            refuse('it lacks %s' % name)
+        value = record[name]
         ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
               and math.isfinite(value)) if kind is float else (
             isinstance(value, int) and not isinstance(value, bool)) if kind is int else \
@@ -308,6 +312,17 @@ def _is_locked(directory):
         lock_dir(directory).release()
     except CheckpointError as e:
         return str(e)
+    return None
+
+
+def work_dir_problem(work_dir):
+    """Why ``work_dir`` cannot hold the runs' checkpoints and logs (created if needed), or None."""
+    try:
+        os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
+        with tempfile.TemporaryFile(dir=work_dir):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
     return None
 
 

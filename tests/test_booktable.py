@@ -73,6 +73,8 @@ def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
      r'line 2: epoch 1 of run 2dev-seed0 is recorded twice with different accuracies '
      r'\(0.49, then 0.3\); keep one of the two lines'),
     (['[1, 2]'], r'line 1: not a JSON object'),
+    (['{"seed": 0}'], r'line 1: it lacks devices; fix or delete that line \(the epoch is then '
+                      r'trained again\)'),
 ])
 def test_a_bad_record_line_is_one_error_naming_the_line(tmp_path, lines, message):
     path = str(tmp_path / 'rec.jsonl')

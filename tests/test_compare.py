@@ -208,6 +208,16 @@ def test_committed_page_agrees_with_a_run_now(cells):
     (['--output', '/no/such/folder/x.md'], r'python -m gluon_mgpu.compare: error: --output '
                                            r'/no/such/folder/x.md: folder /no/such/folder does '
                                            r'not exist; create it or pass another path'),
+    (['--record', '/'], r'python -m gluon_mgpu.compare: error: --record /: it is a folder; '
+                        r'name a file in it'),
+    (['--record', os.path.join(ROOT, 'README.md')],
+     r'python -m gluon_mgpu.compare: error: .*README.md, line 1: not JSON \(.*\); fix or '
+     r'delete that line'),
+    (['--full', '--work-dir', '/proc/version/x'], r'python -m gluon_mgpu.compare: error: '
+                                                  r'--work-dir /proc/version/x: Not a directory; '
+                                                  r'pass a folder you can write to'),
+    (['--seeds', 'x'], r"python -m gluon_mgpu.compare: error: argument --seeds: --seed expects a "
+                       r"whole number, got 'x'; for example --seed 0 \(see --help\)"),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
     result = _run(*args)
