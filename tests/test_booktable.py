@@ -146,5 +146,5 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path):
             assert r['acc_running'] == [r['test_acc']]
     assert 'book table: 3 of 4 epochs recorded; training 1dev-seed0-limit256x128 epoch 2' in out
     # The checkpoints of every epoch stay in the work folder.
-    assert sorted(os.listdir(os.path.join(work, '2dev-seed0-limit256x128')))[:2] == [
-        '.lock', 'epoch-0001.json']
+    names = os.listdir(os.path.join(work, '2dev-seed0-limit256x128'))
+    assert {'epoch-0001.json', 'epoch-0002.json'} <= set(names)
