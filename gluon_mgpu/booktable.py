@@ -278,8 +278,9 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
 
 def _commit():
     try:
-        out = subprocess.run(['git', '-C', ROOT, 'rev-parse', 'HEAD'], capture_output=True,
-                             text=True, timeout=10)
+        # The commit that trained, marked -dirty when the working tree held changes.
+        out = subprocess.run(['git', '-C', ROOT, 'describe', '--always', '--abbrev=40',
+                              '--dirty'], capture_output=True, text=True, timeout=10)
         return out.stdout.strip() or None if out.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return None
