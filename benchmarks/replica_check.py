@@ -24,6 +24,7 @@ from mxnet import nd
 from mxnet.gluon import loss as gloss
 
 from gluon_mgpu import data
+from gluon_mgpu.env import cpu_model
 from gluon_mgpu.events import Events, TrainingState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -45,17 +46,6 @@ def parse_args(argv=None):
                    help='how many times to time the check alone (default: 10)')
     p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'replica-check.md'))
     return p.parse_args(argv)
-
-
-def cpu_model():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown'
 
 
 def measure(batch_size, pairs, steps, check_repeats, devices, images, labels):

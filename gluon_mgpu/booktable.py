@@ -13,13 +13,13 @@ import datetime
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 
 from . import book
+from .env import cpu_model
 from .checkpoint_names import list_checkpoints
 
 __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_runs',
@@ -286,17 +286,6 @@ def _commit():
         return None
 
 
-def _cpu_name():
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
 class RunFailed(RuntimeError):
     """A run's train command failed; ``exit_code`` is its exit code, the message its log."""
 
@@ -437,7 +426,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
                   train_acc=stats['train_acc'], test_acc=stats['test_acc'],
                   images_per_sec=stats['images_per_sec'],
                   device_names=[str(d) for d in devices[:run.devices]],
-                  commit=_commit(), mxnet=_mxnet_version(), cpu=_cpu_name(),
+                  commit=_commit(), mxnet=_mxnet_version(), cpu=cpu_model(),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))
     append_record(record_path, record)

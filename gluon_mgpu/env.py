@@ -24,8 +24,8 @@ from .devices import num_gpus
 from .gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
 from .threads import format_thread_settings
 
-__all__ = ['collect', 'format_report', 'loaded_from', 'driver_info', 'kernel_module_version',
-           'main']
+__all__ = ['collect', 'format_report', 'cpu_model', 'loaded_from', 'driver_info',
+           'kernel_module_version', 'main']
 
 PROG = 'python -m gluon_mgpu.env'
 # The driver API's codes that a machine without a usable GPU returns.
@@ -39,6 +39,18 @@ _ENV_PREFIXES = ('MXNET_', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')
 class _LinkMap(ctypes.Structure):
     # The head of glibc's struct link_map (<link.h>): l_name is the file the loader opened.
     _fields_ = [('l_addr', ctypes.c_void_p), ('l_name', ctypes.c_char_p)]
+
+
+def cpu_model():
+    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
 
 
 def _dlinfo():
