@@ -78,10 +78,21 @@ class RecordError(ValueError):
     """The record file cannot be used: the message names the file, the line and the fix."""
 
 
-_FIELDS = {'devices': int, 'seed': int, 'warmup_steps': int, 'epoch': int,
-           'batch_size': int, 'lr': float, 'seconds': float, 'train_loss': float,
-           'train_acc': float, 'test_acc': float, 'acc_running': list,
-           'acc_precise_bn': float, 'acc_batch_stats': float}
+def _is_whole(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
+        math.isfinite(value)
+
+
+_WHOLE, _NUMBER, _LIST = ((_is_whole, 'a whole number'), (_is_number, 'a number'),
+                          (lambda v: isinstance(v, list), 'a list'))
+_FIELDS = {'devices': _WHOLE, 'seed': _WHOLE, 'warmup_steps': _WHOLE, 'epoch': _WHOLE,
+           'batch_size': _WHOLE, 'lr': _NUMBER, 'seconds': _NUMBER, 'train_loss': _NUMBER,
+           'train_acc': _NUMBER, 'test_acc': _NUMBER, 'acc_running': _LIST,
+           'acc_precise_bn': _NUMBER, 'acc_batch_stats': _NUMBER}
 
 
 def _check_line(record, path, number):
@@ -90,29 +101,22 @@ def _check_line(record, path, number):
                           'again)' % (path, number, what))
     if not isinstance(record, dict):
         refuse('not a JSON object')
-    for name, kind in _FIELDS.items():
+    for name, (test, kind) in _FIELDS.items():
         if name not in record:
             refuse('it lacks %s' % name)
-        value = record[name]
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-              and math.isfinite(value)) if kind is float else (
-            isinstance(value, int) and not isinstance(value, bool)) if kind is int else \
-            isinstance(value, list)
-        if not ok:
-            refuse('%s is %r, not a %s' % (name, value, 'number' if kind is float else
-                                           'whole number' if kind is int else 'list'))
+        if not test(record[name]):
+            refuse('%s is %r, not %s' % (name, record[name], kind))
     if not (record['devices'] >= 1 and record['epoch'] >= 1 and record['warmup_steps'] >= 0):
         refuse('devices, epoch or warmup_steps out of range')
     accuracies = [record[k] for k in ('train_acc', 'test_acc', 'acc_precise_bn',
                                       'acc_batch_stats')] + record['acc_running']
     if len(record['acc_running']) != record['devices'] or not all(
-            isinstance(a, (int, float)) and not isinstance(a, bool) and 0 <= a <= 1
-            for a in accuracies):
+            _is_number(a) and 0 <= a <= 1 for a in accuracies):
         refuse('an accuracy is not a number from 0 to 1, or acc_running does not hold one per '
                'device')
     for name in ('train_limit', 'test_limit'):
         value = record.get(name)
-        if value is not None and not (isinstance(value, int) and value >= 1):
+        if value is not None and not (_is_whole(value) and value >= 1):
             refuse('%s is %r, not a whole number or null' % (name, value))
 
 
@@ -174,7 +178,8 @@ def read_records(path):
 
 
 def _name_of(record):
-    return Run(*record_key(record)[:3], 0, *record_key(record)[3:]).name
+    devices, seed, warmup_steps, train_limit, test_limit = record_key(record)
+    return Run(devices, seed, warmup_steps, None, train_limit, test_limit).name
 
 
 def append_record(path, record):
