@@ -212,9 +212,8 @@ def book_loop_steps(net, batches, devices, batch_size, lr):
 
 
 def _values_by_device(net, devices):
-    """Every parameter's values on every device, in order: ``[(name, [array per device])]``."""
-    return [(p.name, [p.data(d).asnumpy() for d in devices])
-            for p in net.collect_params().values()]
+    """Every parameter's values on every device, in order: ``[[array per device], ...]``."""
+    return [[p.data(d).asnumpy() for d in devices] for p in net.collect_params().values()]
 
 
 def port_equality(devices, batches, test_batches, lr, seed=0):
@@ -232,9 +231,7 @@ def port_equality(devices, batches, test_batches, lr, seed=0):
         ``trained`` and ``running``: the largest difference of the trained parameters and of the
         BatchNorm running statistics over every device, with ``arrays`` (how many arrays per
         device: trained, running); ``test_acc``: ``(book, ours)`` with device 0's parameters,
-        as the book evaluates (``d2lzh.evaluate_accuracy(test_iter, net, ctx[0])``);
-        ``test_acc_split``: ours over all devices, as ``train()`` evaluates (each device then
-        uses its own running statistics, so it may differ).
+        as the book evaluates (``d2lzh.evaluate_accuracy(test_iter, net, ctx[0])``).
     """
     import d2lzh
     import mxnet as mx
@@ -273,17 +270,16 @@ def port_equality(devices, batches, test_batches, lr, seed=0):
                    default=0.0)
 
     diffs = {'trained': [], 'running': []}
-    for (name, t), p in zip(_values_by_device(theirs, devices), ours.collect_params().values()):
-        kind = 'running' if p.grad_req == 'null' else 'trained'
-        diffs[kind] += list(zip(t, [p.data(d).asnumpy() for d in devices]))
+    for t, o, p in zip(_values_by_device(theirs, devices), _values_by_device(ours, devices),
+                       ours.collect_params().values()):
+        diffs['running' if p.grad_req == 'null' else 'trained'] += list(zip(t, o))
     return {'steps': len(batches),
             'loss': most((a, b) for s, t in zip(book_losses, our_losses) for a, b in zip(s, t)),
             'trained': most(diffs['trained']), 'running': most(diffs['running']),
             'arrays': (len(diffs['trained']) // len(devices),
                        len(diffs['running']) // len(devices)),
             'test_acc': (d2lzh.evaluate_accuracy(test_batches, theirs, devices[0]),
-                         evaluate_accuracy(test_batches, ours, devices[:1])),
-            'test_acc_split': evaluate_accuracy(test_batches, ours, devices)}
+                         evaluate_accuracy(test_batches, ours, devices[:1]))}
 
 
 def is_simulated(devices):
@@ -377,8 +373,8 @@ def prediction_interval(values):
         raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
     mean = sum(values) / n
     s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    df = n - 1
-    t = _T975.get(df) or next((_T975[k] for k in sorted(_T975) if k >= df), 1.96)
+    # Between the table's rows, the smaller row's t: the wider, cautious interval.
+    t = _T975[max(k for k in _T975 if k <= n - 1)]
     half = t * s * math.sqrt(1 + 1 / n)
     return mean - half, mean + half
 
@@ -388,17 +384,17 @@ def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit
     from .booktable import record_key
     by_epoch = {}
     for r in records:
-        if record_key(r)[0] == devices and record_key(r)[2:] == (warmup_steps, train_limit,
-                                                                   test_limit):
+        key = record_key(r)
+        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit):
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
 
 
-def _spread(values, fmt='%.2f'):
+def _spread(values):
     from .booktable import summarize
     s = summarize(values)
-    return ('mean ' + fmt + ' (' + fmt + '-' + fmt + ', %d seed%s)') % (
-        s['mean'], s['low'], s['high'], s['n'], '' if s['n'] == 1 else 's')
+    return 'mean %.2f (%.2f-%.2f, %d seed%s)' % (s['mean'], s['low'], s['high'], s['n'],
+                                                 '' if s['n'] == 1 else 's')
 
 
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
@@ -635,10 +631,11 @@ PLATFORM_NOTES = (
     'Evaluation: the book tests with device 0\'s parameters and running statistics '
     '(`evaluate_accuracy(test_iter, net, ctx[0])`), as the table does. `gluon_mgpu.train` and the '
     'per-epoch line of the train command split the test set over all devices, each with its own '
-    'running statistics: the column "other devices" shows how little that changes.',
-    'A learning-rate warmup (Goyal et al. 2017, `--warmup-steps N`) is what avoids the first '
-    'steps\' blow-up; its rows train the first epoch of the same seeds with it, beside the '
-    'book\'s setting.',
+    'running statistics: the column "other devices\' running stats" is the other half of that '
+    'mix.',
+    'A learning-rate warmup (Goyal et al. 2017, `--warmup-steps N`) is the usual remedy for a '
+    'large batch\'s blow-up in the first steps; its rows train the first epoch of the same '
+    'seeds with it, to measure what it changes here. The book did not use one.',
 )
 
 
