@@ -107,6 +107,9 @@ CASES = [
     (['--micro-batches', '2'], '--micro-batches', '2', 'pass --parallel layers'),
     (['--cut', ''], '--cut', "''", "give 'params', 'time' or the names of the units"),
     (['--cut', 'stage2'], '--cut', 'stage2', 'pass --parallel layers or drop --cut'),
+    (['--warmup-steps', '-5'], '--warmup-steps', '-5', 'for example --warmup-steps 2'),
+    (['--warmup-steps', '10', '--parallel', 'channels', '--num-gpus', '2'], '--warmup-steps',
+     '--parallel data only', 'drop it or pass --parallel data'),
 ]
 SUBPROCESS = ['--num-gpus two', '--lr -0.1', '--train-limit 60001', '--device tpu',
               '--data-dir {broken}', '--checkpoint-dir {file}/ck',
