@@ -7,7 +7,7 @@ import sys
 import types
 
 from . import startup
-from .threads import configure_threads, thread_settings
+from .threads import configure_threads, thread_settings, warn_if_imported_late
 
 # A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
 startup.guard()
@@ -20,6 +20,8 @@ except ValueError as e:  # a bad GLUON_MGPU_CPU_DEVICES: a command says so in on
         raise
     sys.stderr.write('%s: error: %s\n' % (_command, e))
     raise SystemExit(2)
+# The book's import order (d2lzh, so MXNet, first) leaves MXNet on half the cores: say so.
+warn_if_imported_late()
 # The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
 from .gpu_build import prepare_for_package  # noqa: E402
 prepare_for_package()
