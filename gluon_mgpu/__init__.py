@@ -3,18 +3,23 @@
 ``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
 line (the module ``gluon_mgpu/train.py``).
 """
+import os
 import sys
 import types
 
 from . import startup
-from .threads import configure_threads, thread_settings, warn_if_imported_late
+from .mxnet_env import check_environment
+from .threads import configure_threads, thread_settings, usable_cores, warn_if_imported_late
 
 # A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
 startup.guard()
-# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
+# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up, and aborts on a
+# value it cannot parse.
 try:
+    check_environment(os.environ, usable_cores())
     configure_threads()
-except ValueError as e:  # a bad GLUON_MGPU_CPU_DEVICES: a command says so in one line
+except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: a command says so in
+    # one line
     _command = startup.starting_command()
     if _command is None:
         raise

@@ -30,10 +30,12 @@ import logging
 import os
 import platform
 import re
+import resource
 import sys
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
+           'thread_limit', 'usable_cores',
            'simulated_devices_of_command', 'DEVICES_ENV']
 
 _SETTINGS = {}
@@ -45,7 +47,8 @@ CHOSEN_ENV = 'GLUON_MGPU_CHOSE'
 _DEVICE_COMMANDS = ('gluon_mgpu.train',)
 
 
-def _usable_cores():
+def usable_cores():
+    """The cores this process may run on (its CPU affinity)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -135,6 +138,57 @@ def _recorded_devices(directory):
     return {'--num-gpus': str(count), '--device': device}
 
 
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_pids_max():
+    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(':', 2)
+        if controllers == '':
+            found = _read_int('/sys/fs/cgroup%s/pids.max' % path.rstrip('/'))
+        elif 'pids' in controllers.split(','):
+            found = _read_int('/sys/fs/cgroup/pids%s/pids.max' % path.rstrip('/'))
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def thread_limit():
+    """Return ``(n, source)``: the most threads this process could have, and which limit says
+    so (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
+    process id, ``'the cgroup\'s pids.max'``); ``(None, None)`` when nothing limits it. Reads
+    no MXNet: it is asked before MXNet starts."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+        limits.append((soft, 'ulimit -u'))
+    threads_max = _read_int('/proc/sys/kernel/threads-max')
+    if threads_max:
+        limits.append((threads_max, 'kernel.threads-max'))
+    pid_max = _read_int('/proc/sys/kernel/pid_max')
+    if pid_max:
+        limits.append((pid_max, 'kernel.pid_max'))
+    pids_max = _cgroup_pids_max()
+    if pids_max:
+        limits.append((pids_max, "the cgroup's pids.max"))
+    return min(limits) if limits else (None, None)
+
+
 def _devices_from_environment(environ):
     value = environ.get(DEVICES_ENV, '')
     if value == '':
@@ -185,13 +239,16 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     if devices is None:
         devices = simulated_devices_of_command() if environ is os.environ else None
     devices = devices or 1
-    cores = _usable_cores()
+    cores = usable_cores()
     if not mxnet_imported:
         # Values a parent process's gluon_mgpu set are not the user's: choose them again.
         for item in environ.pop(CHOSEN_ENV, '').split():
             name, _, value = item.partition('=')
             if name in ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY') and environ.get(name) == value:
                 del environ[name]
+    for name in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS'):
+        if environ.get(name) == '':  # MXNet takes an empty value for unset
+            del environ[name]
     if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
         value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
         settings = {'omp_num_threads': int(value) if _whole(str(value)) else value,
@@ -223,7 +280,7 @@ def mxnet_default_threads(cores=None, machine=None):
     started: half the usable cores on x86 (``src/engine/openmp.cc``), at least 1; all of them
     elsewhere. MXNet caps every engine worker at this count, so ``MXSetNumOMPThreads`` called
     later changes the calling thread only (measured: docs/import-order.md)."""
-    cores = _usable_cores() if cores is None else cores
+    cores = usable_cores() if cores is None else cores
     machine = platform.machine() if machine is None else machine
     x86 = machine.lower() in ('x86_64', 'amd64', 'i386', 'i686', 'x86')
     return max(1, cores // 2) if x86 else cores
