@@ -69,6 +69,20 @@ _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.S
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
+def _dump_stacks_on_quit():
+    """Make SIGQUIT print every thread's stack on stderr (fd 2 when ``sys.stderr`` is not a
+    file, as under pytest) before its default action; whether it could."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            # In C, so it runs even while the main thread is inside MXNet; chain: then the
+            # default action ends the process.
+            faulthandler.register(signal.SIGQUIT, file=stream, all_threads=True, chain=True)
+            return True
+        except (AttributeError, ValueError, OSError, RuntimeError):  # no file descriptor
+            continue
+    return False
+
+
 class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
@@ -127,10 +141,7 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                 if signal.getsignal(signum) is _DEFAULTS[signum]:
                     self._previous[signum] = signal.signal(signum, self._handle)
             if signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL:
-                # In C, so it runs even while the main thread is inside MXNet; chain: then the
-                # default action ends the process.
-                faulthandler.register(signal.SIGQUIT, all_threads=True, chain=True)
-                self._quit_dump = True
+                self._quit_dump = _dump_stacks_on_quit()
         return self
 
     def __exit__(self, *exc_info):
