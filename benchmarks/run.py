@@ -52,6 +52,13 @@ TRAIN = {
     'ours-hyb-2': ('(c) ours, hybridized, 2 devices',
                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
                         threads='package', devices=2)),
+    'order-d2lzh': ("(c) ours, hybridized, 1 device, in the book's import order: d2lzh (so "
+                    'MXNet) imported before gluon_mgpu',
+                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
+                         threads='d2lzh-first', devices=1)),
+    'order-d2lzh-omp': ('(c) the same, then MXSetNumOMPThreads(cores) (mx.base._LIB)',
+                        dict(model='ours', mode='hybrid', loop='ours', loader='array',
+                             threads='d2lzh-first', omp_after=True, devices=1)),
 }
 TORCH = {
     'torch-eager': ('(d) PyTorch edition resnet18, eager', dict(mode='eager')),
@@ -94,7 +101,7 @@ def measure(config, timeout=900):
     ``cpu_per_wall``, ``others_cores``, ``disturbed``; benchmarks/measuring.py).
     """
     env = dict(os.environ)
-    if config.get('threads') == 'mxnet':
+    if config.get('threads') in ('mxnet', 'd2lzh-first'):
         env.pop('OMP_NUM_THREADS', None)
     env.update(config.get('env', {}))
     try:
@@ -177,6 +184,9 @@ def flops_per_image():
 
 
 NAMES = list(TRAIN) + list(TORCH) + list(OTHER) + ['gemm']
+# Measured on their own, next to ours-hyb-1, into docs/import-order.md (issue 21):
+#   run.py --only ours-hyb-1,order-d2lzh,order-d2lzh-omp --out docs/import-order.md
+IMPORT_ORDER = ('order-d2lzh', 'order-d2lzh-omp')
 
 
 def config(name, quick=False):
@@ -234,6 +244,9 @@ def targets(med, best):
     add('ours (1 device) >= 1.6x PyTorch eager', 'ours-hyb-1', 'torch-eager', 1.6)
     add('2 simulated devices at least as fast as 1 at the same global batch (issue 15)',
         'ours-hyb-2', 'ours-hyb-1', 1.0)
+    add("the book's import order (d2lzh first) as fast as the package first (issue 21)",
+        'order-d2lzh', 'ours-hyb-1', 1.0)
+    add('the same, then MXSetNumOMPThreads(cores)', 'order-d2lzh-omp', 'ours-hyb-1', 1.0)
     add('data path >= 100x the training rate', 'data-array', 'ours-hyb-1', 100)
     add('evaluation >= 3x the training rate (issue 15)', 'eval-1', 'ours-hyb-1', 3)
     add('evaluation with the MKLDNN backend >= 3x the training rate', 'eval-1-mkldnn',
@@ -244,8 +257,28 @@ def targets(med, best):
     return rows
 
 
-def report(raw):
-    """Render docs/benchmarks.md from the raw records (docs/benchmarks.json)."""
+def import_order_line(path=os.path.join(ROOT, 'docs', 'import-order.json')):
+    """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md."""
+    line = ("(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): "
+            'measured on its own, next to (c) on 1 device, in [import-order.md](import-order.md)')
+    try:
+        with open(path) as f:
+            records = json.load(f)['records']
+    except (OSError, ValueError, KeyError):
+        return line + '.'
+    med = {n: summarize([r for r in records if r['name'] == n])['median']
+           for n in ('ours-hyb-1',) + IMPORT_ORDER if any(r['name'] == n for r in records)}
+    if len(med) < 3:
+        return line + '.'
+    return line + (': %.1f images/s against %.1f with the package imported first, %.2fx; '
+                   'MXSetNumOMPThreads(cores) after the import does not help: %.1f, %.2fx (%s).'
+                   % (med['order-d2lzh'], med['ours-hyb-1'], med['order-d2lzh'] /
+                      med['ours-hyb-1'], med['order-d2lzh-omp'],
+                      med['order-d2lzh-omp'] / med['ours-hyb-1'], records[0]['utc']))
+
+
+def report(raw, raw_name='benchmarks.json'):
+    """Render docs/benchmarks.md from the raw records (docs/benchmarks.json, or ``raw_name``)."""
     by_name = {n: [r for r in raw['records'] if r['name'] == n] for n in NAMES}
     by_name = {n: rs for n, rs in by_name.items() if rs}
     stats = {n: summarize(rs) for n, rs in by_name.items()}
@@ -258,8 +291,9 @@ def report(raw):
     n_disturbed = sum(r['disturbed'] for r in every)
     lines = ['# Benchmarks', '',
              'Written by `benchmarks/run.py`%s from the raw records in '
-             '[benchmarks.json](benchmarks.json); do not edit by hand.'
-             % (' --quick (NOT representative)' if raw.get('quick') else ''), '',
+             '[%s](%s); do not edit by hand.'
+             % (' --quick (NOT representative)' if raw.get('quick') else '', raw_name, raw_name),
+             '',
              '- when: %s, in %d part%s (%s)' % (
                  '%s to %s' % (runs[0]['start'], runs[-1]['end']), len(runs),
                  '' if len(runs) == 1 else 's',
@@ -289,9 +323,11 @@ def report(raw):
     if not any(n in by_name for n in TORCH) and not has_torch():
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
-    missing = [n for n in NAMES if n not in by_name]
+    missing = [n for n in NAMES if n not in by_name and n not in IMPORT_ORDER]
     if missing:
         lines += ['', '**Not measured in this run**: %s.' % ', '.join(missing)]
+    if not any(n in by_name for n in IMPORT_ORDER):
+        lines += ['', import_order_line()]
     lines += ['', '(f) The replica check has its own benchmark: benchmarks/replica_check.py, '
               '[replica-check.md](replica-check.md).',
               '', '## Targets', '',
@@ -378,7 +414,7 @@ def main(argv=None):
                    flops_per_image=flops_per_image())
         with open(raw_path, 'w') as f:
             json.dump(raw, f, indent=1)
-    text = report(raw)
+    text = report(raw, os.path.basename(raw_path))
     with open(args.out, 'w') as f:
         f.write(text)
     print(text)

@@ -6,7 +6,8 @@ CPU time, and the cores the rest of the machine kept busy meanwhile.
 Run by benchmarks/run.py and scaling.py as ``python benchmarks/worker.py '<json config>'``
 (kind "dist": by every process of a dist_sync job). The import order matters: MXNet reads
 OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet first and never lets
-gluon_mgpu choose threads (MXNet's defaults, as a book reader has them).
+gluon_mgpu choose threads (MXNet's defaults, as a book reader has them); a "d2lzh-first" one
+imports d2lzh (hence MXNet) and then the package, the book's import order.
 """
 import json
 import os
@@ -18,7 +19,18 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measuring import Interval  # noqa: E402
 
 CONFIG = json.loads(sys.argv[1])
-if CONFIG.get('threads') == 'package':
+if CONFIG.get('threads') == 'd2lzh-first':
+    # The book's first cell: d2lzh imports MXNet, which starts with its own thread count; the
+    # package comes after (and warns). With omp_after, MXNet's MXSetNumOMPThreads is asked for
+    # every core then: it sets the calling thread's OpenMP count, not the engine's workers'.
+    import d2lzh  # noqa: F401
+    import gluon_mgpu  # noqa: F401
+    if CONFIG.get('omp_after'):
+        import ctypes
+        import mxnet
+        mxnet.base.check_call(mxnet.base._LIB.MXSetNumOMPThreads(
+            ctypes.c_int(len(os.sched_getaffinity(0)))))
+elif CONFIG.get('threads') == 'package':
     # The choice `python -m gluon_mgpu.train --num-gpus N` makes for N simulated devices.
     os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(CONFIG.get('devices', 1)))
     import gluon_mgpu  # noqa: F401  (chooses OMP_NUM_THREADS before MXNet starts)

@@ -3,23 +3,30 @@
 ``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
 line (the module ``gluon_mgpu/train.py``).
 """
+import os
 import sys
 import types
 
 from . import startup
-from .threads import configure_threads, thread_settings
+from .mxnet_env import check_environment
+from .threads import configure_threads, thread_settings, usable_cores, warn_if_imported_late
 
 # A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
 startup.guard()
-# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up.
+# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up, and aborts on a
+# value it cannot parse.
 try:
+    check_environment(os.environ, usable_cores())
     configure_threads()
-except ValueError as e:  # a bad GLUON_MGPU_CPU_DEVICES: a command says so in one line
+except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: a command says so in
+    # one line
     _command = startup.starting_command()
     if _command is None:
         raise
     sys.stderr.write('%s: error: %s\n' % (_command, e))
     raise SystemExit(2)
+# The book's import order (d2lzh, so MXNet, first) leaves MXNet on half the cores: say so.
+warn_if_imported_late()
 # The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
 from .gpu_build import prepare_for_package  # noqa: E402
 prepare_for_package()

@@ -3,7 +3,7 @@
 Bad input is one line on stderr and exit code 2 (``UsageError``, whose message is the whole
 line; argparse's own errors become one through ``Parser``). ``run_command`` maps everything
 else: 1 for a failed run (a diverged loss, replicas that differ, an unexpected error, which
-suggests ``--debug``), 130 for Ctrl-C. Every failure is one line, written in one ``write`` so
+suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP. Every failure is one line, written in one ``write`` so
 that the processes of a dist job sharing a stream cannot split it; ``--debug`` (or
 ``GLUON_MGPU_DEBUG=1``) prints the traceback first.
 
@@ -215,12 +215,16 @@ def _say(e, line, debug):
         traceback.print_exception(type(e), e, e.__traceback__)
     # One line, whatever a path or a message holds.
     line = line.replace('\r', '\\r').replace('\n', '\\n')
-    sys.stderr.write(line + '\n')
-    sys.stderr.flush()
+    try:
+        sys.stderr.write(line + '\n')
+        sys.stderr.flush()
+    except (OSError, ValueError):  # after SIGHUP the terminal may be gone: the code still tells
+        pass
 
 
 def stopped_by(e):
-    """How a run stopped by a signal says so: ``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``."""
+    """How a run stopped by a signal says so: ``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``,
+    ``terminated (SIGHUP)``."""
     name = getattr(e, 'signal_name', 'SIGINT')
     return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
 

@@ -5,9 +5,10 @@ one of its functions is called, never at import time.
 """
 import logging
 import os
-import resource
 
 import mxnet as mx
+
+from .threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
@@ -137,53 +138,6 @@ def threads_per_cpu_context():
     if isinstance(value, int) and value > 0:
         return value + 1
     return max(1, (os.cpu_count() or 2) // 2) + 1
-
-
-def _read_int(path):
-    try:
-        with open(path) as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _cgroup_pids_max():
-    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
-    try:
-        with open('/proc/self/cgroup') as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(':', 2)
-        if controllers == '':
-            found = _read_int('/sys/fs/cgroup%s/pids.max' % path.rstrip('/'))
-        elif 'pids' in controllers.split(','):
-            found = _read_int('/sys/fs/cgroup/pids%s/pids.max' % path.rstrip('/'))
-        else:
-            continue
-        if found is not None:
-            return found
-    return None
-
-
-def thread_limit():
-    """Return ``(n, source)``: the most threads this process could have, and which limit says
-    so (``'ulimit -u'``, ``'kernel.threads-max'``, ``'the cgroup\'s pids.max'``); ``(None,
-    None)`` when nothing limits it."""
-    limits = []
-    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
-    # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
-    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
-        limits.append((soft, 'ulimit -u'))
-    threads_max = _read_int('/proc/sys/kernel/threads-max')
-    if threads_max:
-        limits.append((threads_max, 'kernel.threads-max'))
-    pids_max = _cgroup_pids_max()
-    if pids_max:
-        limits.append((pids_max, "the cgroup's pids.max"))
-    return min(limits) if limits else (None, None)
 
 
 def max_cpu_devices():

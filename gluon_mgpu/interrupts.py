@@ -1,4 +1,4 @@
-"""What MXNet's optimizer callback would swallow: Ctrl-C, SIGTERM and the optimizer's own errors.
+"""What MXNet's optimizer callback would swallow: signals that stop a run, the optimizer's errors.
 
 With the default kvstore, ``trainer.step`` runs the optimizer as a Python function that MXNet
 calls back through ctypes, once per parameter, on the main thread. An exception raised inside
@@ -6,21 +6,24 @@ such a callback is printed as "Exception ignored on calling ctypes callback func
 dropped: the run goes on as if nothing happened, and the parameters are not updated. Two things
 here make sure nothing is lost there:
 
-- ``DeferredInterrupt`` turns SIGINT (Ctrl-C) and SIGTERM into ``Interrupted`` (a
-  ``KeyboardInterrupt`` that records the signal) at once, as Python does for Ctrl-C, except
-  when the signal arrives inside that callback: then it only notes it, and ``check`` raises it
-  right after the step.
+- ``DeferredInterrupt`` turns SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or the ssh
+  connection closed) into ``Interrupted`` (a ``KeyboardInterrupt`` that records the signal) at
+  once, as Python does for Ctrl-C, except when the signal arrives inside that callback: then it
+  only notes it, and ``check`` raises it right after the step. SIGQUIT (Ctrl-\\) keeps its Unix
+  meaning, quit at once, and first prints where every thread is (``faulthandler``): it is what
+  ends a run stuck inside MXNet, where the other signals wait for MXNet to return.
 - ``guard_updates(trainer)`` catches any exception the optimizer raises during ``step`` (for
   example MXNet's "Out of range value for lr" with ``lr=1e39``) and raises it as
   ``UpdateError`` right after ``trainer.step`` returns.
 """
+import faulthandler
 import signal
 import sys
 import threading
 
 from .events import BatchEnd, EpochEnd
 
-__all__ = ['Interrupted', 'DeferredInterrupt', 'UpdateError', 'UpdateGuard', 'guard_updates',
+__all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING', 'UpdateError', 'UpdateGuard', 'guard_updates',
            'one_line']
 
 
@@ -34,17 +37,17 @@ def _callback_codes():
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by a signal: SIGINT (Ctrl-C) or SIGTERM.
+    """A run stopped by a signal: SIGINT (Ctrl-C), SIGTERM or SIGHUP.
 
-    A ``KeyboardInterrupt``, so code that handles Ctrl-C handles both.
+    A ``KeyboardInterrupt``, so code that handles Ctrl-C handles all three.
 
     Attributes
     ----------
     signum : int
     signal_name : str
-        ``'SIGINT'`` or ``'SIGTERM'``.
+        ``'SIGINT'``, ``'SIGTERM'`` or ``'SIGHUP'``.
     exit_code : int
-        What a process killed by the signal reports: 128 + ``signum`` (130, 143).
+        What a process killed by the signal reports: 128 + ``signum`` (130, 143, 129).
     """
 
     def __init__(self, signum=signal.SIGINT):
@@ -61,17 +64,40 @@ class Interrupted(KeyboardInterrupt):
 
 
 # The handler each signal has when nobody took it over; only then is it taken.
-_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
+_DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
+             signal.SIGHUP: signal.SIG_DFL}
+STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _dump_stacks_on_quit():
+    """Make SIGQUIT print every thread's stack on stderr (fd 2 when ``sys.stderr`` is not a
+    file, as under pytest) before its default action; whether it could."""
+    for stream in (sys.stderr, sys.__stderr__):
+        try:
+            # In C, so it runs even while the main thread is inside MXNet; chain: then the
+            # default action ends the process.
+            faulthandler.register(signal.SIGQUIT, file=stream, all_threads=True, chain=True)
+            return True
+        except (AttributeError, ValueError, OSError, RuntimeError):  # no file descriptor
+            continue
+    return False
 
 
 class DeferredInterrupt(BatchEnd, EpochEnd):
-    """Context manager for SIGINT and SIGTERM during training; ``check()`` raises a deferred one.
+    """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
-    Inside it, either signal raises ``Interrupted`` (which records the signal) at once, or,
-    when it arrives inside MXNet's optimizer callback, at the next ``check()``. It takes over a
-    signal only in the main thread and only while the signal has its default handler (a
-    process started with SIGINT ignored, or a caller with its own handler, is left alone); on
-    exit the previous handlers come back. It is also an event handler of ``train()``: after
+    Inside it, SIGINT, SIGTERM or SIGHUP raises ``Interrupted`` (which records the signal) at
+    once, or, when it arrives inside MXNet's optimizer callback, at the next ``check()``. It
+    takes over a signal only in the main thread and only while the signal has its default
+    handler (a process started with SIGINT ignored, one under ``nohup``, or a caller with its
+    own handler, is left alone); on exit the previous handlers come back.
+
+    SIGQUIT (Ctrl-\\) is not deferred: it quits at once, as by default (exit code 131, finished
+    checkpoints are kept: they are written whole or not at all), after ``faulthandler`` has
+    printed every thread's Python stack. A Python handler runs only when MXNet hands control
+    back, so SIGINT, SIGTERM and SIGHUP cannot stop a run stuck inside MXNet; SIGQUIT can, and
+    says where it was stuck. It is taken over, like the others, only while it has its default
+    action. It is also an event handler of ``train()``: after
     every step and every epoch (last of all handlers, after the checkpoint) it calls ``check()``.
 
     Like Ctrl-C, a SIGTERM takes effect when MXNet hands control back to Python: a process
@@ -79,7 +105,7 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
 
     Parameters
     ----------
-    signals : tuple of int, default (SIGINT, SIGTERM)
+    signals : tuple of int, default (SIGINT, SIGTERM, SIGHUP)
 
     Attributes
     ----------
@@ -96,16 +122,17 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
 
     priority = float('inf')
 
-    def __init__(self, signals=(signal.SIGINT, signal.SIGTERM)):
+    def __init__(self, signals=STOPPING):
         for signum in signals:
             if signum not in _DEFAULTS:
-                raise ValueError('DeferredInterrupt handles SIGINT and SIGTERM, got %r; pass '
-                                 'signals=(signal.SIGINT, signal.SIGTERM) or a part of it'
-                                 % (signum,))
+                raise ValueError('DeferredInterrupt handles SIGINT, SIGTERM and SIGHUP, got %r; '
+                                 'pass signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) or '
+                                 'a part of it' % (signum,))
         self.signals = tuple(signals)
         self.requested = False
         self.signum = None
         self._previous = {}
+        self._quit_dump = False
         self._callbacks = _callback_codes()
 
     def __enter__(self):
@@ -113,12 +140,17 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
             for signum in self.signals:
                 if signal.getsignal(signum) is _DEFAULTS[signum]:
                     self._previous[signum] = signal.signal(signum, self._handle)
+            if signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL:
+                self._quit_dump = _dump_stacks_on_quit()
         return self
 
     def __exit__(self, *exc_info):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
+        if self._quit_dump:
+            faulthandler.unregister(signal.SIGQUIT)
+            self._quit_dump = False
         return False
 
     def _in_callback(self, frame):

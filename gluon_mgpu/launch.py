@@ -435,8 +435,9 @@ def main(argv=None):
     def interrupt(signum, frame):
         raise _Interrupted(signum)
 
-    signal.signal(signal.SIGINT, interrupt)
-    signal.signal(signal.SIGTERM, interrupt)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(signum, interrupt)  # not under nohup: it ignores SIGHUP on purpose
     return run_job(plan(args), grace=args.grace)
 
 

@@ -2,8 +2,8 @@
 
 Importing the package imports MXNet, which takes a few seconds. A Ctrl-C (or SIGTERM) then
 would end the command with Python's traceback from deep inside the import; instead, while the
-package is being imported on behalf of a command, either signal ends it with one line and the
-usual exit code (130, 143). An ``import gluon_mgpu`` from a program or a notebook is left alone.
+package is being imported on behalf of a command, Ctrl-C, SIGTERM or SIGHUP ends it with one line
+and the usual exit code (130, 143, 129). An ``import gluon_mgpu`` from a program or a notebook is left alone.
 """
 import os
 import signal
@@ -14,7 +14,8 @@ from .gpu_build import command_module
 __all__ = ['starting_command', 'guard', 'release']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
-            signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL)}
+            signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
+            signal.SIGHUP: ('terminated (SIGHUP)', signal.SIG_DFL)}
 _TAKEN = {}
 
 
@@ -28,14 +29,17 @@ def starting_command(argv=None, orig_argv=None):
 
 
 def guard():
-    """While a command starts, make SIGINT and SIGTERM end it with one line (no traceback)."""
+    """While a command starts, make SIGINT, SIGTERM and SIGHUP end it with one line."""
     command = starting_command()
     if command is None:
         return
 
     def stop(signum, frame):
-        os.write(2, ('%s: %s while starting; nothing was done\n'
-                     % (command, _SIGNALS[signum][0])).encode())
+        try:
+            os.write(2, ('%s: %s while starting; nothing was done\n'
+                         % (command, _SIGNALS[signum][0])).encode())
+        except OSError:  # SIGHUP: the terminal may be gone
+            pass
         os._exit(128 + signum)
 
     for signum, (_, default) in _SIGNALS.items():

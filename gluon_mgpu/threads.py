@@ -6,6 +6,13 @@ without hyper-threading it computes on one core. MXNet reads the variable once, 
 first imported, so ``gluon_mgpu`` sets it on import (before importing MXNet) to the number of
 cores this process may use, unless the user set it (or ``MXNET_OMP_MAX_THREADS``) already.
 
+Imported after MXNet (the book's first cell imports d2lzh, which imports MXNet), the package
+cannot change the count any more: MXNet keeps it in its OpenMP singleton and caps every engine
+worker at it, and its ``MXSetNumOMPThreads`` (``mx.base._LIB``) sets only the calling thread's
+OpenMP count, which the step does not compute in (measured: no faster, docs/import-order.md).
+So importing the package then logs one warning line naming the count in force and the fix
+(``imported_late_warning``); ``thread_settings()`` reports that count.
+
 Simulated devices. MXNet runs each CPU context (``cpu(0)``, ``cpu(1)``, ...) on its own engine
 worker thread, and every worker starts its own OpenMP team of ``OMP_NUM_THREADS``. N teams of
 one thread per core oversubscribe the cores N times; and OpenBLAS (which ``nd.dot`` uses) hangs
@@ -19,11 +26,16 @@ The other condition for devices computing side by side, a pool of scratch buffer
 is met by issuing each device's calls from its own thread (``gluon_mgpu.dispatch``), not here:
 ``MXNET_CPU_TEMP_COPY`` is left to MXNet (4 buffers per pool) or to the user.
 """
+import logging
 import os
+import platform
 import re
+import resource
 import sys
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
+           'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
+           'thread_limit', 'usable_cores',
            'simulated_devices_of_command', 'DEVICES_ENV']
 
 _SETTINGS = {}
@@ -35,7 +47,8 @@ CHOSEN_ENV = 'GLUON_MGPU_CHOSE'
 _DEVICE_COMMANDS = ('gluon_mgpu.train',)
 
 
-def _usable_cores():
+def usable_cores():
+    """The cores this process may run on (its CPU affinity)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -125,6 +138,57 @@ def _recorded_devices(directory):
     return {'--num-gpus': str(count), '--device': device}
 
 
+def _read_int(path):
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_pids_max():
+    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
+    try:
+        with open('/proc/self/cgroup') as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(':', 2)
+        if controllers == '':
+            found = _read_int('/sys/fs/cgroup%s/pids.max' % path.rstrip('/'))
+        elif 'pids' in controllers.split(','):
+            found = _read_int('/sys/fs/cgroup/pids%s/pids.max' % path.rstrip('/'))
+        else:
+            continue
+        if found is not None:
+            return found
+    return None
+
+
+def thread_limit():
+    """Return ``(n, source)``: the most threads this process could have, and which limit says
+    so (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
+    process id, ``'the cgroup\'s pids.max'``); ``(None, None)`` when nothing limits it. Reads
+    no MXNet: it is asked before MXNet starts."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
+    # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
+    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
+        limits.append((soft, 'ulimit -u'))
+    threads_max = _read_int('/proc/sys/kernel/threads-max')
+    if threads_max:
+        limits.append((threads_max, 'kernel.threads-max'))
+    pid_max = _read_int('/proc/sys/kernel/pid_max')
+    if pid_max:
+        limits.append((pid_max, 'kernel.pid_max'))
+    pids_max = _cgroup_pids_max()
+    if pids_max:
+        limits.append((pids_max, "the cgroup's pids.max"))
+    return min(limits) if limits else (None, None)
+
+
 def _devices_from_environment(environ):
     value = environ.get(DEVICES_ENV, '')
     if value == '':
@@ -156,7 +220,8 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     dict
         ``omp_num_threads`` (the value in force, or None if MXNet picks), ``cores`` (usable
         cores), ``source``: ``'gluon_mgpu'`` (set here), ``'user'`` (already set) or
-        ``'mxnet-imported-first'`` (MXNet had started with its own default); ``devices`` (the
+        ``'mxnet-imported-first'`` (MXNet had started with its own default,
+        ``mxnet_default_threads()``, which is then the count in force); ``devices`` (the
         simulated devices the choice was made for) and ``cpu_temp_copy`` (the scratch-buffer
         pool per issuing thread in force, None for MXNet's default of 4) with ``temp_copy_source``
         (``'user'`` or ``'mxnet'``).
@@ -174,19 +239,23 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     if devices is None:
         devices = simulated_devices_of_command() if environ is os.environ else None
     devices = devices or 1
-    cores = _usable_cores()
+    cores = usable_cores()
     if not mxnet_imported:
         # Values a parent process's gluon_mgpu set are not the user's: choose them again.
         for item in environ.pop(CHOSEN_ENV, '').split():
             name, _, value = item.partition('=')
             if name in ('OMP_NUM_THREADS', 'MXNET_CPU_TEMP_COPY') and environ.get(name) == value:
                 del environ[name]
+    for name in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS'):
+        if environ.get(name) == '':  # MXNet takes an empty value for unset
+            del environ[name]
     if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
         value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
         settings = {'omp_num_threads': int(value) if _whole(str(value)) else value,
                     'cores': cores, 'source': 'user'}
     elif mxnet_imported:
-        settings = {'omp_num_threads': None, 'cores': cores, 'source': 'mxnet-imported-first'}
+        settings = {'omp_num_threads': mxnet_default_threads(cores), 'cores': cores,
+                    'source': 'mxnet-imported-first'}
     else:
         threads = max(1, cores // devices)
         environ['OMP_NUM_THREADS'] = str(threads)
@@ -204,6 +273,36 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         _SETTINGS.clear()
         _SETTINGS.update(settings)
     return settings
+
+
+def mxnet_default_threads(cores=None, machine=None):
+    """The OpenMP threads MXNet 1.9.1 computes with when ``OMP_NUM_THREADS`` was not set as it
+    started: half the usable cores on x86 (``src/engine/openmp.cc``), at least 1; all of them
+    elsewhere. MXNet caps every engine worker at this count, so ``MXSetNumOMPThreads`` called
+    later changes the calling thread only (measured: docs/import-order.md)."""
+    cores = usable_cores() if cores is None else cores
+    machine = platform.machine() if machine is None else machine
+    x86 = machine.lower() in ('x86_64', 'amd64', 'i386', 'i686', 'x86')
+    return max(1, cores // 2) if x86 else cores
+
+
+def imported_late_warning(settings=None):
+    """The warning line for MXNet imported before the package with fewer threads than cores,
+    or None: it names the count in force and the fix."""
+    s = thread_settings() if settings is None else settings
+    if s.get('source') != 'mxnet-imported-first' or s['omp_num_threads'] >= s['cores']:
+        return None
+    return ('warning: MXNet was imported before gluon_mgpu, so it computes with %d of the %d '
+            'cores (its default, fixed when it starts); import gluon_mgpu before d2lzh and mxnet '
+            '(in a notebook: restart the kernel first), or set OMP_NUM_THREADS=%d before Python '
+            'starts' % (s['omp_num_threads'], s['cores'], s['cores']))
+
+
+def warn_if_imported_late():
+    """Log ``imported_late_warning()`` on the ``gluon_mgpu`` logger (one line on stderr)."""
+    line = imported_late_warning()
+    if line is not None:
+        logging.getLogger('gluon_mgpu').warning(line)
 
 
 def thread_settings():
@@ -226,8 +325,9 @@ def format_thread_settings(settings=None):
         line = 'threads: OMP_NUM_THREADS=%s (set by you; %d usable cores)' % (
             s['omp_num_threads'], s['cores'])
     else:
-        line = ('threads: MXNet was imported before gluon_mgpu, so it uses its default (half the '
-                'cores on x86); import gluon_mgpu first or set OMP_NUM_THREADS=%d' % s['cores'])
+        line = ('threads: OMP_NUM_THREADS=%s of %d usable cores, MXNet\'s default (half the cores '
+                'on x86), as MXNet was imported before gluon_mgpu; import gluon_mgpu first or set '
+                'OMP_NUM_THREADS=%d' % (s['omp_num_threads'], s['cores'], s['cores']))
     if s.get('temp_copy_source') == 'user':
         line += '; scratch buffers: MXNET_CPU_TEMP_COPY=%s (set by you)' % s['cpu_temp_copy']
     return line

@@ -13,9 +13,11 @@ handlers (``gluon_mgpu.events``), and devices of different speed change only the
 (``balance.split_by_weights``).
 """
 import time
+import weakref
 
+import numpy as np
 from mxnet import autograd, nd
-from mxnet.gluon import loss as gloss, utils as gutils
+from mxnet.gluon import loss as gloss, nn, utils as gutils
 
 from .balance import check_device_weights, slice_sizes
 from .book import LR_PER_DEVICE, init_training
@@ -25,8 +27,90 @@ from .events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingS
                      format_epoch)
 from .interrupts import UpdateError, guard_updates
 
-__all__ = ['split_batch', 'evaluate_accuracy', 'train_batch', 'train_epoch', 'train',
+__all__ = ['check_batch', 'split_batch', 'evaluate_accuracy', 'train_batch', 'train_epoch', 'train',
            'format_epoch', 'init_training', 'LossNotFiniteError', 'UpdateError']
+
+
+def _layers(block, kind):
+    """The layers of type ``kind`` in ``block``, in the order they were added."""
+    for child in block._children.values():
+        if isinstance(child, kind):
+            yield child
+        yield from _layers(child, kind)
+
+
+def _expected_input(net):
+    """``(dtype, channels, classes)`` that ``net`` takes, each None when ``net`` does not say:
+    its parameters' type, its first convolution's input channels (once known) and its last
+    ``Dense`` layer's units."""
+    params = list(net.collect_params().values())
+    dtype = np.dtype(params[0].dtype) if params else None
+    convs = list(_layers(net, (nn.Conv1D, nn.Conv2D, nn.Conv3D)))
+    channels = convs[0].weight.shape[1] if convs and convs[0].weight.shape else 0
+    denses = list(_layers(net, nn.Dense))
+    classes = denses[-1]._units if denses else None
+    return dtype, channels or None, classes
+
+
+def check_batch(X, y, net, where='the first batch'):
+    """Raise ``ValueError`` if ``(X, y)`` is not a batch ``net`` can be trained or scored on.
+
+    What the chapter's step needs, and what MXNet would not say (labels out of range or of
+    shape (B, 1) train silently wrong) or would say in 46 lines (float64 images): ``X`` an
+    NDArray of 4-D images (batch, channels, height, width) of the network's type (float32) with
+    its channels, ``y`` one whole-number class index per image, within the network's classes
+    (its last ``Dense`` layer's units). Reads the labels' values, so call it once, on the first
+    batch, not in the step. ``where`` names the batch in the message.
+    """
+    for name, v in (('X', X), ('y', y)):
+        if not isinstance(v, nd.NDArray):
+            raise ValueError('%s: %s is a %s, not an mxnet NDArray; convert it, for example '
+                             'nd.array(%s)' % (where, name, '%s.%s' % (
+                                 type(v).__module__, type(v).__name__), name))
+    dtype, channels, classes = _expected_input(net)
+    if X.ndim != 4:
+        raise ValueError('%s: X has shape %s, but the network takes 4-D images (batch, channels, '
+                         'height, width); add the channel axis, for example '
+                         'X.reshape((-1, 1) + X.shape[1:])' % (where, X.shape))
+    if dtype is not None and np.dtype(X.dtype) != dtype:
+        raise ValueError("%s: X has type %s, but the network computes in %s; convert the "
+                         "images, for example X.astype('%s')"
+                         % (where, np.dtype(X.dtype).name, dtype.name, dtype.name))
+    if channels is not None and X.shape[1] != channels:
+        raise ValueError('%s: X has %d channels (shape %s), but the network\'s first layer takes '
+                         '%d; pass images with %d channels' % (where, X.shape[1], X.shape,
+                                                               channels, channels))
+    if y.ndim != 1:
+        raise ValueError('%s: y has shape %s, but labels must be 1-D, one class index per image; '
+                         'flatten them, for example y.reshape((-1,))' % (where, y.shape))
+    if y.shape[0] != X.shape[0]:
+        raise ValueError('%s: X holds %d images but y holds %d labels; pass one label per image'
+                         % (where, X.shape[0], y.shape[0]))
+    labels = y.asnumpy()
+    if labels.size == 0:
+        return
+    top = '%d' % (classes - 1) if classes else 'the number of classes - 1'
+    whole = np.issubdtype(labels.dtype, np.integer) or bool(
+        np.all(np.isfinite(labels)) and np.all(np.floor(labels) == labels))
+    if not whole:
+        bad = labels[~(np.isfinite(labels) & (np.floor(labels) == labels))][0]
+        raise ValueError('%s: y holds %r, which is not a class index; labels are whole numbers '
+                         '0 to %s' % (where, float(bad), top))
+    low, high = labels.min(), labels.max()
+    if low < 0 or (classes and high >= classes):
+        raise ValueError('%s: y holds labels from %d to %d, but the network has %s classes (0 to '
+                         '%s); map the labels to 0..%s, or build the network with as many '
+                         'outputs as classes' % (where, low, high, classes or 'its', top, top))
+
+
+# The networks train_batch has checked a batch for; each is checked once.
+_CHECKED = weakref.WeakSet()
+
+
+def _check_once(X, y, net, where):
+    if net not in _CHECKED:
+        check_batch(X, y, net, where)
+        _CHECKED.add(net)
 
 
 def split_batch(X, y, devices, device_weights=None):
@@ -66,12 +150,15 @@ def evaluate_accuracy(data_iter, net, devices=None):
 
     Every batch is split over all ``devices`` (default: ``try_all_gpus()``), so evaluation
     uses them all; a batch with fewer examples than devices uses the first ones. Counts stay
-    on the devices until the end, so MXNet can run ahead.
+    on the devices until the end, so MXNet can run ahead. The first batch is checked
+    (``check_batch``): a ``ValueError`` names what is wrong with it.
     """
     devices = try_all_gpus() if devices is None else list(devices)
     correct = [nd.zeros((1,), ctx=d) for d in devices]
     n = 0
     for X, y in data_iter:
+        if n == 0:
+            check_batch(X, y, net, 'the first batch of data_iter')
         Xs, ys = split_batch(X, y, devices[:X.shape[0]])
         for d, X_d, y_d, correct_d in zip(devices, Xs, ys, correct):
             _count_correct(d, net, X_d, y_d, correct_d)
@@ -97,7 +184,9 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
     The book's calls in the book's order, each device's issued from that device's own thread
     (``dispatch.call``), so that every device draws its scratch buffers from its own pool, as
     every GPU does: simulated CPU devices then compute side by side (docs/devices.md).
+    The first batch given for a network is checked (``check_batch``) before any step.
     """
+    _check_once(X, y, net, 'the batch given to train_batch')
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
         outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
@@ -126,12 +215,16 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
     ``events`` (``gluon_mgpu.events.Events``) gets ``batch_begin`` and ``batch_end`` around
     every step; a ``batch_end`` handler that returns True ends the epoch early. The sums stay
     on the devices; ``seconds`` is read after ``nd.waitall()``, as MXNet runs asynchronously.
+    The first batch is checked (``check_batch``) before the first step.
     """
     loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
     correct = [nd.zeros((1,), ctx=d) for d in devices]
     n = 0
     start = time.time()
     for X, y in train_iter:
+        if n == 0:
+            check_batch(X, y, net, 'the first batch of train_iter')
+            _CHECKED.add(net)
         if events:
             events.batch_begin(batch=(X, y))
         ls, outs, ys = train_batch(net, X, y, loss, trainer, devices, split_f)
@@ -206,7 +299,9 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     ------
     ValueError
         For no devices, a device listed twice, ``num_epochs`` below 1, both ``lr`` and
-        ``trainer``, or a ``train_iter`` that yields nothing.
+        ``trainer``, a ``train_iter`` that yields nothing, or a first batch the network cannot
+        take (``check_batch``: the images' shape, type or channels, the labels' shape, values
+        or count), before any step.
     LossNotFiniteError
         From ``LossGuard``, naming the epoch and step where the loss stopped being finite.
     UpdateError

@@ -1,4 +1,5 @@
 """benchmarks/run.py's verdicts on the targets, from fixed medians (nothing is measured)."""
+import json
 import os
 import sys
 
@@ -21,3 +22,20 @@ def test_a_ratio_that_rounds_to_its_goal_shows_enough_digits_to_see_the_verdict(
     # Far from the goal, two decimals.
     med['ours-hyb-2'] = 74.8
     assert _row(run.targets(med, best), two)[1:] == ('0.92x', '0.998x', False)
+
+
+def test_the_import_order_rows_measured_apart_give_benchmarks_md_their_ratio(tmp_path):
+    record = {'wall': 1.0, 'cpu': 1.0, 'cpu_per_wall': 1.0, 'others_cores': 0.0,
+              'disturbed': False, 'utc': '2026-11-24 12:08 UTC'}
+    path = tmp_path / 'import-order.json'
+    path.write_text(json.dumps({'records': [
+        dict(record, name='ours-hyb-1', value=80.0), dict(record, name='order-d2lzh', value=40.0),
+        dict(record, name='order-d2lzh-omp', value=42.0)]}))
+    assert run.import_order_line(str(path)) == (
+        "(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): measured "
+        "on its own, next to (c) on 1 device, in [import-order.md](import-order.md): 40.0 "
+        "images/s against 80.0 with the package imported first, 0.50x; MXSetNumOMPThreads(cores) "
+        "after the import does not help: 42.0, 0.53x (2026-11-24 12:08 UTC).")
+    assert run.import_order_line(str(tmp_path / 'none.json')).endswith('(import-order.md).')
+    # The report from benchmarks.json does not list them as not measured.
+    assert run.config('order-d2lzh')['threads'] == 'd2lzh-first'

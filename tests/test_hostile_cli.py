@@ -282,33 +282,63 @@ def test_a_file_size_limit_while_checkpointing_is_named_and_leaves_no_half_file(
 
 # E. Signals and start-up.
 
-def test_sigterm_ends_the_run_like_ctrl_c_with_143(tmp_path, data_dir):
-    directory = str(tmp_path / 'ck')
+def _default_signals():
+    # What a terminal gives a command, whatever this test run inherited (nohup, `&` in a script).
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        signal.signal(signum, signal.SIG_DFL)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT's default action: no core file
+
+
+def _after_first_checkpoint(directory, data_dir):
     run = _cli(*TINY, '--data-dir', data_dir, '--checkpoint-dir', directory, '--epochs', '50',
-               '--train-limit', '64')
+               '--train-limit', '64', preexec_fn=_default_signals)
     first = checkpoint.checkpoint_path(directory, 1, 'json')
     deadline = time.time() + 300
     while not os.path.exists(first) and time.time() < deadline:
         time.sleep(0.05)
-    run.send_signal(signal.SIGTERM)
+    return run
+
+
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_end_the_run_like_ctrl_c(signum, tmp_path, data_dir):
+    # SIGHUP: the terminal or the ssh connection of an unattended run closed.
+    directory = str(tmp_path / 'ck')
+    run = _after_first_checkpoint(directory, data_dir)
+    run.send_signal(signum)
     out, err = run.communicate(timeout=120)
-    assert run.returncode == 143
+    assert run.returncode == 128 + signum  # 143, 129
     line = _one_line(err)
     done = checkpoint.list_checkpoints(directory)
-    assert line == ("%s: terminated (SIGTERM); the checkpoint of epoch %d in %s is complete; to "
-                    "resume: %s --checkpoint-dir %s --resume" % (PROG, done[-1], directory, PROG,
-                                                                 directory))
+    assert line == ("%s: terminated (%s); the checkpoint of epoch %d in %s is complete; to "
+                    "resume: %s --checkpoint-dir %s --resume" % (
+                        PROG, signal.Signals(signum).name, done[-1], directory, PROG,
+                        directory))
     assert checkpoint.read_checkpoint(directory)['epoch'] == done[-1]
 
 
-@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_sigquit_quits_at_once_with_every_threads_stack_and_keeps_the_checkpoints(tmp_path,
+                                                                                  data_dir):
+    # Deliberately not deferred like the others: SIGQUIT (Ctrl-\) is what stops a run stuck
+    # inside MXNet, and the stacks say where it was stuck (docs/checkpoints.md).
+    directory = str(tmp_path / 'ck')
+    run = _after_first_checkpoint(directory, data_dir)
+    run.send_signal(signal.SIGQUIT)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == -signal.SIGQUIT  # killed by it: a shell shows 131
+    assert 'most recent call first' in err and 'gluon_mgpu/training.py' in err, err
+    done = checkpoint.list_checkpoints(directory)
+    assert done and checkpoint.read_checkpoint(directory)['epoch'] == done[-1]
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_mxnet_loads_is_one_line(signum):
-    run = _cli('--epochs', '1', preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    run = _cli('--epochs', '1', preexec_fn=_default_signals)
     time.sleep(0.3)
     run.send_signal(signum)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signum
-    name = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'terminated (SIGTERM)'
+    name = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'terminated (%s)' % (
+        signal.Signals(signum).name)
     line = _one_line(err.split('\n')[-2] + '\n')
     # Still loading (the usual case), or already training on the CPU when the machine is fast.
     assert line in ('%s: %s while starting; nothing was done' % (PROG, name),

@@ -515,6 +515,32 @@ def test_sigterm_is_an_interruption_that_records_its_signal():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
+def test_sighup_is_an_interruption_that_records_its_signal():
+    with pytest.raises(Interrupted) as e:
+        with DeferredInterrupt():
+            os.kill(os.getpid(), signal.SIGHUP)
+            sum(range(10))
+    assert (e.value.signum, e.value.signal_name, e.value.exit_code) == (1, 'SIGHUP', 129)
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+
+
+def test_sighup_ignored_by_nohup_stays_ignored_and_sigquit_dumps_only_inside():
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with DeferredInterrupt():
+            assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+            os.kill(os.getpid(), signal.SIGHUP)  # nohup's promise: nothing happens
+            sum(range(10))
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    # SIGQUIT's handler (faulthandler's, in C) is there inside the block only.
+    assert signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL
+    with DeferredInterrupt() as interrupt:
+        assert interrupt._quit_dump
+    assert not interrupt._quit_dump
+    assert signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL
+
+
 def test_ctrl_c_records_sigint():
     with pytest.raises(Interrupted) as e:
         with DeferredInterrupt():
@@ -547,9 +573,9 @@ def test_a_caller_owned_sigterm_handler_is_left_alone():
     try:
         with DeferredInterrupt():
             assert signal.getsignal(signal.SIGTERM) is mine
-        with pytest.raises(ValueError, match='DeferredInterrupt handles SIGINT and SIGTERM, got '
-                                             '<Signals.SIGHUP: 1>'):
-            DeferredInterrupt(signals=(signal.SIGHUP,))
+        with pytest.raises(ValueError, match='DeferredInterrupt handles SIGINT, SIGTERM and '
+                                             'SIGHUP, got <Signals.SIGQUIT: 3>'):
+            DeferredInterrupt(signals=(signal.SIGQUIT,))
     finally:
         signal.signal(signal.SIGTERM, previous)
 

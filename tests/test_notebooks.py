@@ -142,6 +142,14 @@ def test_forward_pass_outputs_match_the_book(executed):
     assert re.findall(r'<NDArray 2x10 @(\w+\(\d\))>', text) == devices
 
 
+def test_threads_cell_prints_the_count_in_force(executed):
+    # The kernel inherits this process's environment, so it makes the same choice.
+    outputs = _cell(executed, 'threads').outputs
+    assert [o.get('text') for o in outputs] == [
+        gluon_mgpu.threads.format_thread_settings() + '\n']
+    assert gluon_mgpu.thread_settings()['source'] in ('gluon_mgpu', 'user')
+
+
 def test_devices_cell_falls_back_with_one_warning(executed):
     cell = _cell(executed, 'devices')
     if SIMULATED:

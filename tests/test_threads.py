@@ -30,20 +30,53 @@ def test_says_when_mxnet_was_imported_first():
     env = {}
     settings = threads.configure_threads(env, mxnet_imported=True)
     assert env == {}
-    assert settings == {'omp_num_threads': None, 'cores': len(os.sched_getaffinity(0)),
+    cores = len(os.sched_getaffinity(0))
+    in_force = threads.mxnet_default_threads(cores)
+    assert settings == {'omp_num_threads': in_force, 'cores': cores,
                         'source': 'mxnet-imported-first', 'devices': 1, 'cpu_temp_copy': None,
                         'temp_copy_source': 'mxnet'}
-    assert 'import gluon_mgpu first or set OMP_NUM_THREADS=' in \
-        threads.format_thread_settings(settings)
+    assert threads.format_thread_settings(settings) == (
+        "threads: OMP_NUM_THREADS=%d of %d usable cores, MXNet's default (half the cores on x86), "
+        "as MXNet was imported before gluon_mgpu; import gluon_mgpu first or set "
+        "OMP_NUM_THREADS=%d" % (in_force, cores, cores))
 
 
-def _child(code, **env):
+def test_mxnets_own_default_is_half_the_cores_on_x86_only():
+    assert [threads.mxnet_default_threads(n, 'x86_64') for n in (1, 2, 3, 8)] == [1, 1, 1, 4]
+    assert threads.mxnet_default_threads(8, 'aarch64') == 8
+    late = {'omp_num_threads': 4, 'cores': 8, 'source': 'mxnet-imported-first'}
+    assert threads.imported_late_warning(late) == (
+        'warning: MXNet was imported before gluon_mgpu, so it computes with 4 of the 8 cores (its '
+        'default, fixed when it starts); import gluon_mgpu before d2lzh and mxnet (in a notebook: '
+        'restart the kernel first), or set OMP_NUM_THREADS=8 before Python starts')
+    assert threads.imported_late_warning(dict(late, omp_num_threads=8)) is None  # nothing lost
+    assert threads.imported_late_warning(dict(late, source='user')) is None
+
+
+def test_the_books_import_order_gives_one_warning_line_and_the_package_first_none():
+    cores = len(os.sched_getaffinity(0))
+    code = 'import %s, gluon_mgpu; print(gluon_mgpu.thread_settings()["omp_num_threads"])'
+    late = _run_child(code % 'd2lzh')
+    in_force = threads.mxnet_default_threads(cores)
+    assert late.stdout == '%d\n' % in_force
+    expected = threads.imported_late_warning({'omp_num_threads': in_force, 'cores': cores,
+                                              'source': 'mxnet-imported-first'})
+    assert late.stderr == ('' if expected is None else expected + '\n')
+    first = _run_child('import gluon_mgpu, d2lzh; print(gluon_mgpu.thread_settings()["source"])')
+    assert (first.stdout, first.stderr) == ('gluon_mgpu\n', '')
+
+
+def _run_child(code, **env):
     full = {k: v for k, v in os.environ.items()
             if k not in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS', 'MXNET_CPU_TEMP_COPY',
                          threads.DEVICES_ENV, threads.CHOSEN_ENV)}
     full.update(env)
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          env=full, check=True, timeout=120).stdout.strip()
+                          env=full, check=True, timeout=120)
+
+
+def _child(code, **env):
+    return _run_child(code, **env).stdout.strip()
 
 
 def test_importing_the_package_sets_the_variable_before_mxnet_starts():

@@ -1,0 +1,132 @@
+"""The environment variables MXNet parses itself, checked before MXNet starts.
+
+MXNet 1.9.1 reads its settings from the environment with ``dmlc::GetEnv``, which parses a value
+as the setting's type, a whole number or a true/false flag, and throws a C++ exception for
+anything else. It reads them while it loads, starts its engine or runs the first operators,
+outside any handler: the process aborts (exit code 134) with ``terminate called after throwing
+an instance of 'dmlc::ParamError' what(): Invalid Parameter format for OMP_NUM_THREADS expect
+int but value='abc'``, and a Python program has no chance to say anything. A thread count the
+machine cannot start (``OMP_NUM_THREADS=100000``) crashes it too (exit code 134 or 139), and a
+few hundred threads per core make a step last for ever (their OpenMP threads spin waiting for
+each other).
+
+``check_environment`` finds such values first (importing the package calls it, before it
+imports MXNet): a ``ValueError`` naming the variable, the value and the fix, which every
+``python -m gluon_mgpu.<command>`` turns into one line and exit code 2. The variables and
+their types were found by setting each to a bad value under the chapter's step on two CPU
+contexts (docs/devices.md says how); an empty value is what MXNet takes for unset.
+"""
+import re
+
+from .threads import thread_limit
+
+__all__ = ['THREAD_COUNTS', 'THREADS_PER_CORE', 'WHOLE_NUMBERS', 'FLAGS', 'NUMBERS', 'ENGINES',
+           'check_environment', 'most_threads']
+
+# Measured with MXNet 1.9.1's CPU build: each variable set to 'abc' under the chapter's step on
+# two CPU contexts (a hybridized network, a Trainer step, an evaluation) ends the process, most
+# with an abort (134), the rest with MXNetError; MXNet named the type it expected.
+# Thread counts: whole numbers >= 1 (MXNET_CPU_WORKER_NTHREADS=0 hangs, MXNET_OMP_MAX_THREADS=-1
+# aborts), and no more than the machine can start (OMP_NUM_THREADS=100000 crashes).
+THREAD_COUNTS = ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS', 'MXNET_CPU_WORKER_NTHREADS',
+                 'MXNET_CPU_PRIORITY_NTHREADS', 'MXNET_GPU_WORKER_NTHREADS',
+                 'MXNET_GPU_COPY_NTHREADS', 'MXNET_MP_WORKER_NTHREADS',
+                 'MXNET_MP_OPENCV_NUM_THREADS')
+# Other whole numbers, with the least value MXNet survives where it matters (None: any):
+# MXNET_CPU_TEMP_COPY=0 ends in SIGFPE, -1 in bad_alloc.
+WHOLE_NUMBERS = {'MXNET_CPU_TEMP_COPY': 1, 'MXNET_GPU_TEMP_COPY': 1,
+                 'MXNET_CPU_PARALLEL_RAND_COPY': 1, 'MXNET_GPU_PARALLEL_RAND_COPY': 1,
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': None,
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': None,
+                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': None,
+                 'MXNET_EXEC_INPLACE_GRAD_SUM_CAP': None, 'MXNET_KVSTORE_USETREE': None,
+                 'MXNET_ENABLE_GPU_P2P': None, 'MXNET_CPU_PARALLEL_SIZE': None,
+                 'MXNET_MKLDNN_CACHE_NUM': None, 'MXNET_DISABLE_MKLDNN_FUSE_CONV_BN': None,
+                 'MXNET_DISABLE_MKLDNN_FUSE_CONV_RELU': None,
+                 'MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM': None, 'MXNET_DISABLE_MKLDNN_CONV_OPT': None,
+                 'MXNET_DISABLE_MKLDNN_FC_OPT': None, 'MXNET_PROFILER_MODE': None,
+                 'MXNET_PROFILER_AUTOSTART': None, 'MXNET_USE_NUM_CORES_OPERATOR_TUNING': None}
+# Flags: 0, 1, true or false, in any case ('2' and 'yes' abort).
+FLAGS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_MKLDNN_ENABLED', 'MXNET_ENGINE_INFO',
+         'MXNET_KVSTORE_LOGTREE', 'MXNET_OUTPUT_TUNING_DATA', 'MXNET_VERBOSE_TUNING_INFO',
+         'MXNET_DISABLE_MKLDNN_FUSE_FC_ELTWISE', 'MXNET_ELIMINATE_COMMON_EXPR',
+         'MXNET_INFER_STORAGE_TYPE_VERBOSE_LOGGING', 'MXNET_MEM_PLAN_VERBOSE_LOGGING',
+         'MXNET_MKLDNN_DEBUG', 'MXNET_MKLDNN_FORCE_FC_AB_FORMAT')
+# Numbers (double).
+NUMBERS = ('MXNET_TUNING_WEIGHT_SCALE',)
+# MXNET_ENGINE_TYPE: MXNet 1.9.1's engines (src/engine/engine.cc, names as written); another
+# name ends the first operator with "Cannot find Engine".
+ENGINES = ('ThreadedEnginePerDevice', 'ThreadedEngine', 'ThreadedEnginePooled', 'NaiveEngine')
+
+# MXNet's OpenMP threads spin while they wait for each other: the chapter's step on 2 cores took
+# 1.2x as long with 8 threads, 3.5x with 32, 17x with 128 (measured), never ended with 1000.
+THREADS_PER_CORE = 8
+_INT = re.compile(r'\s*[+-]?[0-9]+\s*')
+_NUMBER = re.compile(r'\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*')
+_INT_MAX = 2 ** 31 - 1
+
+
+def most_threads(cores):
+    """Return ``(n, reason)``: the largest thread count the package lets MXNet use on ``cores``
+    usable cores: ``THREADS_PER_CORE`` per core, and at most half of what the tightest limit on
+    threads allows (``threads.thread_limit``)."""
+    most, reason = THREADS_PER_CORE * cores, (
+        '%d per usable core (more spin waiting for each other: on 2 cores a step took 3.5x as '
+        'long with 32, and never ended with 1000)' % THREADS_PER_CORE)
+    limit, source = thread_limit()
+    if limit is not None and limit // 2 < most:
+        most, reason = limit // 2, 'half of the %d threads %s allows' % (limit, source)
+    return most, reason
+
+
+def _whole(name, value, least, example):
+    if not _INT.fullmatch(value) or abs(int(value)) > _INT_MAX:
+        raise ValueError('%s=%r is not a whole number, and MXNet aborts on it; set it to a whole '
+                         'number, for example %s=%s, or unset it' % (name, value, name, example))
+    number = int(value)
+    if least is not None and number < least:
+        raise ValueError('%s=%r is below %d, and MXNet fails on it; set it to %d or more, for '
+                         'example %s=%s, or unset it' % (name, value, least, least, name, example))
+    return number
+
+
+def check_environment(environ, cores=1):
+    """Raise ``ValueError`` for the first MXNet variable in ``environ`` MXNet would abort or
+    crash on, naming it, its value and the fix.
+
+    Parameters
+    ----------
+    environ : mapping
+        The environment MXNet will read (``os.environ``).
+    cores : int, default 1
+        Usable cores, for the example in a message.
+    """
+    for name in THREAD_COUNTS:
+        value = environ.get(name, '')
+        if value == '':
+            continue
+        number = _whole(name, value, 1, cores)
+        most, reason = most_threads(cores)
+        if number > most:
+            raise ValueError('%s=%s is more threads than MXNet can use here: at most %d, %s; set '
+                             'it to the number of cores, %s=%d, or unset it'
+                             % (name, value.strip(), most, reason, name, cores))
+    for name, least in WHOLE_NUMBERS.items():
+        value = environ.get(name, '')
+        if value != '':
+            _whole(name, value, least, 1 if least is None else max(least, 1))
+    for name in NUMBERS:
+        value = environ.get(name, '')
+        if value != '' and not _NUMBER.fullmatch(value):
+            raise ValueError('%s=%r is not a number, and MXNet aborts on it; set it to a number, '
+                             'for example %s=1, or unset it' % (name, value, name))
+    for name in FLAGS:
+        value = environ.get(name, '')
+        if value != '' and value.lower() not in ('0', '1', 'true', 'false'):
+            raise ValueError('%s=%r is not a flag, and MXNet aborts on it; set it to 1 or 0, or '
+                             'unset it' % (name, value))
+    engine = environ.get('MXNET_ENGINE_TYPE', '')
+    if engine != '' and engine not in ENGINES:
+        raise ValueError('MXNET_ENGINE_TYPE=%r is not an engine of MXNet 1.9.1, and MXNet fails '
+                         'on it; set it to one of %s (names as written), or unset it for the '
+                         'default, ThreadedEnginePerDevice' % (engine, ', '.join(ENGINES)))
