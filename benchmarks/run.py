@@ -356,6 +356,12 @@ def report(raw):
                               ours['median'], ours['best'], 100 * ours['median'] / limit,
                               '; torch.compile %.0f%%' % (100 * med['torch-compile'] / limit)
                               if 'torch-compile' in med else ''))
+    for name in GEMMS:
+        if name in by_name and all(r['disturbed'] for r in by_name[name]):
+            lines += ['', '**%s was disturbed in every run** (its CPU/wall is below the cores '
+                      'this machine has), so its GFLOP/s and the limit drawn from it are too low; '
+                      'the ratio of two products measured at the same share of the machine still '
+                      'holds.' % name]
     if 'gemm-bf16' in by_name:
         g16, rs = stats['gemm-bf16'], by_name['gemm-bf16']
         limit16 = g16['best'] / raw['flops_per_image']
