@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/run.py            # about 15 minutes on 2 cores
     .venv/bin/python benchmarks/run.py --quick    # a smoke run with tiny step counts
     .venv/bin/python benchmarks/run.py --only book-1,ours-hyb-1,gemm   # a part: a few minutes
+    .venv/bin/python benchmarks/run.py --only ours-hyb-1,ours-bf16-1,...,gemm,gemm-bf16 \
+        --out docs/bf16.md --title "bfloat16 against float32"   # docs/bf16.md (issue 23)
 
 Every measurement runs in a fresh process (benchmarks/worker.py), because MXNet reads its
 thread settings once, at import. Configurations are interleaved and repeated. Each measurement
@@ -59,12 +61,22 @@ TRAIN = {
     'order-d2lzh-omp': ('(c) the same, then MXSetNumOMPThreads(cores) (mx.base._LIB)',
                         dict(model='ours', mode='hybrid', loop='ours', loader='array',
                              threads='d2lzh-first', omp_after=True, devices=1)),
+    'ours-bf16-1': ('(h) ours, hybridized, --dtype bfloat16 (MXNet AMP), 1 device',
+                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
+                         threads='package', devices=1, dtype='bfloat16')),
+    'ours-bf16-2': ('(h) ours, hybridized, --dtype bfloat16, 2 devices',
+                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
+                         threads='package', devices=2, dtype='bfloat16')),
 }
 TORCH = {
     'torch-eager': ('(d) PyTorch edition resnet18, eager', dict(mode='eager')),
     'torch-cl': ('(d) PyTorch edition resnet18, eager, channels_last',
                  dict(mode='channels_last')),
     'torch-compile': ('(d) PyTorch edition resnet18, torch.compile', dict(mode='compile')),
+    'torch-bf16-eager': ("(h) PyTorch edition resnet18, eager, autocast('cpu', bfloat16)",
+                         dict(mode='eager', dtype='bfloat16')),
+    'torch-bf16-compile': ('(h) PyTorch edition resnet18, torch.compile, autocast bfloat16',
+                           dict(mode='compile', dtype='bfloat16')),
 }
 OTHER = {
     'data-array': ('(e) data path alone: one float32 array, nd.take per batch',
@@ -73,6 +85,14 @@ OTHER = {
                   dict(kind='data', loader='book', images=10000, threads='package')),
     'eval-1': ('(g) evaluation, hybridized, 1 device',
                dict(kind='eval', devices=1, images=2048, threads='package')),
+    'eval-bf16-1': ('(h) evaluation, hybridized, bfloat16, 1 device',
+                    dict(kind='eval', devices=1, images=2048, threads='package',
+                         dtype='bfloat16')),
+    'eval-2': ('(g) evaluation, hybridized, 2 devices',
+               dict(kind='eval', devices=2, images=2048, threads='package')),
+    'eval-bf16-2': ('(h) evaluation, hybridized, bfloat16, 2 devices',
+                    dict(kind='eval', devices=2, images=2048, threads='package',
+                         dtype='bfloat16')),
     'eval-1-mkldnn': ("(g) evaluation, the exported graph with MXNet's MKLDNN backend "
                       '(inference fusion), 1 device',
                       dict(kind='eval', devices=1, images=2048, threads='package',
@@ -183,7 +203,8 @@ def flops_per_image():
     return 6.0 * sum(macs)
 
 
-NAMES = list(TRAIN) + list(TORCH) + list(OTHER) + ['gemm']
+GEMMS = {'gemm': 'float32', 'gemm-bf16': 'bfloat16'}
+NAMES = list(TRAIN) + list(TORCH) + list(OTHER) + list(GEMMS)
 # Measured on their own, next to ours-hyb-1, into docs/import-order.md (issue 21):
 #   run.py --only ours-hyb-1,order-d2lzh,order-d2lzh-omp --out docs/import-order.md
 IMPORT_ORDER = ('order-d2lzh', 'order-d2lzh-omp')
@@ -200,8 +221,9 @@ def config(name, quick=False):
     if name in TORCH:
         return dict(TORCH[name][1], kind='torch', batch_size=GLOBAL_BATCH, steps=steps,
                     warmup=warmup + (1 if 'compile' in name else 0))
-    if name == 'gemm':
-        return dict(kind='gemm', threads='package', size=GEMM_SIZE, repeats=3 if quick else 10)
+    if name in GEMMS:
+        return dict(kind='gemm', threads='package', size=GEMM_SIZE, repeats=3 if quick else 10,
+                    dtype=GEMMS[name])
     cfg = dict(OTHER[name][1])
     if quick:
         cfg['images'] = min(cfg['images'], 1024)
@@ -215,9 +237,9 @@ def run(names, quick=False, repeats=2, retries=1):
         for name in names:
             for record in measure_until_quiet(config(name, quick), retries):
                 records.append(dict(record, name=name, repeat=r + 1))
-                print('%-14s run %d: %10.1f %s, CPU/wall %.2f, others %.2f cores%s'
-                      % (name, r + 1, record['value'] / (1e9 if name == 'gemm' else 1),
-                         'GFLOP/s (MXNet)' if name == 'gemm' else 'images/s',
+                print('%-18s run %d: %10.1f %s, CPU/wall %.2f, others %.2f cores%s'
+                      % (name, r + 1, record['value'] / (1e9 if name in GEMMS else 1),
+                         'GFLOP/s (MXNet)' if name in GEMMS else 'images/s',
                          record['cpu_per_wall'], record['others_cores'],
                          ' DISTURBED' if record['disturbed'] else ''), flush=True)
     return records
@@ -254,6 +276,16 @@ def targets(med, best):
     add('evaluation, BatchNorm folded, >= 3x the training rate', 'eval-1-fold', 'ours-hyb-1', 3)
     add('evaluation, BatchNorm folded, MKLDNN backend, >= 3x the training rate',
         'eval-1-fold-mkldnn', 'ours-hyb-1', 3)
+    add('ours bfloat16 (1 device) >= 1.5x ours float32 (1 device) (issue 23)', 'ours-bf16-1',
+        'ours-hyb-1', 1.5)
+    add('ours bfloat16 (2 devices) >= 1.5x ours float32 (2 devices) (issue 23)', 'ours-bf16-2',
+        'ours-hyb-2', 1.5)
+    add('ours bfloat16 (1 device) >= torch.compile with autocast bfloat16 (issue 23)',
+        'ours-bf16-1', 'torch-bf16-compile', 1.0)
+    add('evaluation bfloat16 >= 1.5x evaluation float32, 1 device', 'eval-bf16-1', 'eval-1',
+        1.5)
+    add('evaluation bfloat16 >= 1.5x evaluation float32, 2 devices', 'eval-bf16-2', 'eval-2',
+        1.5)
     return rows
 
 
@@ -289,7 +321,7 @@ def report(raw, raw_name='benchmarks.json'):
     every = raw['records']
     others = sorted(r['others_cores'] for r in every)
     n_disturbed = sum(r['disturbed'] for r in every)
-    lines = ['# Benchmarks', '',
+    lines = ['# %s' % raw.get('title', 'Benchmarks'), '',
              'Written by `benchmarks/run.py`%s from the raw records in '
              '[%s](%s); do not edit by hand.'
              % (' --quick (NOT representative)' if raw.get('quick') else '', raw_name, raw_name),
@@ -317,7 +349,7 @@ def report(raw, raw_name='benchmarks.json'):
              TABLE_HEADER[0] % 'x book-style', TABLE_HEADER[1]]
     base = med.get('book-1')
     for name, rs in by_name.items():
-        if name != 'gemm':
+        if name not in GEMMS:
             lines.append(table_row(labels[name], rs,
                                    base if name in TRAIN or name in TORCH else None))
     if not any(n in by_name for n in TORCH) and not has_torch():
@@ -360,6 +392,34 @@ def report(raw, raw_name='benchmarks.json'):
                               ours['median'], ours['best'], 100 * ours['median'] / limit,
                               '; torch.compile %.0f%%' % (100 * med['torch-compile'] / limit)
                               if 'torch-compile' in med else ''))
+    for name in GEMMS:
+        if name in by_name and all(r['disturbed'] for r in by_name[name]):
+            lines += ['', '**%s was disturbed in every run** (its CPU/wall is below the cores '
+                      'this machine has), so its GFLOP/s and the limit drawn from it are too low; '
+                      'the ratio of two products measured at the same share of the machine still '
+                      'holds.' % name]
+    if 'gemm-bf16' in by_name:
+        g16, rs = stats['gemm-bf16'], by_name['gemm-bf16']
+        limit16 = g16['best'] / raw['flops_per_image']
+        lines += ['', '## How far from the bfloat16 limit', '',
+                  'The same %d x %d product on bfloat16 operands (MXNet\'s oneDNN inner '
+                  'product, which computes the convolutions and dense layers under '
+                  '`--dtype bfloat16`) reaches %.0f GFLOP/s (best; median %.0f, CPU/wall %.2f, '
+                  'others %.2f; raw %s)%s. With the same multiply-adds per image, about %.0f '
+                  'images/s is the limit of the step in bfloat16 here (BatchNorm, ReLU, the '
+                  'casts and the float32 update are not counted, so the step stays below it).'
+                  % (GEMM_SIZE, GEMM_SIZE, g16['best'] / 1e9, g16['median'] / 1e9,
+                     g16['cpu_per_wall'], g16['others_cores'], raw_values(rs, 1e9),
+                     ': %.2fx the FP32 product of this run' % (g16['best'] / stats['gemm']['best'])
+                     if 'gemm' in stats else '', limit16)]
+        ours16 = stats.get('ours-bf16-1')
+        if ours16:
+            lines[-1] += (' Ours in bfloat16 reaches %.1f images/s on 1 device (median; best '
+                          '%.1f): %.0f%% of that limit%s.' % (
+                              ours16['median'], ours16['best'], 100 * ours16['median'] / limit16,
+                              '; torch.compile with autocast %.0f%%' % (
+                                  100 * med['torch-bf16-compile'] / limit16)
+                              if 'torch-bf16-compile' in med else ''))
     return '\n'.join(lines) + '\n'
 
 
@@ -389,6 +449,8 @@ def main(argv=None):
                    help='measure nothing; rewrite the report from the raw records')
     p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'benchmarks.md'),
                    help='where to write the report (default: docs/benchmarks.md)')
+    p.add_argument('--title', default=None,
+                   help='the report\'s heading (default: the one recorded, or Benchmarks)')
     p.add_argument('--raw', default=None,
                    help='the raw records, read with --only, written always (default: the '
                    'report\'s path with .json)')
@@ -403,6 +465,8 @@ def main(argv=None):
                    % (', '.join(unknown), ','.join(NAMES)))
         names = [n for n in NAMES if n in asked]
     raw = load_raw(p, raw_path, args.only or args.report_only, args.report_only)
+    if args.title:
+        raw['title'] = args.title
     if not args.report_only:
         start = utc_now()
         records = run(names, args.quick, args.repeats, args.retries)

@@ -70,11 +70,12 @@ def _books_relu():
     model.relu = lambda F, x: F.relu(x)
 
 
-def _network(devices, model='ours', hybrid=True):
+def _network(devices, model='ours', hybrid=True, dtype='float32'):
     """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
-    Trainer, set up as the book does."""
+    Trainer, set up as the book does; ours also in bfloat16 (``--dtype``)."""
     if model == 'ours':
-        net = book.new_network('resnet18', hybrid)
+        net = book.new_network('resnet18', hybrid, dtype=dtype)
+        return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0, dtype=dtype)
     else:
         if model == 'bnrelu':
             import bnrelu
@@ -93,7 +94,8 @@ def _training(cfg, num_batches):
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
     if cfg.get('relu') == 'book':
         _books_relu()
-    net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid')
+    net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid',
+                            cfg.get('dtype', 'float32'))
     if cfg['model'] == 'bnrelu':
         import bnrelu
         # Every step pays for the fence that makes the fused layers' statistics safe to read.
@@ -253,7 +255,7 @@ def eval_speed(cfg):
     ``cfg['backend']`` when given. Else ``cfg['backend']``: the exported graph, partitioned.
     """
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    net, _ = _network(devices)
+    net, _ = _network(devices, dtype=cfg.get('dtype', 'float32'))
     images, labels = data.load_fashion_mnist_arrays('test')
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
@@ -280,11 +282,16 @@ def eval_speed(cfg):
 
 
 def gemm_flops(cfg):
-    """FP32 FLOP/s of a large square matrix product: MXNet (oneDNN inner product) and numpy."""
+    """FLOP/s of a large square matrix product: MXNet (oneDNN inner product) and numpy, in
+    FP32; with ``cfg['dtype']`` bfloat16, MXNet's on bfloat16 operands (as AMP gives the
+    convolutions and dense layers) and numpy's FP32 for reference."""
     n = cfg['size']
     a = nd.random.uniform(shape=(n, n))
     w = nd.random.uniform(shape=(n, n))
     an, wn = a.asnumpy(), w.asnumpy()
+    if cfg.get('dtype') == 'bfloat16':
+        from mxnet.contrib.amp.amp import bfloat16
+        a, w = nd.amp_cast(a, dtype=bfloat16), nd.amp_cast(w, dtype=bfloat16)
 
     def best(product):
         product()  # warm-up
@@ -340,11 +347,15 @@ def torch_speed(cfg):
     model = torch.compile(net) if cfg['mode'] == 'compile' else net
     opt = torch.optim.SGD(net.parameters(), 0.1)
     lossf = nn.CrossEntropyLoss()
+    # bfloat16: autocast, PyTorch's mixed precision (float32 parameters, as MXNet's AMP).
+    bf16 = cfg.get('dtype') == 'bfloat16'
     for i in range(cfg['warmup'] + cfg['steps']):
         if i == cfg['warmup']:
             METER.start()
         opt.zero_grad()
-        lossf(model(X), y).backward()
+        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bf16):
+            l = lossf(model(X), y)
+        l.backward()
         opt.step()
     return batch * cfg['steps'] / METER.stop()['wall']
 

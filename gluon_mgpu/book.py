@@ -10,6 +10,7 @@ these from here.
 import mxnet as mx
 from mxnet import gluon, init
 
+from . import precision
 from .model import lenet, resnet18, sync_batch_norm
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'book_setting',
@@ -33,7 +34,7 @@ def network_name(model='resnet18', sync_bn_devices=None):
     return '%s(10)' % model
 
 
-def new_network(model='resnet18', hybridize=True, sync_bn_devices=None):
+def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='float32'):
     """A fresh, uninitialized network for Fashion-MNIST's 10 classes.
 
     Parameters
@@ -44,9 +45,18 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None):
         Compile it into one graph (``static_alloc``): same results, faster.
     sync_bn_devices : int, optional
         ResNet-18 with ``SyncBatchNorm`` over this many devices instead of BatchNorm.
+    dtype : {'float32', 'bfloat16'}, default 'float32'
+        What it computes in: bfloat16 turns on MXNet's AMP for the whole process, before the
+        network is built (``precision.use_dtype``; a process cannot switch back). Check the
+        devices first with ``precision.check_dtype``, and pass the same dtype to
+        ``init_training``.
     """
     if model not in MODELS:
         raise ValueError('model must be one of %s, got %r' % ('/'.join(MODELS), model))
+    if dtype == 'bfloat16' and sync_bn_devices:
+        raise ValueError('dtype=\'bfloat16\' with SyncBatchNorm was never run; pass '
+                         'sync_bn_devices=None or dtype=\'float32\'')
+    precision.use_dtype(dtype)
     if model == 'lenet':
         net = lenet(10)
     else:
@@ -59,7 +69,8 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None):
     return net
 
 
-def init_training(net, devices, lr, seed=None, kvstore='device'):
+def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32',
+                  force_dtype=False):
     """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
 
     ``Normal(sigma=0.01)`` on every device (``force_reinit``), after seeding MXNet's random
@@ -70,7 +81,18 @@ def init_training(net, devices, lr, seed=None, kvstore='device'):
     with its own batch, but the servers sum the gradients of all workers: the Trainer is made
     with ``rescale_grad = 1 / num_workers``, so ``trainer.step(local_batch_size)`` divides the
     sum by the global batch, and the loop stays the book's.
+
+    With ``dtype='bfloat16'`` (``net`` from ``new_network(..., dtype='bfloat16')``) the
+    devices are checked first (``precision.check_dtype``: a CPU without bfloat16
+    instructions is refused unless ``force_dtype``) and the Trainer is handed to MXNet's AMP
+    (``amp.init_trainer``); the parameters stay float32.
     """
+    precision.check_dtype(dtype, devices, force_dtype)
+    active = precision.active_dtype()
+    if active != dtype and (active is not None or dtype == 'bfloat16'):
+        raise RuntimeError('init_training(dtype=%r), but the networks of this process compute '
+                           'in %s; build the network with new_network(..., dtype=%r)'
+                           % (dtype, active or 'float32', dtype))
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
         kvstore = mx.kv.create(kvstore)  # joins the job: waits for all its processes
     params = {'learning_rate': lr}
@@ -79,4 +101,5 @@ def init_training(net, devices, lr, seed=None, kvstore='device'):
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)
-    return gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore)
+    return precision.init_trainer(trainer, dtype)

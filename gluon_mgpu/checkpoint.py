@@ -82,7 +82,10 @@ __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_pat
 
 FORMAT = 'gluon_mgpu checkpoint 1'
 # Settings that define a run: continuing with other values would be a different run.
-RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'warmup_steps')
+RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
+                'warmup_steps')
+# What a run recorded before the setting existed did.
+_EARLIER_DEFAULTS = {'dtype': 'float32'}
 JSON_LIMIT = 64 << 20  # bytes; a record with a thousand epochs is about 200 kB
 
 
@@ -492,7 +495,7 @@ ARG_CHECKS = {
     'model': _choice(('resnet18', 'lenet')), 'kvstore': _choice(('device', 'local')),
     'device_weights': _optional(_weights), 'balance': _choice(('even', 'auto')),
     'sync_bn': _boolean, 'save_params': _optional(_text),
-    'warmup_steps': _optional(_count(1)),
+    'warmup_steps': _optional(_count(1)), 'dtype': _choice(('float32', 'bfloat16')),
     'num_workers': _exactly(1), 'rank': _exactly(0),
     # Checkpoints are written by the chapter's data parallelism only (--parallel data).
     'parallel': _choice(('data',)), 'micro_batches': _exactly(1), 'cut': _choice(('params',)),
@@ -924,7 +927,7 @@ def resume_settings(record, given):
         the recorded one, naming every such flag with both values; or when ``epochs`` leaves
         nothing to do.
     """
-    recorded = record['args']
+    recorded = dict(_EARLIER_DEFAULTS, **record['args'])
     differences = ['--%s %s (the run used %s)' % (k.replace('_', '-'), given[k], recorded.get(k))
                    for k in RUN_SETTINGS if k in given and given[k] != recorded.get(k)]
     if differences:

@@ -63,6 +63,10 @@ SCHEMA = {
                                'description': 'First N test images, or null (all).'},
                 'seed': {'type': ['integer', 'null'],
                          'description': 'Random seed, or null (none).'},
+                'dtype': {'enum': ['float32', 'bfloat16'],
+                          'description': 'What the network computed in (`--dtype`; bfloat16: '
+                                         'MXNet\'s AMP, float32 parameters). Missing in files '
+                                         'of earlier versions: float32.'},
             },
         },
         'devices': {

@@ -79,12 +79,13 @@ def plan_sweep(num_gpus, batch_size_per_device=book.BATCH_SIZE_PER_DEVICE,
 
 
 def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
-                event_handlers=()):
+                event_handlers=(), dtype='float32', force_dtype=False):
     """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
 
     ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
     ``load_setting_data``). ``event_handlers`` are added to ``train()``'s (for a progress
-    display); the loss is always guarded (``LossGuard``).
+    display); the loss is always guarded (``LossGuard``). ``dtype`` and ``force_dtype`` as
+    for ``book.init_training`` (bfloat16: every setting of the process computes in it).
 
     Returns
     -------
@@ -96,8 +97,9 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         contexts), ``line`` (the summary line, over all epochs) and ``history``.
     """
     devices = setting['devices']
-    net = book.new_network('resnet18', hybridize)
-    trainer = book.init_training(net, devices, setting['lr'], seed)
+    net = book.new_network('resnet18', hybridize, dtype=dtype)
+    trainer = book.init_training(net, devices, setting['lr'], seed, dtype=dtype,
+                                 force_dtype=force_dtype)
     history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
                              trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
     summary = metrics.summarize(history, devices)
@@ -213,6 +215,7 @@ def build_parser():
     cli.add_seed_flag(p, 'seed for every setting\'s initialization and data order (default: '
                          'none)')
     cli.add_hybridize_flag(p)
+    cli.add_dtype_flags(p)
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
@@ -249,6 +252,8 @@ def _run(args, state):
     except ValueError as e:
         raise UsageError('%s: error: --num-gpus %s --device %s: %s' % (
             PROG, ' '.join(map(str, args.num_gpus)), args.device, e)) from None
+    cli.check_dtype(PROG, args.dtype, max(settings, key=lambda s: s['num_devices'])['devices'],
+                    args.force_dtype)
     _prepare_output_dir(args.output_dir)
     mode = progress.choose_mode()
     rows = state['rows']
@@ -259,8 +264,9 @@ def _run(args, state):
                                                       args.test_limit, args.seed)
         except (data.DataError, data.DataNotFoundError, ValueError) as e:
             raise cli.data_error(PROG, e) from None
-        print('running on: %s (global batch %d, lr %g)' % (
-            devices_mod.format_devices(s['devices']), s['batch_size'], s['lr']), flush=True)
+        print('running on: %s (global batch %d, lr %g%s)' % (
+            devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
+            '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label='%d device%s, ' % (s['num_devices'],
                                                             '' if s['num_devices'] == 1 else 's'))
@@ -269,7 +275,7 @@ def _run(args, state):
             handlers.append(state['interrupt'])
         try:
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
-                              handlers)
+                              handlers, args.dtype, args.force_dtype)
         finally:
             report.close()
         print(row['line'], flush=True)

@@ -33,7 +33,7 @@ from .interrupts import DeferredInterrupt
 PROG = 'python -m gluon_mgpu.train'
 KVSTORES = ('device', 'local') + dist.DIST_KVSTORES
 # Flags that are not settings of the run, so a checkpoint does not record them.
-_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug')
+_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype')
 
 
 def network_name(args):
@@ -67,6 +67,7 @@ def build_parser():
     cli.add_device_flag(p)
     cli.add_data_flags(p)
     cli.add_hybridize_flag(p)
+    cli.add_dtype_flags(p)
     p.add_argument('--loader', choices=tuple(data.LOADERS), default='array',
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
@@ -239,7 +240,12 @@ def parse_args(argv=None):
         raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
                          '--model %s has none; drop --sync-bn or use --model resnet18'
                          % (PROG, args.model))
+    bf16 = args.dtype == 'bfloat16'
+    if bf16 and (args.sync_bn or args.kvstore in dist.DIST_KVSTORES):
+        raise UsageError('%s: error: --dtype bfloat16 with %s was never run; drop one of them'
+                         % (PROG, '--sync-bn' if args.sync_bn else '--kvstore ' + args.kvstore))
     data_only = [flag for flag, given in (
+        ('--dtype bfloat16', bf16),
         ('--kvstore %s' % args.kvstore, args.kvstore != 'device'), ('--sync-bn', args.sync_bn),
         ('--device-weights', args.device_weights is not None),
         ('--balance auto', args.balance == 'auto'),
@@ -431,8 +437,11 @@ def _run(args, record, interrupt):
             where += ' (worker 0 of %d, kvstore %s)' % (args.num_workers, args.kvstore)
         print('running on:', where, flush=True)
 
-    net = book.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None)
-    trainer = book.init_training(net, devices, args.lr, args.seed, kvstore)
+    cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
+    net = book.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
+                           args.dtype)
+    trainer = book.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
+                                 args.force_dtype)
     bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
     handlers = [events.LossGuard(), bar]
     if args.warmup_steps is not None:

@@ -39,3 +39,25 @@ def test_the_import_order_rows_measured_apart_give_benchmarks_md_their_ratio(tmp
     assert run.import_order_line(str(tmp_path / 'none.json')).endswith('(import-order.md).')
     # The report from benchmarks.json does not list them as not measured.
     assert run.config('order-d2lzh')['threads'] == 'd2lzh-first'
+
+
+def test_the_bfloat16_targets_compare_with_float32_and_torch_compile_of_the_same_run():
+    med = {'ours-hyb-1': 80.0, 'ours-bf16-1': 124.0, 'torch-bf16-compile': 130.0,
+           'ours-hyb-2': 80.0, 'ours-bf16-2': 116.0, 'eval-1': 250.0, 'eval-bf16-1': 400.0}
+    rows = run.targets(med, dict(med))
+    assert _row(rows, 'ours bfloat16 (1 device) >= 1.5x')[1:] == ('1.55x', '1.55x', True)
+    assert _row(rows, 'ours bfloat16 (2 devices) >= 1.5x')[1:] == ('1.45x', '1.45x', False)
+    assert _row(rows, 'ours bfloat16 (1 device) >= torch.compile')[1:] == (
+        '0.95x', '0.95x', False)
+    assert _row(rows, 'evaluation bfloat16 >= 1.5x evaluation float32, 1 device')[1:] == (
+        '1.60x', '1.60x', True)
+    # eval-2 was not measured: no verdict rather than one against another run's number.
+    assert not [r for r in rows if r[0].endswith('2 devices') and 'evaluation' in r[0]]
+
+
+def test_the_bfloat16_matrix_product_is_measured_the_way_the_fp32_one_is():
+    assert run.config('gemm-bf16') == dict(run.config('gemm'), dtype='bfloat16')
+    assert run.config('gemm')['dtype'] == 'float32'
+    assert run.config('ours-bf16-1') == dict(run.config('ours-hyb-1'), dtype='bfloat16')
+    assert run.config('torch-bf16-compile') == dict(run.config('torch-compile'),
+                                                    dtype='bfloat16')

@@ -279,7 +279,11 @@ def test_resume_settings_names_every_difference_and_keeps_what_may_change():
         checkpoint.resume_settings(record, {'batch_size': 32, 'seed': 4, 'lr': 0.1})
     merged = checkpoint.resume_settings(record, {'lr': 0.05, 'epochs': 5, 'batch_size': 16,
                                                  'data_dir': '/data'})
-    assert merged == dict(record['args'], lr=0.05, epochs=5, data_dir='/data')
+    # A record from before --dtype trained in float32, and says so now.
+    assert merged == dict(record['args'], lr=0.05, epochs=5, data_dir='/data', dtype='float32')
+    with pytest.raises(ValueError, match=r'other settings: --dtype bfloat16 \(the run used '
+                                         r'float32\); leave these flags out'):
+        checkpoint.resume_settings(record, {'dtype': 'bfloat16'})
     with pytest.raises(ValueError, match='the run already finished all its 2 epochs; pass '
                                          '--epochs 3 or more'):
         checkpoint.resume_settings(dict(record, args=dict(record['args'], epochs=2)), {})

@@ -1,0 +1,121 @@
+"""bfloat16 training as an option beside the book's float32: MXNet's AMP does the casting.
+
+``python -m gluon_mgpu.train --dtype bfloat16`` (or ``new_network(dtype='bfloat16')`` and
+``init_training(..., dtype='bfloat16')`` in a notebook) runs the chapter's step unchanged:
+``mxnet.contrib.amp.init(target_dtype='bfloat16')`` makes MXNet cast the inputs of every
+convolution and dense layer to bfloat16 (BatchNorm keeps float32 parameters, softmax and the
+loss run in float32), and ``amp.init_trainer`` makes the Trainer skip a step whose gradients
+are not finite. The parameters themselves stay float32 (the master weights the optimizer
+updates and the checkpoints save); evaluation runs through the same casts.
+
+Two facts of MXNet 1.9.1 shape this module:
+
+- ``amp.init`` is process-wide and cannot be undone: it replaces the operator functions of
+  ``mx.nd`` and ``mx.sym`` (a second call, with any dtype, does nothing). So a process that
+  trained in bfloat16 cannot build a float32 network any more, and a float32 network built
+  before would compute in bfloat16 afterwards: ``use_dtype`` refuses both (in a notebook:
+  restart the kernel to switch).
+- It must run before the network is first called (a hybridized network records its graph,
+  casts included, then): ``new_network`` calls ``use_dtype`` before it builds.
+
+Only CPUs whose instruction set computes in bfloat16 (``avx512_bf16`` or ``amx_bf16`` in
+/proc/cpuinfo) gain from it: elsewhere oneDNN emulates it, slower than float32, and
+``check_dtype`` refuses unless forced. On GPUs it was never run here.
+"""
+from .devices import cpu_flags
+
+__all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'check_dtype', 'use_dtype', 'active_dtype',
+           'init_trainer']
+
+DTYPES = ('float32', 'bfloat16')
+BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
+
+# What this process computes in: None until a network is built through use_dtype.
+_state = {'dtype': None}
+
+
+def _checked(dtype):
+    if dtype not in DTYPES:
+        raise ValueError('dtype must be one of %s, got %r; for example dtype=\'bfloat16\''
+                         % (', '.join(DTYPES), dtype))
+    return dtype
+
+
+def check_dtype(dtype, devices, force=False, flags=None):
+    """Check that ``devices`` can train in ``dtype``; return the notes to show (lines).
+
+    Parameters
+    ----------
+    dtype : {'float32', 'bfloat16'}
+    devices : list of mxnet.Context
+    force : bool, default False
+        Train in bfloat16 on a CPU without bfloat16 instructions anyway (slower than float32).
+    flags : set of str, optional
+        The CPU's feature flags; default ``devices.cpu_flags()`` (/proc/cpuinfo).
+
+    Returns
+    -------
+    list of str
+        Empty for float32 and for a CPU with ``avx512_bf16`` or ``amx_bf16``; one line for a
+        GPU (never run here) or a forced CPU without them.
+
+    Raises
+    ------
+    ValueError
+        For an unknown dtype, or bfloat16 on a CPU without bfloat16 instructions unless
+        ``force``.
+    """
+    if _checked(dtype) == 'float32':
+        return []
+    notes = []
+    if any(d.device_type == 'gpu' for d in devices):
+        notes.append('bfloat16 on a GPU was never run here (only on CPUs with avx512_bf16); '
+                     'compare its accuracy with a float32 run before trusting it')
+    if any(d.device_type == 'cpu' for d in devices):
+        flags = cpu_flags() if flags is None else set(flags)
+        if not flags & set(BF16_CPU_FLAGS):
+            why = ('this CPU has neither %s in /proc/cpuinfo, so oneDNN would emulate '
+                   'bfloat16, slower than float32' % ' nor '.join(BF16_CPU_FLAGS))
+            if not force:
+                raise ValueError('%s; train in float32, or force bfloat16 anyway '
+                                 '(--force-dtype, force_dtype=True)' % why)
+            notes.append('%s (forced)' % why)
+    return notes
+
+
+def active_dtype():
+    """What the networks of this process compute in: ``'float32'``, ``'bfloat16'``, or None
+    before ``use_dtype``."""
+    return _state['dtype']
+
+
+def use_dtype(dtype):
+    """Make this process compute in ``dtype``; call it before building a network.
+
+    For bfloat16: ``amp.init(target_dtype='bfloat16')``, once per process. Raises
+    RuntimeError when the process already computes in the other dtype (MXNet 1.9.1 cannot
+    undo ``amp.init``), or when MXNet's AMP was started by someone else.
+    """
+    from mxnet.contrib import amp
+    active = _state['dtype']
+    if active is None and amp.amp._amp_initialized and _checked(dtype) == 'float32':
+        active = 'AMP'  # amp.init called outside this package
+    if active not in (None, _checked(dtype)):
+        raise RuntimeError(
+            'this process already built %s networks, and MXNet 1.9.1\'s AMP is process-wide and '
+            'cannot be undone (a %s network would compute in %s, or an earlier one change '
+            'precision); train in %s here, or start a new process (in a notebook: restart the '
+            'kernel)' % (active, dtype, 'bfloat16' if dtype == 'float32' else 'float32',
+                         active))
+    if dtype == 'bfloat16' and not amp.amp._amp_initialized:
+        amp.init(target_dtype='bfloat16')
+    _state['dtype'] = dtype
+
+
+def init_trainer(trainer, dtype):
+    """Hand ``trainer`` to AMP for bfloat16 (``amp.init_trainer``: a step whose gradients are
+    not finite is skipped); nothing for float32. Returns ``trainer``."""
+    if _checked(dtype) == 'bfloat16':
+        from mxnet.contrib import amp
+        amp.init_trainer(trainer)
+    return trainer
