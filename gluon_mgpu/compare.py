@@ -449,9 +449,10 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         if per_epoch:
             seconds[n] = float(np.mean(per_epoch))
             rows.append(_row(book['cell'], 'sec/epoch (mean), %s' % setting,
-                             '%.1f' % book_sec, '%.1f on %s (%d epochs)' % (
+                             '%.1f' % book_sec, '%.1f on %s (%d epoch%s)' % (
                                  seconds[n], ', '.join(by_epoch[min(by_epoch)][0].get(
-                                     'device_names', [])), len(per_epoch)),
+                                     'device_names', [])), len(per_epoch),
+                                 '' if len(per_epoch) == 1 else 's'),
                              'x%.2f' % (seconds[n] / book_sec),
                              'not comparable: depends on the hardware (the speed-up is)',
                              'not comparable'))
