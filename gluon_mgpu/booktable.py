@@ -372,7 +372,7 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
     os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
     records = read_records(record_path)
     total = sum(r.epochs for r in runs)
-    spent = []  # wall seconds per epoch of this call: train command and diagnosis
+    spent = []  # wall seconds of the epochs this call trained: train command and diagnosis
     waiting_for = None
     for run in runs:
         directory = os.path.join(work_dir, run.name)
@@ -390,7 +390,8 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
                 continue
             waiting_for = None
             epoch, start = len(done) + 1, time.time()
-            if epoch not in list_checkpoints(directory):
+            trained = epoch not in list_checkpoints(directory)
+            if trained:
                 recorded = sum(min(len(recorded_epochs(records, r)), r.epochs) for r in runs)
                 per_epoch = _seconds_per_epoch(spent, records)
                 say('book table: %d of %d epochs recorded; training %s epoch %d%s'
@@ -399,7 +400,8 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
                        % ((total - recorded) * per_epoch / 3600, per_epoch / 60)))
                 _train(run, directory, epoch, work_dir, device, data_dir)
             records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
-            spent.append(time.time() - start)
+            if trained:  # an epoch found trained says nothing of the time left
+                spent.append(time.time() - start)
             say(_diagnosis_line(run, records[-1]))
     return records
 
