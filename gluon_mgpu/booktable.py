@@ -260,20 +260,20 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
 
     record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
                                         checkpoint.checkpoint_path(directory, epoch, 'json'))
-    batch_size = record['args']['batch_size']
-    _, test_iter = data.load_data_fashion_mnist(batch_size, data_dir=data_dir,
-                                                train_limit=1, test_limit=test_limit)
+    # Each file read once: the test set in the run's batches and in batches of 500, and the
+    # training images that re-estimate the statistics.
+    test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
+    test_iter = data.ArrayBatches(test_x, test_y, record['args']['batch_size'])
+    stats_iter = data.ArrayBatches(test_x, test_y, batch_stats_batch)
+    images, _ = data.load_fashion_mnist_arrays('train', data_dir)
+
     net = _restored(directory, record, devices, hybridize=True)
     acc_running = [evaluate_accuracy(test_iter, net, [d]) for d in devices]
-
     plain = _restored(directory, record, devices, hybridize=False)
-    images, _ = data.load_fashion_mnist_arrays('train', data_dir)
     X = nd.array(data.to_tensor(images[:precise_images]), dtype='float32')
     reestimate_running_stats(plain, X, devices[0])
     plain.hybridize(static_alloc=True)
     acc_precise = evaluate_accuracy(test_iter, plain, devices[:1])
-    _, stats_iter = data.load_data_fashion_mnist(batch_stats_batch, data_dir=data_dir,
-                                                 train_limit=1, test_limit=test_limit)
     acc_batch = evaluate_with_batch_stats(stats_iter, net, devices[0])
     return {'stats': record['history'][epoch - 1], 'acc_running': acc_running,
             'acc_precise_bn': acc_precise,
