@@ -759,7 +759,7 @@ def _compare(argv, args):
     from . import booktable
     from .data import DataError, DataNotFoundError, find_data_dir
     from .devices import format_devices, get_devices
-    from .files import output_problem
+    from .files import atomic_path, output_problem
     from .interrupts import DeferredInterrupt
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise UsageError('%s: error: --output %s: folder %s does not exist; create it or '
@@ -785,7 +785,8 @@ def _compare(argv, args):
         raise UsageError('%s: error: %s' % (PROG, e)) from None
 
     if args.full:
-        runs = booktable.plan_runs(list(dict.fromkeys(args.seeds)), warmup_steps=args.warmup_steps or 0,
+        seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run
+        runs = booktable.plan_runs(seeds, warmup_steps=args.warmup_steps or 0,
                                    epochs=args.epochs, train_limit=args.train_limit,
                                    test_limit=args.test_limit)
         print('running on:', format_devices(pair), flush=True)
@@ -817,7 +818,6 @@ def _compare(argv, args):
                   'batch_stats_batch': booktable.BATCH_STATS_BATCH,
                   'command': ' '.join([PROG] + argv),
                   'mxnet_version': cells['mxnet_version'], 'date': datetime.date.today().isoformat()}
-        from .files import atomic_path
         with atomic_path(args.output) as tmp:
             with open(tmp, 'w') as f:
                 f.write(format_markdown(report))

@@ -66,8 +66,9 @@ def _train(*args):
 
 
 @pytest.mark.parametrize('args,line', [
-    (['--warmup-steps', '0'], PROG + ': error: argument --warmup-steps: --warmup-steps must be '
-                                     'at least 1, got 0; for example --warmup-steps 2 (see --help)'),
+    (['--warmup-steps', '0'], PROG + ': error: argument --warmup-steps: --warmup-steps must '
+                                     'be at least 1, got 0; for example --warmup-steps 2 (see '
+                                     '--help)'),
     (['--warmup-steps', '5', '--parallel', 'layers', '--num-gpus', '2'],
      PROG + ': error: --warmup-steps works with --parallel data only; drop it or pass '
             '--parallel data'),
