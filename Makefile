@@ -40,14 +40,14 @@ data: install
 
 # The GPU set-up (docs/gpu.md): mxnet-cu112 and NVIDIA's CUDA libraries from PyPI in their own
 # environment; the machine needs only the NVIDIA driver. gpu-install also writes a .pth file that
-# makes any `import mxnet` in .venv-gpu find those libraries (gluon_mgpu/gpu_build.py).
+# makes any `import mxnet` in .venv-gpu find those libraries (gluon_mgpu/runtime/gpu_build.py).
 GPU_VENV ?= .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
 
 gpu-install:
 	$(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt install
 	@echo '*' > $(GPU_VENV)/.gitignore
-	$(GPU_PY) gluon_mgpu/gpu_build.py install-hook
+	$(GPU_PY) gluon_mgpu/runtime/gpu_build.py install-hook
 
 # The environment report first: without a driver it is the one line that says so (exit 2).
 gpu-demo: gpu-install

@@ -113,7 +113,7 @@ GROUPS = {
     # Scratch buffers: MXNet keeps one pool for all CPU contexts per *issuing* thread, and gives
     # every graph node that asks for scratch space a fixed buffer of it, in turn, grown to what
     # oneDNN asked for on that thread. The package issues each device's calls from its own
-    # thread (gluon_mgpu.dispatch): a pool of MXNet's 4 buffers per device. The book's loop
+    # thread (gluon_mgpu.runtime.dispatch): a pool of MXNet's 4 buffers per device. The book's loop
     # issues both devices from one thread: they share one pool, and need a big one (a buffer
     # per node) not to wait for each other, which costs memory and cache even on one device.
     'pool': [('1 device, the package\'s settings (MXNet\'s 4 scratch buffers)', {}),

@@ -24,8 +24,8 @@ from mxnet import nd
 from mxnet.gluon import loss as gloss
 
 from gluon_mgpu import data
-from gluon_mgpu.env import cpu_model
-from gluon_mgpu.events import Events, TrainingState
+from gluon_mgpu.commands.env import cpu_model
+from gluon_mgpu.handlers.events import Events, TrainingState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Fewer pairs than this cannot resolve 5% when other jobs make step times vary by 10% or more.

@@ -41,7 +41,7 @@ from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
 from gluon_mgpu import book, data, training  # noqa: E402
-from gluon_mgpu.dispatch import call  # noqa: E402
+from gluon_mgpu.runtime.dispatch import call  # noqa: E402
 
 # The one timed interval of this measurement: every function below starts and stops it.
 METER = Interval()
@@ -260,7 +260,7 @@ def eval_speed(cfg):
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
     if cfg.get('fold'):
-        from gluon_mgpu.inference import fold_batchnorm
+        from gluon_mgpu.tools.inference import fold_batchnorm
         net = fold_batchnorm(net, hybridize=False)
         net.hybridize(static_alloc=True, static_shape=cfg.get('static_shape', False),
                       backend=cfg.get('backend'))

@@ -1,15 +1,16 @@
 """gluon_mgpu: the d2l chapter "Gluon Implementation for Multi-GPU Computation", runnable anywhere.
 
 ``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
-line (the module ``gluon_mgpu/train.py``).
+line, whose code is ``gluon_mgpu/commands/train.py`` (import ``main`` from there: importing the
+entry file ``gluon_mgpu/train.py`` would hide the function).
 """
 import os
 import sys
-import types
 
-from . import startup
-from .mxnet_env import check_environment
-from .threads import configure_threads, thread_settings, usable_cores, warn_if_imported_late
+from .runtime import startup
+from .runtime.mxnet_env import check_environment
+from .runtime.threads import (configure_threads, thread_settings, usable_cores,
+                              warn_if_imported_late)
 
 # A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
 startup.guard()
@@ -28,15 +29,15 @@ except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: a com
 # The book's import order (d2lzh, so MXNet, first) leaves MXNet on half the cores: say so.
 warn_if_imported_late()
 # The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
-from .gpu_build import prepare_for_package  # noqa: E402
+from .runtime.gpu_build import prepare_for_package  # noqa: E402
 prepare_for_package()
 
 from .book import book_setting, init_training, new_network
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
-from .events import EpochLine, LossGuard, LossNotFiniteError
-from .inference import fold_batchnorm
+from .handlers.events import EpochLine, LossGuard, LossNotFiniteError
+from .tools.inference import fold_batchnorm
 from .model import Residual, resnet18
 from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, ReplicaReport,
                        assert_replicas_match, format_replica_report, format_replica_summary,
@@ -55,16 +56,3 @@ __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'fo
            'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
            'format_replica_report', 'format_replica_summary', 'ReplicaCheck', 'fold_batchnorm']
 
-
-class _Package(types.ModuleType):
-    # Importing the submodule gluon_mgpu.train (the command line) makes Python set the package
-    # attribute `train` to that module, hiding the function. `python -m gluon_mgpu.train` does
-    # not (runpy runs it as __main__), but `from gluon_mgpu.train import main` does; renaming
-    # either would break the chapter's call or the documented command, so the function stays.
-    def __setattr__(self, name, value):
-        if name == 'train' and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -10,7 +10,7 @@ these from here.
 import mxnet as mx
 from mxnet import gluon, init
 
-from . import precision
+from .runtime import precision
 from .model import lenet, resnet18, sync_batch_norm
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'book_setting',

@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 from mxnet import nd
 
-from .files import InputError, input_problem, open_input
+from .runtime.files import InputError, input_problem, open_input
 
 __all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
            'read_idx', 'load_fashion_mnist_arrays', 'to_tensor', 'ArrayBatches', 'GluonBatches',

@@ -8,7 +8,7 @@ import os
 
 import mxnet as mx
 
-from .threads import thread_limit
+from .runtime.threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
@@ -145,8 +145,8 @@ ENGINE_BASE_THREADS = 6
 def threads_per_cpu_context():
     """The threads each CPU context costs: MXNet's engine worker and its OpenMP team,
     ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set), and
-    the thread ``gluon_mgpu.dispatch`` issues the device's calls from."""
-    from .threads import thread_settings
+    the thread ``gluon_mgpu.runtime.dispatch`` issues the device's calls from."""
+    from .runtime.threads import thread_settings
     value = thread_settings().get('omp_num_threads')
     if isinstance(value, int) and value > 0:
         return value + 1

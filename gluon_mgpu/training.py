@@ -4,12 +4,12 @@
 one slice per device; under ``autograd.record()`` every device runs the network on its slice;
 ``backward()`` on every device's loss; then ``trainer.step(batch_size)`` sums the gradients of
 all devices (the kvstore), divides by the batch size and updates every replica the same way.
-Each device's calls are issued from a thread of its own (``gluon_mgpu.dispatch``), so each has
+Each device's calls are issued from a thread of its own (``gluon_mgpu.runtime.dispatch``), so each has
 its own scratch buffers.
 ``train_epoch`` runs it over the data and ``train`` over the epochs, printing the book's line.
 
 Everything else (checkpoints, progress, metrics, checks) hangs around the loop as event
-handlers (``gluon_mgpu.events``), and devices of different speed change only the split
+handlers (``gluon_mgpu.handlers.events``), and devices of different speed change only the split
 (``balance.split_by_weights``).
 """
 import time
@@ -19,13 +19,13 @@ import numpy as np
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from .balance import check_device_weights, slice_sizes
+from .parallel.weighted import check_device_weights, slice_sizes
 from .book import LR_PER_DEVICE, init_training
 from .devices import format_devices, try_all_gpus
-from .dispatch import call
-from .events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
-                     format_epoch)
-from .interrupts import UpdateError, guard_updates
+from .runtime.dispatch import call
+from .handlers.events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
+                              format_epoch)
+from .handlers.interrupts import UpdateError, guard_updates
 
 __all__ = ['check_batch', 'split_batch', 'evaluate_accuracy', 'train_batch', 'train_epoch', 'train',
            'format_epoch', 'init_training', 'LossNotFiniteError', 'UpdateError']
@@ -212,7 +212,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
     """Run ``train_batch`` over ``train_iter``; return ``seconds``, ``train_loss``,
     ``train_acc`` and ``examples``.
 
-    ``events`` (``gluon_mgpu.events.Events``) gets ``batch_begin`` and ``batch_end`` around
+    ``events`` (``gluon_mgpu.handlers.events.Events``) gets ``batch_begin`` and ``batch_end`` around
     every step; a ``batch_end`` handler that returns True ends the epoch early. The sums stay
     on the devices; ``seconds`` is read after ``nd.waitall()``, as MXNet runs asynchronously.
     The first batch is checked (``check_batch``) before the first step.
@@ -285,7 +285,7 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         ``split_f(X, y, devices)`` gives the slices; ``balance.split_by_weights(w)`` splits in
         proportion to per-device weights.
     event_handlers : list, optional
-        Handlers of the run's events (``gluon_mgpu.events``). Default ``[EpochLine(),
+        Handlers of the run's events (``gluon_mgpu.handlers.events``). Default ``[EpochLine(),
         LossGuard()]``: print ``epoch 1, training time: 63.5 sec, test_acc 0.86`` after each
         epoch, and stop with ``LossNotFiniteError`` if the loss becomes NaN or infinite.
 

@@ -12,7 +12,7 @@ import pytest
 from mxnet.base import MXNetError
 
 from gluon_mgpu import data, devices
-from gluon_mgpu.train import main
+from gluon_mgpu.commands.train import main
 
 PROG = 'python -m gluon_mgpu.train: error: '
 

@@ -1,10 +1,11 @@
-"""BatchNorm statistics at test time (gluon_mgpu.bnstats)."""
+"""BatchNorm statistics at test time (gluon_mgpu.tools.bnstats)."""
 import mxnet as mx
 import numpy as np
 import pytest
 from mxnet import autograd, init, nd
 
-from gluon_mgpu import bnstats, book, data
+from gluon_mgpu.tools import bnstats
+from gluon_mgpu import book, data
 from gluon_mgpu.model import lenet
 from conftest import max_abs_diff
 

@@ -3,7 +3,7 @@ import mxnet as mx
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import compare
+from gluon_mgpu.commands import compare
 
 
 @pytest.fixture(scope='module')

@@ -1,4 +1,4 @@
-"""The book table's runs, records and resumption (gluon_mgpu.booktable)."""
+"""The book table's runs, records and resumption (gluon_mgpu.commands.booktable)."""
 import json
 import os
 import signal
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from gluon_mgpu import booktable
+from gluon_mgpu.commands import booktable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

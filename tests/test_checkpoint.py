@@ -15,8 +15,9 @@ from mxnet import nd
 from mxnet.gluon import nn
 
 import gluon_mgpu
-from gluon_mgpu import checkpoint, training
-from gluon_mgpu.train import main
+from gluon_mgpu.handlers import checkpoint
+from gluon_mgpu import training
+from gluon_mgpu.commands.train import main
 
 TINY = ['--num-gpus', '2', '--batch-size', '16', '--train-limit', '48', '--test-limit', '16',
         '--seed', '0']

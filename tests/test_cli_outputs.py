@@ -12,8 +12,9 @@ import termios
 import jsonschema
 import pytest
 
-from gluon_mgpu import metrics, thread_settings, training
-from gluon_mgpu.train import main
+from gluon_mgpu.handlers import metrics
+from gluon_mgpu import thread_settings, training
+from gluon_mgpu.commands.train import main
 from test_plotting import png_size
 
 TINY = ['--num-gpus', '2', '--epochs', '2', '--batch-size', '8', '--train-limit', '16',
@@ -142,7 +143,7 @@ def test_bad_output_paths_are_one_line_and_exit_2(flag, name, expected, tmp_path
 def test_sync_bn_trains_on_simulated_devices(tmp_path, data_dir):
     # It deadlocked on CPU contexts while both devices were issued from one thread (one shared
     # scratch pool), and the command refused it; now each device has its own pool
-    # (gluon_mgpu.dispatch). That the statistics agree: tests/test_model.py.
+    # (gluon_mgpu.runtime.dispatch). That the statistics agree: tests/test_model.py.
     json_path = tmp_path / 'run.json'
     result = subprocess.run(
         [sys.executable, '-m', 'gluon_mgpu.train', *TINY, '--data-dir', data_dir, '--sync-bn',

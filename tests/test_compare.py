@@ -7,7 +7,7 @@ import mxnet as mx
 import pytest
 from mxnet import nd
 
-from gluon_mgpu import booktable, compare
+from gluon_mgpu.commands import booktable, compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'book-comparison.md')

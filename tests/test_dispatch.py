@@ -6,7 +6,7 @@ import mxnet as mx
 import pytest
 from mxnet import autograd
 
-from gluon_mgpu.dispatch import call
+from gluon_mgpu.runtime.dispatch import call
 
 
 def test_every_device_issues_from_one_thread_of_its_own():

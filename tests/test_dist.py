@@ -1,7 +1,7 @@
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import dist
+from gluon_mgpu.parallel import dist
 
 JOB = {'DMLC_ROLE': 'worker', 'DMLC_PS_ROOT_URI': '10.0.0.5', 'DMLC_PS_ROOT_PORT': '9100',
        'DMLC_NUM_SERVER': '1', 'DMLC_NUM_WORKER': '3'}

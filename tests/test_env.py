@@ -6,7 +6,7 @@ import sys
 import mxnet as mx
 
 import gluon_mgpu
-from gluon_mgpu import env
+from gluon_mgpu.commands import env
 
 
 def test_loaded_from_names_the_file_and_loads_nothing_new():

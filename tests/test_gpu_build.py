@@ -1,4 +1,4 @@
-"""gluon_mgpu.gpu_build's logic, with the CPU build and folders made here.
+"""gluon_mgpu.runtime.gpu_build's logic, with the CPU build and folders made here.
 
 The GPU build itself (mxnet-cu112, the nvidia wheels, a stand-in driver) is checked by
 tests_gpu/ under ``make gpu-test``; these tests need neither.
@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from gluon_mgpu import gpu_build as gb
+from gluon_mgpu.runtime import gpu_build as gb
 
 
 def _site(folder, dist_info, libraries=()):
@@ -133,5 +133,5 @@ def test_the_pth_hook_prepares_the_first_import_of_mxnet(tmp_path):
 def test_the_script_takes_only_install_hook():
     script = gb.__file__
     r = subprocess.run([sys.executable, script, 'uninstall'], capture_output=True, text=True)
-    assert (r.returncode, r.stderr) == (2, 'usage: python gluon_mgpu/gpu_build.py '
+    assert (r.returncode, r.stderr) == (2, 'usage: python gluon_mgpu/runtime/gpu_build.py '
                                            'install-hook\n')

@@ -18,8 +18,8 @@ import time
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import checkpoint
-from gluon_mgpu.train import main
+from gluon_mgpu.handlers import checkpoint
+from gluon_mgpu.commands.train import main
 from test_checkpoint import cli_dir, cli_run  # noqa: F401  (fixtures: one checkpointed run)
 
 PROG = 'python -m gluon_mgpu.train'

@@ -29,8 +29,12 @@ import pytest
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import nn
 
-from gluon_mgpu import checkpoint, data, devices, files, launch, metrics, plotting, training
-from gluon_mgpu.interrupts import DeferredInterrupt, Interrupted, UpdateError, guard_updates
+from gluon_mgpu.handlers import checkpoint, metrics, plotting
+from gluon_mgpu import data, devices, training
+from gluon_mgpu.runtime import files
+from gluon_mgpu.commands import launch
+from gluon_mgpu.handlers.interrupts import (DeferredInterrupt, Interrupted, UpdateError,
+                                            guard_updates)
 from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
 
 PY = sys.executable
@@ -582,7 +586,7 @@ def test_a_caller_owned_sigterm_handler_is_left_alone():
 
 def test_sigterm_in_a_real_process_is_reported_and_exits_143():
     code = ('import sys, time\n'
-            'from gluon_mgpu.interrupts import DeferredInterrupt, Interrupted\n'
+            'from gluon_mgpu.handlers.interrupts import DeferredInterrupt, Interrupted\n'
             'try:\n'
             '    with DeferredInterrupt():\n'
             '        print("ready", flush=True)\n'
@@ -1197,7 +1201,7 @@ def test_a_file_entry_must_name_this_epochs_file(ck, entry):
 
 @pytest.fixture(scope='module')
 def cli_record(tmp_path_factory, data_dir):
-    from gluon_mgpu.train import main
+    from gluon_mgpu.commands.train import main
     directory = str(tmp_path_factory.mktemp('cli') / 'ck')
     assert main(['--device', 'cpu', '--batch-size', '8', '--train-limit', '16', '--test-limit',
                  '8', '--epochs', '1', '--seed', '3', '--data-dir', data_dir, '--quiet',

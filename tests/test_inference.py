@@ -8,7 +8,7 @@ from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
 from gluon_mgpu import book, data, training
-from gluon_mgpu.inference import FOLD_ATOL, FOLD_RTOL, fold_batchnorm
+from gluon_mgpu.tools.inference import FOLD_ATOL, FOLD_RTOL, fold_batchnorm
 
 
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):

@@ -7,7 +7,7 @@ import sys
 import pytest
 from mxnet.kvstore.kvstore import _updater_wrapper
 
-from gluon_mgpu.interrupts import DeferredInterrupt
+from gluon_mgpu.handlers.interrupts import DeferredInterrupt
 
 # What MXNet's kvstore hands to C as the optimizer: key, two NDArray handles, a void pointer.
 _UPDATER_TYPE = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
@@ -55,7 +55,7 @@ def test_inside_mxnets_updater_callback_ctrl_c_waits_for_check(monkeypatch):
 def test_an_ignored_sigint_stays_ignored():
     # A process started with SIGINT ignored (nohup-like) is left alone.
     code = ('import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n'
-            'from gluon_mgpu.interrupts import DeferredInterrupt\n'
+            'from gluon_mgpu.handlers.interrupts import DeferredInterrupt\n'
             'with DeferredInterrupt():\n'
             '    print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN)\n')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,

@@ -12,7 +12,8 @@ import time
 import pytest
 from mxnet import nd
 
-from gluon_mgpu import dist, launch
+from gluon_mgpu.parallel import dist
+from gluon_mgpu.commands import launch
 
 PY = sys.executable
 TRAIN = [PY, '-m', 'gluon_mgpu.train', '--model', 'lenet', '--device', 'cpu', '--seed', '0',

@@ -8,7 +8,7 @@ import mxnet as mx
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import metrics
+from gluon_mgpu.handlers import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -32,7 +32,7 @@ def test_the_documented_schema_is_the_one_in_code():
     jsonschema.Draft202012Validator.check_schema(metrics.SCHEMA)
     with open(os.path.join(ROOT, 'docs', 'metrics-schema.md')) as f:
         assert f.read() == metrics.schema_markdown(), (
-            'docs/metrics-schema.md is stale: run python -m gluon_mgpu.metrics > '
+            'docs/metrics-schema.md is stale: run python -m gluon_mgpu.handlers.metrics > '
             'docs/metrics-schema.md')
     table = metrics.schema_markdown()
     for field in metrics.EPOCH_FIELDS:

@@ -160,7 +160,7 @@ def test_lenet_is_the_books_without_batchnorm():
 SYNC_BN_CHECK = r'''
 import json
 import gluon_mgpu
-from gluon_mgpu.dispatch import call
+from gluon_mgpu.runtime.dispatch import call
 import mxnet as mx
 from mxnet import autograd, gluon, init, nd
 
@@ -209,7 +209,7 @@ def test_sync_bn_gives_every_device_the_whole_batch_statistics():
     The layer blocks each device's engine thread until the other arrives, holding a scratch
     buffer. Issued from one thread, the two CPU contexts share one pool of buffers and MXNet
     1.9.1 deadlocks (it ran only with MXNET_CPU_TEMP_COPY=1000 and bulk execution off); from
-    their own threads (gluon_mgpu.dispatch) each has its own pool, as GPUs do.
+    their own threads (gluon_mgpu.runtime.dispatch) each has its own pool, as GPUs do.
     """
     env = {k: v for k, v in os.environ.items()
            if k not in ('MXNET_CPU_TEMP_COPY', 'MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_ENGINE_TYPE')}

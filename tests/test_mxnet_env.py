@@ -1,12 +1,12 @@
 """Environment values MXNet aborts or crashes on: one line naming the variable, the value and
-the fix, exit code 2, from every command, before MXNet starts (gluon_mgpu/mxnet_env.py)."""
+the fix, exit code 2, from every command, before MXNet starts (gluon_mgpu/runtime/mxnet_env.py)."""
 import os
 import subprocess
 import sys
 
 import pytest
 
-from gluon_mgpu import mxnet_env, threads
+from gluon_mgpu.runtime import mxnet_env, threads
 
 CORES = len(os.sched_getaffinity(0))
 COMMANDS = ['train', 'env', 'compare', 'sweep', 'launch', 'replicas', 'metrics']

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import compare, model, training
+from gluon_mgpu.commands import compare
+from gluon_mgpu import model, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
@@ -146,7 +147,7 @@ def test_threads_cell_prints_the_count_in_force(executed):
     # The kernel inherits this process's environment, so it makes the same choice.
     outputs = _cell(executed, 'threads').outputs
     assert [o.get('text') for o in outputs] == [
-        gluon_mgpu.threads.format_thread_settings() + '\n']
+        gluon_mgpu.runtime.threads.format_thread_settings() + '\n']
     assert gluon_mgpu.thread_settings()['source'] in ('gluon_mgpu', 'user')
 
 

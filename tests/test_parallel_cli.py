@@ -10,9 +10,9 @@ import pytest
 from mxnet import nd
 
 import gluon_mgpu
-from gluon_mgpu import metrics
+from gluon_mgpu.handlers import metrics
 from gluon_mgpu.parallel import scratch
-from gluon_mgpu.train import main
+from gluon_mgpu.commands.train import main
 
 PROG = 'python -m gluon_mgpu.train'
 TINY = ['--num-gpus', '2', '--device', 'cpu', '--batch-size', '16', '--train-limit', '32',

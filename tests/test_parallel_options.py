@@ -5,12 +5,12 @@ from mxnet import nd
 from mxnet.gluon import nn
 
 from gluon_mgpu.model import resnet18
-from gluon_mgpu.parallel import (check_parallel_options, data_parallel_summary,
-                                 init_one_device, make_parallel, parse_cut)
+from gluon_mgpu.parallel import (check_parallel_options, data_parallel_summary, init_one_device,
+                                 make_parallel, parse_cut)
 from gluon_mgpu.parallel.channels import ChannelSplitNet
 from gluon_mgpu.parallel.layers import LayerSplit
 from gluon_mgpu.parallel.scratch import ScratchDataParallel
-from gluon_mgpu.replicas.placement import format_bytes, format_placement, inspect_placement
+from gluon_mgpu.parallel.placement import format_bytes, format_placement, inspect_placement
 
 DEVICES = [mx.cpu(0), mx.cpu(1)]
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from gluon_mgpu import plotting
+from gluon_mgpu.handlers import plotting
 
 HISTORY = [{'epoch': e, 'seconds': 10.0, 'images_per_sec': 100.0, 'train_loss': loss,
             'train_acc': acc - 0.05, 'test_acc': acc}

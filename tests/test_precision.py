@@ -12,8 +12,10 @@ import sys
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import book, checkpoint, devices as devices_mod, precision
-from gluon_mgpu.train import main
+from gluon_mgpu import book, devices as devices_mod
+from gluon_mgpu.handlers import checkpoint
+from gluon_mgpu.runtime import precision
+from gluon_mgpu.commands.train import main
 
 TINY = ['--num-gpus', '2', '--batch-size', '16', '--train-limit', '48', '--test-limit', '16',
         '--seed', '0']

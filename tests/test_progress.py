@@ -4,7 +4,7 @@ import types
 import pytest
 from mxnet import nd
 
-from gluon_mgpu import progress
+from gluon_mgpu.handlers import progress
 
 
 class FakeTerminal(io.StringIO):

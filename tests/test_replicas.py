@@ -13,7 +13,7 @@ from mxnet.gluon.parameter import DeferredInitializationError
 
 import gluon_mgpu
 from gluon_mgpu import data, replicas
-from gluon_mgpu.train import main as train_main
+from gluon_mgpu.commands.train import main as train_main
 
 BN_WHY = ('(expected: each device updates its own BatchNorm running statistics from its own '
           'slice of the batch, and the Trainer never reduces them)')
@@ -379,7 +379,7 @@ def test_replicas_main_walks_the_chapters_cells_and_prints_the_books_weight():
 
 
 def test_replicas_main_bad_input_is_one_line_and_exit_2(capsys):
-    from gluon_mgpu.replicas.__main__ import main
+    from gluon_mgpu.commands.replicas import main
     assert main(['--num-gpus', '0']) == 2
     assert capsys.readouterr().err == (
         'python -m gluon_mgpu.replicas: error: argument --num-gpus: --num-gpus must be at '

@@ -9,7 +9,8 @@ import mxnet as mx
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import devices, sweep, training
+from gluon_mgpu import devices, training
+from gluon_mgpu.commands import sweep
 from test_plotting import png_size
 
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from gluon_mgpu import threads
+from gluon_mgpu.runtime import threads
 
 
 def test_sets_one_thread_per_usable_core_when_nobody_chose():
@@ -95,7 +95,7 @@ def test_simulated_devices_get_a_share_of_the_cores_and_mxnets_scratch_pool():
     settings = threads.configure_threads(env, mxnet_imported=False, devices=2)
     cores = len(os.sched_getaffinity(0))
     per_device = max(1, cores // 2)
-    # The pool is not enlarged: every device issues from its own thread (gluon_mgpu.dispatch)
+    # The pool is not enlarged: every device issues from its own thread (gluon_mgpu.runtime.dispatch)
     # and so has MXNet's 4 buffers of its own.
     assert env == {'OMP_NUM_THREADS': str(per_device),
                    'GLUON_MGPU_CHOSE': 'OMP_NUM_THREADS=%d' % per_device}

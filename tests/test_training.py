@@ -8,9 +8,10 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, nn
 
 import gluon_mgpu
-from gluon_mgpu import balance, book, data
-from gluon_mgpu.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events, LossGuard,
-                               TrainBegin, TrainEnd, TrainingState)
+from gluon_mgpu.parallel import weighted as balance
+from gluon_mgpu import book, data
+from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
+                                        LossGuard, TrainBegin, TrainEnd, TrainingState)
 from conftest import max_abs_diff
 
 

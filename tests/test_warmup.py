@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from gluon_mgpu.events import LinearWarmup
+from gluon_mgpu.handlers.events import LinearWarmup
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROG = 'python -m gluon_mgpu.train'

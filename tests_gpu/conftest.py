@@ -26,7 +26,7 @@ NO_DEVICE(cuModuleGetFunction) NO_DEVICE(cuModuleLoadData) NO_DEVICE(cuModuleLoa
 NO_DEVICE(cuModuleUnload)
 '''
 
-# For gluon_mgpu.env.driver_info only (loaded by path, never by MXNet): a driver for CUDA 11.4
+# For gluon_mgpu.commands.env.driver_info only (loaded by path, never by MXNet): a driver for CUDA 11.4
 # with one 16 GiB GPU.
 ONE_GPU_STUB = r'''
 #include <stddef.h>
@@ -109,7 +109,7 @@ def run(tmp_path):
 @pytest.fixture(scope='session')
 def cpu_python():
     """The Python running pytest: the CPU environment (its MXNet must be the CPU build)."""
-    from gluon_mgpu.gpu_build import gpu_build
+    from gluon_mgpu.runtime.gpu_build import gpu_build
     if gpu_build() is not None:
         pytest.fail('pytest runs with %s, which has %s; run make gpu-test, which uses .venv'
                     % (sys.executable, gpu_build()))

@@ -6,8 +6,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from gluon_mgpu.env import driver_info, format_report
-from gluon_mgpu.gpu_build import LIBRARIES, no_driver_message
+from gluon_mgpu.commands.env import driver_info, format_report
+from gluon_mgpu.runtime.gpu_build import LIBRARIES, no_driver_message
 
 BUILD = 'mxnet-cu112 1.9.1'
 COMMANDS = ('train', 'sweep', 'launch', 'compare', 'replicas', 'env')
@@ -123,7 +123,7 @@ def test_without_a_driver_imports_raise_the_same_line(gpu_python, run):
     message = no_driver_message(BUILD)
     r = run(gpu_python, ['-c', 'import gluon_mgpu'])
     assert r.returncode == 1
-    assert r.stderr.splitlines()[-1] == 'gluon_mgpu.gpu_build.NoDriverError: ' + message
+    assert r.stderr.splitlines()[-1] == 'gluon_mgpu.runtime.gpu_build.NoDriverError: ' + message
     r = run(gpu_python, ['-c', 'import mxnet'])
     assert r.returncode == 1
     assert r.stderr.splitlines()[-1].endswith('.NoDriverError: ' + message)
@@ -150,7 +150,7 @@ def test_driver_info_reads_the_drivers_gpus(one_gpu_stub, stub_dir):
 
 
 def test_the_report_lists_each_gpu_and_the_fusion_advice(one_gpu_stub):
-    from gluon_mgpu import env
+    from gluon_mgpu.commands import env
     info = env.collect()
     info.update(features=info['features'] + ['CUDA'], kernel_module='470.82.01',
                 driver=driver_info(one_gpu_stub))

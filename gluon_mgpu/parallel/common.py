@@ -10,7 +10,7 @@ import numpy as np
 import mxnet as mx
 from mxnet import init as mx_init, nd
 
-from ..replicas.placement import inspect_placement
+from .placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
            'trace_devices', 'check_trace', 'evaluate_accuracy', 'per_device',

@@ -7,7 +7,7 @@ every way of splitting. A split network returns only its loss, so ``train_acc`` 
 """
 import time
 
-from ..events import EpochLine, Events, LossGuard, TrainingState
+from ..handlers.events import EpochLine, Events, LossGuard, TrainingState
 from ..training import epoch_seconds
 
 __all__ = ['train_split']

@@ -19,8 +19,8 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from .common import (check_devices, evaluate_accuracy, layer_output_bytes, make_summary,
-                     nbytes, per_device)
+from .common import (check_devices, evaluate_accuracy, layer_output_bytes, make_summary, nbytes,
+                     per_device)
 
 __all__ = ['init_params', 'lenet', 'loss', 'get_params', 'allreduce', 'split_batch', 'sgd',
            'train_batch', 'gluon_lenet', 'PARAM_NAMES', 'save_params', 'load_params',

@@ -15,7 +15,7 @@ of their divergence, never as a failure.
 The library returns data (``inspect_replicas`` -> ``ReplicaReport``);
 ``format_replica_report`` and ``format_replica_summary`` turn a report into text.
 ``python -m gluon_mgpu.replicas`` walks the chapter's inspection cells
-(``gluon_mgpu/replicas/__main__.py``).
+(``gluon_mgpu/commands/replicas.py``).
 """
 import math
 from dataclasses import dataclass
@@ -25,7 +25,7 @@ from mxnet import nd
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 from ..devices import format_devices, plural
-from ..events import BatchEnd, EpochBegin, EpochEnd
+from ..handlers.events import BatchEnd, EpochBegin, EpochEnd
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
@@ -532,5 +532,5 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
         return False
 
 
-from .placement import (ParameterPlacement, Placement, PlacementCheck,  # noqa: E402
-                        format_bytes, format_placement, inspect_placement)
+from ..parallel.placement import (ParameterPlacement, Placement, PlacementCheck, format_bytes,
+                                  format_placement, inspect_placement)

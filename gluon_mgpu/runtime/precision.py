@@ -22,7 +22,7 @@ Only CPUs whose instruction set computes in bfloat16 (``avx512_bf16`` or ``amx_b
 /proc/cpuinfo) gain from it: elsewhere oneDNN emulates it, slower than float32, and
 ``check_dtype`` refuses unless forced. On GPUs it was never run here.
 """
-from .devices import cpu_flags
+from ..devices import cpu_flags
 
 __all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'check_dtype', 'use_dtype', 'active_dtype',
            'init_trainer']

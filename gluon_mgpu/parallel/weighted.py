@@ -73,7 +73,7 @@ def split_by_weights(device_weights):
 
     ``split_by_weights([3, 1])`` gives a 16-example batch to two devices as 12 and 4.
     """
-    from .training import split_batch
+    from ..training import split_batch
     weights = check_device_weights(device_weights, len(list(device_weights)))
     return functools.partial(split_batch, device_weights=weights)
 

@@ -68,11 +68,11 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from . import book
+from .. import book
 from .events import EpochEnd, TrainBegin
 from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
-from .files import InputError, atomic_path, input_problem, open_input
+from ..runtime.files import InputError, atomic_path, input_problem, open_input
 from .interrupts import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',

@@ -23,7 +23,7 @@ unless the user set the variable. A program or notebook asks for the same with t
 variable ``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
 
 The other condition for devices computing side by side, a pool of scratch buffers per device,
-is met by issuing each device's calls from its own thread (``gluon_mgpu.dispatch``), not here:
+is met by issuing each device's calls from its own thread (``gluon_mgpu.runtime.dispatch``), not here:
 ``MXNET_CPU_TEMP_COPY`` is left to MXNet (4 buffers per pool) or to the user.
 """
 import logging
@@ -124,7 +124,7 @@ def _recorded_devices(directory):
     (its JSON, regular files only, at most 1 MB read); ``{}`` when there is none or it cannot be
     read: the command then says what is wrong with the checkpoint itself."""
     import json
-    from .checkpoint_names import checkpoint_path, list_checkpoints
+    from ..handlers.checkpoint_names import checkpoint_path, list_checkpoints
     from .files import InputError, open_input
     try:
         epochs = list_checkpoints(directory)

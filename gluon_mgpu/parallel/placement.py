@@ -13,7 +13,7 @@ import numpy as np
 from mxnet.gluon import Block, Parameter
 from mxnet.gluon.parameter import ParameterDict
 
-from ..events import EpochEnd
+from ..handlers.events import EpochEnd
 
 __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
            'format_bytes', 'PlacementCheck']

@@ -8,7 +8,7 @@ so nothing global changes in the caller's matplotlib.
 import os
 
 from .events import EpochEnd
-from .files import atomic_path
+from ..runtime.files import atomic_path
 
 __all__ = ['PLOT_SUFFIXES', 'FIGSIZE', 'SWEEP_FIGSIZE', 'DPI', 'plot_paths', 'plot_history',
            'plot_sweep', 'PlotHandler']

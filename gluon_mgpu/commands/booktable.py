@@ -3,7 +3,7 @@
 Every run of the table (devices, seed, optional warmup) is ``python -m gluon_mgpu.train`` with
 the book's settings, trained one epoch at a time into a checkpoint folder of its own; after each
 epoch its checkpoint is diagnosed (test accuracy with each device's running statistics, with
-re-estimated ones, with batch statistics: ``gluon_mgpu.bnstats``) and one JSON line is appended
+re-estimated ones, with batch statistics: ``gluon_mgpu.tools.bnstats``) and one JSON line is appended
 to a record kept in the repository. The record, not the checkpoints, is what the table is made
 of, so a finished epoch survives a lost machine; a killed run continues from its last checkpoint
 when the same command is given again. See docs/book-comparison.md.
@@ -18,9 +18,9 @@ import sys
 import tempfile
 import time
 
-from . import book
+from .. import book
 from .env import cpu_model
-from .checkpoint_names import list_checkpoints
+from ..handlers.checkpoint_names import list_checkpoints
 
 __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_runs',
            'RecordError', 'RunFailed', 'read_records', 'append_record', 'record_key',
@@ -139,7 +139,7 @@ def read_records(path):
     RecordError
         Naming the file, the line and what is wrong.
     """
-    from .files import InputError, open_input
+    from ..runtime.files import InputError, open_input
     try:
         with open_input(path) as f:
             text = f.read().decode('utf-8')
@@ -191,7 +191,7 @@ def append_record(path, record):
         When the path is not a regular file of ours (a folder, a device, a link) or the disk
         refuses the write.
     """
-    from .files import OutputError, output_problem
+    from ..runtime.files import OutputError, output_problem
     problem = output_problem(path)
     if problem:
         raise OutputError(path, 'cannot append to the record %s: %s' % (path, problem))
@@ -231,7 +231,7 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 
 def _restored(directory, record, devices, hybridize):
     """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``."""
-    from . import checkpoint
+    from ..handlers import checkpoint
     net = book.new_network('resnet18', hybridize=hybridize)
     trainer = book.init_training(net, devices, record['args']['lr'])
     checkpoint.restore(directory, record, net, trainer, devices)
@@ -254,9 +254,10 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
     """
     from mxnet import nd
 
-    from . import checkpoint, data
-    from .bnstats import evaluate_with_batch_stats, reestimate_running_stats
-    from .training import evaluate_accuracy
+    from ..handlers import checkpoint
+    from .. import data
+    from ..tools.bnstats import evaluate_with_batch_stats, reestimate_running_stats
+    from ..training import evaluate_accuracy
 
     record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
                                         checkpoint.checkpoint_path(directory, epoch, 'json'))
@@ -300,7 +301,7 @@ class RunFailed(RuntimeError):
 
 
 def _is_locked(directory):
-    from .checkpoint import CheckpointError, lock_dir
+    from ..handlers.checkpoint import CheckpointError, lock_dir
     if not os.path.isdir(directory):
         return None
     try:

@@ -20,7 +20,7 @@ fix) instead of the loader's ``OSError``. Two callers run it before MXNet loads:
 This file imports only the standard library and never the ``gluon_mgpu`` package, whose
 ``__init__`` imports MXNet: the ``.pth`` file loads it by path at every start of the
 environment's Python, where it costs one finder until MXNet is imported.
-Run as a script: ``python gluon_mgpu/gpu_build.py install-hook``.
+Run as a script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
 """
 import os
 import re
@@ -257,7 +257,7 @@ def install_hook(site_dir=None):
 
 def _main(argv):
     if argv != ['install-hook']:
-        sys.stderr.write('usage: python gluon_mgpu/gpu_build.py install-hook\n')
+        sys.stderr.write('usage: python gluon_mgpu/runtime/gpu_build.py install-hook\n')
         return 2
     try:
         target = install_hook()

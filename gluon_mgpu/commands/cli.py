@@ -15,9 +15,9 @@ import os
 import sys
 import traceback
 
-from . import files
-from .checkpoint import LR_RANGE
-from .interrupts import one_line
+from ..runtime import files
+from ..handlers.checkpoint import LR_RANGE
+from ..handlers.interrupts import one_line
 
 __all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
@@ -140,7 +140,7 @@ def weights(text):
 
 def add_device_flag(parser):
     """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
-    from .devices import DEVICE_CHOICES
+    from ..devices import DEVICE_CHOICES
     parser.add_argument('--device', choices=DEVICE_CHOICES, default='auto',
                         help='auto: GPUs if there are enough, simulated CPU devices if there is '
                              'no GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
@@ -170,7 +170,7 @@ def add_hybridize_flag(parser):
 
 
 def add_dtype_flags(parser):
-    from .precision import DTYPES
+    from ..runtime.precision import DTYPES
     parser.add_argument('--dtype', choices=DTYPES, default='float32',
                         help='what the network computes in: float32 (the book) or bfloat16 '
                              "(MXNet's AMP casts convolutions and dense layers, the parameters "
@@ -184,7 +184,7 @@ def add_dtype_flags(parser):
 def check_dtype(prog, dtype, devices, force):
     """``precision.check_dtype``: its refusal as the command's ``UsageError``, its notes
     printed as warning lines on stderr."""
-    from .precision import check_dtype as check
+    from ..runtime.precision import check_dtype as check
     try:
         notes = check(dtype, devices, force)
     except ValueError as e:
@@ -201,7 +201,7 @@ def add_debug_flag(parser):
 
 def data_error(prog, e, data_dir=None):
     """The ``UsageError`` for an error of ``load_data_fashion_mnist`` (a data or limit problem)."""
-    from .data import DataError, DataNotFoundError
+    from ..data import DataError, DataNotFoundError
     if isinstance(e, (DataError, DataNotFoundError)):
         flag = '' if data_dir is None else '--data-dir %s: ' % data_dir
         return UsageError('%s: error: %s%s' % (prog, flag, e))
@@ -212,7 +212,7 @@ def data_error(prog, e, data_dir=None):
 
 def devices(prog, num_gpus, device):
     """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``."""
-    from .devices import get_devices
+    from ..devices import get_devices
     try:
         return get_devices(num_gpus, device)
     except ValueError as e:

@@ -16,7 +16,7 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
-from .model import Residual, relu
+from ..model import Residual, relu
 
 __all__ = ['fold_batchnorm', 'FoldedResidual', 'FOLD_ATOL', 'FOLD_RTOL']
 

@@ -1,0 +1,276 @@
+"""What a bug report needs: ``python -m gluon_mgpu.env``.
+
+Like PyTorch's ``collect_env``: Python, MXNet's version and build features, the file each CUDA
+library was loaded from, the NVIDIA driver and its GPUs, the thread settings, the data folder
+found, and the ``MXNET_*`` variables that are set. The driver is asked directly
+(``libcuda.so.1``: ``cuDriverGetVersion``, ``cuDeviceGetName``, ``cuDeviceTotalMem``), so the
+report names each GPU even when MXNet cannot use it; MXNet's own count comes next to it.
+
+``collect()`` returns the facts as a dict; ``format_report()`` makes the text; ``main()`` prints
+it. With the GPU build and no driver, ``python -m gluon_mgpu.env`` prints the one line of every
+command and exits with 2 (see ``gpu_build``): that line is then the report.
+"""
+import ctypes
+import os
+import platform
+import sys
+from importlib import metadata
+
+import mxnet as mx
+
+from . import cli
+from ..data import DataNotFoundError, find_data_dir
+from ..devices import num_gpus
+from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
+from ..runtime.threads import format_thread_settings
+
+__all__ = ['collect', 'format_report', 'cpu_model', 'loaded_from', 'driver_info',
+           'kernel_module_version', 'main']
+
+PROG = 'python -m gluon_mgpu.env'
+# The driver API's codes that a machine without a usable GPU returns.
+CUDA_ERRORS = {3: 'CUDA_ERROR_NOT_INITIALIZED', 34: 'CUDA_ERROR_STUB_LIBRARY',
+               35: 'CUDA_ERROR_INSUFFICIENT_DRIVER', 100: 'CUDA_ERROR_NO_DEVICE',
+               999: 'CUDA_ERROR_UNKNOWN'}
+_RTLD_DI_LINKMAP = 2
+_ENV_PREFIXES = ('MXNET_', 'CUDA_VISIBLE_DEVICES', 'LD_LIBRARY_PATH')
+
+
+class _LinkMap(ctypes.Structure):
+    # The head of glibc's struct link_map (<link.h>): l_name is the file the loader opened.
+    _fields_ = [('l_addr', ctypes.c_void_p), ('l_name', ctypes.c_char_p)]
+
+
+def cpu_model():
+    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'
+
+
+def _dlinfo():
+    for lib in (None, 'libdl.so.2'):  # glibc >= 2.34 has dlinfo in libc itself
+        try:
+            return getattr(ctypes.CDLL(lib), 'dlinfo')
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def loaded_from(soname):
+    """Return the file this process loaded ``soname`` from, or None if it is not loaded.
+
+    Asks the dynamic loader (``dlopen`` with ``RTLD_NOLOAD``, then ``dlinfo``), so it loads
+    nothing new.
+    """
+    try:
+        handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)._handle
+    except OSError:
+        return None
+    dlinfo = _dlinfo()
+    if dlinfo is None:
+        return soname
+    link_map = ctypes.POINTER(_LinkMap)()
+    dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
+    if dlinfo(handle, _RTLD_DI_LINKMAP, ctypes.byref(link_map)) != 0 or not link_map:
+        return soname
+    name = link_map.contents.l_name
+    return os.fsdecode(name) if name else soname
+
+
+def _cuda_error(call, code):
+    return '%s: error %d (%s)' % (call, code, CUDA_ERRORS.get(code, 'see cuda.h'))
+
+
+def driver_info(library=DRIVER_LIBRARY):
+    """Ask the NVIDIA driver's ``libcuda`` for its CUDA version and its GPUs.
+
+    Parameters
+    ----------
+    library : str, default 'libcuda.so.1'
+        The soname or file to load.
+
+    Returns
+    -------
+    dict
+        ``found`` (bool), ``cuda_version`` (``'12.2'`` or None), ``gpus`` (list of dicts with
+        ``index``, ``name``, ``memory_bytes``) and ``errors`` (the calls that failed, with the
+        driver's error code).
+    """
+    info = {'found': False, 'cuda_version': None, 'gpus': [], 'errors': []}
+    try:
+        cuda = ctypes.CDLL(library)
+    except OSError as e:
+        info['errors'].append(str(e))
+        return info
+    info['found'] = True
+    version = ctypes.c_int()
+    rc = cuda.cuDriverGetVersion(ctypes.byref(version))
+    if rc:
+        info['errors'].append(_cuda_error('cuDriverGetVersion', rc))
+    else:
+        info['cuda_version'] = '%d.%d' % (version.value // 1000, version.value % 1000 // 10)
+    rc = cuda.cuInit(0)
+    if rc:
+        info['errors'].append(_cuda_error('cuInit', rc))
+        return info
+    count = ctypes.c_int()
+    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc:
+        info['errors'].append(_cuda_error('cuDeviceGetCount', rc))
+        return info
+    for i in range(count.value):
+        device, memory = ctypes.c_int(), ctypes.c_size_t()
+        name = ctypes.create_string_buffer(256)
+        calls = (('cuDeviceGet', cuda.cuDeviceGet, (ctypes.byref(device), i)),
+                 ('cuDeviceGetName', cuda.cuDeviceGetName, (name, len(name), device)),
+                 ('cuDeviceTotalMem_v2', cuda.cuDeviceTotalMem_v2,
+                  (ctypes.byref(memory), device)))
+        for call, function, args in calls:
+            rc = function(*args)
+            if rc:
+                info['errors'].append(_cuda_error('%s (GPU %d)' % (call, i), rc))
+                break
+        else:
+            info['gpus'].append({'index': i, 'name': name.value.decode(errors='replace'),
+                                 'memory_bytes': memory.value})
+    return info
+
+
+def kernel_module_version(path='/proc/driver/nvidia/version'):
+    """The NVIDIA kernel module's version (``'535.54.03'``) from ``path``, or None."""
+    try:
+        with open(path) as f:
+            first = f.readline()
+    except OSError:
+        return None
+    words = first.split()
+    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03  Tue Jun  6 22:20:39 UTC 2023"
+    if 'Module' in words and words.index('Module') + 1 < len(words):
+        return words[words.index('Module') + 1]
+    return None
+
+
+def _version(distribution):
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def collect():
+    """Return the facts of the report as a dict (see ``format_report`` for the keys' meaning)."""
+    from .. import __version__
+    features = mx.runtime.Features()
+    libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]
+    libraries.append((DRIVER_LIBRARY, loaded_from(DRIVER_LIBRARY)))
+    try:
+        data_dir, data_error = find_data_dir(), None
+    except DataNotFoundError as e:
+        data_dir, data_error = None, str(e)
+    return {
+        'python': sys.version.split()[0],
+        'executable': sys.executable,
+        'platform': platform.platform(),
+        'gluon_mgpu': __version__,
+        'gluon_mgpu_path': os.path.dirname(os.path.abspath(__file__)),
+        'mxnet': mx.__version__,
+        'mxnet_path': os.path.dirname(os.path.abspath(mx.__file__)),
+        'build': gpu_build() or 'mxnet %s (CPU build)' % (_version('mxnet') or mx.__version__),
+        'features': [f.name for f in features.values() if f.enabled],
+        'libmxnet': mx.base._LIB._name,
+        'libraries': libraries,
+        'kernel_module': kernel_module_version(),
+        'driver': driver_info() if libraries[-1][1] else None,
+        'mxnet_gpus': num_gpus(),
+        'threads': format_thread_settings(),
+        'data_dir': data_dir,
+        'data_error': data_error,
+        'numpy': _version('numpy'),
+        'd2lzh': _version('d2lzh'),
+        'environment': sorted((k, v) for k, v in os.environ.items()
+                              if k.startswith(_ENV_PREFIXES)),
+    }
+
+
+def _driver_advice(cuda_version):
+    # What the GPU build (CUDA 11.2, NVRTC 11.8 from the wheels) needs from the driver.
+    if cuda_version is None:
+        return None
+    version = tuple(int(x) for x in cuda_version.split('.'))
+    if version < (11, 0):
+        return ('too old for the CUDA 11 build of MXNet: install a driver %s' % DRIVER_VERSIONS)
+    if version < (11, 8):
+        return ('MXNet\'s fused kernels (compiled by NVRTC 11.8) need a driver for CUDA 11.8 '
+                '(>= 520): update the driver or set MXNET_USE_FUSION=0')
+    return None
+
+
+def _gib(n):
+    return '%.1f GiB' % (n / 2 ** 30)
+
+
+def format_report(info):
+    """The report as text, one fact per line, from ``collect()``'s dict."""
+    lines = ['Python:       %s (%s)' % (info['python'], info['executable']),
+             'Platform:     %s' % info['platform'],
+             'gluon_mgpu:   %s (%s)' % (info['gluon_mgpu'], info['gluon_mgpu_path']),
+             'MXNet:        %s (%s)' % (info['mxnet'], info['mxnet_path']),
+             'build:        %s' % info['build'],
+             'features:     %s' % ' '.join(info['features']),
+             'libmxnet:     %s' % info['libmxnet'],
+             'numpy:        %s' % info['numpy'],
+             'd2lzh:        %s' % (info['d2lzh'] or 'not installed')]
+    if 'CUDA' in info['features']:
+        lines.append('CUDA libraries (loaded from):')
+        width = max(len(s) for s, _ in info['libraries'])
+        for soname, path in info['libraries']:
+            shown = path or 'not loaded'
+            if path and os.path.realpath(path) != path:
+                shown += ' -> %s' % os.path.realpath(path)
+            lines.append('  %-*s  %s' % (width, soname, shown))
+    else:
+        lines.append('CUDA libraries: none (the CPU build of MXNet loads none)')
+    driver = info['driver']
+    module = info['kernel_module'] or 'unknown (no /proc/driver/nvidia/version)'
+    if driver is None:
+        lines.append('NVIDIA driver: none (%s is not loaded)' % DRIVER_LIBRARY)
+    else:
+        lines.append('NVIDIA driver: kernel module %s, for CUDA %s'
+                     % (module, driver['cuda_version'] or 'unknown'))
+        lines.extend('  %s' % e for e in driver['errors'])
+        advice = _driver_advice(driver['cuda_version'])
+        if advice and 'CUDA' in info['features']:
+            lines.append('  %s' % advice)
+    gpus = driver['gpus'] if driver else []
+    lines.append('GPUs:         %d seen by the driver, %d by MXNet'
+                 % (len(gpus), info['mxnet_gpus']))
+    for g in gpus:
+        lines.append('  gpu(%d): %s, %s' % (g['index'], g['name'], _gib(g['memory_bytes'])))
+    lines.append(info['threads'])
+    lines.append('data:         %s' % (info['data_dir'] or info['data_error']))
+    if info['environment']:
+        lines.append('environment:')
+        lines.extend('  %s=%s' % kv for kv in info['environment'])
+    else:
+        lines.append('environment:  no MXNET_*, CUDA_VISIBLE_DEVICES or LD_LIBRARY_PATH set')
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.env``: print the report; return the exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = cli.Parser(prog=PROG, description='Print what a bug report needs: Python, MXNet and '
+                        'its build, where each CUDA library came from, the NVIDIA driver and '
+                        'GPUs, threads, the data folder and the MXNET_* variables.')
+
+    def body():
+        parser.parse_args(argv)
+        print(format_report(collect()))
+
+    return cli.run_command(PROG, argv, body)

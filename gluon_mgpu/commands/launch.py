@@ -1,0 +1,441 @@
+"""Start a distributed (``dist_sync``) job and watch it: ``python -m gluon_mgpu.launch``.
+
+    python -m gluon_mgpu.launch -n 2 -s 1 -- python -m gluon_mgpu.train --kvstore dist_sync ...
+
+MXNet's parameter server needs three kinds of processes, all running the *same* command and
+told apart by ``DMLC_ROLE``: one scheduler, the servers and the workers. For a scheduler or
+a server, ``import mxnet`` itself runs the server loop and exits when the job ends, so the
+training script never runs there (MXNet's ``kvstore_server.py``); workers train. Every
+process gets ``DMLC_PS_ROOT_URI`` / ``DMLC_PS_ROOT_PORT`` (the scheduler's address),
+``DMLC_NUM_SERVER`` and ``DMLC_NUM_WORKER``.
+
+Without ``--hostfile`` everything runs on this machine, bound to 127.0.0.1, on a free port.
+With one, the semantics of MXNet's ``tools/launch.py --launcher ssh`` (dmlc-core's
+``tracker/dmlc_tracker/ssh.py``) are followed: the scheduler runs here; process ``i`` of the
+servers-then-workers list runs on host ``i % len(hosts)`` over ssh, in the directory the
+launcher was started from (the code and data must be at the same path there).
+
+Nothing in the kvstore notices a dead peer: the others wait for it forever. The launcher
+does: when any process ends with a non-zero code, it stops all the others and exits
+non-zero, naming the one that died.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from .cli import Parser, UsageError, count
+from ..runtime.threads import thread_settings
+
+__all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
+           'read_hostfile', 'free_port', 'guess_host_ip', 'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
+
+PROG = 'python -m gluon_mgpu.launch'
+# Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
+PASS_ENV = ('OMP_NUM_THREADS', 'LD_LIBRARY_PATH', 'DMLC_INTERFACE', 'PYTHONPATH')
+SSH_OPTIONS = ('-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes')
+STOP_SECONDS = 5.0
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float('inf'):
+        raise argparse.ArgumentTypeError(
+            '--grace expects a number of seconds above 0, got %r; for example --grace 30' % text)
+    return value
+
+
+def build_parser():
+    p = Parser(prog=PROG, usage='%(prog)s -n WORKERS [-s SERVERS] [--hostfile FILE] '
+                '[--port P] [options] -- COMMAND ...',
+                description='Start a dist_sync job (scheduler, servers, workers: all run '
+                            'COMMAND with the DMLC_* variables set), watch it, and stop it '
+                            'all when one process fails.')
+    p.add_argument('-n', '--num-workers', type=count('--num-workers'), required=True,
+                   help='number of worker processes')
+    p.add_argument('-s', '--num-servers', type=count('--num-servers'), default=None,
+                   help='number of server processes (default: as many as workers, as '
+                        "MXNet's launch.py)")
+    p.add_argument('-H', '--hostfile', default=None,
+                   help='file with one ssh host per line, "host" or "host:port" (ssh port, '
+                        'default 22); blank lines and # comments are skipped. Servers and '
+                        'workers are spread over the hosts round-robin, the scheduler runs '
+                        'here (default: everything here, on 127.0.0.1)')
+    p.add_argument('--port', type=count('--port'), default=None,
+                   help="the scheduler's port (default: a free one)")
+    p.add_argument('--host-ip', default=None,
+                   help="with --hostfile: this machine's address as the other hosts reach it "
+                        '(default: guessed as dmlc-core does)')
+    p.add_argument('--env', action='append', default=[], metavar='NAME[=VALUE]',
+                   help='with --hostfile: also pass this variable (its value here, or VALUE) '
+                        'to the remote processes; may be repeated. Passed anyway when set: '
+                        + ', '.join(PASS_ENV))
+    p.add_argument('--grace', type=_seconds, default=30.0,
+                   help='once a process has ended normally, the others must end within this '
+                        'many seconds, or they are stopped (default: 30)')
+    return p
+
+
+def parse_args(argv=None):
+    """Parse ``OPTIONS -- COMMAND ...``; ``args.command`` is the list after ``--``."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if '--' not in argv:
+        raise UsageError('%s: error: no command: put it after --, for example %s -n 2 -s 1 '
+                         '-- python -m gluon_mgpu.train --kvstore dist_sync' % (PROG, PROG))
+    cut = argv.index('--')
+    args = build_parser().parse_args(argv[:cut])
+    args.command = argv[cut + 1:]
+    if not args.command:
+        raise UsageError('%s: error: the command after -- is empty; for example -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync' % PROG)
+    if args.num_servers is None:
+        args.num_servers = args.num_workers
+    if args.port is not None and args.port > 65535:
+        raise UsageError('%s: error: --port %d is not a TCP port; pass one from 1024 to 65535, '
+                         'or leave it out for a free one' % (PROG, args.port))
+    if args.hostfile is not None:
+        try:
+            args.hosts = read_hostfile(args.hostfile)
+        except (OSError, ValueError) as e:
+            raise UsageError('%s: error: --hostfile %s: %s' % (PROG, args.hostfile, e)) from None
+    else:
+        args.hosts = None
+        if args.host_ip is not None:
+            raise UsageError('%s: error: --host-ip is for jobs over several hosts; add '
+                             '--hostfile FILE, or drop --host-ip' % PROG)
+    for item in args.env:
+        name = item.split('=', 1)[0]
+        if not name.isidentifier():
+            raise UsageError('%s: error: --env %s: %r is not a variable name; for example '
+                             '--env MXNET_HOME or --env MXNET_HOME=/data' % (PROG, item, name))
+    return args
+
+
+def command_problem(command, path=None):
+    """Return why ``command`` (an argv list) cannot be started here, or None.
+
+    A name without a slash is looked up in ``path`` (default ``$PATH``) as ``exec`` would; a
+    path must be an executable file.
+    """
+    name = command[0]
+    if not name:
+        return 'the command is an empty string'
+    if os.sep not in name:
+        if shutil.which(name, path=path) is None:
+            return '%s is not a program on PATH' % name
+        return None
+    if not os.path.lexists(name):
+        return '%s does not exist' % name
+    if not os.path.exists(name):
+        return '%s is a dangling symbolic link' % name
+    if os.path.isdir(name):
+        return '%s is a folder' % name
+    if not os.access(name, os.X_OK):
+        return '%s is not executable (chmod +x)' % name
+    return None
+
+
+def port_problem(port, host='127.0.0.1'):
+    """Return why the scheduler could not listen on ``host:port`` now, or None.
+
+    Binds the port for a moment with ``SO_REUSEADDR`` set, as MXNet's scheduler (ZeroMQ) does,
+    so a port some process is listening on is refused and one in TIME_WAIT is not.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            return e.strerror or str(e)
+    return None
+
+
+def check_job(args):
+    """Check what can be checked before starting anything: the command can be run here (the
+    scheduler always runs here) and a given ``--port`` is free.
+
+    Raises
+    ------
+    UsageError
+        One line naming the command or the port and the fix.
+    """
+    problem = command_problem(args.command)
+    if problem:
+        raise UsageError('%s: error: cannot run the command after --: %s; for example -- python '
+                         '-m gluon_mgpu.train --kvstore dist_sync' % (PROG, problem))
+    if args.hosts is not None and command_problem(['ssh']):
+        raise UsageError('%s: error: --hostfile needs ssh to start the remote processes, but '
+                         'ssh is not a program on PATH; install an ssh client (Debian: '
+                         'apt-get install openssh-client)' % PROG)
+    if args.port is not None:
+        host = '127.0.0.1' if args.hosts is None else ''
+        problem = port_problem(args.port, host)
+        if problem:
+            raise UsageError('%s: error: --port %d cannot be used on %s (%s); pass another '
+                             'port, or leave --port out for a free one'
+                             % (PROG, args.port, host or 'this machine', problem))
+
+
+def read_hostfile(path):
+    """Return ``[(host, ssh_port), ...]`` from a hostfile: ``host`` or ``host:port`` per line."""
+    hosts = []
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            line = line.split('#', 1)[0].strip()
+            if not line:
+                continue
+            host, _, port = line.partition(':')
+            port = port or '22'
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError('line %d, %r, is not "host" or "host:port"' % (number, line))
+            hosts.append((host, int(port)))
+    if not hosts:
+        raise ValueError('no hosts in the file; write one host (or host:port) per line')
+    return hosts
+
+
+def free_port(host='127.0.0.1'):
+    """Return a TCP port that is free on ``host`` now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def guess_host_ip():
+    """This machine's address as other hosts would reach it, found as dmlc-core's tracker does."""
+    try:
+        ip = socket.gethostbyname(socket.getfqdn())
+    except socket.gaierror:
+        ip = socket.gethostbyname(socket.gethostname())
+    if ip.startswith('127.'):
+        # A UDP "connection" sends nothing; it only makes the OS choose the outgoing interface.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(('10.255.255.255', 1))
+            ip = s.getsockname()[0]
+    return ip
+
+
+def job_variables(role, root_uri, root_port, num_workers, num_servers):
+    """The ``DMLC_*`` variables of one process of the job."""
+    return {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': str(root_uri),
+            'DMLC_PS_ROOT_PORT': str(root_port), 'DMLC_NUM_SERVER': str(num_servers),
+            'DMLC_NUM_WORKER': str(num_workers)}
+
+
+def remote_script(variables, workdir, command):
+    """The POSIX shell script one remote process runs: set variables, cd, run, watch ssh.
+
+    The command runs in the background while a watcher reads the ssh connection (the
+    script's stdin, kept as fd 3, since a background job's stdin is /dev/null): when the
+    launcher stops its ssh client, the connection closes, the read ends, and the watcher
+    sends SIGTERM to the command, so no remote process is left waiting for a dead peer.
+    The script exits with the command's code.
+    """
+    exports = ' '.join('%s=%s' % (k, shlex.quote(str(v))) for k, v in variables.items())
+    return ('export %s; cd %s || exit 1; exec 3<&0; %s & child=$!; '
+            '(cat <&3; kill -TERM "$child") >/dev/null 2>&1 & watcher=$!; '
+            'wait "$child"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
+            % (exports, shlex.quote(workdir), ' '.join(shlex.quote(a) for a in command)))
+
+
+def ssh_command(host, port, variables, workdir, command):
+    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``)."""
+    return (['ssh'] + list(SSH_OPTIONS) + ['-p', str(port), host,
+            'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))])
+
+
+def _local_threads(num_workers, environ):
+    # Workers sharing this machine should not each start one thread per core.
+    if thread_settings().get('source') == 'user' or 'OMP_NUM_THREADS' not in environ:
+        return {}
+    cores = thread_settings().get('cores') or os.cpucount() or 1
+    return {'OMP_NUM_THREADS': str(max(1, cores // num_workers))}
+
+
+def plan(args, environ=None, workdir=None):
+    """Return the job's processes as ``[(name, argv, env, host), ...]``, scheduler first.
+
+    ``env`` is the whole environment of a local process, or None for an ssh process (its
+    variables are in its argv). Names: ``scheduler``, ``server 0``, ..., ``worker 0``, ...
+    (numbered in start order; a worker's rank is assigned by the scheduler when it joins).
+    """
+    environ = dict(os.environ if environ is None else environ)
+    workdir = os.getcwd() if workdir is None else workdir
+    nw, ns = args.num_workers, args.num_servers
+    roles = [('server %d' % i, 'server') for i in range(ns)] + \
+            [('worker %d' % i, 'worker') for i in range(nw)]
+    if args.hosts is None:
+        uri = '127.0.0.1'
+        port = args.port or free_port(uri)
+        base = dict(environ, DMLC_NODE_HOST=uri, **_local_threads(nw, environ))
+        return [(name, list(args.command), dict(base, **job_variables(role, uri, port, nw, ns)),
+                 'localhost')
+                for name, role in [('scheduler', 'scheduler')] + roles]
+    uri = args.host_ip or guess_host_ip()
+    port = args.port or free_port('')
+    passed = {k: environ[k] for k in PASS_ENV if k in environ}
+    if thread_settings().get('source') != 'user':
+        passed.pop('OMP_NUM_THREADS', None)  # set by gluon_mgpu for this machine's cores only
+    for item in args.env:
+        name, has_value, value = item.partition('=')
+        if has_value:
+            passed[name] = value
+        elif name in environ:
+            passed[name] = environ[name]
+    processes = [('scheduler', list(args.command),
+                  dict(environ, **job_variables('scheduler', uri, port, nw, ns)), 'localhost')]
+    for i, (name, role) in enumerate(roles):
+        host, ssh_port = args.hosts[i % len(args.hosts)]
+        variables = dict(passed, DMLC_NODE_HOST=host,
+                         **job_variables(role, uri, port, nw, ns))
+        processes.append((name, ssh_command(host, ssh_port, variables, workdir, args.command),
+                          None, host))
+    return processes
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _describe_exit(code):
+    if code < 0:
+        try:
+            return 'was killed by %s' % signal.Signals(-code).name
+        except ValueError:
+            return 'was killed by signal %d' % -code
+    return 'exited with code %d' % code
+
+
+def _stop(running):
+    """SIGTERM every process group still running, then SIGKILL what is left after a while."""
+    for _, p in running:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + STOP_SECONDS
+    for _, p in running:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def _die_with(parent):
+    """Return a ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL.
+
+    Linux's ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing happens. Without it, a launcher
+    killed with SIGKILL (or by the out-of-memory killer) would leave the job waiting forever.
+    """
+    def preexec():
+        try:
+            import ctypes
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            return
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+    return preexec
+
+
+def run_job(processes, grace=30.0, poll=0.1, log=None):
+    """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code.
+
+    Returns 0 when every worker ended with 0, 2 when a process cannot be started (the ones
+    already started are stopped). When any process ends otherwise, the others
+    are stopped (SIGTERM to each process group, SIGKILL after 5 s) and the code is the dead
+    process's own code, or 1 if a signal killed it. Once any process has ended normally, the
+    rest get ``grace`` seconds: servers still running then are stopped (the job still
+    succeeded if all workers did); workers still running make the job fail (code 1).
+    """
+    log = sys.stderr if log is None else log
+
+    def say(text):
+        log.write('launch: %s\n' % text)  # one write: the job's processes share this stream
+        log.flush()
+
+    started = []
+    try:
+        for name, argv, env, host in processes:
+            # Remote processes (env None: ssh) stop when their connection closes; local ones
+            # when the launcher dies.
+            local = env is not None
+            stdin = subprocess.DEVNULL if local else subprocess.PIPE
+            try:
+                started.append((name, subprocess.Popen(
+                    argv, env=env, stdin=stdin, start_new_session=True,
+                    preexec_fn=_die_with(os.getpid()) if local else None)))
+            except OSError as e:
+                _stop(started)
+                say('error: cannot start %s: %s: %s; stopped the %d processes already started'
+                    % (name, argv[0], e.strerror or e, len(started)))
+                return 2
+        say('started %s' % ', '.join('%s (pid %d)' % (n, p.pid) for n, p in started))
+        first_end = None
+        while True:
+            ended = [(n, p) for n, p in started if p.poll() is not None]
+            failed = [(n, p) for n, p in ended if p.returncode != 0]
+            if failed:
+                name, p = failed[0]
+                others = [(n, q) for n, q in started if q.poll() is None]
+                _stop(others)
+                say('%s (pid %d) %s; stopped the %d other processes of the job'
+                    % (name, p.pid, _describe_exit(p.returncode), len(others)))
+                return p.returncode if p.returncode > 0 else 1
+            running = [(n, p) for n, p in started if p.poll() is None]
+            if not running:
+                return 0
+            if ended and first_end is None:
+                first_end = time.monotonic()
+            if first_end is not None and time.monotonic() - first_end > grace:
+                _stop(running)
+                names = ', '.join(n for n, _ in running)
+                if any(n.startswith('worker') for n, _ in running):
+                    say('%s ended normally but %s still ran %g s later; stopped them'
+                        % (ended[0][0], names, grace))
+                    return 1
+                say('the workers finished but %s still ran %g s later; stopped them'
+                    % (names, grace))
+                return 0
+            time.sleep(poll)
+    except _Interrupted as e:
+        _stop([(n, p) for n, p in started if p.poll() is None])
+        say('stopped by %s' % signal.Signals(e.signum).name)
+        return 128 + e.signum
+    finally:
+        for _, p in started:
+            if p.stdin is not None:
+                p.stdin.close()
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.launch``; returns the exit code."""
+    try:
+        args = parse_args(argv)
+        check_job(args)
+    except UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
+
+    def interrupt(signum, frame):
+        raise _Interrupted(signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+            signal.signal(signum, interrupt)  # not under nohup: it ignores SIGHUP on purpose
+    return run_job(plan(args), grace=args.grace)

@@ -1,0 +1,79 @@
+"""Walk the chapter's inspection cells: ``python -m gluon_mgpu.replicas --num-gpus 2``.
+
+Initialize ResNet-18 on the devices, try to inspect it before any forward pass (deferred
+initialization), split a random batch of 4 images with ``split_and_load``, run one forward pass
+per device, ask for the first convolution's weight on a device it does not live on, print
+``weight.data(ctx)[0]`` on every device as the book does, then the full replica report.
+"""
+import sys
+
+import mxnet as mx
+from mxnet import init, nd
+from mxnet.gluon import utils as gutils
+from mxnet.gluon.parameter import DeferredInitializationError
+
+from .. import book, devices as devices_mod
+from . import cli
+from ..model import resnet18
+from ..replicas import format_replica_report, get_replica, inspect_replicas
+
+PROG = 'python -m gluon_mgpu.replicas'
+
+
+def build_parser():
+    p = cli.Parser(prog=PROG, description="Show that the chapter's ResNet-18 has the same "
+                   "parameters on every device after initialization and one forward pass.")
+    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=2,
+                   help='number of devices (default: 2, as the chapter)')
+    cli.add_device_flag(p)
+    cli.add_seed_flag(p, 'seed for the initialization and the random batch (default: none)')
+    cli.add_debug_flag(p)
+    return p
+
+
+def _elsewhere(devices):
+    """A context the parameters do not live on: the book's cpu(0) on GPUs, else the next cpu."""
+    cpu = mx.cpu()
+    return cpu if cpu not in devices else mx.cpu(max(d.device_id for d in devices) + 1)
+
+
+def run(args):
+    devices = cli.devices(PROG, args.num_gpus, args.device)
+    print('running on:', devices_mod.format_devices(devices))
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    net = resnet18(10)
+    net.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
+    print('net.initialize(init=init.Normal(sigma=%g), ctx=%s)'
+          % (book.INIT_SIGMA, devices_mod.format_devices(devices)))
+    try:
+        inspect_replicas(net)
+    except DeferredInitializationError as e:
+        print('inspect_replicas(net) before a forward pass:', e)
+
+    # The book's 4 images; at least one per device when there are more devices.
+    x = nd.random.uniform(shape=(max(4, len(devices)), 1, 28, 28))
+    xs = gutils.split_and_load(x, devices, even_split=False)
+    print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context) for p in xs)))
+    outs = [net(p) for p in xs]
+    print('one forward pass per device: %s'
+          % ', '.join('%s on %s' % (o.shape, o.context) for o in outs))
+
+    weight = net[0].params.get('weight')
+    print("weight = net[0].params.get('weight'): %s, shape %s"
+          % (weight.name, weight.shape))
+    other = _elsewhere(devices)
+    try:
+        get_replica(weight, other)
+    except ValueError as e:
+        print('weight.data(%s): %s' % (other, e))
+    for d in devices:
+        print('weight.data(%s)[0]:%r' % (d, weight.data(d)[0]))
+    print()
+    print(format_replica_report(inspect_replicas(net)))
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code (2: bad input)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: run(build_parser().parse_args(argv)))

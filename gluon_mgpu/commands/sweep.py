@@ -1,0 +1,372 @@
+"""The chapter's exercise as a command: train on 1, 2, 4 ... devices and compare.
+
+    python -m gluon_mgpu.sweep --num-gpus 1 2 4
+
+trains the chapter's ResNet-18 once per device count, with the batch size and learning rate
+growing with the devices as in the book (256 and 0.1 per device), then prints a Markdown table
+(devices, global batch, lr, sec/epoch, images/s, speed-up over 1 device, final test accuracy)
+and writes it, with one figure, to ``--output-dir``. The library part (``plan_sweep``,
+``run_setting``, ``format_table``) returns data; only ``main`` prints.
+
+Exit codes, as ``python -m gluon_mgpu.train``: 0 done, 1 training diverged in a setting or an
+unexpected error (``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input, 130
+interrupted by Ctrl-C. Every failure is one line on stderr naming the setting it stopped in; the
+settings that finished before it are still printed and written, with a note that the sweep
+stopped early.
+"""
+import os
+import sys
+
+from .. import book, data, devices as devices_mod, training
+from . import cli
+from ..runtime import files
+from ..handlers import metrics, progress
+from .cli import UsageError
+from ..handlers.events import LossGuard, LossNotFiniteError
+from ..handlers.interrupts import DeferredInterrupt
+
+__all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'add_speedups',
+           'format_table', 'write_outputs', 'build_parser', 'parse_args', 'main']
+
+PROG = 'python -m gluon_mgpu.sweep'
+TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
+
+
+def plan_sweep(num_gpus, batch_size_per_device=book.BATCH_SIZE_PER_DEVICE,
+               lr_per_device=book.LR_PER_DEVICE, device='auto'):
+    """Resolve every device count to its devices, global batch size and learning rate.
+
+    Done before any training, so a count the machine cannot give fails at once.
+
+    Parameters
+    ----------
+    num_gpus : list of int
+        Device counts, each at least 1 and each once, e.g. ``[1, 2, 4]``.
+    batch_size_per_device, lr_per_device : int, float
+        The global batch is ``batch_size_per_device * n`` and the learning rate
+        ``lr_per_device * n``, the book's scaling (256 and 0.1 for 1 device, 512 and 0.2 for 2).
+    device : {'auto', 'gpu', 'cpu'}
+        As in ``get_devices``. With ``'auto'`` on a machine with no GPU, the devices are
+        simulated on the CPU and one warning line for the whole sweep says so (naming the
+        largest setting's devices, which include all the others).
+
+    Returns
+    -------
+    list of dict
+        One per count: ``num_devices``, ``devices`` (contexts), ``batch_size``, ``lr``.
+
+    Raises
+    ------
+    ValueError
+        For an empty list, a count below 1, a repeated count, or a count the machine cannot give.
+    """
+    counts = list(num_gpus)
+    if not counts:
+        raise ValueError('num_gpus is empty; pass device counts such as [1, 2, 4]')
+    for n in counts:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError('every device count must be a whole number >= 1, got %r; for '
+                             'example [1, 2, 4]' % (n,))
+    repeated = sorted({n for n in counts if counts.count(n) > 1})
+    if repeated:
+        raise ValueError('device count %d is listed more than once; list each count once, '
+                         'for example [1, 2, 4]' % repeated[0])
+    # The largest count first: it is the one a machine may not give, and the only one to warn.
+    largest = max(counts)
+    resolved = {n: devices_mod.get_devices(n, device, warn=n == largest)
+                for n in sorted(counts, reverse=True)}
+    return [{'num_devices': n,
+             'devices': resolved[n],
+             'batch_size': batch_size_per_device * n,
+             'lr': lr_per_device * n} for n in counts]
+
+
+def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
+                event_handlers=(), dtype='float32', force_dtype=False):
+    """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
+
+    ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
+    ``load_setting_data``). ``event_handlers`` are added to ``train()``'s (for a progress
+    display); the loss is always guarded (``LossGuard``). ``dtype`` and ``force_dtype`` as
+    for ``book.init_training`` (bfloat16: every setting of the process computes in it).
+
+    Returns
+    -------
+    dict
+        ``num_devices``, ``devices`` (as text), ``batch_size``, ``lr``, ``epochs``,
+        ``train_images``, ``test_images``, ``timed_epochs`` (epoch 2 on, or epoch 1 if it is
+        the only one), ``sec_per_epoch`` (their mean training seconds), ``images_per_sec``
+        (over them), ``test_acc`` (after the last epoch), ``cpu`` (all devices are CPU
+        contexts), ``line`` (the summary line, over all epochs) and ``history``.
+    """
+    devices = setting['devices']
+    net = book.new_network('resnet18', hybridize, dtype=dtype)
+    trainer = book.init_training(net, devices, setting['lr'], seed, dtype=dtype,
+                                 force_dtype=force_dtype)
+    history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
+                             trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
+    summary = metrics.summarize(history, devices)
+    # Epoch 1 also pays one-time set-up (graph building, memory allocation), and the first
+    # setting of a process pays the most: time the later epochs when there are any.
+    timed = metrics.summarize(history[1:] or history, devices)
+    return {'num_devices': setting['num_devices'],
+            'devices': [str(d) for d in devices],
+            'batch_size': setting['batch_size'],
+            'lr': setting['lr'],
+            'epochs': num_epochs,
+            'train_images': train_iter.num_examples,
+            'test_images': test_iter.num_examples,
+            'timed_epochs': [r['epoch'] for r in (history[1:] or history)],
+            'sec_per_epoch': timed['sec_per_epoch'],
+            'images_per_sec': timed['images_per_sec'],
+            'test_acc': summary['test_acc'],
+            'cpu': all(d.device_type == 'cpu' for d in devices),
+            'line': summary['line'],
+            'history': history}
+
+
+def load_setting_data(setting, data_dir=None, train_limit=None, test_limit=None, seed=None):
+    """Return ``(train_iter, test_iter)`` batched by the setting's global batch size."""
+    return data.load_data_fashion_mnist(setting['batch_size'], data_dir=data_dir,
+                                        train_limit=train_limit, test_limit=test_limit,
+                                        seed=seed)
+
+
+def add_speedups(rows):
+    """Set every row's ``speedup``: its images/s over the 1-device row's (None without one)."""
+    base = [r['images_per_sec'] for r in rows if r['num_devices'] == 1]
+    for r in rows:
+        r['speedup'] = r['images_per_sec'] / base[0] if base else None
+    return rows
+
+
+def format_table(rows, stopped=None):
+    """Return the sweep as Markdown: one line saying what ran, the table, and notes.
+
+    ``stopped`` says why the sweep ended before its last setting, e.g. ``'training diverged in
+    the 4-device setting'``; a note then says that only the finished settings are listed.
+    """
+    first = rows[0]
+    per_device = first['batch_size'] // first['num_devices']
+    lines = ['ResNet-18 on Fashion-MNIST (%d training, %d test images), %d epoch%s, batch %d '
+             'and lr %g per device.' % (first['train_images'], first['test_images'],
+                                        first['epochs'], '' if first['epochs'] == 1 else 's',
+                                        per_device, first['lr'] / first['num_devices']),
+             '',
+             '| devices | global batch | lr | sec/epoch | images/s | speed-up over 1 device '
+             '| final test acc |',
+             '| --- | ---: | ---: | ---: | ---: | ---: | ---: |']
+    for r in rows:
+        lines.append('| %d: [%s] | %d | %g | %.1f | %.1f | %s | %.2f |' % (
+            r['num_devices'], ', '.join(r['devices']), r['batch_size'], r['lr'],
+            r['sec_per_epoch'], r['images_per_sec'],
+            'n/a' if r.get('speedup') is None else '%.2f' % r['speedup'], r['test_acc']))
+    notes = [] if stopped is None else [
+        'The sweep stopped early (%s): only the settings that finished are listed.' % stopped]
+    notes += ['sec/epoch is the mean training time per epoch (test evaluation not included) '
+             'and images/s counts training images, both %s.' % (
+                 'from epoch 2 on: epoch 1 also pays one-time set-up (graph building, memory '
+                 'allocation)' if first['epochs'] > 1 else
+                 'in the only epoch, which also pays one-time set-up (graph building, memory '
+                 'allocation): run 2 epochs or more to leave it out')]
+    if all(r.get('speedup') is None for r in rows):
+        notes.append('There is no 1-device setting, so no speed-up is given; add 1 to '
+                     '--num-gpus.')
+    if any(r['cpu'] for r in rows):
+        notes.append('These devices are CPU contexts sharing one machine\'s cores (no GPU was '
+                     'used): the data parallelism is real, but a speed-up is not expected here. '
+                     'Run the sweep on GPUs to measure scaling.')
+    lines += [''] + ['Note: %s' % n for n in notes]
+    return '\n'.join(lines) + '\n'
+
+
+def write_outputs(rows, output_dir, stopped=None):
+    """Write ``sweep.md`` (``format_table(rows, stopped)``) and ``sweep.png`` into ``output_dir``.
+
+    Returns the paths written.
+    """
+    from ..handlers import plotting
+    table_path = os.path.join(output_dir, TABLE_FILE)
+    with files.atomic_path(table_path) as tmp:
+        with open(tmp, 'w') as f:
+            f.write(format_table(rows, stopped))
+    title = 'ResNet-18 on Fashion-MNIST, data-parallel on %s devices' % ', '.join(
+        str(r['num_devices']) for r in rows)
+    if any(r['cpu'] for r in rows):
+        title += ' (CPU contexts sharing one machine: no speed-up expected)'
+    plot_path = os.path.join(output_dir, PLOT_FILE)
+    return [table_path] + plotting.plot_sweep(rows, plot_path, title=title)
+
+
+def build_parser():
+    p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
+                   'and compare time, throughput and accuracy in a Markdown table and a figure.')
+    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), nargs='+', required=True,
+                   metavar='N', help='device counts to compare, e.g. 1 2 4')
+    p.add_argument('--batch-size-per-device', type=cli.count('--batch-size-per-device'),
+                   default=book.BATCH_SIZE_PER_DEVICE,
+                   help='batch size per device; the global batch is this times the device '
+                        'count (default: %d, as the book)' % book.BATCH_SIZE_PER_DEVICE)
+    p.add_argument('--lr-per-device', type=cli.learning_rate('--lr-per-device'),
+                   default=book.LR_PER_DEVICE,
+                   help='learning rate per device; the run uses this times the device count '
+                        '(default: %g, as the book)' % book.LR_PER_DEVICE)
+    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+                   help='epochs per setting (default: 4)')
+    cli.add_device_flag(p)
+    cli.add_data_flags(p)
+    cli.add_seed_flag(p, 'seed for every setting\'s initialization and data order (default: '
+                         'none)')
+    cli.add_hybridize_flag(p)
+    cli.add_dtype_flags(p)
+    p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
+                   help='folder for %s and %s, created if missing (default: sweep-results)'
+                        % (TABLE_FILE, PLOT_FILE))
+    cli.add_debug_flag(p)
+    return p
+
+
+def parse_args(argv=None):
+    """Parse the command line (``UsageError`` for bad input)."""
+    return build_parser().parse_args(argv)
+
+
+def _prepare_output_dir(path):
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise UsageError('%s: error: --output-dir %s: cannot create the folder (%s); choose '
+                         'another folder' % (PROG, path, e.strerror or e)) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UsageError('%s: error: --output-dir %s: the folder is not writable; choose '
+                         'another folder' % (PROG, path))
+
+
+def _run(args, state):
+    """Plan, train every setting and write the results; ``state`` tracks how far it got.
+
+    ``state['rows']`` collects the finished rows and ``state['setting']`` is the setting being
+    prepared or trained (None before the first and after the last), for ``main``'s error line;
+    ``state['interrupt']``, a ``DeferredInterrupt`` if given, is checked after every step.
+    """
+    try:
+        settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
+                              args.device)
+    except ValueError as e:
+        raise UsageError('%s: error: --num-gpus %s --device %s: %s' % (
+            PROG, ' '.join(map(str, args.num_gpus)), args.device, e)) from None
+    cli.check_dtype(PROG, args.dtype, max(settings, key=lambda s: s['num_devices'])['devices'],
+                    args.force_dtype)
+    _prepare_output_dir(args.output_dir)
+    mode = progress.choose_mode()
+    rows = state['rows']
+    for s in settings:
+        state['setting'] = s
+        try:
+            train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
+                                                      args.test_limit, args.seed)
+        except (data.DataError, data.DataNotFoundError, ValueError) as e:
+            raise cli.data_error(PROG, e) from None
+        print('running on: %s (global batch %d, lr %g%s)' % (
+            devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
+            '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
+        report = progress.Progress(args.epochs, train_iter.num_examples, mode,
+                                   label='%d device%s, ' % (s['num_devices'],
+                                                            '' if s['num_devices'] == 1 else 's'))
+        handlers = [report]
+        if state.get('interrupt') is not None:  # a Ctrl-C noted inside MXNet's optimizer callback
+            handlers.append(state['interrupt'])
+        try:
+            row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
+                              handlers, args.dtype, args.force_dtype)
+        finally:
+            report.close()
+        print(row['line'], flush=True)
+        rows.append(row)
+    state['setting'] = None
+    add_speedups(rows)
+    print()
+    print(format_table(rows), end='')
+    paths = write_outputs(rows, args.output_dir)
+    print('\nwrote %s' % ', '.join(paths), flush=True)
+    return rows
+
+
+def _where(state):
+    if state['setting'] is not None:
+        return 'in the %d-device setting' % state['setting']['num_devices']
+    return 'after the last setting' if state['rows'] else 'before training started'
+
+
+def _device_counts(rows):
+    counts = [str(r['num_devices']) for r in rows]
+    text = counts[0] if len(counts) == 1 else '%s and %s' % (', '.join(counts[:-1]), counts[-1])
+    return '%s device%s' % (text, '' if counts == ['1'] else 's')
+
+
+def _keep_finished(args, state, why):
+    """After a failure in a setting, print and write the finished rows.
+
+    Returns the clause of the error line that says what was written ('' when the failure came
+    before the first setting or after the last).
+    """
+    rows = state['rows']
+    if state['setting'] is None:
+        return ''
+    if not rows:
+        return '; no setting had finished, so nothing was written'
+    stopped = '%s %s' % (why, _where(state))
+    add_speedups(rows)
+    print()
+    print(format_table(rows, stopped), end='', flush=True)
+    try:
+        paths = write_outputs(rows, args.output_dir, stopped)
+    except Exception as e:
+        return '; the finished settings (%s) could not be written: %s: %s' % (
+            _device_counts(rows), type(e).__name__, cli.one_line(e))
+    return '; the finished settings (%s) are in %s' % (_device_counts(rows), ', '.join(paths))
+
+
+def _diverged(e, args, state, kept):
+    s = state['setting']
+    run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
+    return ('%s: error: the training loss became %s at epoch %s, step %d %s%s: training '
+            'diverged%s; start again with a smaller learning rate, for example --lr-per-device '
+            '%g' % (PROG, e.loss, e.epoch, e.step, _where(state), run, kept,
+                    args.lr_per_device / 10))
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code.
+
+    0: done. 1: training diverged (NaN or infinite loss) in a setting, or an unexpected error.
+    2: bad input. 130: interrupted (Ctrl-C). Every failure prints one line on stderr; with
+    ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first. Settings that finished
+    before a failure are printed and written to ``--output-dir`` all the same.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args, state = None, {'rows': [], 'setting': None}
+
+    def body():
+        nonlocal args
+        args = parse_args(argv)
+        with DeferredInterrupt() as interrupt:
+            state['interrupt'] = interrupt
+            _run(args, state)
+
+    def explain(e):
+        if isinstance(e, UsageError):
+            # Bad input is found before any setting finishes; a data file that breaks later
+            # must not lose the rows before it either.
+            return 2, str(e) + (_keep_finished(args, state, 'an error') if state['rows'] else '')
+        if isinstance(e, KeyboardInterrupt):
+            what = cli.stopped_by(e)
+            kept = _keep_finished(args, state, what)
+            return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
+        if isinstance(e, LossNotFiniteError):
+            return 1, _diverged(e, args, state, _keep_finished(args, state, 'training diverged'))
+        kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
+        return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
+                                 ' (%s)%s' % (_where(state), kept))
+
+    return cli.run_command(PROG, argv, body, explain)

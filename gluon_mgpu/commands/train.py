@@ -1,0 +1,622 @@
+"""Command line: train the chapter's ResNet-18 on Fashion-MNIST, data-parallel.
+
+    python -m gluon_mgpu.train --num-gpus 2
+
+prints ``running on: [gpu(0), gpu(1)]``, one line per epoch in the book's form (on a terminal,
+a progress bar while the epoch runs) and a summary line in the newer edition's form:
+``test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]``. On a machine with no GPU the devices
+are simulated on the CPU (one warning line says so).
+
+The training itself is ``gluon_mgpu.train``; this module turns flags into its arguments and
+event handlers: ``--checkpoint-dir`` (``checkpoint.CheckpointHandler``), ``--metrics-json``
+(``metrics.MetricsFile``), ``--plot`` (``plotting.PlotHandler``), ``--check-replicas``
+(``replicas.ReplicaCheck``), the progress bar (``progress.Progress``), the NaN stop
+(``events.LossGuard``) and Ctrl-C (``interrupts.DeferredInterrupt``). Exit codes: 0 done,
+1 training diverged, replicas differ or an unexpected error, 2 bad input or a checkpoint that
+cannot be used, 130 Ctrl-C (``cli.run_command``).
+
+As a worker of a distributed job (``--kvstore dist_sync``, started by
+``python -m gluon_mgpu.launch``) it trains on its shard of every epoch; only rank 0 prints
+and writes files.
+"""
+import argparse
+import os
+import secrets
+import shlex
+import sys
+
+from ..parallel import weighted as balance, dist
+from .. import book, data, devices as devices_mod, parallel, replicas, training
+from ..handlers import checkpoint, events, interrupts, metrics, plotting, progress
+from . import cli
+from ..runtime import files
+from .cli import UsageError
+from ..handlers.interrupts import DeferredInterrupt
+
+PROG = 'python -m gluon_mgpu.train'
+KVSTORES = ('device', 'local') + dist.DIST_KVSTORES
+# Flags that are not settings of the run, so a checkpoint does not record them.
+_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype')
+
+
+def network_name(args):
+    """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``, ``lenet(10)``."""
+    return book.network_name(args.model, args.num_gpus if args.sync_bn else None)
+
+
+def _cut(text):
+    try:
+        return parallel.parse_cut(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def build_parser():
+    p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
+                   'with data parallelism over several devices (GPUs, or simulated CPU devices).')
+    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=1,
+                   help='number of devices to train on (default: 1)')
+    p.add_argument('--batch-size', type=cli.count('--batch-size'), default=None,
+                   help='global batch size, split over the devices '
+                        '(default: %d per device, as the book: %d for 1, %d for 2; in a '
+                        'dist job, per device of all workers)'
+                        % (book.BATCH_SIZE_PER_DEVICE, book.book_setting(1)[0],
+                           book.book_setting(2)[0]))
+    p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
+                   help='SGD learning rate (default: %g per device, as the book: %g, %g)'
+                        % (book.LR_PER_DEVICE, book.book_setting(1)[1], book.book_setting(2)[1]))
+    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+                   help='number of epochs (default: 4)')
+    cli.add_device_flag(p)
+    cli.add_data_flags(p)
+    cli.add_hybridize_flag(p)
+    cli.add_dtype_flags(p)
+    p.add_argument('--loader', choices=tuple(data.LOADERS), default='array',
+                   help="array: the data set as one float32 array, batches by slicing; gluon: "
+                        "the book's DataLoader with ToTensor per image (default: array)")
+    cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
+                         'each time; with --checkpoint-dir one is chosen and recorded)')
+    p.add_argument('--checkpoint-dir', metavar='DIR', default=None,
+                   help='save a checkpoint into DIR at the end of every epoch (default: none)')
+    p.add_argument('--resume', action='store_true',
+                   help='continue the run saved in --checkpoint-dir from its last checkpoint; '
+                        'flags left out take the run\'s values')
+    cli.add_debug_flag(p)
+    p.add_argument('--check-replicas', type=cli.count('--check-replicas'), default=None,
+                   metavar='N',
+                   help='every N steps and after each epoch, check that the trained parameters '
+                        'are identical on every device; print one summary line per epoch and '
+                        'stop with exit code 1 on a mismatch (default: no check)')
+    p.add_argument('--quiet', action='store_true',
+                   help='print only the final summary line (warnings and errors still go to '
+                        'stderr)')
+    p.add_argument('--metrics-json', type=cli.output_file('--metrics-json'), default=None,
+                   metavar='PATH',
+                   help='write arguments, devices, per-epoch numbers and the summary to this '
+                        'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
+    p.add_argument('--plot', type=cli.output_file('--plot', plotting.PLOT_SUFFIXES,
+                                                  'curves.png'),
+                   default=None, metavar='PATH',
+                   help='draw test accuracy and training loss per epoch into this .png (an '
+                        '.svg name writes the .svg and a .png beside it), redrawn every epoch')
+    p.add_argument('--model', choices=book.MODELS, default='resnet18',
+                   help="resnet18: the chapter's network; lenet: the book's LeNet, without "
+                        'BatchNorm, whose result does not depend on how batches are split '
+                        '(default: resnet18)')
+    p.add_argument('--kvstore', choices=KVSTORES, default='device',
+                   help='how gradients are summed: device (on the devices, the book\'s '
+                        'Trainer default), local (on the CPU), dist_sync / dist_device_sync '
+                        '(also over the workers of a job started by python -m '
+                        'gluon_mgpu.launch; --batch-size is then the batch of all workers '
+                        'together) (default: device)')
+    split = p.add_mutually_exclusive_group()
+    split.add_argument('--device-weights', type=cli.weights, default=None, metavar='W1,W2,...',
+                       help='split every batch in proportion to these weights, one per '
+                            'device, e.g. 3,1 for a device three times as fast (default: '
+                            'even split)')
+    split.add_argument('--balance', choices=('even', 'auto'), default='even',
+                       help='even: equal slices, as the book; auto: time a few batches on '
+                            'each device first and split in proportion to measured speed '
+                            '(default: even)')
+    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+                   metavar='N',
+                   help='raise the learning rate linearly from lr/N to lr over the first N '
+                        'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
+                        'book trains at lr from the first step)')
+    p.add_argument('--sync-bn', action='store_true',
+                   help='BatchNorm with statistics over the whole batch of all devices '
+                        '(SyncBatchNorm; default: off)')
+    p.add_argument('--parallel', choices=parallel.METHODS, default='data',
+                   help="how to split training over the devices: data (the chapter: every "
+                        "device a replica, a slice of every batch); scratch (the same written "
+                        "by hand, on the book's LeNet); layers (consecutive layers on "
+                        "consecutive devices); channels (every layer's channels split over the "
+                        "devices) (default: data)")
+    p.add_argument('--micro-batches', type=cli.count('--micro-batches'), default=1, metavar='M',
+                   help='with --parallel layers: cut every batch into M micro-batches that '
+                        'flow through the devices one after the other (default: 1)')
+    p.add_argument('--cut', type=_cut, default='params',
+                   help="with --parallel layers: where to cut ResNet-18 between devices: params "
+                        "(even bytes of parameters), time (even measured time), or the names "
+                        "of the units to cut after, e.g. stage2 (default: params)")
+    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
+                   default=None, metavar='PATH',
+                   help='after training, save the parameters there (net.save_parameters); in '
+                        'a dist job every worker saves its own copy, rank r to PATH with '
+                        '.rank<r> before the extension (default: not saved)')
+    return p
+
+
+_OUTPUTS = (('metrics_json', '--metrics-json'), ('plot', '--plot'),
+            ('save_params', '--save-params'))
+
+
+def _output_files(args):
+    """``[(flag, path), ...]`` of every file the run will write besides its checkpoints."""
+    written = []
+    for dest, flag in _OUTPUTS:
+        path = getattr(args, dest, None)
+        if path:
+            for p in (plotting.plot_paths(path) if dest == 'plot' else [path]):
+                written.append((flag, p))
+    return written
+
+
+def _check_outputs(args, recorded_in=None):
+    """Refuse outputs that would overwrite each other or the checkpoints, before training.
+
+    With ``recorded_in`` (a checkpoint's JSON), the paths that came from it and not from the
+    command line are checked as the command line checks its own.
+    """
+    written = _output_files(args)
+    if recorded_in is not None:
+        for flag, path in written:
+            dest = flag[2:].replace('-', '_')
+            problem = files.output_problem(path) if dest not in args.given else None
+            if problem:
+                raise UsageError('%s: error: --resume: %s records %s %s, which cannot be written: '
+                                 '%s; pass %s with another path'
+                                 % (PROG, recorded_in, flag, path, problem, flag))
+    seen = {}
+    for flag, path in written:
+        real = os.path.realpath(path)
+        if real in seen:
+            raise UsageError('%s: error: %s %s and %s %s would write the same file %s; give '
+                             'each output its own path' % (PROG, seen[real][0], seen[real][1],
+                                                           flag, getattr(args, flag[2:].replace(
+                                                               '-', '_')), real))
+        seen[real] = (flag, getattr(args, flag[2:].replace('-', '_')))
+        if args.checkpoint_dir is not None and \
+                os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
+                checkpoint.is_checkpoint_file(os.path.basename(real)):
+            raise UsageError('%s: error: %s %s would write over a file of --checkpoint-dir %s; '
+                             'name it otherwise or put it in another folder'
+                             % (PROG, flag, path, args.checkpoint_dir))
+
+
+def _given_flags(argv):
+    """The settings given explicitly in ``argv``, as ``{dest: value}``."""
+    parser, absent = build_parser(), object()
+    parser.set_defaults(**dict.fromkeys(vars(parser.parse_args([])), absent))
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
+
+
+def parse_args(argv=None):
+    """Parse and complete the command line; the per-device defaults are filled in here.
+
+    ``args.given`` holds the settings given explicitly (``--resume`` takes the others from the
+    checkpoint).
+    """
+    args = build_parser().parse_args(argv)
+    args.given = _given_flags(argv)
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError('%s: error: --resume needs --checkpoint-dir DIR, the folder the run '
+                         'saved its checkpoints in' % PROG)
+    args.num_workers = 1
+    if args.kvstore in dist.DIST_KVSTORES:
+        if args.checkpoint_dir is not None:
+            raise UsageError('%s: error: --checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps '
+                             'the optimizer state on the servers and a worker cannot save it '
+                             '("Cannot save states for distributed training"); drop '
+                             '--checkpoint-dir (--save-params saves the final parameters)'
+                             % (PROG, args.kvstore))
+        try:
+            args.num_workers = dist.job_env()['num_workers']
+        except ValueError as e:
+            raise UsageError('%s: error: --kvstore %s: %s' % (PROG, args.kvstore, e)) from None
+    batch_size, lr = book.book_setting(args.num_gpus * args.num_workers)
+    if args.batch_size is None:
+        args.batch_size = batch_size
+    if args.lr is None:
+        args.lr = lr
+    if args.batch_size < args.num_gpus:
+        raise UsageError('%s: error: --batch-size %d is smaller than --num-gpus %d, so some '
+                         'device would get no data; pass --batch-size %d or more'
+                         % (PROG, args.batch_size, args.num_gpus, args.num_gpus))
+    if args.device_weights is not None and len(args.device_weights) != args.num_gpus:
+        raise UsageError('%s: error: --device-weights %s gives %d weights but --num-gpus is '
+                         '%d; give one weight per device, e.g. --device-weights %s'
+                         % (PROG, ','.join('%g' % w for w in args.device_weights),
+                            len(args.device_weights), args.num_gpus,
+                            ','.join(['1'] * args.num_gpus)))
+    if args.sync_bn and args.model != 'resnet18':
+        raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
+                         '--model %s has none; drop --sync-bn or use --model resnet18'
+                         % (PROG, args.model))
+    bf16 = args.dtype == 'bfloat16'
+    if bf16 and (args.sync_bn or args.kvstore in dist.DIST_KVSTORES):
+        raise UsageError('%s: error: --dtype bfloat16 with %s was never run; drop one of them'
+                         % (PROG, '--sync-bn' if args.sync_bn else '--kvstore ' + args.kvstore))
+    data_only = [flag for flag, given in (
+        ('--dtype bfloat16', bf16),
+        ('--kvstore %s' % args.kvstore, args.kvstore != 'device'), ('--sync-bn', args.sync_bn),
+        ('--device-weights', args.device_weights is not None),
+        ('--balance auto', args.balance == 'auto'),
+        ('--warmup-steps', args.warmup_steps is not None),
+        ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
+    try:
+        parallel.check_parallel_options(
+            args.parallel, args.num_gpus, args.micro_batches, args.batch_size, args.cut,
+            model=args.given.get('model'), hybridize=args.given.get('hybridize'),
+            data_only=data_only)
+    except ValueError as e:
+        raise UsageError('%s: error: %s' % (PROG, e)) from None
+    if args.parallel == 'scratch':
+        args.model = 'lenet'
+    _check_outputs(args)
+    return args
+
+
+def _resume_command(directory, extra=''):
+    return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
+
+
+def _prepare_checkpoints(args):
+    """Check --checkpoint-dir; for --resume merge the run's settings into ``args``; return the
+    checkpoint record to resume from (or None)."""
+    directory = args.checkpoint_dir
+    record = None
+    if args.resume:
+        try:
+            record = checkpoint.read_checkpoint(directory)
+            checkpoint.validate_record(record, checkpoint.checkpoint_path(
+                directory, record['epoch'], 'json'))
+            settings = checkpoint.resume_settings(record, {
+                k: v for k, v in args.given.items() if k not in _NOT_RECORDED})
+        except (checkpoint.CheckpointError, ValueError) as e:
+            raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+        for k, v in settings.items():
+            setattr(args, k, v)
+        _check_outputs(args, checkpoint.checkpoint_path(directory, record['epoch'], 'json'))
+        # Checkpoints from before --model record no model: they trained resnet18.
+        if record.get('network') != network_name(args):
+            raise UsageError('%s: error: --resume: the run in %s trained %s, these flags train '
+                             '%s; start a new run in another --checkpoint-dir'
+                             % (PROG, directory, record.get('network'), network_name(args)))
+    else:
+        done = checkpoint.list_checkpoints(directory)
+        if done:
+            raise UsageError('%s: error: --checkpoint-dir %s already holds the checkpoints of a '
+                             'run (up to epoch %d); add --resume to continue it, or pass another '
+                             'folder to start a new run' % (PROG, directory, done[-1]))
+        if args.seed is None:
+            args.seed = secrets.randbelow(2 ** 31)
+    try:
+        checkpoint.prepare_dir(directory)
+    except ValueError as e:
+        raise UsageError('%s: error: --checkpoint-dir %s: %s' % (PROG, directory, e)) from None
+    return record
+
+
+def _devices(args):
+    found = cli.devices(PROG, args.num_gpus, args.device)
+    if args.sync_bn and len(found) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
+        raise UsageError('%s: error: --sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks '
+                         '(that engine computes each operator in the thread that issues it, so '
+                         'the first device\'s SyncBatchNorm waits for devices whose work is never '
+                         'issued); unset MXNET_ENGINE_TYPE or drop --sync-bn' % PROG)
+    return found
+
+
+def _join_job(args, devices, train_iter):
+    """Check a dist run, join the job, take this worker's shard and the shared seed; return the kvstore."""
+    import mxnet as mx
+    workers = args.num_workers
+    if args.batch_size % workers or args.batch_size // workers < len(devices):
+        share = max(workers * len(devices), args.batch_size // workers * workers)
+        raise UsageError('%s: error: --batch-size %d cannot be shared by %d workers with %d '
+                         'device(s) each (every worker takes an equal share, at least one '
+                         'example per device); pass --batch-size %d'
+                         % (PROG, args.batch_size, workers, len(devices), share))
+    try:
+        train_iter.set_part(workers, 0)
+    except ValueError as e:
+        raise UsageError('%s: error: --kvstore %s: %s (--train-limit %s, --batch-size %d)'
+                         % (PROG, args.kvstore, e, args.train_limit, args.batch_size)) from None
+    kv = mx.kv.create(args.kvstore)  # joins the job: waits for every process
+    # From here on, leaving normally would wait for the other workers (see main).
+    args.joined = True
+    train_iter.set_part(kv.num_workers, kv.rank)
+    args.seed = train_iter.seed = dist.shared_seed(kv, args.seed)
+    return kv
+
+
+def _split(args, net, devices, test_iter):
+    """The split of --device-weights, or measured for --balance auto; and its line, or None."""
+    weights, measured = args.device_weights, args.balance == 'auto'
+    if measured:
+        X, y = next(iter(test_iter))
+        share = max(1, min(X.shape[0], args.batch_size // args.num_workers // len(devices)))
+        weights = balance.measure_device_speeds(net, X[:share], y[:share], devices)
+    if weights is None:
+        return training.split_batch, None
+    batch = args.batch_size // args.num_workers
+    values = ', '.join('%s %s' % (d, ('%.1f' % w) if measured else ('%g' % w))
+                       for d, w in zip(devices, weights))
+    line = 'device weights: %s%s -> slices of %s per batch of %d' % (
+        values, ' images/s (measured)' if measured else '',
+        ', '.join(map(str, balance.slice_sizes(batch, weights))), batch)
+    return balance.split_by_weights(weights), line
+
+
+def run(args, interrupt=None):
+    """Train as ``args`` say: compose the event handlers, call ``gluon_mgpu.train``, print the
+    summary; return the history.
+
+    ``interrupt``, a ``DeferredInterrupt``, is the last handler: it raises a Ctrl-C that came
+    inside MXNet's optimizer callback right after that step or epoch.
+    """
+    record = None
+    if args.resume and not os.path.isdir(args.checkpoint_dir):
+        _prepare_checkpoints(args)  # says that there is nothing to resume
+    if args.checkpoint_dir is not None:
+        try:
+            lock = checkpoint.lock_dir(args.checkpoint_dir)
+        except (checkpoint.CheckpointError, ValueError) as e:
+            raise UsageError('%s: error: --checkpoint-dir %s: %s'
+                             % (PROG, args.checkpoint_dir, e)) from None
+        with lock:
+            record = _prepare_checkpoints(args)
+            return _run(args, record, interrupt)
+    return _run(args, record, interrupt)
+
+
+def _load_data(args):
+    try:
+        return data.load_data_fashion_mnist(
+            args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
+            test_limit=args.test_limit, seed=args.seed, loader=args.loader)
+    except (data.DataError, data.DataNotFoundError, ValueError) as e:
+        raise cli.data_error(PROG, e, args.data_dir) from None
+
+
+def _file_handlers(args, devices, placement=None):
+    """The handlers that write ``--metrics-json`` and ``--plot`` (in a dist job: rank 0's)."""
+    handlers = []
+    if args.metrics_json:
+        try:
+            handlers.append(metrics.MetricsFile(
+                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
+                devices, placement))
+        except files.OutputError as e:
+            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
+    if args.plot:
+        network = 'LeNet' if args.model == 'lenet' else 'ResNet-18'
+        if args.parallel != 'data':
+            network += ' split by %s' % args.parallel
+        handlers.append(plotting.PlotHandler(args.plot, title='%s, Fashion-MNIST: %s, batch %d, '
+                                             'lr %g' % (network, devices_mod.format_devices(
+                                                 devices), args.batch_size, args.lr)))
+    return handlers
+
+
+def _save_params(args, save):
+    """``--save-params``: ``save(path)`` into a temporary file renamed over the path (a dist
+    worker's own copy: ``.rank<r>`` before the extension)."""
+    if args.save_params is None:
+        return
+    path = args.save_params
+    if args.kvstore in dist.DIST_KVSTORES:
+        path = dist.rank_path(path, args.rank)
+    with files.atomic_path(path) as tmp:
+        save(tmp)
+
+
+def _run(args, record, interrupt):
+    if args.parallel != 'data':
+        return _run_split(args, interrupt)
+    train_iter, test_iter = _load_data(args)
+    # After the data: the device check may log a warning, and bad input gets one line only.
+    devices = _devices(args)
+    kvstore, args.rank = args.kvstore, 0
+    if args.kvstore in dist.DIST_KVSTORES:
+        kvstore = _join_job(args, devices, train_iter)
+        args.rank = kvstore.rank
+    lead = args.rank == 0  # the one worker of a dist job that prints and writes files
+    mode = progress.choose_mode(quiet=args.quiet or not lead)
+    if mode != 'quiet':
+        where = devices_mod.format_devices(devices)
+        if args.kvstore in dist.DIST_KVSTORES:
+            where += ' (worker 0 of %d, kvstore %s)' % (args.num_workers, args.kvstore)
+        print('running on:', where, flush=True)
+
+    cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
+    net = book.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
+                           args.dtype)
+    trainer = book.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
+                                 args.force_dtype)
+    bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
+    handlers = [events.LossGuard(), bar]
+    if args.warmup_steps is not None:
+        handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
+    if args.checkpoint_dir is not None:
+        if record is not None:
+            try:
+                checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
+            except checkpoint.CheckpointError as e:
+                raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+            trainer.set_learning_rate(args.lr)
+            if mode != 'quiet':
+                print('resuming after epoch %d of %d from %s' % (
+                    record['epoch'], args.epochs,
+                    checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
+                    flush=True)
+        recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
+        handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
+            'args': recorded, 'data_seed': args.seed, 'network': network_name(args),
+            'devices': [str(d) for d in devices]}, resume=record))
+    split_f, line = _split(args, net, devices, test_iter)
+    if line is not None and mode != 'quiet':
+        print(line, flush=True)
+    if args.check_replicas is not None:
+        handlers.append(replicas.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
+    if lead:
+        handlers += _file_handlers(args, devices)
+    if interrupt is not None:
+        handlers.append(interrupt)
+
+    try:
+        history = training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
+                                 trainer=trainer, split_f=split_f, event_handlers=handlers)
+    finally:
+        bar.close()  # also when training stops with an error
+    _save_params(args, net.save_parameters)
+    if lead:
+        print(metrics.format_summary(history, devices), flush=True)
+    return history
+
+
+def _bytes(values):
+    return ', '.join(replicas.format_bytes(v) for v in values)
+
+
+def _run_split(args, interrupt):
+    """``--parallel scratch|layers|channels``: build the split network, train it with the same
+    handlers (``parallel.train_split``), save an ordinary ``.params`` file."""
+    import mxnet as mx
+    train_iter, test_iter = _load_data(args)
+    devices = _devices(args)
+    mode = progress.choose_mode(quiet=args.quiet)
+    if mode != 'quiet':
+        print('running on:', devices_mod.format_devices(devices), flush=True)
+    X, _ = next(iter(test_iter))  # a batch of the run's size, to measure the bytes
+    if args.seed is not None:
+        mx.random.seed(args.seed)
+    try:
+        if args.parallel == 'scratch':
+            split = parallel.make_parallel('scratch', devices, args.lr)
+        else:
+            net = parallel.init_one_device(book.new_network(args.model, hybridize=False),
+                                           devices[0])
+            split = parallel.make_parallel(args.parallel, devices, args.lr, net=net,
+                                           micro_batches=args.micro_batches, cut=args.cut,
+                                           sample=X.as_in_context(devices[0]))
+    except ValueError as e:
+        raise UsageError('%s: error: --parallel %s: %s' % (PROG, args.parallel, e)) from None
+    placement = split.summary(X)
+    if args.hybridize and args.parallel != 'scratch':
+        split.hybridize(static_alloc=True)
+    if mode != 'quiet':
+        if hasattr(split, 'describe'):
+            print('split: %s' % split.describe(), flush=True)
+        print('bytes per device: parameters %s; activations of a batch of %d: %s; copied per '
+              'step: %s' % (_bytes(placement['parameter_bytes']), placement['batch_size'],
+                            _bytes(placement['activation_bytes']),
+                            replicas.format_bytes(placement['copied_bytes_per_step'])),
+              flush=True)
+    bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
+    handlers = [events.LossGuard(), bar]
+    if args.check_replicas is not None:
+        handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
+    handlers += _file_handlers(args, devices, placement)
+    if interrupt is not None:
+        handlers.append(interrupt)
+    try:
+        history = parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs,
+                                       handlers)
+    finally:
+        bar.close()
+    _save_params(args, split.save_parameters)
+    print(metrics.format_summary(history, devices), flush=True)
+    return history
+
+
+def _saved_epochs(args):
+    if args is None or args.checkpoint_dir is None:
+        return None
+    done = checkpoint.list_checkpoints(args.checkpoint_dir)
+    return done[-1] if done else 0
+
+
+def _kept(args):
+    """What a failed run leaves: the clause about its checkpoints and how to resume."""
+    done = _saved_epochs(args)
+    if done is None:
+        return 'nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
+    if done == 0:
+        return ('%s holds no checkpoint yet; run the same command again to start over'
+                % args.checkpoint_dir)
+    return ('the checkpoint of epoch %d in %s is complete; to resume: %s'
+            % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
+
+
+def _interrupted(args, e):
+    what = cli.stopped_by(e)
+    if _saved_epochs(args) == 0:
+        return ('%s: %s before the first epoch finished, so %s holds no checkpoint yet; run the '
+                'same command again to start over' % (PROG, what, args.checkpoint_dir))
+    return '%s: %s; %s' % (PROG, what, _kept(args))
+
+
+def _diverged(e, args):
+    smaller = '--lr %g' % (e.lr / 10)
+    done = _saved_epochs(args)
+    if not done:
+        fix = 'start again with a smaller learning rate, for example %s' % smaller
+    else:
+        # The last checkpoint had a finite loss, but its weights may be far off already.
+        fix = ('use a smaller learning rate, for example %s: start again in a new '
+               '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
+               'loss: %s' % (smaller, done, _resume_command(args.checkpoint_dir, ' ' + smaller)))
+    return ('%s: error: the training loss became %s at epoch %d, step %d with --lr %g: training '
+            'diverged; %s' % (PROG, e.loss, e.epoch, e.step, e.lr, fix))
+
+
+def main(argv=None):
+    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code.
+
+    0: done. 1: training diverged (NaN or infinite loss), trained parameters differ between
+    devices (``--check-replicas``), or an unexpected error. 2: bad input,
+    or a checkpoint that cannot be used. 130: interrupted (Ctrl-C). Every failure prints one
+    line on stderr; with ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    state = {'args': None}
+
+    def body():
+        state['args'] = args = parse_args(argv)
+        with DeferredInterrupt() as interrupt:
+            run(args, interrupt)
+
+    def explain(e):
+        args = state['args']
+        if isinstance(e, KeyboardInterrupt):
+            return getattr(e, 'exit_code', 130), _interrupted(args, e)
+        if isinstance(e, interrupts.UpdateError):
+            return 1, '%s: error: %s (--lr %g); %s' % (PROG, e, args.lr, _kept(args))
+        if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
+            return 1, '%s: error: %s; %s' % (PROG, e, _kept(args))
+        if isinstance(e, events.LossNotFiniteError):
+            return 1, _diverged(e, args)
+        if isinstance(e, replicas.ReplicaCheckFailed):
+            return 1, '%s: error: --check-replicas: %s' % (PROG, e)
+        return None
+
+    code = cli.run_command(PROG, argv, body, explain)
+    if code and getattr(state['args'], 'joined', False):
+        # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
+        # final barrier for the other workers, which wait for this one's gradients.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
