@@ -157,7 +157,7 @@ def _check_line(err, flag, value, fix):
 
 def test_the_table_covers_every_flag():
     flags = {a.option_strings[0] for a in
-             sys.modules['gluon_mgpu.train'].build_parser()._actions if a.option_strings}
+             sys.modules['gluon_mgpu.commands.train'].build_parser()._actions if a.option_strings}
     covered = {case[1] for case in CASES} | {case[0][0] for case in CASES}
     # --hybridize/--no-hybridize take no value; --debug is tested below; -h is argparse's.
     assert flags - covered == {'-h', '--hybridize', '--debug'}
@@ -221,7 +221,7 @@ def _boom(message, cls=TypeError):
 @pytest.fixture
 def broken_run(monkeypatch):
     monkeypatch.delenv('GLUON_MGPU_DEBUG', raising=False)
-    cli = sys.modules['gluon_mgpu.train']
+    cli = sys.modules['gluon_mgpu.commands.train']
     monkeypatch.setattr(cli, 'run', _boom("unsupported operand type(s) for +: 'int' and 'str'"))
     return cli
 
@@ -259,7 +259,7 @@ def test_an_mxnet_error_is_shortened_to_its_message(monkeypatch, capsys):
     message = ('Traceback (most recent call last):\n  File "../src/storage/storage.cc", line 199'
                '\n  [bt] (0) libmxnet.so(+0x1234)\n'
                'MXNetError: Check failed: e == cudaSuccess: out of memory\n')
-    monkeypatch.setattr(sys.modules['gluon_mgpu.train'], 'run', _boom(message, MXNetError))
+    monkeypatch.setattr(sys.modules['gluon_mgpu.commands.train'], 'run', _boom(message, MXNetError))
     assert main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith('python -m gluon_mgpu.train: error: unexpected MXNetError: Check '
