@@ -68,10 +68,10 @@ def worker(args):
     import mxnet as mx
     from mxnet import nd
     from mxnet.gluon import loss as gloss
-    from gluon_mgpu import book, data, training
+    from gluon_mgpu import data, training
     devices = [mx.cpu(i) for i in range(args.devices)]
-    net = book.new_network('resnet18', True)
-    trainer = book.init_training(net, devices, book.LR_PER_DEVICE, seed=0)
+    net = training.new_network('resnet18', True)
+    trainer = training.init_training(net, devices, training.LR_PER_DEVICE, seed=0)
     loss = gloss.SoftmaxCrossEntropyLoss()
     images, labels = data.load_fashion_mnist_arrays('train')
     n = args.batch_size * (1 + 2 * args.steps)

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
-from gluon_mgpu import book, data, training  # noqa: E402
+from gluon_mgpu import data, training, training  # noqa: E402
 from gluon_mgpu.runtime.dispatch import call  # noqa: E402
 
 # The one timed interval of this measurement: every function below starts and stops it.
@@ -74,8 +74,8 @@ def _network(devices, model='ours', hybrid=True, dtype='float32'):
     """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
     Trainer, set up as the book does; ours also in bfloat16 (``--dtype``)."""
     if model == 'ours':
-        net = book.new_network('resnet18', hybrid, dtype=dtype)
-        return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0, dtype=dtype)
+        net = training.new_network('resnet18', hybrid, dtype=dtype)
+        return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, dtype=dtype)
     else:
         if model == 'bnrelu':
             import bnrelu
@@ -84,8 +84,8 @@ def _network(devices, model='ours', hybrid=True, dtype='float32'):
             import d2lzh
             net = d2lzh.resnet18(10)
         if hybrid:
-            net.hybridize(static_alloc=True)  # as book.new_network
-    return net, book.init_training(net, devices, book.LR_PER_DEVICE, seed=0)
+            net.hybridize(static_alloc=True)  # as training.new_network
+    return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0)
 
 
 def _training(cfg, num_batches):
@@ -204,7 +204,7 @@ def phase_speed(cfg):
     setup = _training(cfg, cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps'])
     value = train_speed(cfg, setup)
     trainer = gluon.Trainer(setup[1].collect_params(), 'sgd',
-                            {'learning_rate': book.LR_PER_DEVICE}, update_on_kvstore=False)
+                            {'learning_rate': training.LR_PER_DEVICE}, update_on_kvstore=False)
     finish = [('gradient sum', lambda n: trainer.allreduce_grads()), ('update', trainer.update)]
     return _with_phases(value, *_phases(cfg, setup, finish))
 
@@ -213,15 +213,15 @@ def dist_speed(cfg):
     """One worker of a ``dist_sync`` job: the job's images/s, then the phases with waits.
 
     Joins the job, takes its share of every global batch of ``cfg['batch_size']``, and trains
-    the package's way (``book.init_training`` with the job's kvstore, one device). Images/s
+    the package's way (``training.init_training`` with the job's kvstore, one device). Images/s
     are the global batch times the steps over this worker's time (the workers move in lock
     step). Phase ``push/pull`` is ``trainer.step``: push the gradients to the server, which
     adds up the workers' and updates, and pull the new weights.
     """
     kv = mx.kv.create('dist_sync')  # joins the job: waits for every process
     devices = [mx.cpu(0)]
-    net = book.new_network(cfg['model'], cfg['mode'] == 'hybrid')
-    trainer = book.init_training(net, devices, book.LR_PER_DEVICE, seed=0, kvstore=kv)
+    net = training.new_network(cfg['model'], cfg['mode'] == 'hybrid')
+    trainer = training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, kvstore=kv)
     n = cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps']
     batches = _batches(cfg, cfg['batch_size'] * n)
     batches.set_part(kv.num_workers, kv.rank)

@@ -32,17 +32,16 @@ warn_if_imported_late()
 from .runtime.gpu_build import prepare_for_package  # noqa: E402
 prepare_for_package()
 
-from .book import book_setting, init_training, new_network
 from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
                    load_data_fashion_mnist)
 from .devices import format_devices, get_devices, try_all_gpus, try_gpu
 from .handlers.events import EpochLine, LossGuard, LossNotFiniteError
-from .tools.inference import fold_batchnorm
 from .model import Residual, resnet18
 from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, ReplicaReport,
                        assert_replicas_match, format_replica_report, format_replica_summary,
                        get_replica, inspect_replicas)
-from .training import evaluate_accuracy, split_batch, train, train_batch, train_epoch
+from .training import (book_setting, evaluate_accuracy, init_training, new_network, split_batch,
+                       train, train_batch, train_epoch)
 
 startup.release()
 
@@ -54,5 +53,5 @@ __all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'fo
            'train', 'book_setting', 'new_network', 'init_training', 'EpochLine', 'LossGuard',
            'LossNotFiniteError', 'thread_settings', 'inspect_replicas', 'assert_replicas_match',
            'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
-           'format_replica_report', 'format_replica_summary', 'ReplicaCheck', 'fold_batchnorm']
+           'format_replica_report', 'format_replica_summary', 'ReplicaCheck']
 

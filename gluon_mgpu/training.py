@@ -1,34 +1,170 @@
-"""Data-parallel training, as the chapter does it with Gluon.
-
-``train_batch`` is the chapter's step and nothing else: ``split_and_load`` cuts the batch into
-one slice per device; under ``autograd.record()`` every device runs the network on its slice;
-``backward()`` on every device's loss; then ``trainer.step(batch_size)`` sums the gradients of
-all devices (the kvstore), divides by the batch size and updates every replica the same way.
-Each device's calls are issued from a thread of its own (``gluon_mgpu.runtime.dispatch``), so each has
-its own scratch buffers.
-``train_epoch`` runs it over the data and ``train`` over the epochs, printing the book's line.
-
-Everything else (checkpoints, progress, metrics, checks) hangs around the loop as event
-handlers (``gluon_mgpu.handlers.events``), and devices of different speed change only the split
-(``balance.split_by_weights``).
+"""The chapter's training as the book writes it: its settings, the step on several devices, the
+epoch loop and the test accuracy. What hangs around the loop (checkpoints, progress, metrics,
+checks) comes in as event handlers (docs/events.md); docs/devices.md says how simulated CPU
+devices run the same step.
 """
 import time
 import weakref
 
+import mxnet as mx
 import numpy as np
-from mxnet import autograd, nd
+from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from .parallel.weighted import check_device_weights, slice_sizes
-from .book import LR_PER_DEVICE, init_training
 from .devices import format_devices, try_all_gpus
-from .runtime.dispatch import call
 from .handlers.events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
                               format_epoch)
-from .handlers.interrupts import UpdateError, guard_updates
+from .model import lenet, resnet18, sync_batch_norm
+from .runtime import dispatch, precision
+from .runtime.updates import UpdateError, guard_updates
 
-__all__ = ['check_batch', 'split_batch', 'evaluate_accuracy', 'train_batch', 'train_epoch', 'train',
-           'format_epoch', 'init_training', 'LossNotFiniteError', 'UpdateError']
+__all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'book_setting',
+           'new_network', 'network_name', 'init_training', 'split_batch', 'train_batch',
+           'choose_step', 'check_batch', 'run_epoch', 'train_epoch', 'evaluate_accuracy',
+           'run_epochs', 'train', 'format_epoch', 'LossNotFiniteError', 'UpdateError']
+
+# The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
+# train(num_gpus=2, batch_size=512, lr=0.2); weights drawn from Normal(sigma=0.01).
+BATCH_SIZE_PER_DEVICE = 256
+LR_PER_DEVICE = 0.1
+INIT_SIGMA = 0.01
+MODELS = ('resnet18', 'lenet')
+
+
+def split_batch(X, y, devices):
+    """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device.
+
+    The book's ``split_and_load``, with ``even_split=False``: 10 examples on 3 devices give 4, 3,
+    3 (the book needs the batch to be a multiple of the device count). ``ValueError`` if ``X``
+    and ``y`` hold different numbers of examples, or fewer examples than devices.
+    """
+    check_split(X, y, devices)
+    return (gutils.split_and_load(X, devices, even_split=False),
+            gutils.split_and_load(y, devices, even_split=False))
+
+
+def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
+    """The chapter's step on one batch; return the losses, outputs and labels per device.
+
+    ``trainer.step`` sums the gradients of all devices (the kvstore), divides by the batch size
+    and updates every replica the same way. The first batch given for a network is checked
+    (``check_batch``) before any step.
+    """
+    _check_once(X, y, net, 'the batch given to train_batch', devices)
+    Xs, ys = split_f(X, y, devices)
+    with autograd.record():
+        outs = [net(X_d) for X_d in Xs]
+        ls = [loss(out, y_d) for out, y_d in zip(outs, ys)]
+    for l in ls:
+        l.backward()
+    trainer.step(X.shape[0])
+    return ls, outs, ys
+
+
+def choose_step(devices):
+    """The step ``train()`` runs on ``devices``: ``train_batch``, or on two or more CPU contexts
+    the same step with each device's calls issued from a thread of its own
+    (``dispatch.train_batch``), so that simulated devices, like GPUs, do not share one pool of
+    scratch buffers (docs/devices.md). Both give the same numbers."""
+    return dispatch.train_batch if _simulated(devices) else train_batch
+
+
+def _simulated(devices):
+    return sum(d.device_type == 'cpu' for d in devices) > 1
+
+
+def check_split(X, y, devices):
+    """``ValueError`` unless ``X`` and ``y`` hold as many examples, and at least one per device."""
+    n = X.shape[0]
+    if y.shape[0] != n:
+        raise ValueError('X holds %d examples but y holds %d labels; pass one label per '
+                         'example' % (n, y.shape[0]))
+    if n < len(devices):
+        raise ValueError('a batch of %d examples cannot give each of %d devices one; use '
+                         'batches of %d or more' % (n, len(devices), len(devices)))
+
+
+def book_setting(num_devices):
+    """Return the book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
+    return BATCH_SIZE_PER_DEVICE * num_devices, LR_PER_DEVICE * num_devices
+
+
+def network_name(model='resnet18', sync_bn_devices=None):
+    """How checkpoints name a network: ``resnet18(10)``, ``lenet(10)``, or with SyncBatchNorm."""
+    if model == 'resnet18' and sync_bn_devices:
+        return 'resnet18(10, norm_layer=sync_batch_norm(%d))' % sync_bn_devices
+    return '%s(10)' % model
+
+
+def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='float32'):
+    """A fresh, uninitialized network for Fashion-MNIST's 10 classes.
+
+    Parameters
+    ----------
+    model : {'resnet18', 'lenet'}
+        The chapter's ResNet-18, or the book's LeNet (no BatchNorm).
+    hybridize : bool, default True
+        Compile it into one graph (``static_alloc``): same results, faster.
+    sync_bn_devices : int, optional
+        ResNet-18 with ``SyncBatchNorm`` over this many devices instead of BatchNorm.
+    dtype : {'float32', 'bfloat16'}, default 'float32'
+        What it computes in: bfloat16 turns on MXNet's AMP for the whole process, before the
+        network is built (``precision.use_dtype``; a process cannot switch back). Check the
+        devices first with ``precision.check_dtype``, and pass the same dtype to
+        ``init_training``.
+    """
+    if model not in MODELS:
+        raise ValueError('model must be one of %s, got %r' % ('/'.join(MODELS), model))
+    if dtype == 'bfloat16' and sync_bn_devices:
+        raise ValueError('dtype=\'bfloat16\' with SyncBatchNorm was never run; pass '
+                         'sync_bn_devices=None or dtype=\'float32\'')
+    precision.use_dtype(dtype)
+    if model == 'lenet':
+        net = lenet(10)
+    else:
+        net = resnet18(10, norm_layer=sync_batch_norm(sync_bn_devices)
+                       if sync_bn_devices else None)
+    if hybridize:
+        # Not static_shape=True: on several devices MXNet 1.9.1 then loses one BatchNorm
+        # running-statistics update per device (measured; the trained weights still match).
+        net.hybridize(static_alloc=True)
+    return net
+
+
+def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32',
+                  force_dtype=False):
+    """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
+
+    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after seeding MXNet's random
+    generators with ``seed`` when given; then ``gluon.Trainer(..., 'sgd', {'learning_rate': lr},
+    kvstore=kvstore)``.
+
+    With a dist kvstore (``'dist_sync'``, or one made by ``mx.kv.create``) every worker steps
+    with its own batch, but the servers sum the gradients of all workers: the Trainer is made
+    with ``rescale_grad = 1 / num_workers``, so ``trainer.step(local_batch_size)`` divides the
+    sum by the global batch, and the loop stays the book's.
+
+    With ``dtype='bfloat16'`` (``net`` from ``new_network(..., dtype='bfloat16')``) the
+    devices are checked first (``precision.check_dtype``: a CPU without bfloat16
+    instructions is refused unless ``force_dtype``) and the Trainer is handed to MXNet's AMP
+    (``amp.init_trainer``); the parameters stay float32.
+    """
+    precision.check_dtype(dtype, devices, force_dtype)
+    active = precision.active_dtype()
+    if active != dtype and (active is not None or dtype == 'bfloat16'):
+        raise RuntimeError('init_training(dtype=%r), but the networks of this process compute '
+                           'in %s; build the network with new_network(..., dtype=%r)'
+                           % (dtype, active or 'float32', dtype))
+    if isinstance(kvstore, str) and kvstore.startswith('dist'):
+        kvstore = mx.kv.create(kvstore)  # joins the job: waits for all its processes
+    params = {'learning_rate': lr}
+    if isinstance(kvstore, mx.kv.KVStore) and 'dist' in kvstore.type:
+        params['rescale_grad'] = 1.0 / kvstore.num_workers
+    if seed is not None:
+        mx.random.seed(seed)
+    net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore)
+    return precision.init_trainer(trainer, dtype)
 
 
 def _layers(block, kind):
@@ -43,6 +179,8 @@ def _expected_input(net):
     """``(dtype, channels, classes)`` that ``net`` takes, each None when ``net`` does not say:
     its parameters' type, its first convolution's input channels (once known) and its last
     ``Dense`` layer's units."""
+    if not isinstance(net, nn.Block):  # a split network (gluon_mgpu.parallel) says nothing
+        return None, None, None
     params = list(net.collect_params().values())
     dtype = np.dtype(params[0].dtype) if params else None
     convs = list(_layers(net, (nn.Conv1D, nn.Conv2D, nn.Conv3D)))
@@ -107,95 +245,53 @@ def check_batch(X, y, net, where='the first batch'):
 _CHECKED = weakref.WeakSet()
 
 
-def _check_once(X, y, net, where):
+def _check_once(X, y, net, where, devices):
     if net not in _CHECKED:
         check_batch(X, y, net, where)
+        from mxnet.gluon.contrib.nn import SyncBatchNorm
+        if _simulated(devices) and any(_layers(net, SyncBatchNorm)):
+            raise ValueError('%s: the network has SyncBatchNorm layers, which wait for each other '
+                             'and deadlock when one thread issues the calls of several CPU '
+                             'devices; run the step choose_step(devices) returns '
+                             '(dispatch.train_batch), as train() does' % where)
         _CHECKED.add(net)
-
-
-def split_batch(X, y, devices, device_weights=None):
-    """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device.
-
-    ``gluon.utils.split_and_load(..., even_split=False)``, as the book (which needs the batch
-    size to be a multiple of the device count; this does not: 10 examples on 3 devices give
-    4, 3, 3). With ``device_weights`` (one positive number per device) the slices follow the
-    weights instead (``balance.slice_sizes``): 3, 1 gives a 16-example batch as 12 and 4.
-
-    Raises
-    ------
-    ValueError
-        If ``X`` and ``y`` hold different numbers of examples, or fewer examples than devices.
-    """
-    n = X.shape[0]
-    if y.shape[0] != n:
-        raise ValueError('X holds %d examples but y holds %d labels; pass one label per '
-                         'example' % (n, y.shape[0]))
-    if n < len(devices):
-        raise ValueError('a batch of %d examples cannot give each of %d devices one; use '
-                         'batches of %d or more' % (n, len(devices), len(devices)))
-    if device_weights is None:
-        return (gutils.split_and_load(X, devices, even_split=False),
-                gutils.split_and_load(y, devices, even_split=False))
-    Xs, ys, start = [], [], 0
-    for size, d in zip(slice_sizes(n, check_device_weights(device_weights, len(devices))),
-                       devices):
-        Xs.append(X[start:start + size].as_in_context(d))
-        ys.append(y[start:start + size].as_in_context(d))
-        start += size
-    return Xs, ys
 
 
 def evaluate_accuracy(data_iter, net, devices=None):
     """Return the fraction of examples in ``data_iter`` that ``net`` classifies correctly.
 
     Every batch is split over all ``devices`` (default: ``try_all_gpus()``), so evaluation
-    uses them all; a batch with fewer examples than devices uses the first ones. Counts stay
-    on the devices until the end, so MXNet can run ahead. The first batch is checked
-    (``check_batch``): a ``ValueError`` names what is wrong with it.
+    uses them all; a batch with fewer examples than devices uses the first ones. ``net`` may
+    also be a split network (``gluon_mgpu.parallel``) with ``devices`` its first device: the
+    labels are compared where its output comes out. Counts stay on the devices until the end,
+    so MXNet can run ahead. The first batch is checked (``check_batch``): a ``ValueError``
+    names what is wrong with it.
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    correct = [nd.zeros((1,), ctx=d) for d in devices]
+    call = dispatch.call if _simulated(devices) else _call_here
+    correct = [None] * len(devices)
     n = 0
     for X, y in data_iter:
         if n == 0:
             check_batch(X, y, net, 'the first batch of data_iter')
         Xs, ys = split_batch(X, y, devices[:X.shape[0]])
-        for d, X_d, y_d, correct_d in zip(devices, Xs, ys, correct):
-            _count_correct(d, net, X_d, y_d, correct_d)
+        for i, (d, X_d, y_d) in enumerate(zip(devices, Xs, ys)):
+            hits = call(d, _hits, call(d, net, X_d), y_d)
+            correct[i] = hits if correct[i] is None else correct[i] + hits
         n += X.shape[0]
     if n == 0:
         raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
                          'batches')
-    return sum(c.asscalar() for c in correct) / n
+    return sum(c.asscalar() for c in correct if c is not None) / n
 
 
-def _add_correct(out, y, correct):
-    correct += (out.argmax(axis=1) == y.astype('float32')).sum()
+def _call_here(device, f, *args):
+    return f(*args)
 
 
-def _count_correct(device, net, X, y, correct):
-    """Add to ``correct`` (on ``device``) how many of ``net``'s predictions for ``X`` are ``y``."""
-    call(device, _add_correct, call(device, net, X), y, correct)
-
-
-def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
-    """The chapter's step on one batch; return the losses, outputs and labels per device.
-
-    The book's calls in the book's order, each device's issued from that device's own thread
-    (``dispatch.call``), so that every device draws its scratch buffers from its own pool, as
-    every GPU does: simulated CPU devices then compute side by side (docs/devices.md).
-    The first batch given for a network is checked (``check_batch``) before any step.
-    """
-    _check_once(X, y, net, 'the batch given to train_batch')
-    Xs, ys = split_f(X, y, devices)
-    with autograd.record():
-        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
-        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
-    for d, l in zip(devices, ls):
-        call(d, l.backward)
-    # The gradients were summed over the batch: divide by its real size.
-    trainer.step(X.shape[0])
-    return ls, outs, ys
+def _hits(out, y):
+    """How many rows of ``out`` have their largest value at ``y`` (on ``out``'s device)."""
+    return (out.argmax(axis=1) == y.as_in_context(out.context).astype('float32')).sum()
 
 
 def epoch_seconds(start, examples):
@@ -208,37 +304,88 @@ def epoch_seconds(start, examples):
     return time.time() - start
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None):
-    """Run ``train_batch`` over ``train_iter``; return ``seconds``, ``train_loss``,
-    ``train_acc`` and ``examples``.
+def run_epoch(step, train_iter, events=None, check=None):
+    """Run ``step(X, y)`` over ``train_iter``; return ``seconds``, ``train_loss``, ``train_acc``
+    and ``examples``: the epoch loop of every way to split.
 
-    ``events`` (``gluon_mgpu.handlers.events.Events``) gets ``batch_begin`` and ``batch_end`` around
-    every step; a ``batch_end`` handler that returns True ends the epoch early. The sums stay
-    on the devices; ``seconds`` is read after ``nd.waitall()``, as MXNet runs asynchronously.
-    The first batch is checked (``check_batch``) before the first step.
+    ``step`` returns ``(losses, outputs, labels)``, one array per device, as ``train_batch``;
+    a split network gives ``([loss_sum], None, None)`` and its ``train_acc`` is None.
+    ``check(X, y)`` runs on the first batch before the first step. ``events``
+    (``handlers.events.Events``) gets ``batch_begin`` and ``batch_end`` around every step; a
+    ``batch_end`` handler that returns True ends the epoch early. The sums stay on the devices;
+    ``seconds`` is read after ``nd.waitall()``, as MXNet runs asynchronously.
     """
-    loss_sum = [nd.zeros((1,), ctx=d) for d in devices]
-    correct = [nd.zeros((1,), ctx=d) for d in devices]
+    loss_sum = correct = None
     n = 0
     start = time.time()
     for X, y in train_iter:
-        if n == 0:
-            check_batch(X, y, net, 'the first batch of train_iter')
-            _CHECKED.add(net)
+        if n == 0 and check is not None:
+            check(X, y)
         if events:
             events.batch_begin(batch=(X, y))
-        ls, outs, ys = train_batch(net, X, y, loss, trainer, devices, split_f)
-        for i, (l, out, y_d) in enumerate(zip(ls, outs, ys)):
-            loss_sum[i] += l.sum()
-            correct[i] += (out.argmax(axis=1) == y_d.astype('float32')).sum()
+        ls, outs, ys = step(X, y)
+        sums = [l.sum() for l in ls]
+        loss_sum = sums if loss_sum is None else [a + b for a, b in zip(loss_sum, sums)]
+        if outs is not None:
+            hits = [_hits(out, y_d) for out, y_d in zip(outs, ys)]
+            correct = hits if correct is None else [a + b for a, b in zip(correct, hits)]
         n += X.shape[0]
-        if events and events.batch_end(batch=(X, y), pred=outs, label=ys, loss=ls):
+        if events and events.batch_end(**_batch_end_args(X, y, ls, outs, ys)):
             break
     seconds = epoch_seconds(start, n)
     return {'seconds': seconds,
             'train_loss': sum(v.asscalar() for v in loss_sum) / n,
-            'train_acc': sum(v.asscalar() for v in correct) / n,
+            'train_acc': None if correct is None else sum(v.asscalar() for v in correct) / n,
             'examples': n}
+
+
+def _batch_end_args(X, y, ls, outs, ys):
+    if outs is None:
+        return {'batch': (X, y), 'loss': ls}
+    return {'batch': (X, y), 'pred': outs, 'label': ys, 'loss': ls}
+
+
+def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
+                step=None):
+    """Run the chapter's step over ``train_iter`` (``run_epoch``); return ``seconds``,
+    ``train_loss``, ``train_acc`` and ``examples``.
+
+    ``step`` defaults to ``choose_step(devices)``. The first batch is checked
+    (``check_batch``) before the first step.
+    """
+    step = choose_step(devices) if step is None else step
+
+    def check(X, y):
+        check_batch(X, y, net, 'the first batch of train_iter')
+        _CHECKED.add(net)
+
+    return run_epoch(lambda X, y: step(net, X, y, loss, trainer, devices, split_f), train_iter,
+                     events, check)
+
+
+def run_epochs(state, events, train_one_epoch, evaluate):
+    """The loop over the epochs of ``train()`` and of a split network's ``train_split``.
+
+    From ``state.epoch + 1`` (a resumed run starts later) to ``state.num_epochs``:
+    ``epoch_begin``, ``train_one_epoch()`` (``run_epoch``'s numbers), ``evaluate()`` for
+    ``test_acc``, then ``state.record`` and ``epoch_end`` (True stops). Returns the history.
+    """
+    events.train_begin()
+    for epoch in range(state.epoch + 1, state.num_epochs + 1):
+        state.epoch = epoch
+        events.epoch_begin()
+        stats = train_one_epoch()
+        state.record = {'epoch': epoch,
+                        'seconds': stats['seconds'],
+                        'train_loss': stats['train_loss'],
+                        'train_acc': stats['train_acc'],
+                        'test_acc': evaluate(),
+                        'images_per_sec': stats['examples'] / stats['seconds']}
+        state.history.append(state.record)
+        if events.epoch_end():
+            break
+    events.train_end()
+    return state.history
 
 
 def _checked_devices(devices, num_epochs, lr, trainer):
@@ -276,13 +423,13 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         Default ``try_all_gpus()``.
     lr : float, optional
         With no ``trainer``: initialize ``net`` on ``devices`` and train with SGD at this rate,
-        the book's set-up (``book.init_training``; default 0.1). Give ``lr`` or ``trainer``.
+        the book's set-up (``init_training``; default 0.1). Give ``lr`` or ``trainer``.
     num_epochs : int, default 4
     trainer : mxnet.gluon.Trainer, optional
         Train with this Trainer and the parameters ``net`` already holds on ``devices``
-        (``book.init_training(net, devices, lr, seed=0)`` gives the book's, seeded).
+        (``init_training(net, devices, lr, seed=0)`` gives the book's, seeded).
     split_f : callable, default ``split_batch``
-        ``split_f(X, y, devices)`` gives the slices; ``balance.split_by_weights(w)`` splits in
+        ``split_f(X, y, devices)`` gives the slices; ``parallel.weighted.split_by_weights(w)`` splits in
         proportion to per-device weights.
     event_handlers : list, optional
         Handlers of the run's events (``gluon_mgpu.handlers.events``). Default ``[EpochLine(),
@@ -317,22 +464,11 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     state = TrainingState(net, trainer, loss, devices, train_iter, test_iter, num_epochs)
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
-    events.train_begin()
+    step = choose_step(devices)  # simulated CPU devices: the same step, issued per device
     # MXNet calls the optimizer from C, where an exception would be printed and dropped: the
     # guard raises it right after trainer.step.
     with guard_updates(trainer):
-        for epoch in range(state.epoch + 1, num_epochs + 1):
-            state.epoch = epoch
-            events.epoch_begin()
-            stats = train_epoch(net, train_iter, loss, trainer, devices, split_f, events)
-            state.record = {'epoch': epoch,
-                            'seconds': stats['seconds'],
-                            'train_loss': stats['train_loss'],
-                            'train_acc': stats['train_acc'],
-                            'test_acc': evaluate_accuracy(test_iter, net, devices),
-                            'images_per_sec': stats['examples'] / stats['seconds']}
-            state.history.append(state.record)
-            if events.epoch_end():
-                break
-    events.train_end()
-    return state.history
+        return run_epochs(
+            state, events,
+            lambda: train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step),
+            lambda: evaluate_accuracy(test_iter, net, devices))

@@ -6,7 +6,7 @@ import pytest
 from mxnet import gluon, init, nd
 
 import gluon_mgpu
-from gluon_mgpu import book, training
+from gluon_mgpu import training
 
 DEVICES = [mx.cpu(0), mx.cpu(1)]
 B = 8
@@ -18,7 +18,7 @@ def _good():
 
 def _net():
     net = gluon_mgpu.resnet18(10)
-    trainer = book.init_training(net, DEVICES, 0.1, seed=0)
+    trainer = training.init_training(net, DEVICES, 0.1, seed=0)
     return net, trainer
 
 

@@ -5,7 +5,7 @@ import pytest
 from mxnet import autograd, init, nd
 
 from gluon_mgpu.tools import bnstats
-from gluon_mgpu import book, data
+from gluon_mgpu import data, training
 from gluon_mgpu.model import lenet
 from conftest import max_abs_diff
 
@@ -19,7 +19,7 @@ def real_batch():
 @pytest.fixture
 def net_and_batch(two_cpus, real_batch):
     mx.random.seed(4)
-    net = book.new_network('resnet18', hybridize=False)
+    net = training.new_network('resnet18', hybridize=False)
     net.initialize(init.Normal(sigma=0.01), ctx=two_cpus)
     X = real_batch[0][:32]
     for d in two_cpus:
@@ -56,7 +56,7 @@ def test_reestimated_statistics_are_the_batchs_own(net_and_batch, two_cpus):
 
 
 def test_reestimating_refuses_a_hybridized_network_or_one_without_batch_norm(two_cpus):
-    net = book.new_network('resnet18')
+    net = training.new_network('resnet18')
     with pytest.raises(ValueError, match='is hybridized, so its BatchNorm momentum cannot '
                                          'change; pass a network that is not'):
         bnstats.reestimate_running_stats(net, nd.zeros((2, 1, 28, 28)), two_cpus[0])

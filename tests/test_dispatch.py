@@ -1,4 +1,5 @@
 import _thread
+import re
 import threading
 import time
 
@@ -86,3 +87,69 @@ def test_a_device_that_is_not_a_context_is_named():
         call('cpu(1)', threading.current_thread)
     assert str(e.value) == ("device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), "
                             "got 'cpu(1)'")
+
+
+
+def _trained(step, devices, batches, net):
+    from mxnet import gluon
+    from gluon_mgpu import training
+    trainer = training.init_training(net, devices, 0.2, seed=0)
+    loss = gluon.loss.SoftmaxCrossEntropyLoss()
+    losses = []
+    for X, y in batches:
+        ls, _, _ = step(net, X, y, loss, trainer, devices, training.split_batch)
+        losses.append([l.asnumpy() for l in ls])
+    # Each network's layers are numbered on from the last one's: compare them in order.
+    return losses, [(re.sub(r'\d+', '', name), [a.asnumpy() for a in p.list_data()])
+                    for name, p in net.collect_params().items()]
+
+
+def test_the_per_device_step_is_the_books_step(two_cpus, data_dir):
+    # train() on simulated CPU devices issues each device's calls from its own thread
+    # (dispatch.train_batch); elsewhere it runs the book's train_batch. Same calls in the same
+    # order: the losses, every parameter and every running statistic on both devices are
+    # equal, bit for bit.
+    import numpy as np
+    from gluon_mgpu import data, training
+    from gluon_mgpu.runtime import dispatch
+    assert training.choose_step(two_cpus) is dispatch.train_batch
+    assert training.choose_step([two_cpus[0]]) is training.train_batch
+    assert training.choose_step([mx.gpu(0), mx.gpu(1)]) is training.train_batch
+    train_iter, _ = data.load_data_fashion_mnist(32, data_dir=data_dir, train_limit=96,
+                                                 test_limit=8, seed=0)
+    batches = list(train_iter)
+    runs = [_trained(step, two_cpus, batches, training.new_network('resnet18'))
+            for step in (training.train_batch, dispatch.train_batch)]
+    (book_losses, book_params), (ours_losses, ours_params) = runs
+    assert len(book_losses) == 3
+    assert [n for n, _ in book_params] == [n for n, _ in ours_params]
+    for a, b in zip(book_losses, ours_losses):
+        assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    for (name, a), (_, b) in zip(book_params, ours_params):
+        assert len(a) == 2 and all(np.array_equal(x, y) for x, y in zip(a, b)), name
+    assert sum('running_mean' in name for name, _ in book_params) == 17
+
+
+def test_sync_batch_norm_on_cpu_devices_runs_per_device_and_is_refused_from_one_thread(
+        two_cpus, data_dir):
+    # SyncBatchNorm layers wait for every device inside the step: issued from one thread, two
+    # CPU contexts share one scratch pool and deadlock (MXNet 1.9.1). The book's step says so
+    # in one line before any step; the per-device step train() picks runs, and both devices
+    # end with the same running statistics.
+    import numpy as np
+    from gluon_mgpu import data, training
+    from gluon_mgpu.runtime import dispatch
+    train_iter, _ = data.load_data_fashion_mnist(32, data_dir=data_dir, train_limit=64,
+                                                 test_limit=8, seed=0)
+    batches = list(train_iter)
+    with pytest.raises(ValueError, match=r'^the batch given to train_batch: the network has '
+                                         r'SyncBatchNorm layers, .* deadlock .*; run the step '
+                                         r'choose_step\(devices\) returns'):
+        _trained(training.train_batch, two_cpus, batches,
+                 training.new_network('resnet18', sync_bn_devices=2))
+    losses, params = _trained(dispatch.train_batch, two_cpus, batches,
+                              training.new_network('resnet18', sync_bn_devices=2))
+    assert len(losses) == 2 and all(np.isfinite(l).all() for ls in losses for l in ls)
+    stats = [(n, a) for n, a in params if 'running' in n]
+    assert len(stats) == 34
+    assert all(np.array_equal(a[0], a[1]) for _, a in stats)

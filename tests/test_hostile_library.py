@@ -33,8 +33,8 @@ from gluon_mgpu.handlers import checkpoint, metrics, plotting
 from gluon_mgpu import data, devices, training
 from gluon_mgpu.runtime import files
 from gluon_mgpu.commands import launch
-from gluon_mgpu.handlers.interrupts import (DeferredInterrupt, Interrupted, UpdateError,
-                                            guard_updates)
+from gluon_mgpu.handlers.interrupts import DeferredInterrupt, Interrupted
+from gluon_mgpu.runtime.updates import UpdateError, guard_updates
 from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
 
 PY = sys.executable

@@ -7,15 +7,15 @@ from mxnet import gluon, nd
 from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
-from gluon_mgpu import book, data, training
+from gluon_mgpu import data, training
 from gluon_mgpu.tools.inference import FOLD_ATOL, FOLD_RTOL, fold_batchnorm
 
 
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):
     """The chapter's ResNet-18 after ``steps`` SGD steps on real images: running statistics
     moved away from (0, 1), and differ per device (each normalizes its own half-batch)."""
-    net = book.new_network('resnet18')
-    trainer = book.init_training(net, devices, 0.1, seed=0)
+    net = training.new_network('resnet18')
+    trainer = training.init_training(net, devices, 0.1, seed=0)
     images, labels = data.load_fashion_mnist_arrays('train', data_dir)
     batches = data.ArrayBatches(images[:steps * batch_size], labels[:steps * batch_size],
                                 batch_size, shuffle=True, seed=0)
@@ -128,7 +128,7 @@ def test_eps_and_fix_gamma_are_folded_as_batchnorm_applies_them():
 
 
 def test_a_network_without_batchnorm_is_copied_exactly():
-    net = book.new_network('lenet')
+    net = training.new_network('lenet')
     net.initialize(mx.init.Xavier(), ctx=[mx.cpu(0), mx.cpu(1)])
     X = nd.random.uniform(shape=(3, 1, 28, 28))
     want = net(X).asnumpy()
@@ -138,8 +138,8 @@ def test_a_network_without_batchnorm_is_copied_exactly():
 def test_an_uninitialized_network_is_refused():
     with pytest.raises(RuntimeError, match=r"parameter 'conv\d+_weight' is not initialized; "
                        r"call net.initialize\(ctx=devices\)"):
-        fold_batchnorm(book.new_network('resnet18'))
-    net = book.new_network('resnet18')
+        fold_batchnorm(training.new_network('resnet18'))
+    net = training.new_network('resnet18')
     net.initialize(ctx=mx.cpu(0))
     with pytest.raises(RuntimeError, match='has no shape yet .* pass one batch through the '
                        'network first'):

@@ -12,7 +12,7 @@ import sys
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import book, devices as devices_mod
+from gluon_mgpu import devices as devices_mod, training
 from gluon_mgpu.handlers import checkpoint
 from gluon_mgpu.runtime import precision
 from gluon_mgpu.commands.train import main
@@ -65,14 +65,14 @@ def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():
 
 def test_init_training_checks_the_devices_before_anything(monkeypatch, two_cpus):
     monkeypatch.setattr(precision, 'cpu_flags', lambda: NO_BF16)
-    net = book.new_network('lenet', hybridize=False)  # float32: amp stays off here
+    net = training.new_network('lenet', hybridize=False)  # float32: amp stays off here
     with pytest.raises(ValueError, match='this CPU has neither avx512_bf16'):
-        book.init_training(net, two_cpus, 0.1, dtype='bfloat16')
+        training.init_training(net, two_cpus, 0.1, dtype='bfloat16')
     assert precision.active_dtype() == 'float32'
 
 
 def test_a_process_that_built_float32_networks_refuses_bfloat16():
-    book.new_network('lenet', hybridize=False)
+    training.new_network('lenet', hybridize=False)
     with pytest.raises(RuntimeError, match=r"^this process already built float32 networks, "
                        r"and MXNet 1.9.1's AMP is process-wide and cannot be undone .*start a "
                        r"new process \(in a notebook: restart the kernel\)$"):
@@ -126,10 +126,10 @@ class TestOnACpuWithBfloat16:
 import json
 import mxnet as mx
 from mxnet import autograd, nd
-from gluon_mgpu import book, model, precision, training
+from gluon_mgpu import model, precision, training
 devices = [mx.cpu(0), mx.cpu(1)]
-net = book.new_network('resnet18', hybridize=True, dtype='bfloat16')
-trainer = book.init_training(net, devices, 0.1, seed=0, dtype='bfloat16')
+net = training.new_network('resnet18', hybridize=True, dtype='bfloat16')
+trainer = training.init_training(net, devices, 0.1, seed=0, dtype='bfloat16')
 X = nd.random.uniform(shape=(4, 1, 28, 28))
 with autograd.record():
     trained = net(X.as_in_context(devices[0]))
@@ -137,7 +137,7 @@ evaluated = net(X.as_in_context(devices[1]))
 plain = model.resnet18(10)  # built outside the package, after amp.init: cast as well
 plain.initialize()
 try:
-    book.new_network('lenet', dtype='float32')
+    training.new_network('lenet', dtype='float32')
     refusal = None
 except RuntimeError as e:
     refusal = str(e)

@@ -9,7 +9,7 @@ from mxnet.gluon import loss as gloss, nn
 
 import gluon_mgpu
 from gluon_mgpu.parallel import weighted as balance
-from gluon_mgpu import book, data
+from gluon_mgpu import data, training
 from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
                                         LossGuard, TrainBegin, TrainEnd, TrainingState)
 from conftest import max_abs_diff
@@ -406,7 +406,7 @@ def test_kvstore_reaches_the_trainer_and_local_equals_device(two_cpus, data_dir,
             seen.append(kwargs.get('kvstore'))
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(book.gluon, 'Trainer', Recording)
+    monkeypatch.setattr(training.gluon, 'Trainer', Recording)
     nets = []
     for kvstore in ('device', 'local'):
         train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
@@ -585,3 +585,16 @@ def test_handlers_that_need_only_net_trainer_and_loss_work_with_mxnets_estimator
     with pytest.raises(gluon_mgpu.LossNotFiniteError, match='at step 1 '):
         Estimator(net, NanLoss(), trainer=trainer,
                   context=two_cpus).fit(loader, epochs=1, event_handlers=[guard])
+
+
+def test_the_readme_shows_the_step_that_runs():
+    import inspect
+    import os
+    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+    block = readme.split('The step, as `gluon_mgpu/training.py` holds it', 1)[1]
+    block = block.split('```python\n', 1)[1].split('```', 1)[0]
+    source = inspect.getsource(training.train_batch)
+    start = source.index('    """')
+    end = source.index('"""\n', start + 7) + 4
+    assert block == source[:start] + source[end:]
+    assert '    with autograd.record():\n' in block and '    trainer.step(X.shape[0])\n' in block

@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from .. import book
+from .. import training
 from .env import cpu_model
 from ..handlers.checkpoint_names import list_checkpoints
 
@@ -232,8 +232,8 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 def _restored(directory, record, devices, hybridize):
     """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``."""
     from ..handlers import checkpoint
-    net = book.new_network('resnet18', hybridize=hybridize)
-    trainer = book.init_training(net, devices, record['args']['lr'])
+    net = training.new_network('resnet18', hybridize=hybridize)
+    trainer = training.init_training(net, devices, record['args']['lr'])
     checkpoint.restore(directory, record, net, trainer, devices)
     return net
 
@@ -426,7 +426,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
     return it."""
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
-    batch_size, lr = book.book_setting(run.devices)
+    batch_size, lr = training.book_setting(run.devices)
     record = dict(found, devices=run.devices, seed=run.seed,
                   warmup_steps=run.warmup_steps, train_limit=run.train_limit,
                   test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,

@@ -17,7 +17,7 @@ import traceback
 
 from ..runtime import files
 from ..handlers.checkpoint import LR_RANGE
-from ..handlers.interrupts import one_line
+from ..runtime.updates import one_line
 
 __all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',

@@ -27,7 +27,7 @@ import sys
 
 import numpy as np
 
-from .. import book
+from .. import training
 from . import cli
 from .cli import UsageError
 
@@ -121,7 +121,7 @@ def run_chapter_cells(devices):
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '
                          'contexts' % (len(devices), devices))
     net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
+    net.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
     x = nd.random.uniform(shape=(4, 1, 28, 28))
     shards = gutils.split_and_load(x, devices)
     outputs = [net(shards[0]), net(shards[1])]
@@ -247,8 +247,8 @@ def port_equality(devices, batches, test_batches, lr, seed=0):
                                                             [X.shape[0] for X, _ in batches]))
     mx.random.seed(seed)
     theirs = d2lzh.resnet18(10)
-    theirs.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
-    ours = book.new_network('resnet18')
+    theirs.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
+    ours = training.new_network('resnet18')
     ours.initialize(ctx=devices)
     first = batches[0][0][:len(devices)]
     for net in (theirs, ours):  # shapes are known after a first call on every device

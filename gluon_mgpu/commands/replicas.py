@@ -12,7 +12,7 @@ from mxnet import init, nd
 from mxnet.gluon import utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from .. import book, devices as devices_mod
+from .. import devices as devices_mod, training
 from . import cli
 from ..model import resnet18
 from ..replicas import format_replica_report, get_replica, inspect_replicas
@@ -43,9 +43,9 @@ def run(args):
     if args.seed is not None:
         mx.random.seed(args.seed)
     net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=book.INIT_SIGMA), ctx=devices)
+    net.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
     print('net.initialize(init=init.Normal(sigma=%g), ctx=%s)'
-          % (book.INIT_SIGMA, devices_mod.format_devices(devices)))
+          % (training.INIT_SIGMA, devices_mod.format_devices(devices)))
     try:
         inspect_replicas(net)
     except DeferredInitializationError as e:

@@ -17,7 +17,7 @@ stopped early.
 import os
 import sys
 
-from .. import book, data, devices as devices_mod, training
+from .. import data, devices as devices_mod, training
 from . import cli
 from ..runtime import files
 from ..handlers import metrics, progress
@@ -32,8 +32,8 @@ PROG = 'python -m gluon_mgpu.sweep'
 TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
 
 
-def plan_sweep(num_gpus, batch_size_per_device=book.BATCH_SIZE_PER_DEVICE,
-               lr_per_device=book.LR_PER_DEVICE, device='auto'):
+def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
+               lr_per_device=training.LR_PER_DEVICE, device='auto'):
     """Resolve every device count to its devices, global batch size and learning rate.
 
     Done before any training, so a count the machine cannot give fails at once.
@@ -88,7 +88,7 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
     ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
     ``load_setting_data``). ``event_handlers`` are added to ``train()``'s (for a progress
     display); the loss is always guarded (``LossGuard``). ``dtype`` and ``force_dtype`` as
-    for ``book.init_training`` (bfloat16: every setting of the process computes in it).
+    for ``training.init_training`` (bfloat16: every setting of the process computes in it).
 
     Returns
     -------
@@ -100,8 +100,8 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         contexts), ``line`` (the summary line, over all epochs) and ``history``.
     """
     devices = setting['devices']
-    net = book.new_network('resnet18', hybridize, dtype=dtype)
-    trainer = book.init_training(net, devices, setting['lr'], seed, dtype=dtype,
+    net = training.new_network('resnet18', hybridize, dtype=dtype)
+    trainer = training.init_training(net, devices, setting['lr'], seed, dtype=dtype,
                                  force_dtype=force_dtype)
     history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
                              trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
@@ -204,13 +204,13 @@ def build_parser():
     p.add_argument('--num-gpus', type=cli.count('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
     p.add_argument('--batch-size-per-device', type=cli.count('--batch-size-per-device'),
-                   default=book.BATCH_SIZE_PER_DEVICE,
+                   default=training.BATCH_SIZE_PER_DEVICE,
                    help='batch size per device; the global batch is this times the device '
-                        'count (default: %d, as the book)' % book.BATCH_SIZE_PER_DEVICE)
+                        'count (default: %d, as the book)' % training.BATCH_SIZE_PER_DEVICE)
     p.add_argument('--lr-per-device', type=cli.learning_rate('--lr-per-device'),
-                   default=book.LR_PER_DEVICE,
+                   default=training.LR_PER_DEVICE,
                    help='learning rate per device; the run uses this times the device count '
-                        '(default: %g, as the book)' % book.LR_PER_DEVICE)
+                        '(default: %g, as the book)' % training.LR_PER_DEVICE)
     p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
     cli.add_device_flag(p)

@@ -26,7 +26,7 @@ import shlex
 import sys
 
 from ..parallel import weighted as balance, dist
-from .. import book, data, devices as devices_mod, parallel, replicas, training
+from .. import data, devices as devices_mod, parallel, replicas, training
 from ..handlers import checkpoint, events, interrupts, metrics, plotting, progress
 from . import cli
 from ..runtime import files
@@ -41,7 +41,7 @@ _NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype')
 
 def network_name(args):
     """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``, ``lenet(10)``."""
-    return book.network_name(args.model, args.num_gpus if args.sync_bn else None)
+    return training.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
 def _cut(text):
@@ -60,11 +60,11 @@ def build_parser():
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
-                        % (book.BATCH_SIZE_PER_DEVICE, book.book_setting(1)[0],
-                           book.book_setting(2)[0]))
+                        % (training.BATCH_SIZE_PER_DEVICE, training.book_setting(1)[0],
+                           training.book_setting(2)[0]))
     p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
-                        % (book.LR_PER_DEVICE, book.book_setting(1)[1], book.book_setting(2)[1]))
+                        % (training.LR_PER_DEVICE, training.book_setting(1)[1], training.book_setting(2)[1]))
     p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
@@ -99,7 +99,7 @@ def build_parser():
                    default=None, metavar='PATH',
                    help='draw test accuracy and training loss per epoch into this .png (an '
                         '.svg name writes the .svg and a .png beside it), redrawn every epoch')
-    p.add_argument('--model', choices=book.MODELS, default='resnet18',
+    p.add_argument('--model', choices=training.MODELS, default='resnet18',
                    help="resnet18: the chapter's network; lenet: the book's LeNet, without "
                         'BatchNorm, whose result does not depend on how batches are split '
                         '(default: resnet18)')
@@ -224,7 +224,7 @@ def parse_args(argv=None):
             args.num_workers = dist.job_env()['num_workers']
         except ValueError as e:
             raise UsageError('%s: error: --kvstore %s: %s' % (PROG, args.kvstore, e)) from None
-    batch_size, lr = book.book_setting(args.num_gpus * args.num_workers)
+    batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
     if args.batch_size is None:
         args.batch_size = batch_size
     if args.lr is None:
@@ -441,9 +441,9 @@ def _run(args, record, interrupt):
         print('running on:', where, flush=True)
 
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
-    net = book.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
+    net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
                            args.dtype)
-    trainer = book.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
+    trainer = training.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
                                  args.force_dtype)
     bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
     handlers = [events.LossGuard(), bar]
@@ -506,7 +506,7 @@ def _run_split(args, interrupt):
         if args.parallel == 'scratch':
             split = parallel.make_parallel('scratch', devices, args.lr)
         else:
-            net = parallel.init_one_device(book.new_network(args.model, hybridize=False),
+            net = parallel.init_one_device(training.new_network(args.model, hybridize=False),
                                            devices[0])
             split = parallel.make_parallel(args.parallel, devices, args.lr, net=net,
                                            micro_batches=args.micro_batches, cut=args.cut,
@@ -602,7 +602,7 @@ def main(argv=None):
         args = state['args']
         if isinstance(e, KeyboardInterrupt):
             return getattr(e, 'exit_code', 130), _interrupted(args, e)
-        if isinstance(e, interrupts.UpdateError):
+        if isinstance(e, training.UpdateError):
             return 1, '%s: error: %s (--lr %g); %s' % (PROG, e, args.lr, _kept(args))
         if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
             return 1, '%s: error: %s; %s' % (PROG, e, _kept(args))

@@ -68,12 +68,12 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from .. import book
-from .events import EpochEnd, TrainBegin
+from .. import training
+from .events import PRIORITY, EpochEnd, TrainBegin
 from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
 from ..runtime.files import InputError, atomic_path, input_problem, open_input
-from .interrupts import one_line
+from ..runtime.updates import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir', 'save_checkpoint',
@@ -515,12 +515,12 @@ _DEVICE = re.compile(r'(cpu|gpu)\((\d+)\)')
 
 def network_names(num_gpus):
     """The networks the CLI trains, as checkpoints name them (``'resnet18(10)'``, ...)."""
-    return [book.network_name('resnet18'), book.network_name('lenet'),
-            book.network_name('resnet18', num_gpus)]
+    return [training.network_name('resnet18'), training.network_name('lenet'),
+            training.network_name('resnet18', num_gpus)]
 
 
 def _network_of(args):
-    return book.network_name(args.get('model', 'resnet18'),
+    return training.network_name(args.get('model', 'resnet18'),
                              args['num_gpus'] if args.get('sync_bn') else None)
 
 
@@ -961,7 +961,7 @@ class CheckpointHandler(TrainBegin, EpochEnd):
         the Trainer with ``restore``: training goes on after its epoch, with its history.
     """
 
-    priority = -100  # first at the end of an epoch: what a later crash must not lose
+    priority = PRIORITY['CheckpointHandler']
 
     def __init__(self, directory, info, resume=None):
         self.directory, self.info, self.resume = directory, dict(info), resume

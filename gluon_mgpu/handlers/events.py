@@ -29,11 +29,19 @@ from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, E
 
 __all__ = ['TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
            'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
-           'LinearWarmup', 'format_epoch']
+           'LinearWarmup', 'format_epoch', 'PRIORITY']
 
 _KINDS = (('train_begin', TrainBegin), ('epoch_begin', EpochBegin),
           ('batch_begin', BatchBegin), ('batch_end', BatchEnd), ('epoch_end', EpochEnd),
           ('train_end', TrainEnd))
+
+
+# When each handler runs at an event, in ascending order (``Estimator``'s ``priority``; 0 for
+# any other handler, such as the book's line and the progress bar): the NaN stop first, then the
+# checkpoint, so that a crash in a later handler cannot lose the epoch; Ctrl-C's check last.
+PRIORITY = {'LossGuard': -200, 'CheckpointHandler': -100, 'ReplicaCheck': 10,
+            'PlacementCheck': 10, 'MetricsFile': 20, 'PlotHandler': 30,
+            'DeferredInterrupt': float('inf')}
 
 
 def format_epoch(record):
@@ -158,7 +166,7 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     """
 
     # Before the checkpoint (-100): an epoch whose last step diverged is not saved.
-    priority = -200
+    priority = PRIORITY['LossGuard']
 
     def __init__(self):
         self.step = 0

@@ -9,7 +9,7 @@ import math
 import platform
 
 from ..devices import format_devices
-from .events import EpochEnd, TrainBegin, TrainEnd
+from .events import PRIORITY, EpochEnd, TrainBegin, TrainEnd
 from ..runtime.files import atomic_path
 
 __all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'summarize', 'format_summary',
@@ -273,7 +273,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
     def write(self):
         write_json_atomic(self.path, self.data)
 
-    priority = 20  # after the checkpoint, the epoch's line and the replica check
+    priority = PRIORITY['MetricsFile']
 
     def train_begin(self, estimator, *args, **kwargs):
         for record in estimator.history:

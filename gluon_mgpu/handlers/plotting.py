@@ -7,7 +7,7 @@ so nothing global changes in the caller's matplotlib.
 """
 import os
 
-from .events import EpochEnd
+from .events import PRIORITY, EpochEnd
 from ..runtime.files import atomic_path
 
 __all__ = ['PLOT_SUFFIXES', 'FIGSIZE', 'SWEEP_FIGSIZE', 'DPI', 'plot_paths', 'plot_history',
@@ -145,7 +145,7 @@ def plot_sweep(rows, path, title=None):
 class PlotHandler(EpochEnd):
     """Event handler: redraw ``plot_history`` into ``path`` after every epoch."""
 
-    priority = 30  # after the metrics file
+    priority = PRIORITY['PlotHandler']
 
     def __init__(self, path, title=None):
         self.path, self.title = path, title

@@ -21,7 +21,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn
 from mxnet.symbol import Symbol
 
-from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+from ..training import evaluate_accuracy
+from .common import (CopyCounter, check_devices, count_pass, make_summary,
                      parameter_bytes, step_all)
 from .layers import _check_initialized
 
@@ -268,7 +269,7 @@ class ChannelSplitNet:
 
     def evaluate_accuracy(self, data_iter):
         """Fraction of ``data_iter`` classified correctly."""
-        return evaluate_accuracy(self, data_iter, self.devices[0])
+        return evaluate_accuracy(data_iter, self, self.devices[:1])
 
     def whole_parameters(self):
         """``{name: NDArray on the CPU}`` with the names and shapes of the one-device network."""

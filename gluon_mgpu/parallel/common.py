@@ -13,7 +13,7 @@ from mxnet import init as mx_init, nd
 from .placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
-           'trace_devices', 'check_trace', 'evaluate_accuracy', 'per_device',
+           'trace_devices', 'check_trace', 'per_device',
            'parameter_bytes', 'count_pass', 'make_summary']
 
 
@@ -171,23 +171,6 @@ def check_trace(records):
                 '(as_in_context) is missing, and MXNet does not notice on CPU contexts'
                 % (r['name'], list(r['inputs']), list(r['outputs']), list(r['parameters'])))
     return len(records)
-
-
-def evaluate_accuracy(predict, data_iter, device):
-    """Fraction of examples classified correctly; each batch goes to ``device``, then ``predict``.
-
-    The labels are compared on the device where ``predict`` leaves its output (the last device
-    of a layer split), and the count stays there until the end, so MXNet can run ahead.
-    """
-    correct, n = None, 0
-    for X, y in data_iter:
-        out = predict(X.as_in_context(device))
-        hits = (out.argmax(axis=1) == y.as_in_context(out.context).astype(out.dtype)).sum()
-        correct = hits if correct is None else correct + hits
-        n += X.shape[0]
-    if n == 0:
-        raise ValueError('the data iterator yielded no examples')
-    return correct.asscalar() / n
 
 
 def per_device(mapping, devices):

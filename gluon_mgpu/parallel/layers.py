@@ -32,7 +32,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from .common import (CopyCounter, check_devices, count_pass, evaluate_accuracy, make_summary,
+from ..training import evaluate_accuracy
+from .common import (CopyCounter, check_devices, count_pass, make_summary,
                      nbytes, parameter_bytes, step_all)
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
@@ -312,7 +313,7 @@ class LayerSplit:
 
     def evaluate_accuracy(self, data_iter):
         """Fraction of ``data_iter`` classified correctly."""
-        return evaluate_accuracy(self, data_iter, self.devices[0])
+        return evaluate_accuracy(data_iter, self, self.devices[:1])
 
     def save_parameters(self, filename):
         """Write an ordinary ``.params`` file: ``resnet18(10).load_parameters`` reads it."""

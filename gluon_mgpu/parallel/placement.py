@@ -13,7 +13,7 @@ import numpy as np
 from mxnet.gluon import Block, Parameter
 from mxnet.gluon.parameter import ParameterDict
 
-from ..handlers.events import EpochEnd
+from ..handlers.events import PRIORITY, EpochEnd
 
 __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
            'format_bytes', 'PlacementCheck']
@@ -179,7 +179,7 @@ class PlacementCheck(EpochEnd):
     ``RuntimeError`` naming the first array that differs.
     """
 
-    priority = 10  # where ReplicaCheck runs
+    priority = PRIORITY['PlacementCheck']
 
     def __init__(self, verbose=True, stream=None):
         self.verbose, self.stream = verbose, stream

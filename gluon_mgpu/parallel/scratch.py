@@ -19,7 +19,8 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from .common import (check_devices, evaluate_accuracy, layer_output_bytes, make_summary, nbytes,
+from ..training import evaluate_accuracy
+from .common import (check_devices, layer_output_bytes, make_summary, nbytes,
                      per_device)
 
 __all__ = ['init_params', 'lenet', 'loss', 'get_params', 'allreduce', 'split_batch', 'sgd',
@@ -183,7 +184,7 @@ class ScratchDataParallel:
 
     def evaluate_accuracy(self, data_iter):
         """Fraction of ``data_iter`` classified correctly (on the first device)."""
-        return evaluate_accuracy(self, data_iter, self.devices[0])
+        return evaluate_accuracy(data_iter, self, self.devices[:1])
 
     def save_parameters(self, filename):
         """Write the first device's copy as an ordinary ``.params`` file (see ``save_params``)."""

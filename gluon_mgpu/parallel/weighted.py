@@ -14,7 +14,10 @@ from fractions import Fraction
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss
 
-__all__ = ['check_device_weights', 'slice_sizes', 'split_by_weights', 'measure_device_speeds']
+from ..training import check_split
+
+__all__ = ['check_device_weights', 'slice_sizes', 'split_by_weights', 'split_by',
+           'measure_device_speeds']
 
 
 def check_device_weights(device_weights, num_devices):
@@ -73,9 +76,20 @@ def split_by_weights(device_weights):
 
     ``split_by_weights([3, 1])`` gives a 16-example batch to two devices as 12 and 4.
     """
-    from ..training import split_batch
     weights = check_device_weights(device_weights, len(list(device_weights)))
-    return functools.partial(split_batch, device_weights=weights)
+    return functools.partial(split_by, device_weights=weights)
+
+
+def split_by(X, y, devices, device_weights):
+    """Like ``training.split_batch``, with slices in proportion to ``device_weights``."""
+    check_split(X, y, devices)
+    Xs, ys, start = [], [], 0
+    for size, d in zip(slice_sizes(X.shape[0], check_device_weights(device_weights,
+                                                                    len(devices))), devices):
+        Xs.append(X[start:start + size].as_in_context(d))
+        ys.append(y[start:start + size].as_in_context(d))
+        start += size
+    return Xs, ys
 
 
 def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):

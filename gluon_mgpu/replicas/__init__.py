@@ -25,7 +25,7 @@ from mxnet import nd
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 from ..devices import format_devices, plural
-from ..handlers.events import BatchEnd, EpochBegin, EpochEnd
+from ..handlers.events import PRIORITY, BatchEnd, EpochBegin, EpochEnd
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
@@ -498,7 +498,7 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
     ``train()`` and with MXNet's ``Estimator.fit``.
     """
 
-    priority = 10  # after the checkpoint and the epoch's line
+    priority = PRIORITY['ReplicaCheck']
 
     def __init__(self, every, verbose=True, stream=None):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:

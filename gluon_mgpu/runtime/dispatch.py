@@ -36,7 +36,7 @@ import weakref
 from mxnet import Context, autograd
 from mxnet.gluon import Block
 
-__all__ = ['call']
+__all__ = ['call', 'train_batch']
 
 _THREADS = {}
 _LOCK = threading.Lock()
@@ -142,6 +142,22 @@ def call(device, f, *args):
     if job.error is not None:
         raise job.error
     return job.result
+
+
+def train_batch(net, X, y, loss, trainer, devices, split_f):
+    """``training.train_batch``, with each device's calls issued from its own thread (``call``).
+
+    The same calls in the same order, so the same numbers; ``training.choose_step`` picks it
+    for simulated CPU devices. Returns the losses, outputs and labels per device.
+    """
+    Xs, ys = split_f(X, y, devices)
+    with autograd.record():
+        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
+    for d, l in zip(devices, ls):
+        call(d, l.backward)
+    trainer.step(X.shape[0])
+    return ls, outs, ys
 
 
 def _forget_threads():

@@ -74,7 +74,7 @@ def fold_batchnorm(net, hybridize=True):
     Parameters
     ----------
     net : mxnet.gluon.HybridBlock
-        A chapter network (``gluon_mgpu.resnet18``, ``book.new_network('resnet18')`` or
+        A chapter network (``gluon_mgpu.resnet18``, ``training.new_network('resnet18')`` or
         ``('lenet')``), initialized and run on at least one batch, so that its shapes are known.
     hybridize : bool, default True
         Hybridize the copy (``static_alloc=True``) before returning it.

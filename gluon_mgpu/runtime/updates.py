@@ -1,0 +1,208 @@
+"""What MXNet would swallow or bury: the optimizer's exceptions, and its messages' C++ traces.
+
+With the default kvstore, ``trainer.step`` runs the optimizer as a Python function that MXNet
+calls back through ctypes; an exception raised there is printed and dropped, and the run goes
+on with parameters that no longer change. ``guard_updates(trainer)`` catches any exception the
+optimizer raises during ``step`` (for example MXNet's "Out of range value for lr" with
+``lr=1e39``) and raises it as ``UpdateError`` right after ``trainer.step`` returns.
+``one_line`` keeps the message of an MXNet error without its C++ stack trace.
+"""
+import sys
+
+__all__ = ['UpdateError', 'UpdateGuard', 'guard_updates', 'one_line', 'callback_codes']
+
+
+def callback_codes():
+    """Code objects of the Python functions MXNet calls from C during a training step."""
+    try:
+        from mxnet.kvstore.kvstore import _updater_wrapper
+    except ImportError:  # another MXNet layout: nothing to recognize
+        return ()
+    return (_updater_wrapper(None).__code__,)
+
+
+class UpdateError(RuntimeError):
+    """The optimizer raised an exception while ``trainer.step`` updated a parameter.
+
+    The message names the parameter, its device and the original exception (also its
+    ``__cause__``); ``original`` is that exception. The updates of that step are incomplete,
+    so the run must stop; parameters saved before the step (checkpoints) are untouched.
+    """
+
+    def __init__(self, message, original):
+        super().__init__(message)
+        self.original = original
+
+
+def one_line(e, limit=300):
+    """An exception's message as one line of at most ``limit`` characters.
+
+    MXNet's messages start with a C++ stack trace ("Traceback ...") and end with
+    ``MXNetError: message``: the message is kept, without its type prefix.
+    """
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
+    for prefix in ('MXNetError: ', type(e).__name__ + ': '):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return line if len(line) <= limit else line[:limit - 3] + '...'
+
+
+_GUARDED = []
+
+
+def _updater_class():
+    """MXNet's ``Updater`` with a ``__call__`` that reports to its guard (made once, lazily:
+    importing this module does not import MXNet)."""
+    if _GUARDED:
+        return _GUARDED[0]
+    from mxnet.optimizer import Updater
+
+    class GuardedUpdater(Updater):
+        """MXNet's ``Updater``, reporting its exceptions to the guard instead of losing them."""
+
+        def __call__(self, index, grad, weight):
+            guard = self.__dict__.get('_gluon_mgpu_guard')
+            if guard is None:  # the guard was left: behave as MXNet's own
+                return Updater.__call__(self, index, grad, weight)
+            if guard.pending is not None:
+                return None  # the step already failed; the rest of it is skipped
+            try:
+                return Updater.__call__(self, index, grad, weight)
+            except BaseException as e:  # noqa: B036 (KeyboardInterrupt too: C would drop it)
+                guard._failed(e, index, weight)
+                if sys._getframe(1).f_code not in guard._callbacks:
+                    guard.check()  # called from Python (no kvstore updater): raise now
+            return None
+    _GUARDED.append(GuardedUpdater)
+    return GuardedUpdater
+
+
+class UpdateGuard:
+    """Context manager that makes any exception of the optimizer stop ``trainer.step``.
+
+    Use ``guard_updates(trainer)``. Inside the ``with`` block, ``trainer.step`` (and
+    ``trainer.update``) raise ``UpdateError`` right after they return when the optimizer
+    raised during them, whichever way MXNet called it: from C as the kvstore's updater
+    (``update_on_kvstore``, where the exception would be printed and dropped), or from Python
+    (``trainer._updaters``: one device, or ``update_on_kvstore=False``). A ``KeyboardInterrupt``
+    raised there is re-raised as it is. ``check()`` raises a pending error as well; leaving the
+    block restores the Trainer.
+
+    Attributes
+    ----------
+    pending : BaseException or None
+        The error of the current step, until it is raised.
+    """
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+        self.pending = None
+        self._callbacks = callback_codes()
+        self._class = _updater_class()
+        self._guarded = []
+        self._methods = {}
+
+    def _updaters(self):
+        t = self.trainer
+        found = list(getattr(t, '_updaters', []))
+        kv = getattr(t, '_kvstore', None)
+        if kv is not None and getattr(kv, '_updater', None) is not None:
+            found.append(kv._updater)
+        return found
+
+    def _install(self):
+        """Guard every updater the Trainer has now (its kvstore is made at the first step)."""
+        from mxnet.optimizer import Updater
+        for updater in self._updaters():
+            if type(updater) is Updater:
+                updater.__class__ = self._class
+                self._guarded.append(updater)
+            if isinstance(updater, self._class):
+                updater.__dict__['_gluon_mgpu_guard'] = self
+
+    def _failed(self, error, index, weight):
+        if self.pending is not None:
+            return
+        if not isinstance(error, Exception):
+            self.pending = error
+            return
+        params = getattr(self.trainer, '_params', [])
+        first = index[0] if isinstance(index, (list, tuple)) and index else index
+        name = params[first].name if isinstance(first, int) and 0 <= first < len(params) \
+            else first
+        if isinstance(weight, (list, tuple)):
+            weight = weight[0] if weight else None
+        where = ' on %s' % weight.context if hasattr(weight, 'context') else ''
+        more = ' (and %d others)' % (len(index) - 1) \
+            if isinstance(index, (list, tuple)) and len(index) > 1 else ''
+        message = ('the optimizer failed while updating parameter %s%s%s: %s: %s; the step '
+                   'was not completed, so training stops'
+                   % (name, more, where, type(error).__name__, one_line(error)))
+        self.pending = UpdateError(message, error)
+        self.pending.__cause__ = error
+
+    def check(self, *args):
+        """Raise the error of the last step, if any (``UpdateError`` or a KeyboardInterrupt)."""
+        if self.pending is not None:
+            error, self.pending = self.pending, None
+            raise error
+
+    def _wrap(self, name):
+        method = getattr(self.trainer, name)
+
+        def guarded(*args, **kwargs):
+            t = self.trainer
+            if not t._kv_initialized:
+                # What step does first, in its order (a dist kvstore takes the optimizer with
+                # its gradient scale when it is made); then its updater can be guarded.
+                if name == 'step':
+                    batch_size = args[0] if args else kwargs['batch_size']
+                    t._check_and_rescale_grad(t._scale / batch_size)
+                t._init_kvstore()
+            self._install()
+            try:
+                result = method(*args, **kwargs)
+            except BaseException:
+                self.check()  # the optimizer's error is the cause: report it first
+                raise
+            self.check()
+            return result
+        guarded.__doc__ = method.__doc__
+        return guarded
+
+    def __enter__(self):
+        for name in ('step', 'update'):
+            self._methods[name] = self.trainer.__dict__.get(name)
+            setattr(self.trainer, name, self._wrap(name))
+        self._install()
+        return self
+
+    def __exit__(self, *exc_info):
+        from mxnet.optimizer import Updater
+        for name, previous in self._methods.items():
+            if previous is None:
+                self.trainer.__dict__.pop(name, None)
+            else:
+                setattr(self.trainer, name, previous)
+        self._methods = {}
+        for updater in self._guarded:
+            updater.__dict__.pop('_gluon_mgpu_guard', None)
+            updater.__class__ = Updater
+        self._guarded = []
+        if exc_info[0] is None:
+            self.check()
+        return False
+
+
+def guard_updates(trainer):
+    """Return an ``UpdateGuard`` for ``trainer``: use it as ``with guard_updates(trainer):``.
+
+    Examples
+    --------
+    >>> with guard_updates(trainer):
+    ...     trainer.step(batch_size)   # raises UpdateError if the optimizer failed
+    """
+    return UpdateGuard(trainer)
