@@ -19,7 +19,7 @@ from ..runtime import files
 from ..handlers.checkpoint import LR_RANGE
 from ..handlers.interrupts import one_line
 
-__all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
+__all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
            'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag',
            'add_dtype_flags', 'check_dtype', 'add_debug_flag',
@@ -41,34 +41,40 @@ class Parser(argparse.ArgumentParser):
 
 # Value checks for ``type=``: each names the flag, the value and an example.
 
-def _number(flag, text, convert, noun, example):
-    try:
-        return convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError('%s expects %s, got %r; for example %s %s'
-                                         % (flag, noun, text, flag, example)) from None
-
-
-def count(flag):
-    """A whole number of at least 1: ``--num-gpus``, ``--epochs``, ..."""
+def whole(flag, minimum=1, maximum=None, example=2):
+    """A whole number from ``minimum`` (to ``maximum``): ``--epochs``, ``--port``, ``--seed``."""
     def parse(text):
-        value = _number(flag, text, int, 'a whole number', 2)
-        if value < 1:
-            raise argparse.ArgumentTypeError(
-                '%s must be at least 1, got %d; for example %s 2' % (flag, value, flag))
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError('%s expects a whole number, got %r; for example %s %s'
+                                             % (flag, text, flag, example)) from None
+        if maximum is not None and not minimum <= value <= maximum:
+            raise argparse.ArgumentTypeError('%s must be between %d and %d, got %d; for example '
+                                             '%s %s' % (flag, minimum, maximum, value, flag,
+                                                        example))
+        if value < minimum:
+            raise argparse.ArgumentTypeError('%s must be at least %d, got %d; for example %s %s'
+                                             % (flag, minimum, value, flag, example))
         return value
     return parse
 
 
-def positive_float(flag):
-    """A finite number above 0: ``--lr``, ``--lr-per-device``."""
+def positive_float(flag, example=0.1, noun=None):
+    """A finite number above 0: ``--lr``, ``--grace``. With ``noun`` (``'a number of seconds
+    above 0'``), both refusals say ``FLAG expects NOUN``."""
     def parse(text):
-        value = _number(flag, text, float, 'a number', 0.1)
-        if not value > 0 or value == float('inf'):
-            raise argparse.ArgumentTypeError(
-                '%s must be a finite number above 0, got %r; for example %s 0.1'
-                % (flag, text, flag))
-        return value
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is not None and 0 < value < math.inf:
+            return value
+        if noun is not None or value is None:
+            raise argparse.ArgumentTypeError('%s expects %s, got %r; for example %s %s'
+                                             % (flag, noun or 'a number', text, flag, example))
+        raise argparse.ArgumentTypeError('%s must be a finite number above 0, got %r; for '
+                                         'example %s %s' % (flag, text, flag, example))
     return parse
 
 
@@ -91,19 +97,8 @@ def learning_rate(flag):
     return parse
 
 
-def seed(text):
-    """``--seed``: a whole number MXNet and numpy both accept."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            '--seed expects a whole number, got %r; for example --seed 0' % (text,))
-    # MXNet's seed is a C int; numpy's generator refuses negative seeds.
-    if not 0 <= value < 2 ** 31:
-        raise argparse.ArgumentTypeError(
-            '--seed must be between 0 and %d, got %d; for example --seed 0'
-            % (2 ** 31 - 1, value))
-    return value
+# ``--seed``: MXNet's seed is a C int; numpy's generator refuses negative seeds.
+seed = whole('--seed', 0, 2 ** 31 - 1, example=0)
 
 
 def output_file(flag, suffixes=None, example='run.json'):
@@ -152,9 +147,9 @@ def add_data_flags(parser):
                         help='folder with the four Fashion-MNIST IDX .gz files (default: '
                              'search $MXNET_HOME/datasets/fashion-mnist, then '
                              '/usr/share/datasets/fashion-mnist)')
-    parser.add_argument('--train-limit', type=count('--train-limit'), default=None,
+    parser.add_argument('--train-limit', type=whole('--train-limit'), default=None,
                         help='use only the first N training images (default: all 60000)')
-    parser.add_argument('--test-limit', type=count('--test-limit'), default=None,
+    parser.add_argument('--test-limit', type=whole('--test-limit'), default=None,
                         help='use only the first N test images (default: all 10000)')
 
 

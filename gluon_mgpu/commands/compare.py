@@ -707,7 +707,7 @@ def build_parser():
                         '(default: off, the table shows what is recorded)')
     p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
                    help='the seeds of the runs, for --full (default: 0 1 2)')
-    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='with --full, also train epoch 1 of each seed on 2 devices with a '
                         'linear learning-rate warmup of N steps, as rows of their own '
@@ -720,7 +720,7 @@ def build_parser():
                    help='with --full, the runs\' checkpoints (45 MB per epoch) and logs '
                         '(default: %s)' % booktable.DEFAULT_WORK_DIR.replace(
                             os.path.expanduser('~'), '~'))
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=booktable.RUN_EPOCHS,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=booktable.RUN_EPOCHS,
                    help='epochs per run, for --full (default: %d, the book\'s)'
                         % booktable.RUN_EPOCHS)
     cli.add_device_flag(p)

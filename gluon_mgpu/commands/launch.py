@@ -19,7 +19,6 @@ Nothing in the kvstore notices a dead peer: the others wait for it forever. The 
 does: when any process ends with a non-zero code, it stops all the others and exits
 non-zero, naming the one that died.
 """
-import argparse
 import os
 import shlex
 import shutil
@@ -29,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, count
+from .cli import Parser, UsageError, positive_float, whole
 from ..runtime.threads import thread_settings
 
 __all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
@@ -42,26 +41,15 @@ SSH_OPTIONS = ('-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes')
 STOP_SECONDS = 5.0
 
 
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float('inf'):
-        raise argparse.ArgumentTypeError(
-            '--grace expects a number of seconds above 0, got %r; for example --grace 30' % text)
-    return value
-
-
 def build_parser():
     p = Parser(prog=PROG, usage='%(prog)s -n WORKERS [-s SERVERS] [--hostfile FILE] '
                 '[--port P] [options] -- COMMAND ...',
                 description='Start a dist_sync job (scheduler, servers, workers: all run '
                             'COMMAND with the DMLC_* variables set), watch it, and stop it '
                             'all when one process fails.')
-    p.add_argument('-n', '--num-workers', type=count('--num-workers'), required=True,
+    p.add_argument('-n', '--num-workers', type=whole('--num-workers'), required=True,
                    help='number of worker processes')
-    p.add_argument('-s', '--num-servers', type=count('--num-servers'), default=None,
+    p.add_argument('-s', '--num-servers', type=whole('--num-servers'), default=None,
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile', default=None,
@@ -69,7 +57,7 @@ def build_parser():
                         'default 22); blank lines and # comments are skipped. Servers and '
                         'workers are spread over the hosts round-robin, the scheduler runs '
                         'here (default: everything here, on 127.0.0.1)')
-    p.add_argument('--port', type=count('--port'), default=None,
+    p.add_argument('--port', type=whole('--port'), default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--host-ip', default=None,
                    help="with --hostfile: this machine's address as the other hosts reach it "
@@ -78,7 +66,8 @@ def build_parser():
                    help='with --hostfile: also pass this variable (its value here, or VALUE) '
                         'to the remote processes; may be repeated. Passed anyway when set: '
                         + ', '.join(PASS_ENV))
-    p.add_argument('--grace', type=_seconds, default=30.0,
+    p.add_argument('--grace', type=positive_float('--grace', 30, 'a number of seconds above 0'),
+                   default=30.0,
                    help='once a process has ended normally, the others must end within this '
                         'many seconds, or they are stopped (default: 30)')
     return p

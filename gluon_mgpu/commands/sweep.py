@@ -201,9 +201,9 @@ def write_outputs(rows, output_dir, stopped=None):
 def build_parser():
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
                    'and compare time, throughput and accuracy in a Markdown table and a figure.')
-    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), nargs='+', required=True,
+    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
-    p.add_argument('--batch-size-per-device', type=cli.count('--batch-size-per-device'),
+    p.add_argument('--batch-size-per-device', type=cli.whole('--batch-size-per-device'),
                    default=book.BATCH_SIZE_PER_DEVICE,
                    help='batch size per device; the global batch is this times the device '
                         'count (default: %d, as the book)' % book.BATCH_SIZE_PER_DEVICE)
@@ -211,7 +211,7 @@ def build_parser():
                    default=book.LR_PER_DEVICE,
                    help='learning rate per device; the run uses this times the device count '
                         '(default: %g, as the book)' % book.LR_PER_DEVICE)
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
     cli.add_device_flag(p)
     cli.add_data_flags(p)

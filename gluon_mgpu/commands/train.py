@@ -54,9 +54,9 @@ def _cut(text):
 def build_parser():
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                    'with data parallelism over several devices (GPUs, or simulated CPU devices).')
-    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=1,
+    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=1,
                    help='number of devices to train on (default: 1)')
-    p.add_argument('--batch-size', type=cli.count('--batch-size'), default=None,
+    p.add_argument('--batch-size', type=cli.whole('--batch-size'), default=None,
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
@@ -65,7 +65,7 @@ def build_parser():
     p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
                         % (book.LR_PER_DEVICE, book.book_setting(1)[1], book.book_setting(2)[1]))
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
     cli.add_data_flags(p)
@@ -82,7 +82,7 @@ def build_parser():
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
                         'flags left out take the run\'s values')
     cli.add_debug_flag(p)
-    p.add_argument('--check-replicas', type=cli.count('--check-replicas'), default=None,
+    p.add_argument('--check-replicas', type=cli.whole('--check-replicas'), default=None,
                    metavar='N',
                    help='every N steps and after each epoch, check that the trained parameters '
                         'are identical on every device; print one summary line per epoch and '
@@ -118,7 +118,7 @@ def build_parser():
                        help='even: equal slices, as the book; auto: time a few batches on '
                             'each device first and split in proportion to measured speed '
                             '(default: even)')
-    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='raise the learning rate linearly from lr/N to lr over the first N '
                         'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
@@ -132,7 +132,7 @@ def build_parser():
                         "by hand, on the book's LeNet); layers (consecutive layers on "
                         "consecutive devices); channels (every layer's channels split over the "
                         "devices) (default: data)")
-    p.add_argument('--micro-batches', type=cli.count('--micro-batches'), default=1, metavar='M',
+    p.add_argument('--micro-batches', type=cli.whole('--micro-batches'), default=1, metavar='M',
                    help='with --parallel layers: cut every batch into M micro-batches that '
                         'flow through the devices one after the other (default: 1)')
     p.add_argument('--cut', type=_cut, default='params',
