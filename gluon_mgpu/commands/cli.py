@@ -1,11 +1,12 @@
 """What every ``python -m gluon_mgpu.*`` command shares: flags, checks and the error ladder.
 
-Bad input is one line on stderr and exit code 2 (``UsageError``, whose message is the whole
-line; argparse's own errors become one through ``Parser``). ``run_command`` maps everything
-else: 1 for a failed run (a diverged loss, replicas that differ, an unexpected error, which
-suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP. Every failure is one line, written in one ``write`` so
-that the processes of a dist job sharing a stream cannot split it; ``--debug`` (or
-``GLUON_MGPU_DEBUG=1``) prints the traceback first.
+Bad input is one line on stderr and exit code 2: a ``UsageError`` (argparse's own errors become
+one through ``Parser``), shown after the prefix of every failure line, ``error_line``.
+``run_command`` maps everything else: 1 for a failed run (a diverged loss, replicas that
+differ, an unexpected error, which suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129
+for SIGHUP. Every failure is one line, written in one ``write`` so that the processes of a dist
+job sharing a stream cannot split it; ``--debug`` (or ``GLUON_MGPU_DEBUG=1``) prints the
+traceback first.
 
 No command module imports another: what two commands share lives here.
 """
@@ -19,7 +20,7 @@ from ..runtime import files
 from ..handlers.checkpoint import LR_RANGE
 from ..handlers.interrupts import one_line
 
-__all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
+__all__ = ['UsageError', 'error_line', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
            'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag',
            'add_dtype_flags', 'check_dtype', 'add_debug_flag',
@@ -29,14 +30,19 @@ DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 
 
 class UsageError(Exception):
-    """Bad command-line input; the message is the whole line shown to the user."""
+    """Bad command-line input; ``run_command`` shows it as ``error_line(prog, message)``."""
+
+
+def error_line(prog, message):
+    """The line of every failure: ``python -m gluon_mgpu.<command>: error: <message>``."""
+    return '%s: error: %s' % (prog, message)
 
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``."""
 
     def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (self.prog, message))
+        raise UsageError('%s (see --help)' % message)
 
 
 # Value checks for ``type=``: each names the flag, the value and an example.
@@ -183,7 +189,7 @@ def check_dtype(prog, dtype, devices, force):
     try:
         notes = check(dtype, devices, force)
     except ValueError as e:
-        raise UsageError('%s: error: --dtype %s: %s' % (prog, dtype, e)) from None
+        raise UsageError('--dtype %s: %s' % (dtype, e)) from None
     for note in notes:
         print('%s: warning: --dtype %s: %s' % (prog, dtype, note), file=sys.stderr, flush=True)
 
@@ -194,25 +200,24 @@ def add_debug_flag(parser):
                              'environment variable %s=1 does the same' % DEBUG_ENV)
 
 
-def data_error(prog, e, data_dir=None):
+def data_error(e, data_dir=None):
     """The ``UsageError`` for an error of ``load_data_fashion_mnist`` (a data or limit problem)."""
     from ..data import DataError, DataNotFoundError
     if isinstance(e, (DataError, DataNotFoundError)):
         flag = '' if data_dir is None else '--data-dir %s: ' % data_dir
-        return UsageError('%s: error: %s%s' % (prog, flag, e))
-    return UsageError('%s: error: %s' % (prog, str(e).replace('train_limit', '--train-limit')
-                                         .replace('test_limit', '--test-limit')
-                                         .replace('or None for all', 'or leave it out for all')))
+        return UsageError('%s%s' % (flag, e))
+    return UsageError(str(e).replace('train_limit', '--train-limit')
+                      .replace('test_limit', '--test-limit')
+                      .replace('or None for all', 'or leave it out for all'))
 
 
-def devices(prog, num_gpus, device):
+def devices(num_gpus, device):
     """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``."""
     from ..devices import get_devices
     try:
         return get_devices(num_gpus, device)
     except ValueError as e:
-        raise UsageError('%s: error: --num-gpus %d --device %s: %s'
-                         % (prog, num_gpus, device, e)) from None
+        raise UsageError('--num-gpus %d --device %s: %s' % (num_gpus, device, e)) from None
 
 
 # The error ladder.
@@ -226,8 +231,8 @@ def unexpected(prog, e, debug, context=''):
     """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
     hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
                              'include it in a bug report' % DEBUG_ENV)
-    return '%s: error: unexpected %s: %s%s%s' % (prog, type(e).__name__, one_line(e), context,
-                                                 hint)
+    return error_line(prog, 'unexpected %s: %s%s%s' % (type(e).__name__, one_line(e), context,
+                                                       hint))
 
 
 def _say(e, line, debug):
@@ -273,7 +278,7 @@ def run_command(prog, argv, body, explain=None):
         words = explain(e) if explain is not None else None
         if words is None:
             if isinstance(e, UsageError):
-                words = 2, str(e)
+                words = 2, error_line(prog, e)
             elif isinstance(e, KeyboardInterrupt):
                 words = getattr(e, 'exit_code', 130), '%s: %s' % (prog, stopped_by(e))
             else:

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, positive_float, whole
+from .cli import Parser, UsageError, error_line, positive_float, whole
 from ..runtime.threads import thread_settings
 
 __all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
@@ -77,34 +77,34 @@ def parse_args(argv=None):
     """Parse ``OPTIONS -- COMMAND ...``; ``args.command`` is the list after ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if '--' not in argv:
-        raise UsageError('%s: error: no command: put it after --, for example %s -n 2 -s 1 '
-                         '-- python -m gluon_mgpu.train --kvstore dist_sync' % (PROG, PROG))
+        raise UsageError('no command: put it after --, for example %s -n 2 -s 1 -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync' % PROG)
     cut = argv.index('--')
     args = build_parser().parse_args(argv[:cut])
     args.command = argv[cut + 1:]
     if not args.command:
-        raise UsageError('%s: error: the command after -- is empty; for example -- python -m '
-                         'gluon_mgpu.train --kvstore dist_sync' % PROG)
+        raise UsageError('the command after -- is empty; for example -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync')
     if args.num_servers is None:
         args.num_servers = args.num_workers
     if args.port is not None and args.port > 65535:
-        raise UsageError('%s: error: --port %d is not a TCP port; pass one from 1024 to 65535, '
-                         'or leave it out for a free one' % (PROG, args.port))
+        raise UsageError('--port %d is not a TCP port; pass one from 1024 to 65535, or leave '
+                         'it out for a free one' % args.port)
     if args.hostfile is not None:
         try:
             args.hosts = read_hostfile(args.hostfile)
         except (OSError, ValueError) as e:
-            raise UsageError('%s: error: --hostfile %s: %s' % (PROG, args.hostfile, e)) from None
+            raise UsageError('--hostfile %s: %s' % (args.hostfile, e)) from None
     else:
         args.hosts = None
         if args.host_ip is not None:
-            raise UsageError('%s: error: --host-ip is for jobs over several hosts; add '
-                             '--hostfile FILE, or drop --host-ip' % PROG)
+            raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, '
+                             'or drop --host-ip')
     for item in args.env:
         name = item.split('=', 1)[0]
         if not name.isidentifier():
-            raise UsageError('%s: error: --env %s: %r is not a variable name; for example '
-                             '--env MXNET_HOME or --env MXNET_HOME=/data' % (PROG, item, name))
+            raise UsageError('--env %s: %r is not a variable name; for example --env '
+                             'MXNET_HOME or --env MXNET_HOME=/data' % (item, name))
     return args
 
 
@@ -158,19 +158,19 @@ def check_job(args):
     """
     problem = command_problem(args.command)
     if problem:
-        raise UsageError('%s: error: cannot run the command after --: %s; for example -- python '
-                         '-m gluon_mgpu.train --kvstore dist_sync' % (PROG, problem))
+        raise UsageError('cannot run the command after --: %s; for example -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync' % problem)
     if args.hosts is not None and command_problem(['ssh']):
-        raise UsageError('%s: error: --hostfile needs ssh to start the remote processes, but '
-                         'ssh is not a program on PATH; install an ssh client (Debian: '
-                         'apt-get install openssh-client)' % PROG)
+        raise UsageError('--hostfile needs ssh to start the remote processes, but ssh is not '
+                         'a program on PATH; install an ssh client (Debian: apt-get install '
+                         'openssh-client)')
     if args.port is not None:
         host = '127.0.0.1' if args.hosts is None else ''
         problem = port_problem(args.port, host)
         if problem:
-            raise UsageError('%s: error: --port %d cannot be used on %s (%s); pass another '
-                             'port, or leave --port out for a free one'
-                             % (PROG, args.port, host or 'this machine', problem))
+            raise UsageError('--port %d cannot be used on %s (%s); pass another port, or '
+                             'leave --port out for a free one'
+                             % (args.port, host or 'this machine', problem))
 
 
 def read_hostfile(path):
@@ -418,7 +418,7 @@ def main(argv=None):
         args = parse_args(argv)
         check_job(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
+        print(error_line(PROG, e), file=sys.stderr)
         return 2
 
     def interrupt(signum, frame):

@@ -38,7 +38,7 @@ def _elsewhere(devices):
 
 
 def run(args):
-    devices = cli.devices(PROG, args.num_gpus, args.device)
+    devices = cli.devices(args.num_gpus, args.device)
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)
