@@ -170,10 +170,11 @@ def chapter_cells(devices, fresh_process=True):
     """
     if not fresh_process:
         return run_chapter_cells(devices)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from .booktable import ROOT
     env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
-    code = 'import sys; from gluon_mgpu.compare import _cells_child; _cells_child(sys.argv[1])'
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (ROOT, env.get('PYTHONPATH')) if p)
+    code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
+            '_cells_child(sys.argv[1])')
     result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
                             capture_output=True, text=True, env=env, timeout=600)
     if result.returncode != 0:
