@@ -47,21 +47,23 @@ class Parser(argparse.ArgumentParser):
 
 # Value checks for ``type=``: each names the flag, the value and an example.
 
+def _refuse(flag, what, example):
+    """The refusal of a value: ``FLAG WHAT; for example FLAG EXAMPLE``."""
+    return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
+
+
 def whole(flag, minimum=1, maximum=None, example=2):
     """A whole number from ``minimum`` (to ``maximum``): ``--epochs``, ``--port``, ``--seed``."""
     def parse(text):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError('%s expects a whole number, got %r; for example %s %s'
-                                             % (flag, text, flag, example)) from None
+            raise _refuse(flag, 'expects a whole number, got %r' % text, example) from None
         if maximum is not None and not minimum <= value <= maximum:
-            raise argparse.ArgumentTypeError('%s must be between %d and %d, got %d; for example '
-                                             '%s %s' % (flag, minimum, maximum, value, flag,
-                                                        example))
+            raise _refuse(flag, 'must be between %d and %d, got %d' % (minimum, maximum, value),
+                          example)
         if value < minimum:
-            raise argparse.ArgumentTypeError('%s must be at least %d, got %d; for example %s %s'
-                                             % (flag, minimum, value, flag, example))
+            raise _refuse(flag, 'must be at least %d, got %d' % (minimum, value), example)
         return value
     return parse
 
@@ -76,11 +78,9 @@ def positive_float(flag, example=0.1, noun=None):
             value = None
         if value is not None and 0 < value < math.inf:
             return value
-        if noun is not None or value is None:
-            raise argparse.ArgumentTypeError('%s expects %s, got %r; for example %s %s'
-                                             % (flag, noun or 'a number', text, flag, example))
-        raise argparse.ArgumentTypeError('%s must be a finite number above 0, got %r; for '
-                                         'example %s %s' % (flag, text, flag, example))
+        if noun is None and value is not None:
+            raise _refuse(flag, 'must be a finite number above 0, got %r' % text, example)
+        raise _refuse(flag, 'expects %s, got %r' % (noun or 'a number', text), example)
     return parse
 
 
@@ -96,9 +96,8 @@ def learning_rate(flag):
         value = above_zero(text)
         low, high = LR_RANGE
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                '%s %s is outside what MXNet\'s float32 optimizer can use (%.8g to %.8g); for '
-                'example %s 0.1' % (flag, text, low, high, flag))
+            raise _refuse(flag, '%s is outside what MXNet\'s float32 optimizer can use (%.8g to '
+                                '%.8g)' % (text, low, high), 0.1)
         return value
     return parse
 
@@ -115,9 +114,8 @@ def output_file(flag, suffixes=None, example='run.json'):
         if problem:
             raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
-            raise argparse.ArgumentTypeError(
-                '%s %s: the name must end in %s; for example %s %s'
-                % (flag, text, ' or '.join(suffixes), flag, example))
+            raise _refuse(flag, '%s: the name must end in %s' % (text, ' or '.join(suffixes)),
+                          example)
         return path
     return parse
 
@@ -127,13 +125,11 @@ def weights(text):
     try:
         values = [float(v) for v in text.split(',')]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            '--device-weights expects numbers separated by commas, got %r; for example '
-            '--device-weights 3,1' % text)
+        raise _refuse('--device-weights', 'expects numbers separated by commas, got %r' % text,
+                      '3,1') from None
     if not all(math.isfinite(v) and v > 0 for v in values):
-        raise argparse.ArgumentTypeError(
-            '--device-weights must all be finite numbers above 0, got %r; for example '
-            '--device-weights 3,1' % text)
+        raise _refuse('--device-weights', 'must all be finite numbers above 0, got %r' % text,
+                      '3,1')
     return values
 
 
