@@ -369,7 +369,8 @@ import json
 import os
 import numpy as np
 import mxnet as mx
-from gluon_mgpu import data, dist
+from gluon_mgpu import data
+from gluon_mgpu.parallel import dist
 kv = mx.kv.create("dist_sync")
 seed = dist.shared_seed(kv)
 batches = data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70), 16, shuffle=True,

@@ -27,7 +27,8 @@ __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_
            'recorded_epochs', 'train_argv', 'diagnose', 'work_dir_problem', 'run_table',
            'summarize']
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository: gluon_mgpu/commands/ is two folders below it.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 RUN_EPOCHS = 4

@@ -1,11 +1,12 @@
 """What every ``python -m gluon_mgpu.*`` command shares: flags, checks and the error ladder.
 
-Bad input is one line on stderr and exit code 2 (``UsageError``, whose message is the whole
-line; argparse's own errors become one through ``Parser``). ``run_command`` maps everything
-else: 1 for a failed run (a diverged loss, replicas that differ, an unexpected error, which
-suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP. Every failure is one line, written in one ``write`` so
-that the processes of a dist job sharing a stream cannot split it; ``--debug`` (or
-``GLUON_MGPU_DEBUG=1``) prints the traceback first.
+Bad input is one line on stderr and exit code 2: a ``UsageError`` (argparse's own errors become
+one through ``Parser``), shown after the prefix of every failure line, ``error_line``.
+``run_command`` maps everything else: 1 for a failed run (a diverged loss, replicas that
+differ, an unexpected error, which suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129
+for SIGHUP. Every failure is one line, written in one ``write`` so that the processes of a dist
+job sharing a stream cannot split it; ``--debug`` (or ``GLUON_MGPU_DEBUG=1``) prints the
+traceback first.
 
 No command module imports another: what two commands share lives here.
 """
@@ -19,7 +20,7 @@ from ..runtime import files
 from ..handlers.checkpoint import LR_RANGE
 from ..runtime.updates import one_line
 
-__all__ = ['UsageError', 'Parser', 'DEBUG_ENV', 'count', 'positive_float', 'seed',
+__all__ = ['UsageError', 'error_line', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
            'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
            'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag',
            'add_dtype_flags', 'check_dtype', 'add_debug_flag',
@@ -29,46 +30,57 @@ DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 
 
 class UsageError(Exception):
-    """Bad command-line input; the message is the whole line shown to the user."""
+    """Bad command-line input; ``run_command`` shows it as ``error_line(prog, message)``."""
+
+
+def error_line(prog, message):
+    """The line of every failure: ``python -m gluon_mgpu.<command>: error: <message>``."""
+    return '%s: error: %s' % (prog, message)
 
 
 class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``."""
 
     def error(self, message):
-        raise UsageError('%s: error: %s (see --help)' % (self.prog, message))
+        raise UsageError('%s (see --help)' % message)
 
 
 # Value checks for ``type=``: each names the flag, the value and an example.
 
-def _number(flag, text, convert, noun, example):
-    try:
-        return convert(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError('%s expects %s, got %r; for example %s %s'
-                                         % (flag, noun, text, flag, example)) from None
+def _refuse(flag, what, example):
+    """The refusal of a value: ``FLAG WHAT; for example FLAG EXAMPLE``."""
+    return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
 
 
-def count(flag):
-    """A whole number of at least 1: ``--num-gpus``, ``--epochs``, ..."""
+def whole(flag, minimum=1, maximum=None, example=2):
+    """A whole number from ``minimum`` (to ``maximum``): ``--epochs``, ``--port``, ``--seed``."""
     def parse(text):
-        value = _number(flag, text, int, 'a whole number', 2)
-        if value < 1:
-            raise argparse.ArgumentTypeError(
-                '%s must be at least 1, got %d; for example %s 2' % (flag, value, flag))
+        try:
+            value = int(text)
+        except ValueError:
+            raise _refuse(flag, 'expects a whole number, got %r' % text, example) from None
+        if maximum is not None and not minimum <= value <= maximum:
+            raise _refuse(flag, 'must be between %d and %d, got %d' % (minimum, maximum, value),
+                          example)
+        if value < minimum:
+            raise _refuse(flag, 'must be at least %d, got %d' % (minimum, value), example)
         return value
     return parse
 
 
-def positive_float(flag):
-    """A finite number above 0: ``--lr``, ``--lr-per-device``."""
+def positive_float(flag, example=0.1, noun=None):
+    """A finite number above 0: ``--lr``, ``--grace``. With ``noun`` (``'a number of seconds
+    above 0'``), both refusals say ``FLAG expects NOUN``."""
     def parse(text):
-        value = _number(flag, text, float, 'a number', 0.1)
-        if not value > 0 or value == float('inf'):
-            raise argparse.ArgumentTypeError(
-                '%s must be a finite number above 0, got %r; for example %s 0.1'
-                % (flag, text, flag))
-        return value
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+        if value is not None and 0 < value < math.inf:
+            return value
+        if noun is None and value is not None:
+            raise _refuse(flag, 'must be a finite number above 0, got %r' % text, example)
+        raise _refuse(flag, 'expects %s, got %r' % (noun or 'a number', text), example)
     return parse
 
 
@@ -84,26 +96,14 @@ def learning_rate(flag):
         value = above_zero(text)
         low, high = LR_RANGE
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                '%s %s is outside what MXNet\'s float32 optimizer can use (%.8g to %.8g); for '
-                'example %s 0.1' % (flag, text, low, high, flag))
+            raise _refuse(flag, '%s is outside what MXNet\'s float32 optimizer can use (%.8g to '
+                                '%.8g)' % (text, low, high), 0.1)
         return value
     return parse
 
 
-def seed(text):
-    """``--seed``: a whole number MXNet and numpy both accept."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            '--seed expects a whole number, got %r; for example --seed 0' % (text,))
-    # MXNet's seed is a C int; numpy's generator refuses negative seeds.
-    if not 0 <= value < 2 ** 31:
-        raise argparse.ArgumentTypeError(
-            '--seed must be between 0 and %d, got %d; for example --seed 0'
-            % (2 ** 31 - 1, value))
-    return value
+# ``--seed``: MXNet's seed is a C int; numpy's generator refuses negative seeds.
+seed = whole('--seed', 0, 2 ** 31 - 1, example=0)
 
 
 def output_file(flag, suffixes=None, example='run.json'):
@@ -114,9 +114,8 @@ def output_file(flag, suffixes=None, example='run.json'):
         if problem:
             raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
-            raise argparse.ArgumentTypeError(
-                '%s %s: the name must end in %s; for example %s %s'
-                % (flag, text, ' or '.join(suffixes), flag, example))
+            raise _refuse(flag, '%s: the name must end in %s' % (text, ' or '.join(suffixes)),
+                          example)
         return path
     return parse
 
@@ -126,13 +125,11 @@ def weights(text):
     try:
         values = [float(v) for v in text.split(',')]
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            '--device-weights expects numbers separated by commas, got %r; for example '
-            '--device-weights 3,1' % text)
+        raise _refuse('--device-weights', 'expects numbers separated by commas, got %r' % text,
+                      '3,1') from None
     if not all(math.isfinite(v) and v > 0 for v in values):
-        raise argparse.ArgumentTypeError(
-            '--device-weights must all be finite numbers above 0, got %r; for example '
-            '--device-weights 3,1' % text)
+        raise _refuse('--device-weights', 'must all be finite numbers above 0, got %r' % text,
+                      '3,1')
     return values
 
 
@@ -152,9 +149,9 @@ def add_data_flags(parser):
                         help='folder with the four Fashion-MNIST IDX .gz files (default: '
                              'search $MXNET_HOME/datasets/fashion-mnist, then '
                              '/usr/share/datasets/fashion-mnist)')
-    parser.add_argument('--train-limit', type=count('--train-limit'), default=None,
+    parser.add_argument('--train-limit', type=whole('--train-limit'), default=None,
                         help='use only the first N training images (default: all 60000)')
-    parser.add_argument('--test-limit', type=count('--test-limit'), default=None,
+    parser.add_argument('--test-limit', type=whole('--test-limit'), default=None,
                         help='use only the first N test images (default: all 10000)')
 
 
@@ -188,7 +185,7 @@ def check_dtype(prog, dtype, devices, force):
     try:
         notes = check(dtype, devices, force)
     except ValueError as e:
-        raise UsageError('%s: error: --dtype %s: %s' % (prog, dtype, e)) from None
+        raise UsageError('--dtype %s: %s' % (dtype, e)) from None
     for note in notes:
         print('%s: warning: --dtype %s: %s' % (prog, dtype, note), file=sys.stderr, flush=True)
 
@@ -199,25 +196,24 @@ def add_debug_flag(parser):
                              'environment variable %s=1 does the same' % DEBUG_ENV)
 
 
-def data_error(prog, e, data_dir=None):
+def data_error(e, data_dir=None):
     """The ``UsageError`` for an error of ``load_data_fashion_mnist`` (a data or limit problem)."""
     from ..data import DataError, DataNotFoundError
     if isinstance(e, (DataError, DataNotFoundError)):
         flag = '' if data_dir is None else '--data-dir %s: ' % data_dir
-        return UsageError('%s: error: %s%s' % (prog, flag, e))
-    return UsageError('%s: error: %s' % (prog, str(e).replace('train_limit', '--train-limit')
-                                         .replace('test_limit', '--test-limit')
-                                         .replace('or None for all', 'or leave it out for all')))
+        return UsageError('%s%s' % (flag, e))
+    return UsageError(str(e).replace('train_limit', '--train-limit')
+                      .replace('test_limit', '--test-limit')
+                      .replace('or None for all', 'or leave it out for all'))
 
 
-def devices(prog, num_gpus, device):
+def devices(num_gpus, device):
     """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``."""
     from ..devices import get_devices
     try:
         return get_devices(num_gpus, device)
     except ValueError as e:
-        raise UsageError('%s: error: --num-gpus %d --device %s: %s'
-                         % (prog, num_gpus, device, e)) from None
+        raise UsageError('--num-gpus %d --device %s: %s' % (num_gpus, device, e)) from None
 
 
 # The error ladder.
@@ -231,8 +227,8 @@ def unexpected(prog, e, debug, context=''):
     """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
     hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
                              'include it in a bug report' % DEBUG_ENV)
-    return '%s: error: unexpected %s: %s%s%s' % (prog, type(e).__name__, one_line(e), context,
-                                                 hint)
+    return error_line(prog, 'unexpected %s: %s%s%s' % (type(e).__name__, one_line(e), context,
+                                                       hint))
 
 
 def _say(e, line, debug):
@@ -278,7 +274,7 @@ def run_command(prog, argv, body, explain=None):
         words = explain(e) if explain is not None else None
         if words is None:
             if isinstance(e, UsageError):
-                words = 2, str(e)
+                words = 2, error_line(prog, e)
             elif isinstance(e, KeyboardInterrupt):
                 words = getattr(e, 'exit_code', 130), '%s: %s' % (prog, stopped_by(e))
             else:

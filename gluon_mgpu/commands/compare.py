@@ -170,10 +170,11 @@ def chapter_cells(devices, fresh_process=True):
     """
     if not fresh_process:
         return run_chapter_cells(devices)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    from .booktable import ROOT
     env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (root, env.get('PYTHONPATH')) if p)
-    code = 'import sys; from gluon_mgpu.compare import _cells_child; _cells_child(sys.argv[1])'
+    env['PYTHONPATH'] = os.pathsep.join(p for p in (ROOT, env.get('PYTHONPATH')) if p)
+    code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
+            '_cells_child(sys.argv[1])')
     result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
                             capture_output=True, text=True, env=env, timeout=600)
     if result.returncode != 0:
@@ -707,7 +708,7 @@ def build_parser():
                         '(default: off, the table shows what is recorded)')
     p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
                    help='the seeds of the runs, for --full (default: 0 1 2)')
-    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='with --full, also train epoch 1 of each seed on 2 devices with a '
                         'linear learning-rate warmup of N steps, as rows of their own '
@@ -720,7 +721,7 @@ def build_parser():
                    help='with --full, the runs\' checkpoints (45 MB per epoch) and logs '
                         '(default: %s)' % booktable.DEFAULT_WORK_DIR.replace(
                             os.path.expanduser('~'), '~'))
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=booktable.RUN_EPOCHS,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=booktable.RUN_EPOCHS,
                    help='epochs per run, for --full (default: %d, the book\'s)'
                         % booktable.RUN_EPOCHS)
     cli.add_device_flag(p)
@@ -743,12 +744,10 @@ def _explain_failure(e):
     from .booktable import RecordError, RunFailed
     from ..handlers.checkpoint import CheckpointError
     from ..runtime.files import OutputError
-    if isinstance(e, RunFailed):
-        return 1, '%s: error: %s' % (PROG, e)
-    if isinstance(e, OutputError):
-        return 1, '%s: error: %s' % (PROG, e)
+    if isinstance(e, (RunFailed, OutputError)):
+        return 1, cli.error_line(PROG, e)
     if isinstance(e, (RecordError, CheckpointError)):
-        return 2, '%s: error: %s' % (PROG, e)
+        return 2, cli.error_line(PROG, e)
     if isinstance(e, KeyboardInterrupt):
         return (getattr(e, 'exit_code', 130),
                 '%s: %s; the finished epochs are recorded, give the same command again to '
@@ -763,27 +762,26 @@ def _compare(argv, args):
     from ..runtime.files import atomic_path, output_problem
     from ..handlers.interrupts import DeferredInterrupt
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        raise UsageError('%s: error: --output %s: folder %s does not exist; create it or '
-                         'pass another path' % (PROG, args.output,
-                                                os.path.dirname(args.output)))
+        raise UsageError('--output %s: folder %s does not exist; create it or pass another '
+                         'path' % (args.output, os.path.dirname(args.output)))
     for flag, path in (('--output', args.output), ('--record', args.record)):
         problem = path and output_problem(path)
         if problem:
-            raise UsageError('%s: error: %s %s: %s' % (PROG, flag, path, problem))
+            raise UsageError('%s %s: %s' % (flag, path, problem))
     records = booktable.read_records(args.record)  # a bad record stops us before any run
     if args.full:
         problem = booktable.work_dir_problem(args.work_dir)
         if problem:
-            raise UsageError('%s: error: --work-dir %s: %s; pass a folder you can write to'
-                             % (PROG, args.work_dir, problem))
+            raise UsageError('--work-dir %s: %s; pass a folder you can write to'
+                             % (args.work_dir, problem))
     try:
         pair = get_devices(2, args.device)
     except ValueError as e:
-        raise UsageError('%s: error: --device %s: %s' % (PROG, args.device, e)) from None
+        raise UsageError('--device %s: %s' % (args.device, e)) from None
     try:
         find_data_dir(args.data_dir)
     except (DataError, DataNotFoundError) as e:
-        raise UsageError('%s: error: %s' % (PROG, e)) from None
+        raise UsageError(str(e)) from None
 
     if args.full:
         seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run

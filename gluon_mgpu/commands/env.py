@@ -178,7 +178,7 @@ def collect():
         'executable': sys.executable,
         'platform': platform.platform(),
         'gluon_mgpu': __version__,
-        'gluon_mgpu_path': os.path.dirname(os.path.abspath(__file__)),
+        'gluon_mgpu_path': os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         'mxnet': mx.__version__,
         'mxnet_path': os.path.dirname(os.path.abspath(mx.__file__)),
         'build': gpu_build() or 'mxnet %s (CPU build)' % (_version('mxnet') or mx.__version__),

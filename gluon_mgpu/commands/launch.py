@@ -19,7 +19,6 @@ Nothing in the kvstore notices a dead peer: the others wait for it forever. The 
 does: when any process ends with a non-zero code, it stops all the others and exits
 non-zero, naming the one that died.
 """
-import argparse
 import os
 import shlex
 import shutil
@@ -29,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, count
+from .cli import Parser, UsageError, error_line, positive_float, whole
 from ..runtime.threads import thread_settings
 
 __all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
@@ -42,26 +41,15 @@ SSH_OPTIONS = ('-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes')
 STOP_SECONDS = 5.0
 
 
-def _seconds(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 < value < float('inf'):
-        raise argparse.ArgumentTypeError(
-            '--grace expects a number of seconds above 0, got %r; for example --grace 30' % text)
-    return value
-
-
 def build_parser():
     p = Parser(prog=PROG, usage='%(prog)s -n WORKERS [-s SERVERS] [--hostfile FILE] '
                 '[--port P] [options] -- COMMAND ...',
                 description='Start a dist_sync job (scheduler, servers, workers: all run '
                             'COMMAND with the DMLC_* variables set), watch it, and stop it '
                             'all when one process fails.')
-    p.add_argument('-n', '--num-workers', type=count('--num-workers'), required=True,
+    p.add_argument('-n', '--num-workers', type=whole('--num-workers'), required=True,
                    help='number of worker processes')
-    p.add_argument('-s', '--num-servers', type=count('--num-servers'), default=None,
+    p.add_argument('-s', '--num-servers', type=whole('--num-servers'), default=None,
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile', default=None,
@@ -69,7 +57,7 @@ def build_parser():
                         'default 22); blank lines and # comments are skipped. Servers and '
                         'workers are spread over the hosts round-robin, the scheduler runs '
                         'here (default: everything here, on 127.0.0.1)')
-    p.add_argument('--port', type=count('--port'), default=None,
+    p.add_argument('--port', type=whole('--port'), default=None,
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--host-ip', default=None,
                    help="with --hostfile: this machine's address as the other hosts reach it "
@@ -78,7 +66,8 @@ def build_parser():
                    help='with --hostfile: also pass this variable (its value here, or VALUE) '
                         'to the remote processes; may be repeated. Passed anyway when set: '
                         + ', '.join(PASS_ENV))
-    p.add_argument('--grace', type=_seconds, default=30.0,
+    p.add_argument('--grace', type=positive_float('--grace', 30, 'a number of seconds above 0'),
+                   default=30.0,
                    help='once a process has ended normally, the others must end within this '
                         'many seconds, or they are stopped (default: 30)')
     return p
@@ -88,34 +77,34 @@ def parse_args(argv=None):
     """Parse ``OPTIONS -- COMMAND ...``; ``args.command`` is the list after ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if '--' not in argv:
-        raise UsageError('%s: error: no command: put it after --, for example %s -n 2 -s 1 '
-                         '-- python -m gluon_mgpu.train --kvstore dist_sync' % (PROG, PROG))
+        raise UsageError('no command: put it after --, for example %s -n 2 -s 1 -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync' % PROG)
     cut = argv.index('--')
     args = build_parser().parse_args(argv[:cut])
     args.command = argv[cut + 1:]
     if not args.command:
-        raise UsageError('%s: error: the command after -- is empty; for example -- python -m '
-                         'gluon_mgpu.train --kvstore dist_sync' % PROG)
+        raise UsageError('the command after -- is empty; for example -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync')
     if args.num_servers is None:
         args.num_servers = args.num_workers
     if args.port is not None and args.port > 65535:
-        raise UsageError('%s: error: --port %d is not a TCP port; pass one from 1024 to 65535, '
-                         'or leave it out for a free one' % (PROG, args.port))
+        raise UsageError('--port %d is not a TCP port; pass one from 1024 to 65535, or leave '
+                         'it out for a free one' % args.port)
     if args.hostfile is not None:
         try:
             args.hosts = read_hostfile(args.hostfile)
         except (OSError, ValueError) as e:
-            raise UsageError('%s: error: --hostfile %s: %s' % (PROG, args.hostfile, e)) from None
+            raise UsageError('--hostfile %s: %s' % (args.hostfile, e)) from None
     else:
         args.hosts = None
         if args.host_ip is not None:
-            raise UsageError('%s: error: --host-ip is for jobs over several hosts; add '
-                             '--hostfile FILE, or drop --host-ip' % PROG)
+            raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, '
+                             'or drop --host-ip')
     for item in args.env:
         name = item.split('=', 1)[0]
         if not name.isidentifier():
-            raise UsageError('%s: error: --env %s: %r is not a variable name; for example '
-                             '--env MXNET_HOME or --env MXNET_HOME=/data' % (PROG, item, name))
+            raise UsageError('--env %s: %r is not a variable name; for example --env '
+                             'MXNET_HOME or --env MXNET_HOME=/data' % (item, name))
     return args
 
 
@@ -169,19 +158,19 @@ def check_job(args):
     """
     problem = command_problem(args.command)
     if problem:
-        raise UsageError('%s: error: cannot run the command after --: %s; for example -- python '
-                         '-m gluon_mgpu.train --kvstore dist_sync' % (PROG, problem))
+        raise UsageError('cannot run the command after --: %s; for example -- python -m '
+                         'gluon_mgpu.train --kvstore dist_sync' % problem)
     if args.hosts is not None and command_problem(['ssh']):
-        raise UsageError('%s: error: --hostfile needs ssh to start the remote processes, but '
-                         'ssh is not a program on PATH; install an ssh client (Debian: '
-                         'apt-get install openssh-client)' % PROG)
+        raise UsageError('--hostfile needs ssh to start the remote processes, but ssh is not '
+                         'a program on PATH; install an ssh client (Debian: apt-get install '
+                         'openssh-client)')
     if args.port is not None:
         host = '127.0.0.1' if args.hosts is None else ''
         problem = port_problem(args.port, host)
         if problem:
-            raise UsageError('%s: error: --port %d cannot be used on %s (%s); pass another '
-                             'port, or leave --port out for a free one'
-                             % (PROG, args.port, host or 'this machine', problem))
+            raise UsageError('--port %d cannot be used on %s (%s); pass another port, or '
+                             'leave --port out for a free one'
+                             % (args.port, host or 'this machine', problem))
 
 
 def read_hostfile(path):
@@ -429,7 +418,7 @@ def main(argv=None):
         args = parse_args(argv)
         check_job(args)
     except UsageError as e:
-        print(e, file=sys.stderr)
+        print(error_line(PROG, e), file=sys.stderr)
         return 2
 
     def interrupt(signum, frame):

@@ -23,7 +23,7 @@ PROG = 'python -m gluon_mgpu.replicas'
 def build_parser():
     p = cli.Parser(prog=PROG, description="Show that the chapter's ResNet-18 has the same "
                    "parameters on every device after initialization and one forward pass.")
-    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=2,
+    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=2,
                    help='number of devices (default: 2, as the chapter)')
     cli.add_device_flag(p)
     cli.add_seed_flag(p, 'seed for the initialization and the random batch (default: none)')
@@ -38,7 +38,7 @@ def _elsewhere(devices):
 
 
 def run(args):
-    devices = cli.devices(PROG, args.num_gpus, args.device)
+    devices = cli.devices(args.num_gpus, args.device)
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)

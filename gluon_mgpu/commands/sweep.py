@@ -201,9 +201,9 @@ def write_outputs(rows, output_dir, stopped=None):
 def build_parser():
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
                    'and compare time, throughput and accuracy in a Markdown table and a figure.')
-    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), nargs='+', required=True,
+    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
-    p.add_argument('--batch-size-per-device', type=cli.count('--batch-size-per-device'),
+    p.add_argument('--batch-size-per-device', type=cli.whole('--batch-size-per-device'),
                    default=training.BATCH_SIZE_PER_DEVICE,
                    help='batch size per device; the global batch is this times the device '
                         'count (default: %d, as the book)' % training.BATCH_SIZE_PER_DEVICE)
@@ -211,7 +211,7 @@ def build_parser():
                    default=training.LR_PER_DEVICE,
                    help='learning rate per device; the run uses this times the device count '
                         '(default: %g, as the book)' % training.LR_PER_DEVICE)
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
     cli.add_device_flag(p)
     cli.add_data_flags(p)
@@ -235,11 +235,11 @@ def _prepare_output_dir(path):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise UsageError('%s: error: --output-dir %s: cannot create the folder (%s); choose '
-                         'another folder' % (PROG, path, e.strerror or e)) from None
+        raise UsageError('--output-dir %s: cannot create the folder (%s); choose another '
+                         'folder' % (path, e.strerror or e)) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError('%s: error: --output-dir %s: the folder is not writable; choose '
-                         'another folder' % (PROG, path))
+        raise UsageError('--output-dir %s: the folder is not writable; choose another folder'
+                         % path)
 
 
 def _run(args, state):
@@ -253,8 +253,8 @@ def _run(args, state):
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
     except ValueError as e:
-        raise UsageError('%s: error: --num-gpus %s --device %s: %s' % (
-            PROG, ' '.join(map(str, args.num_gpus)), args.device, e)) from None
+        raise UsageError('--num-gpus %s --device %s: %s' % (
+            ' '.join(map(str, args.num_gpus)), args.device, e)) from None
     cli.check_dtype(PROG, args.dtype, max(settings, key=lambda s: s['num_devices'])['devices'],
                     args.force_dtype)
     _prepare_output_dir(args.output_dir)
@@ -266,7 +266,7 @@ def _run(args, state):
             train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
                                                       args.test_limit, args.seed)
         except (data.DataError, data.DataNotFoundError, ValueError) as e:
-            raise cli.data_error(PROG, e) from None
+            raise cli.data_error(e) from None
         print('running on: %s (global batch %d, lr %g%s)' % (
             devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
             '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
@@ -330,10 +330,11 @@ def _keep_finished(args, state, why):
 def _diverged(e, args, state, kept):
     s = state['setting']
     run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
-    return ('%s: error: the training loss became %s at epoch %s, step %d %s%s: training '
-            'diverged%s; start again with a smaller learning rate, for example --lr-per-device '
-            '%g' % (PROG, e.loss, e.epoch, e.step, _where(state), run, kept,
-                    args.lr_per_device / 10))
+    return cli.error_line(PROG, 'the training loss became %s at epoch %s, step %d %s%s: '
+                                'training diverged%s; start again with a smaller learning rate, '
+                                'for example --lr-per-device %g'
+                          % (e.loss, e.epoch, e.step, _where(state), run, kept,
+                             args.lr_per_device / 10))
 
 
 def main(argv=None):
@@ -358,7 +359,8 @@ def main(argv=None):
         if isinstance(e, UsageError):
             # Bad input is found before any setting finishes; a data file that breaks later
             # must not lose the rows before it either.
-            return 2, str(e) + (_keep_finished(args, state, 'an error') if state['rows'] else '')
+            kept = _keep_finished(args, state, 'an error') if state['rows'] else ''
+            return 2, cli.error_line(PROG, e) + kept
         if isinstance(e, KeyboardInterrupt):
             what = cli.stopped_by(e)
             kept = _keep_finished(args, state, what)

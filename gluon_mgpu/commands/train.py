@@ -54,9 +54,9 @@ def _cut(text):
 def build_parser():
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                    'with data parallelism over several devices (GPUs, or simulated CPU devices).')
-    p.add_argument('--num-gpus', type=cli.count('--num-gpus'), default=1,
+    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=1,
                    help='number of devices to train on (default: 1)')
-    p.add_argument('--batch-size', type=cli.count('--batch-size'), default=None,
+    p.add_argument('--batch-size', type=cli.whole('--batch-size'), default=None,
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
@@ -65,7 +65,7 @@ def build_parser():
     p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
                         % (training.LR_PER_DEVICE, training.book_setting(1)[1], training.book_setting(2)[1]))
-    p.add_argument('--epochs', type=cli.count('--epochs'), default=4,
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
     cli.add_data_flags(p)
@@ -82,7 +82,7 @@ def build_parser():
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
                         'flags left out take the run\'s values')
     cli.add_debug_flag(p)
-    p.add_argument('--check-replicas', type=cli.count('--check-replicas'), default=None,
+    p.add_argument('--check-replicas', type=cli.whole('--check-replicas'), default=None,
                    metavar='N',
                    help='every N steps and after each epoch, check that the trained parameters '
                         'are identical on every device; print one summary line per epoch and '
@@ -118,7 +118,7 @@ def build_parser():
                        help='even: equal slices, as the book; auto: time a few batches on '
                             'each device first and split in proportion to measured speed '
                             '(default: even)')
-    p.add_argument('--warmup-steps', type=cli.count('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='raise the learning rate linearly from lr/N to lr over the first N '
                         'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
@@ -132,7 +132,7 @@ def build_parser():
                         "by hand, on the book's LeNet); layers (consecutive layers on "
                         "consecutive devices); channels (every layer's channels split over the "
                         "devices) (default: data)")
-    p.add_argument('--micro-batches', type=cli.count('--micro-batches'), default=1, metavar='M',
+    p.add_argument('--micro-batches', type=cli.whole('--micro-batches'), default=1, metavar='M',
                    help='with --parallel layers: cut every batch into M micro-batches that '
                         'flow through the devices one after the other (default: 1)')
     p.add_argument('--cut', type=_cut, default='params',
@@ -174,24 +174,23 @@ def _check_outputs(args, recorded_in=None):
             dest = flag[2:].replace('-', '_')
             problem = files.output_problem(path) if dest not in args.given else None
             if problem:
-                raise UsageError('%s: error: --resume: %s records %s %s, which cannot be written: '
-                                 '%s; pass %s with another path'
-                                 % (PROG, recorded_in, flag, path, problem, flag))
+                raise UsageError('--resume: %s records %s %s, which cannot be written: %s; '
+                                 'pass %s with another path'
+                                 % (recorded_in, flag, path, problem, flag))
     seen = {}
     for flag, path in written:
         real = os.path.realpath(path)
+        given = getattr(args, flag[2:].replace('-', '_'))
         if real in seen:
-            raise UsageError('%s: error: %s %s and %s %s would write the same file %s; give '
-                             'each output its own path' % (PROG, seen[real][0], seen[real][1],
-                                                           flag, getattr(args, flag[2:].replace(
-                                                               '-', '_')), real))
-        seen[real] = (flag, getattr(args, flag[2:].replace('-', '_')))
+            raise UsageError('%s %s and %s %s would write the same file %s; give each output '
+                             'its own path' % (seen[real] + (flag, given, real)))
+        seen[real] = (flag, given)
         if args.checkpoint_dir is not None and \
                 os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
                 checkpoint.is_checkpoint_file(os.path.basename(real)):
-            raise UsageError('%s: error: %s %s would write over a file of --checkpoint-dir %s; '
-                             'name it otherwise or put it in another folder'
-                             % (PROG, flag, path, args.checkpoint_dir))
+            raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
+                             'otherwise or put it in another folder'
+                             % (flag, path, args.checkpoint_dir))
 
 
 def _given_flags(argv):
@@ -210,43 +209,42 @@ def parse_args(argv=None):
     args = build_parser().parse_args(argv)
     args.given = _given_flags(argv)
     if args.resume and args.checkpoint_dir is None:
-        raise UsageError('%s: error: --resume needs --checkpoint-dir DIR, the folder the run '
-                         'saved its checkpoints in' % PROG)
+        raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
+                         'checkpoints in')
     args.num_workers = 1
     if args.kvstore in dist.DIST_KVSTORES:
         if args.checkpoint_dir is not None:
-            raise UsageError('%s: error: --checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps '
-                             'the optimizer state on the servers and a worker cannot save it '
+            raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the '
+                             'optimizer state on the servers and a worker cannot save it '
                              '("Cannot save states for distributed training"); drop '
                              '--checkpoint-dir (--save-params saves the final parameters)'
-                             % (PROG, args.kvstore))
+                             % args.kvstore)
         try:
             args.num_workers = dist.job_env()['num_workers']
         except ValueError as e:
-            raise UsageError('%s: error: --kvstore %s: %s' % (PROG, args.kvstore, e)) from None
+            raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
     batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
     if args.batch_size is None:
         args.batch_size = batch_size
     if args.lr is None:
         args.lr = lr
     if args.batch_size < args.num_gpus:
-        raise UsageError('%s: error: --batch-size %d is smaller than --num-gpus %d, so some '
-                         'device would get no data; pass --batch-size %d or more'
-                         % (PROG, args.batch_size, args.num_gpus, args.num_gpus))
+        raise UsageError('--batch-size %d is smaller than --num-gpus %d, so some device would '
+                         'get no data; pass --batch-size %d or more'
+                         % (args.batch_size, args.num_gpus, args.num_gpus))
     if args.device_weights is not None and len(args.device_weights) != args.num_gpus:
-        raise UsageError('%s: error: --device-weights %s gives %d weights but --num-gpus is '
-                         '%d; give one weight per device, e.g. --device-weights %s'
-                         % (PROG, ','.join('%g' % w for w in args.device_weights),
+        raise UsageError('--device-weights %s gives %d weights but --num-gpus is %d; give '
+                         'one weight per device, e.g. --device-weights %s'
+                         % (','.join('%g' % w for w in args.device_weights),
                             len(args.device_weights), args.num_gpus,
                             ','.join(['1'] * args.num_gpus)))
     if args.sync_bn and args.model != 'resnet18':
-        raise UsageError('%s: error: --sync-bn replaces the BatchNorm layers of resnet18, but '
-                         '--model %s has none; drop --sync-bn or use --model resnet18'
-                         % (PROG, args.model))
+        raise UsageError('--sync-bn replaces the BatchNorm layers of resnet18, but --model %s '
+                         'has none; drop --sync-bn or use --model resnet18' % args.model)
     bf16 = args.dtype == 'bfloat16'
     if bf16 and (args.sync_bn or args.kvstore in dist.DIST_KVSTORES):
-        raise UsageError('%s: error: --dtype bfloat16 with %s was never run; drop one of them'
-                         % (PROG, '--sync-bn' if args.sync_bn else '--kvstore ' + args.kvstore))
+        raise UsageError('--dtype bfloat16 with %s was never run; drop one of them'
+                         % ('--sync-bn' if args.sync_bn else '--kvstore ' + args.kvstore))
     data_only = [flag for flag, given in (
         ('--dtype bfloat16', bf16),
         ('--kvstore %s' % args.kvstore, args.kvstore != 'device'), ('--sync-bn', args.sync_bn),
@@ -260,7 +258,7 @@ def parse_args(argv=None):
             model=args.given.get('model'), hybridize=args.given.get('hybridize'),
             data_only=data_only)
     except ValueError as e:
-        raise UsageError('%s: error: %s' % (PROG, e)) from None
+        raise UsageError(str(e)) from None
     if args.parallel == 'scratch':
         args.model = 'lenet'
     _check_outputs(args)
@@ -284,37 +282,37 @@ def _prepare_checkpoints(args):
             settings = checkpoint.resume_settings(record, {
                 k: v for k, v in args.given.items() if k not in _NOT_RECORDED})
         except (checkpoint.CheckpointError, ValueError) as e:
-            raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+            raise UsageError('--resume: %s' % e) from None
         for k, v in settings.items():
             setattr(args, k, v)
         _check_outputs(args, checkpoint.checkpoint_path(directory, record['epoch'], 'json'))
         # Checkpoints from before --model record no model: they trained resnet18.
         if record.get('network') != network_name(args):
-            raise UsageError('%s: error: --resume: the run in %s trained %s, these flags train '
-                             '%s; start a new run in another --checkpoint-dir'
-                             % (PROG, directory, record.get('network'), network_name(args)))
+            raise UsageError('--resume: the run in %s trained %s, these flags train %s; start '
+                             'a new run in another --checkpoint-dir'
+                             % (directory, record.get('network'), network_name(args)))
     else:
         done = checkpoint.list_checkpoints(directory)
         if done:
-            raise UsageError('%s: error: --checkpoint-dir %s already holds the checkpoints of a '
-                             'run (up to epoch %d); add --resume to continue it, or pass another '
-                             'folder to start a new run' % (PROG, directory, done[-1]))
+            raise UsageError('--checkpoint-dir %s already holds the checkpoints of a run (up '
+                             'to epoch %d); add --resume to continue it, or pass another folder '
+                             'to start a new run' % (directory, done[-1]))
         if args.seed is None:
             args.seed = secrets.randbelow(2 ** 31)
     try:
         checkpoint.prepare_dir(directory)
     except ValueError as e:
-        raise UsageError('%s: error: --checkpoint-dir %s: %s' % (PROG, directory, e)) from None
+        raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
     return record
 
 
 def _devices(args):
-    found = cli.devices(PROG, args.num_gpus, args.device)
+    found = cli.devices(args.num_gpus, args.device)
     if args.sync_bn and len(found) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
-        raise UsageError('%s: error: --sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks '
-                         '(that engine computes each operator in the thread that issues it, so '
-                         'the first device\'s SyncBatchNorm waits for devices whose work is never '
-                         'issued); unset MXNET_ENGINE_TYPE or drop --sync-bn' % PROG)
+        raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
+                         'computes each operator in the thread that issues it, so the first '
+                         'device\'s SyncBatchNorm waits for devices whose work is never issued); '
+                         'unset MXNET_ENGINE_TYPE or drop --sync-bn')
     return found
 
 
@@ -324,15 +322,15 @@ def _join_job(args, devices, train_iter):
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
         share = max(workers * len(devices), args.batch_size // workers * workers)
-        raise UsageError('%s: error: --batch-size %d cannot be shared by %d workers with %d '
-                         'device(s) each (every worker takes an equal share, at least one '
-                         'example per device); pass --batch-size %d'
-                         % (PROG, args.batch_size, workers, len(devices), share))
+        raise UsageError('--batch-size %d cannot be shared by %d workers with %d device(s) '
+                         'each (every worker takes an equal share, at least one example per '
+                         'device); pass --batch-size %d'
+                         % (args.batch_size, workers, len(devices), share))
     try:
         train_iter.set_part(workers, 0)
     except ValueError as e:
-        raise UsageError('%s: error: --kvstore %s: %s (--train-limit %s, --batch-size %d)'
-                         % (PROG, args.kvstore, e, args.train_limit, args.batch_size)) from None
+        raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
+                         % (args.kvstore, e, args.train_limit, args.batch_size)) from None
     kv = mx.kv.create(args.kvstore)  # joins the job: waits for every process
     # From here on, leaving normally would wait for the other workers (see main).
     args.joined = True
@@ -373,8 +371,7 @@ def run(args, interrupt=None):
         try:
             lock = checkpoint.lock_dir(args.checkpoint_dir)
         except (checkpoint.CheckpointError, ValueError) as e:
-            raise UsageError('%s: error: --checkpoint-dir %s: %s'
-                             % (PROG, args.checkpoint_dir, e)) from None
+            raise UsageError('--checkpoint-dir %s: %s' % (args.checkpoint_dir, e)) from None
         with lock:
             record = _prepare_checkpoints(args)
             return _run(args, record, interrupt)
@@ -387,7 +384,7 @@ def _load_data(args):
             args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
             test_limit=args.test_limit, seed=args.seed, loader=args.loader)
     except (data.DataError, data.DataNotFoundError, ValueError) as e:
-        raise cli.data_error(PROG, e, args.data_dir) from None
+        raise cli.data_error(e, args.data_dir) from None
 
 
 def _file_handlers(args, devices, placement=None):
@@ -399,7 +396,7 @@ def _file_handlers(args, devices, placement=None):
                 args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
                 devices, placement))
         except files.OutputError as e:
-            raise UsageError('%s: error: --metrics-json: %s' % (PROG, e)) from None
+            raise UsageError('--metrics-json: %s' % e) from None
     if args.plot:
         network = 'LeNet' if args.model == 'lenet' else 'ResNet-18'
         if args.parallel != 'data':
@@ -454,7 +451,7 @@ def _run(args, record, interrupt):
             try:
                 checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
             except checkpoint.CheckpointError as e:
-                raise UsageError('%s: error: --resume: %s' % (PROG, e)) from None
+                raise UsageError('--resume: %s' % e) from None
             trainer.set_learning_rate(args.lr)
             if mode != 'quiet':
                 print('resuming after epoch %d of %d from %s' % (
@@ -512,7 +509,7 @@ def _run_split(args, interrupt):
                                            micro_batches=args.micro_batches, cut=args.cut,
                                            sample=X.as_in_context(devices[0]))
     except ValueError as e:
-        raise UsageError('%s: error: --parallel %s: %s' % (PROG, args.parallel, e)) from None
+        raise UsageError('--parallel %s: %s' % (args.parallel, e)) from None
     placement = split.summary(X)
     if args.hybridize and args.parallel != 'scratch':
         split.hybridize(static_alloc=True)
@@ -578,8 +575,8 @@ def _diverged(e, args):
         fix = ('use a smaller learning rate, for example %s: start again in a new '
                '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
                'loss: %s' % (smaller, done, _resume_command(args.checkpoint_dir, ' ' + smaller)))
-    return ('%s: error: the training loss became %s at epoch %d, step %d with --lr %g: training '
-            'diverged; %s' % (PROG, e.loss, e.epoch, e.step, e.lr, fix))
+    return cli.error_line(PROG, 'the training loss became %s at epoch %d, step %d with --lr %g: '
+                                'training diverged; %s' % (e.loss, e.epoch, e.step, e.lr, fix))
 
 
 def main(argv=None):
@@ -602,14 +599,14 @@ def main(argv=None):
         args = state['args']
         if isinstance(e, KeyboardInterrupt):
             return getattr(e, 'exit_code', 130), _interrupted(args, e)
-        if isinstance(e, training.UpdateError):
-            return 1, '%s: error: %s (--lr %g); %s' % (PROG, e, args.lr, _kept(args))
+        if isinstance(e, interrupts.UpdateError):
+            return 1, cli.error_line(PROG, '%s (--lr %g); %s' % (e, args.lr, _kept(args)))
         if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
-            return 1, '%s: error: %s; %s' % (PROG, e, _kept(args))
+            return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))
         if isinstance(e, events.LossNotFiniteError):
             return 1, _diverged(e, args)
         if isinstance(e, replicas.ReplicaCheckFailed):
-            return 1, '%s: error: --check-replicas: %s' % (PROG, e)
+            return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
         return None
 
     code = cli.run_command(PROG, argv, body, explain)
