@@ -245,7 +245,7 @@ def _local_threads(num_workers, environ):
     # Workers sharing this machine should not each start one thread per core.
     if thread_settings().get('source') == 'user' or 'OMP_NUM_THREADS' not in environ:
         return {}
-    cores = thread_settings().get('cores') or os.cpucount() or 1
+    cores = thread_settings().get('cores') or os.cpu_count() or 1
     return {'OMP_NUM_THREADS': str(max(1, cores // num_workers))}
 
 
