@@ -8,7 +8,7 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, nn
 
 import gluon_mgpu
-from gluon_mgpu.parallel import weighted as balance
+from gluon_mgpu.parallel import weighted
 from gluon_mgpu import data, training
 from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
                                         LossGuard, TrainBegin, TrainEnd, TrainingState)
@@ -301,7 +301,7 @@ def test_hybridized_training_equals_imperative_training(two_cpus, data_dir):
     (11, [2, 1, 1], [5, 3, 3]),  # shares 5.5, 2.75, 2.75: the two .75 get the 2 left
 ])
 def test_slice_sizes_follow_the_weights(n, weights, sizes):
-    assert balance.slice_sizes(n, weights) == sizes
+    assert weighted.slice_sizes(n, weights) == sizes
 
 
 @pytest.mark.parametrize('weights,match', [
@@ -319,18 +319,18 @@ def test_bad_device_weights(weights, match, two_cpus):
 def test_slice_sizes_needs_one_example_per_device():
     with pytest.raises(ValueError, match=r'2 examples cannot give each of 3 devices at least '
                                          r'one; use a batch of 3 or more'):
-        balance.slice_sizes(2, [1, 1, 1])
+        weighted.slice_sizes(2, [1, 1, 1])
 
 
 def test_weighted_split_covers_the_batch_in_order(two_cpus):
     X, y = nd.arange(16).reshape((16, 1)), nd.arange(16)
-    Xs, ys = balance.split_by_weights([3, 1])(X, y, two_cpus)
+    Xs, ys = weighted.split_by_weights([3, 1])(X, y, two_cpus)
     assert [x.shape[0] for x in Xs] == [12, 4] and [v.shape[0] for v in ys] == [12, 4]
     assert [x.context for x in Xs] == two_cpus and [v.context for v in ys] == two_cpus
     assert np.concatenate([x.asnumpy()[:, 0] for x in Xs]).tolist() == list(range(16))
     assert np.concatenate([v.asnumpy() for v in ys]).tolist() == list(range(16))
     with pytest.raises(ValueError, match='a batch of 1 examples cannot give each of 2 devices'):
-        balance.split_by_weights([3, 1])(X[:1], y[:1], two_cpus)
+        weighted.split_by_weights([3, 1])(X[:1], y[:1], two_cpus)
 
 
 @pytest.mark.parametrize('weights', [[3, 1], [1, 5], [1, 1e6]])
@@ -343,7 +343,7 @@ def test_weighted_step_equals_the_even_step(weights, two_cpus, real_batch):
         net.initialize(init.Normal(sigma=0.1), ctx=two_cpus)
         trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5})
         split_f = gluon_mgpu.split_batch if device_weights is None else \
-            balance.split_by_weights(device_weights)
+            weighted.split_by_weights(device_weights)
         stats = gluon_mgpu.train_epoch(net, [(X, y)], gloss.SoftmaxCrossEntropyLoss(),
                                        trainer, two_cpus, split_f)
         return net, stats
@@ -367,11 +367,11 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
             net, train_iter, test_iter, two_cpus, num_epochs=1,
             trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0), event_handlers=[],
             split_f=gluon_mgpu.split_batch if weights is None else
-            balance.split_by_weights(weights))
+            weighted.split_by_weights(weights))
         nets.append((net, history))
-    (even, h_even), (weighted, h_weighted) = nets
+    (even, h_even), (by_weights, h_weighted) = nets
     assert h_weighted[0]['test_acc'] == h_even[0]['test_acc']
-    for pe, pw in zip(even.collect_params().values(), weighted.collect_params().values()):
+    for pe, pw in zip(even.collect_params().values(), by_weights.collect_params().values()):
         assert max_abs_diff(pw.data(two_cpus[1]), pe.data(two_cpus[1])) <= 1e-6
 
 
@@ -383,7 +383,7 @@ def test_measure_device_speeds_leaves_the_network_as_it_was(two_cpus, real_batch
     net(X.as_in_context(two_cpus[0]))
     before = {p.name: [a.copy() for a in p.list_data()]
               for p in net.collect_params().values()}
-    speeds = balance.measure_device_speeds(net, X, y, two_cpus, repeats=1, min_seconds=0)
+    speeds = weighted.measure_device_speeds(net, X, y, two_cpus, repeats=1, min_seconds=0)
     assert len(speeds) == 2 and all(s > 0 for s in speeds)
     running = [p for p in net.collect_params().values() if p.grad_req == 'null']
     assert len(running) == 34  # running mean and variance of the 17 BatchNorm layers

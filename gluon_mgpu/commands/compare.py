@@ -112,20 +112,14 @@ def run_chapter_cells(devices):
         and ``mxnet_version``.
     """
     import mxnet as mx
-    from mxnet import init, nd
-    from mxnet.gluon import utils as gutils
 
-    from ..model import resnet18
+    from ..replicas import inspection_cells
 
     if len(devices) != 2:
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '
                          'contexts' % (len(devices), devices))
-    net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
-    x = nd.random.uniform(shape=(4, 1, 28, 28))
-    shards = gutils.split_and_load(x, devices)
-    outputs = [net(shards[0]), net(shards[1])]
-    weight = net[0].params.get('weight')
+    cells = inspection_cells(devices)
+    outputs, weight = cells['outputs'], cells['weight']
     try:
         weight.data()
         default_read = {'raised': False,

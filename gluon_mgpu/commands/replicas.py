@@ -8,14 +8,12 @@ per device, ask for the first convolution's weight on a device it does not live 
 import sys
 
 import mxnet as mx
-from mxnet import init, nd
-from mxnet.gluon import utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
 from .. import devices as devices_mod, training
 from . import cli
-from ..model import resnet18
-from ..replicas import format_replica_report, get_replica, inspect_replicas
+from ..replicas import (format_replica_report, get_replica, inspect_replicas,
+                        inspection_cells)
 
 PROG = 'python -m gluon_mgpu.replicas'
 
@@ -42,24 +40,22 @@ def run(args):
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)
-    net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
-    print('net.initialize(init=init.Normal(sigma=%g), ctx=%s)'
-          % (training.INIT_SIGMA, devices_mod.format_devices(devices)))
-    try:
-        inspect_replicas(net)
-    except DeferredInitializationError as e:
-        print('inspect_replicas(net) before a forward pass:', e)
+
+    def before_forward(net):
+        print('net.initialize(init=init.Normal(sigma=%g), ctx=%s)'
+              % (training.INIT_SIGMA, devices_mod.format_devices(devices)))
+        try:
+            inspect_replicas(net)
+        except DeferredInitializationError as e:
+            print('inspect_replicas(net) before a forward pass:', e)
 
     # The book's 4 images; at least one per device when there are more devices.
-    x = nd.random.uniform(shape=(max(4, len(devices)), 1, 28, 28))
-    xs = gutils.split_and_load(x, devices, even_split=False)
-    print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context) for p in xs)))
-    outs = [net(p) for p in xs]
+    cells = inspection_cells(devices, before_forward=before_forward)
+    net, x, weight = cells['net'], cells['x'], cells['weight']
+    print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context)
+                                                 for p in cells['parts'])))
     print('one forward pass per device: %s'
-          % ', '.join('%s on %s' % (o.shape, o.context) for o in outs))
-
-    weight = net[0].params.get('weight')
+          % ', '.join('%s on %s' % (o.shape, o.context) for o in cells['outputs']))
     print("weight = net[0].params.get('weight'): %s, shape %s"
           % (weight.name, weight.shape))
     other = _elsewhere(devices)

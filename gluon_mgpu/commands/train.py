@@ -25,7 +25,7 @@ import secrets
 import shlex
 import sys
 
-from ..parallel import weighted as balance, dist
+from ..parallel import dist, weighted
 from .. import data, devices as devices_mod, parallel, replicas, training
 from ..handlers import checkpoint, events, interrupts, metrics, plotting, progress
 from . import cli
@@ -345,7 +345,7 @@ def _split(args, net, devices, test_iter):
     if measured:
         X, y = next(iter(test_iter))
         share = max(1, min(X.shape[0], args.batch_size // args.num_workers // len(devices)))
-        weights = balance.measure_device_speeds(net, X[:share], y[:share], devices)
+        weights = weighted.measure_device_speeds(net, X[:share], y[:share], devices)
     if weights is None:
         return training.split_batch, None
     batch = args.batch_size // args.num_workers
@@ -353,8 +353,8 @@ def _split(args, net, devices, test_iter):
                        for d, w in zip(devices, weights))
     line = 'device weights: %s%s -> slices of %s per batch of %d' % (
         values, ' images/s (measured)' if measured else '',
-        ', '.join(map(str, balance.slice_sizes(batch, weights))), batch)
-    return balance.split_by_weights(weights), line
+        ', '.join(map(str, weighted.slice_sizes(batch, weights))), batch)
+    return weighted.split_by_weights(weights), line
 
 
 def run(args, interrupt=None):
@@ -599,7 +599,7 @@ def main(argv=None):
         args = state['args']
         if isinstance(e, KeyboardInterrupt):
             return getattr(e, 'exit_code', 130), _interrupted(args, e)
-        if isinstance(e, interrupts.UpdateError):
+        if isinstance(e, training.UpdateError):
             return 1, cli.error_line(PROG, '%s (--lr %g); %s' % (e, args.lr, _kept(args)))
         if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
             return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))

@@ -31,7 +31,7 @@ __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspec
            'assert_replicas_match', 'get_replica', 'format_replica_report',
            'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'KINDS',
            'AUXILIARY_WHY', 'GRADIENT_WHY', 'inspect_placement', 'format_placement', 'Placement',
-           'ParameterPlacement', 'format_bytes', 'PlacementCheck']
+           'ParameterPlacement', 'format_bytes', 'PlacementCheck', 'inspection_cells']
 
 KINDS = ('trained', 'auxiliary')
 _WHATS = ('data', 'grad')
@@ -534,3 +534,36 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
 
 from ..parallel.placement import (ParameterPlacement, Placement, PlacementCheck, format_bytes,
                                   format_placement, inspect_placement)
+
+
+def inspection_cells(devices, num_images=4, before_forward=None):
+    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``; return what
+    they made.
+
+    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, a random batch of
+    ``num_images`` images (at least one per device) split with ``split_and_load``, one forward
+    pass per device. ``before_forward(net)`` runs between the initialization and the forward
+    passes (the parameters still wait for their shapes there). The one copy of these cells
+    that ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` run.
+
+    Returns
+    -------
+    dict
+        ``net``, ``x`` (the batch), ``parts`` (its slices), ``outputs`` (one per device) and
+        ``weight`` (the first convolution's, the parameter the book prints).
+    """
+    from mxnet import init
+    from mxnet.gluon import utils as gutils
+
+    from ..model import resnet18
+    from ..training import INIT_SIGMA
+
+    net = resnet18(10)
+    net.initialize(init=init.Normal(sigma=INIT_SIGMA), ctx=devices)
+    if before_forward is not None:
+        before_forward(net)
+    x = nd.random.uniform(shape=(max(num_images, len(devices)), 1, 28, 28))
+    parts = gutils.split_and_load(x, devices, even_split=False)
+    outputs = [net(part) for part in parts]
+    return {'net': net, 'x': x, 'parts': parts, 'outputs': outputs,
+            'weight': net[0].params.get('weight')}
