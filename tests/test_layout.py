@@ -1,0 +1,96 @@
+"""The package's layout: the chapter's modules at the top, no import cycle, no pickle."""
+import ast
+import os
+
+import gluon_mgpu
+
+PACKAGE = os.path.dirname(gluon_mgpu.__file__)
+
+
+def _modules():
+    """``{dotted name: path}`` of every module of the package (packages by their __init__)."""
+    mods = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith('.py'):
+                path = os.path.join(folder, f)
+                rel = os.path.relpath(path, os.path.dirname(PACKAGE))[:-3].replace(os.sep, '.')
+                mods[rel[:-len('.__init__')] if rel.endswith('.__init__') else rel] = path
+    return mods
+
+
+def _imports(name, path, mods):
+    """The package's modules that ``name`` imports anywhere (in functions too)."""
+    here = name if path.endswith('__init__.py') else name.rpartition('.')[0]
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = here.split('.')
+                base = '.'.join(parts[:len(parts) - node.level + 1] +
+                                ([node.module] if node.module else []))
+            else:
+                base = node.module or ''
+            names = {base + '.' + a.name for a in node.names} & mods.keys()
+            found |= names or ({base} & mods.keys())
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names} & mods.keys()
+    # Every module imports the package (its __init__) and its own folder's __init__ first.
+    return {m for m in found if not mods[m].endswith('__init__.py') or m == 'gluon_mgpu.replicas'
+            } - {name}
+
+
+def _cycle(graph):
+    """One import cycle as a list of modules, or None."""
+    state = {}
+
+    def visit(m, trail):
+        state[m] = 'open'
+        for n in sorted(graph[m]):
+            if state.get(n) == 'open':
+                return trail[trail.index(n):] + [n]
+            if n not in state:
+                found = visit(n, trail + [n])
+                if found:
+                    return found
+        state[m] = 'done'
+        return None
+
+    for m in sorted(graph):
+        if m not in state:
+            found = visit(m, [m])
+            if found:
+                return found
+    return None
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    mods = _modules()
+    graph = {m: _imports(m, p, mods) for m, p in mods.items()}
+    assert 'gluon_mgpu.parallel.weighted' in graph['gluon_mgpu.commands.train']
+    assert _cycle(graph) is None
+    # The check finds a cycle when there is one (balance.py and training.py had one).
+    graph['gluon_mgpu.training'] = graph['gluon_mgpu.training'] | {'gluon_mgpu.parallel.weighted'}
+    assert _cycle(graph) == ['gluon_mgpu.training', 'gluon_mgpu.parallel.weighted',
+                             'gluon_mgpu.training']
+
+
+def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
+    top = sorted(f for f in os.listdir(PACKAGE) if not f.startswith(('_', '.')))
+    assert top == ['commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',
+                   'launch.py', 'model.py', 'parallel', 'replicas', 'runtime', 'sweep.py',
+                   'tools', 'train.py', 'training.py']
+    # The command names at the top are entry files that only start their command.
+    for command in ('train', 'sweep', 'compare', 'env', 'launch'):
+        source = open(os.path.join(PACKAGE, command + '.py')).read()
+        assert len(source.splitlines()) <= 6
+        assert 'from gluon_mgpu.commands.%s import main' % command in source
+
+
+def test_nothing_in_the_package_uses_pickle():
+    for name, path in _modules().items():
+        tree = ast.parse(open(path).read())
+        imported = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                    for a in node.names}
+        imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert not imported & {'pickle', 'cPickle', 'dill', 'shelve'}, name
