@@ -108,18 +108,21 @@ def test_kernel_imports_the_package_from_this_repository(executed):
 
 def test_shown_step_is_the_books_and_the_packages(executed):
     step = _result(_cell(executed, 'source-step'))
-    assert step == _shown(training.train_batch)
-    # The chapter's step, in its order, in one short cell.
-    code = step.splitlines()
+    assert step == _shown(training.train_batch, training.choose_step)
+    # The chapter's step as the book writes it, in its order, in one short function.
+    code = _shown(training.train_batch).splitlines()
     assert len(code) <= 12, step
-    # Each device's calls issued from its own thread: call(d, f, *args) is f(*args).
-    order = ['split_f(X, y, devices)', 'with autograd.record():', 'call(d, net, X_d)',
-             'call(d, loss, out, y_d)', 'call(d, l.backward)', 'trainer.step(X.shape[0])']
+    order = ['split_f(X, y, devices)', 'with autograd.record():', 'net(X_d)', 'loss(out, y_d)',
+             'l.backward()', 'trainer.step(X.shape[0])']
     at = [next(i for i, line in enumerate(code) if text in line) for text in order]
     assert at == sorted(at), step
+    assert 'call(' not in '\n'.join(code)
+    # On simulated CPU devices train() runs the same calls, issued per device.
+    assert 'dispatch.train_batch' in step
     loop = _result(_cell(executed, 'source-training'))
     assert loop == _shown(training.train_epoch, training.train)
-    assert 'train_batch(net, X, y, loss, trainer, devices, split_f)' in loop
+    assert 'step(net, X, y, loss, trainer, devices, split_f)' in loop
+    assert 'step = choose_step(devices)' in loop
 
 
 def test_first_convolution_weights_print_the_books_digits(executed):
@@ -203,7 +206,7 @@ def test_notebooks_call_the_package_and_copy_none_of_it(lang):
     for call in ('gluon_mgpu.resnet18(10)', 'gluon_mgpu.get_devices(2)', 'gluon_mgpu.train(',
                  'gluon_mgpu.load_data_fashion_mnist(', 'gluon_mgpu.split_batch(',
                  'show(gluon_mgpu.Residual, gluon_mgpu.model.resnet_block, gluon_mgpu.resnet18)',
-                 'show(gluon_mgpu.train_batch)',
+                 'show(gluon_mgpu.train_batch, gluon_mgpu.training.choose_step)',
                  'show(gluon_mgpu.train_epoch, gluon_mgpu.train)'):
         assert call in code, call
     for pasted in ('class Residual', 'def resnet_block', 'def resnet18', 'nn.Conv2D',
