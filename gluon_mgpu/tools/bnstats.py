@@ -11,6 +11,8 @@ diagnostics beside the book's measure, never a replacement (docs/book-comparison
 from mxnet import autograd, nd
 from mxnet.gluon import nn
 
+from ..training import evaluate_accuracy
+
 __all__ = ['batch_norm_layers', 'reestimate_running_stats', 'evaluate_with_batch_stats']
 
 
@@ -72,14 +74,8 @@ def evaluate_with_batch_stats(data_iter, net, device):
     Running statistics may change on ``device`` (MXNet updates them in training mode), so use
     a copy of the network that is not needed afterwards.
     """
-    correct = nd.zeros((1,), ctx=device)
-    n = 0
-    for X, y in data_iter:
+    def in_train_mode(X):
         with autograd.train_mode():
-            out = net(X.as_in_context(device))
-        correct += (out.argmax(axis=1) == y.as_in_context(device).astype('float32')).sum()
-        n += X.shape[0]
-    if n == 0:
-        raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
-                         'batches')
-    return correct.asscalar() / n
+            return net(X)
+
+    return evaluate_accuracy(data_iter, in_train_mode, [device])
