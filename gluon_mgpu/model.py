@@ -125,9 +125,9 @@ def sync_batch_norm(num_devices):
 
     Each layer blocks MXNet's engine thread of its device until all have arrived, holding a
     scratch buffer. Issued from one thread, CPU contexts share one pool of scratch buffers in
-    MXNet 1.9.1 and deadlock; ``train_batch`` issues each device's calls from its own thread
-    (``gluon_mgpu.runtime.dispatch``), which gives each its own pool, and then it runs on CPU contexts
-    too (docs/devices.md).
+    MXNet 1.9.1 and deadlock (the book's ``train_batch`` refuses that in one line); ``train()``
+    issues each CPU device's calls from its own thread (``runtime.dispatch.train_batch``), which
+    gives each its own pool, and then it runs on CPU contexts too (docs/devices.md).
     """
     from mxnet.gluon.contrib.nn import SyncBatchNorm
     if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
