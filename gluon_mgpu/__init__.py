@@ -1,8 +1,8 @@
 """gluon_mgpu: the d2l chapter "Gluon Implementation for Multi-GPU Computation", runnable anywhere.
-
-``gluon_mgpu.train`` is the training function; ``python -m gluon_mgpu.train`` is the command
-line, whose code is ``gluon_mgpu/commands/train.py`` (import ``main`` from there: importing the
-entry file ``gluon_mgpu/train.py`` would hide the function).
+The package re-exports the chapter's functions: ``gluon_mgpu.train`` is the training function,
+``python -m gluon_mgpu.train`` the command line. README.md maps the chapter to the code;
+docs/events.md explains the loop and why the command's ``main`` is imported from
+``gluon_mgpu.commands.train``.
 """
 import os
 import sys

@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.compare``: the command line is ``gluon_mgpu/commands/compare.py``."""
+"""``python -m gluon_mgpu.compare``: the command line is ``gluon_mgpu/commands/compare.py``
+(docs/notebooks.md).
+"""
 import sys
 
 if __name__ == '__main__':

@@ -1,9 +1,6 @@
-"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices.
-
-Nothing here downloads. MXNet's own ``gluon.data.vision.FashionMNIST`` would try to fetch the
-files (and checks sha1 sums of other gzip bytes than Debian ships), so the IDX format is read
-here directly: a big-endian header (magic number, then one 32-bit size per dimension)
-followed by the raw ``uint8`` values.
+"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices. Nothing here
+downloads; docs/testing.md ("Data") says where the files are looked for, why MXNet's own loader
+is not used and how the IDX format is read.
 """
 import gzip
 import math

@@ -1,7 +1,5 @@
-"""Choosing the devices (MXNet contexts) to train on.
-
-This is the only module that asks the machine which GPUs it has, and it asks only when
-one of its functions is called, never at import time.
+"""Choosing the devices (MXNet contexts) to train on: GPUs, or CPU contexts that simulate them.
+The only module that asks the machine which GPUs it has, and only when called (docs/devices.md).
 """
 import logging
 import os

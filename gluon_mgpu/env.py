@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.env``: the command line is ``gluon_mgpu/commands/env.py``."""
+"""``python -m gluon_mgpu.env``: the command line is ``gluon_mgpu/commands/env.py``
+(docs/gpu.md).
+"""
 import sys
 
 if __name__ == '__main__':

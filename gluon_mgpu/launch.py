@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.launch``: the command line is ``gluon_mgpu/commands/launch.py``."""
+"""``python -m gluon_mgpu.launch``: the command line is ``gluon_mgpu/commands/launch.py``
+(docs/distributed.md).
+"""
 import sys
 
 if __name__ == '__main__':

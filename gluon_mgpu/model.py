@@ -1,9 +1,5 @@
-"""The chapter's network: the residual block and the small-image ResNet-18.
-
-Both are written as ``HybridBlock`` so the same definition runs imperatively (as the
-book runs it, line by line) and, after ``net.hybridize()``, as one compiled graph.
-``hybrid_forward(self, F, X)`` reads like the book's ``forward``: ``F`` is ``mxnet.nd``
-when the block runs imperatively and ``mxnet.sym`` once it is hybridized.
+"""The chapter's network: the residual block and the small-image ResNet-18, as ``HybridBlock``s
+that run line by line as the book does or, hybridized, as one graph (docs/speed.md).
 """
 import functools
 

@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.sweep``: the command line is ``gluon_mgpu/commands/sweep.py``."""
+"""``python -m gluon_mgpu.sweep``: the command line is ``gluon_mgpu/commands/sweep.py``
+(docs/outputs.md).
+"""
 import sys
 
 if __name__ == '__main__':

@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.train``: the command line is ``gluon_mgpu/commands/train.py``."""
+"""``python -m gluon_mgpu.train``: the command line is ``gluon_mgpu/commands/train.py``
+(docs/outputs.md).
+"""
 import sys
 
 if __name__ == '__main__':

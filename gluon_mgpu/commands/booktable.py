@@ -1,12 +1,7 @@
-"""The book's accuracy table at full scale, over several seeds, resumable: ``compare --full``.
-
-Every run of the table (devices, seed, optional warmup) is ``python -m gluon_mgpu.train`` with
-the book's settings, trained one epoch at a time into a checkpoint folder of its own; after each
-epoch its checkpoint is diagnosed (test accuracy with each device's running statistics, with
-re-estimated ones, with batch statistics: ``gluon_mgpu.tools.bnstats``) and one JSON line is appended
-to a record kept in the repository. The record, not the checkpoints, is what the table is made
-of, so a finished epoch survives a lost machine; a killed run continues from its last checkpoint
-when the same command is given again. See docs/book-comparison.md.
+"""The book's accuracy table at full scale, over several seeds, resumable (``compare --full``):
+each run trains one epoch at a time, and every finished epoch is diagnosed and appended as one
+line to the record, docs/book-table.jsonl. docs/notebooks.md ("The book, side by side")
+explains it.
 """
 import collections
 import datetime

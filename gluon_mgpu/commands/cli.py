@@ -1,14 +1,7 @@
-"""What every ``python -m gluon_mgpu.*`` command shares: flags, checks and the error ladder.
-
-Bad input is one line on stderr and exit code 2: a ``UsageError`` (argparse's own errors become
-one through ``Parser``), shown after the prefix of every failure line, ``error_line``.
-``run_command`` maps everything else: 1 for a failed run (a diverged loss, replicas that
-differ, an unexpected error, which suggests ``--debug``), 130 for Ctrl-C, 143 for SIGTERM, 129
-for SIGHUP. Every failure is one line, written in one ``write`` so that the processes of a dist
-job sharing a stream cannot split it; ``--debug`` (or ``GLUON_MGPU_DEBUG=1``) prints the
-traceback first.
-
-No command module imports another: what two commands share lives here.
+"""What every ``python -m gluon_mgpu.*`` command shares: flags, checks and the error ladder
+(``run_command``: one line on stderr and an exit code for every failure). No command module
+imports another: what two commands share lives here. docs/outputs.md ("When a command fails")
+lists the exit codes.
 """
 import argparse
 import math

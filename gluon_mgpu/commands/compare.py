@@ -1,21 +1,7 @@
-"""The book's printed outputs next to ours: ``python -m gluon_mgpu.compare``.
-
-The chapter prints two things that do not depend on the hardware's speed: ``Out[4]``, the
-network's outputs for a random (4, 1, 28, 28) batch split over two devices, and ``Out[5]``,
-the first convolution's weights on both devices. Both come from MXNet's default random seed:
-in a fresh process, with no random number drawn before the chapter's cells, the same calls in
-the same order give the same numbers. The weights come out equal to every printed digit (they
-are drawn on the CPU, even when the devices are GPUs); the outputs agree to about six
-significant digits (another machine sums in another order).
-
-The chapter's step is compared by running it: its own loop and network beside ours, from the
-same weights and batches (``port_equality``), bit for bit. Its training table (``In [7]``,
-``In [8]``) is compared with full runs over several seeds, recorded one epoch per line by
-``gluon_mgpu.commands.booktable`` (``--full`` trains what is missing): our mean and spread beside the
-book's one draw, and the BatchNorm diagnosis of why the first epoch differs.
-
-Library functions return rows (dicts); only ``main`` prints. The command exits with 0 when
-no row is a mismatch, 1 when one is, 2 on bad input (one line on stderr).
+"""The book's printed outputs next to ours: ``python -m gluon_mgpu.compare`` re-runs the chapter's
+cells whose output does not depend on the hardware, runs its step beside ours and judges its
+accuracy table against the recorded runs. Library functions return rows; only ``main`` prints.
+docs/notebooks.md explains each row; docs/book-comparison.md is the page it writes.
 """
 import datetime
 import json

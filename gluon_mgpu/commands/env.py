@@ -1,14 +1,6 @@
-"""What a bug report needs: ``python -m gluon_mgpu.env``.
-
-Like PyTorch's ``collect_env``: Python, MXNet's version and build features, the file each CUDA
-library was loaded from, the NVIDIA driver and its GPUs, the thread settings, the data folder
-found, and the ``MXNET_*`` variables that are set. The driver is asked directly
-(``libcuda.so.1``: ``cuDriverGetVersion``, ``cuDeviceGetName``, ``cuDeviceTotalMem``), so the
-report names each GPU even when MXNet cannot use it; MXNet's own count comes next to it.
-
-``collect()`` returns the facts as a dict; ``format_report()`` makes the text; ``main()`` prints
-it. With the GPU build and no driver, ``python -m gluon_mgpu.env`` prints the one line of every
-command and exits with 2 (see ``gpu_build``): that line is then the report.
+"""What a bug report needs: ``python -m gluon_mgpu.env`` reports Python, MXNet's build, the CUDA
+libraries, the NVIDIA driver and its GPUs, the thread settings and the data folder
+(``collect()`` returns the facts, ``format_report()`` the text). docs/gpu.md explains it.
 """
 import ctypes
 import os

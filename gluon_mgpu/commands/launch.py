@@ -1,23 +1,6 @@
-"""Start a distributed (``dist_sync``) job and watch it: ``python -m gluon_mgpu.launch``.
-
-    python -m gluon_mgpu.launch -n 2 -s 1 -- python -m gluon_mgpu.train --kvstore dist_sync ...
-
-MXNet's parameter server needs three kinds of processes, all running the *same* command and
-told apart by ``DMLC_ROLE``: one scheduler, the servers and the workers. For a scheduler or
-a server, ``import mxnet`` itself runs the server loop and exits when the job ends, so the
-training script never runs there (MXNet's ``kvstore_server.py``); workers train. Every
-process gets ``DMLC_PS_ROOT_URI`` / ``DMLC_PS_ROOT_PORT`` (the scheduler's address),
-``DMLC_NUM_SERVER`` and ``DMLC_NUM_WORKER``.
-
-Without ``--hostfile`` everything runs on this machine, bound to 127.0.0.1, on a free port.
-With one, the semantics of MXNet's ``tools/launch.py --launcher ssh`` (dmlc-core's
-``tracker/dmlc_tracker/ssh.py``) are followed: the scheduler runs here; process ``i`` of the
-servers-then-workers list runs on host ``i % len(hosts)`` over ssh, in the directory the
-launcher was started from (the code and data must be at the same path there).
-
-Nothing in the kvstore notices a dead peer: the others wait for it forever. The launcher
-does: when any process ends with a non-zero code, it stops all the others and exits
-non-zero, naming the one that died.
+"""Start a distributed (``dist_sync``) job and watch it: ``python -m gluon_mgpu.launch -n 2 -s 1
+-- COMMAND`` starts the scheduler, the servers and the workers, here or over ssh, and stops them
+all when one dies. docs/distributed.md explains the roles, the variables and the hostfile.
 """
 import os
 import shlex

@@ -1,9 +1,6 @@
-"""Walk the chapter's inspection cells: ``python -m gluon_mgpu.replicas --num-gpus 2``.
-
-Initialize ResNet-18 on the devices, try to inspect it before any forward pass (deferred
-initialization), split a random batch of 4 images with ``split_and_load``, run one forward pass
-per device, ask for the first convolution's weight on a device it does not live on, print
-``weight.data(ctx)[0]`` on every device as the book does, then the full replica report.
+"""Walk the chapter's inspection cells: ``python -m gluon_mgpu.replicas --num-gpus 2`` initializes
+ResNet-18 on the devices, runs one forward pass per device, prints the first convolution's weight
+on every device as the book does, then the full replica report (docs/replicas.md).
 """
 import sys
 

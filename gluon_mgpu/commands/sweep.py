@@ -1,18 +1,7 @@
-"""The chapter's exercise as a command: train on 1, 2, 4 ... devices and compare.
-
-    python -m gluon_mgpu.sweep --num-gpus 1 2 4
-
-trains the chapter's ResNet-18 once per device count, with the batch size and learning rate
-growing with the devices as in the book (256 and 0.1 per device), then prints a Markdown table
-(devices, global batch, lr, sec/epoch, images/s, speed-up over 1 device, final test accuracy)
-and writes it, with one figure, to ``--output-dir``. The library part (``plan_sweep``,
-``run_setting``, ``format_table``) returns data; only ``main`` prints.
-
-Exit codes, as ``python -m gluon_mgpu.train``: 0 done, 1 training diverged in a setting or an
-unexpected error (``--debug`` or ``GLUON_MGPU_DEBUG=1`` shows the traceback), 2 bad input, 130
-interrupted by Ctrl-C. Every failure is one line on stderr naming the setting it stopped in; the
-settings that finished before it are still printed and written, with a note that the sweep
-stopped early.
+"""The chapter's exercise as a command: ``python -m gluon_mgpu.sweep --num-gpus 1 2 4`` trains
+ResNet-18 once per device count, with the batch size and the learning rate growing with the
+devices, and writes a table and a figure. The library part returns data; only ``main`` prints.
+docs/outputs.md ("The sweep") explains it.
 """
 import os
 import sys

@@ -1,23 +1,7 @@
-"""Command line: train the chapter's ResNet-18 on Fashion-MNIST, data-parallel.
-
-    python -m gluon_mgpu.train --num-gpus 2
-
-prints ``running on: [gpu(0), gpu(1)]``, one line per epoch in the book's form (on a terminal,
-a progress bar while the epoch runs) and a summary line in the newer edition's form:
-``test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]``. On a machine with no GPU the devices
-are simulated on the CPU (one warning line says so).
-
-The training itself is ``gluon_mgpu.train``; this module turns flags into its arguments and
-event handlers: ``--checkpoint-dir`` (``checkpoint.CheckpointHandler``), ``--metrics-json``
-(``metrics.MetricsFile``), ``--plot`` (``plotting.PlotHandler``), ``--check-replicas``
-(``replicas.ReplicaCheck``), the progress bar (``progress.Progress``), the NaN stop
-(``events.LossGuard``) and Ctrl-C (``interrupts.DeferredInterrupt``). Exit codes: 0 done,
-1 training diverged, replicas differ or an unexpected error, 2 bad input or a checkpoint that
-cannot be used, 130 Ctrl-C (``cli.run_command``).
-
-As a worker of a distributed job (``--kvstore dist_sync``, started by
-``python -m gluon_mgpu.launch``) it trains on its shard of every epoch; only rank 0 prints
-and writes files.
+"""Command line: train the chapter's ResNet-18 on Fashion-MNIST, data-parallel
+(``python -m gluon_mgpu.train --num-gpus 2``). It turns flags into the arguments and event
+handlers of ``gluon_mgpu.train`` (docs/events.md); what it prints and writes, and its exit codes,
+are in docs/outputs.md, and what it does as a worker of a dist job in docs/distributed.md.
 """
 import argparse
 import os

@@ -1,26 +1,7 @@
-"""What happens around the chapter's step: events and their handlers.
-
-``train()`` runs the book's loop and, at six points of it, calls the handlers it was given,
-with the names and arguments of MXNet's own estimator (``mxnet.gluon.contrib.estimator``):
-
-==============  =================================================================
-train_begin     before the first epoch (a resumed run sets its start here)
-epoch_begin     before each epoch
-batch_begin     before each step, with ``batch=(X, y)``
-batch_end       after each ``trainer.step``, with ``batch``, ``pred``, ``label`` and ``loss``
-                (one array per device); returning True stops the epoch
-epoch_end       after each epoch, once ``estimator.record`` holds its numbers; True stops
-train_end       after the last epoch (not after an error)
-==============  =================================================================
-
-A handler is an object that subclasses the mixins it uses (``EpochEnd`` for ``epoch_end``, ...);
-the first argument of every method is the run (``TrainingState`` here, an ``Estimator`` under
-MXNet's own ``Estimator.fit``). Handlers run in ascending ``priority`` (default 0), as in
-``Estimator``; the checkpoint goes first, so a crash in a later handler cannot lose it.
-
-Handlers that use only what both give (``net``, ``trainer``, the ``loss`` of a batch) work with
-``Estimator.fit`` too: ``LossGuard`` here, ``replicas.ReplicaCheck`` and
-``interrupts.DeferredInterrupt``.
+"""What happens around the chapter's step: the events ``train()`` calls, named as MXNet's
+``gluon.contrib.estimator`` names them, the run that handlers see (``TrainingState``), and the
+handlers of the book's line, the loss check and the learning-rate warmup. docs/events.md lists
+the events and the handlers.
 """
 import math
 

@@ -1,16 +1,6 @@
-"""What MXNet's optimizer callback would swallow: signals that stop a run, the optimizer's errors.
-
-With the default kvstore, ``trainer.step`` runs the optimizer as a Python function that MXNet
-calls back through ctypes, once per parameter, on the main thread. An exception raised inside
-such a callback is printed as "Exception ignored on calling ctypes callback function" and
-dropped: the run goes on as if nothing happened, and the parameters are not updated.
-``DeferredInterrupt`` makes sure no signal is lost there: it turns SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal or the ssh
-  connection closed) into ``Interrupted`` (a ``KeyboardInterrupt`` that records the signal) at
-  once, as Python does for Ctrl-C, except when the signal arrives inside that callback: then it
-  only notes it, and ``check`` raises it right after the step. SIGQUIT (Ctrl-\\) keeps its Unix
-  meaning, quit at once, and first prints where every thread is (``faulthandler``): it is what
-  ends a run stuck inside MXNet, where the other signals wait for MXNet to return.
-The optimizer's own exceptions are ``runtime.updates.guard_updates``'s.
+"""Signals that stop a run (Ctrl-C, SIGTERM, SIGHUP), even while MXNet's optimizer callback would
+swallow them: ``DeferredInterrupt`` raises them at once or right after the step, and lets SIGQUIT
+print every thread's stack. docs/events.md says why; docs/outputs.md gives the exit codes.
 """
 import faulthandler
 import signal

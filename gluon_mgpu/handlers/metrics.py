@@ -1,8 +1,6 @@
-"""What a training run measured: the final summary and the ``--metrics-json`` file.
-
-The file's layout is ``SCHEMA``, a JSON Schema; ``docs/metrics-schema.md`` is generated from
-it (``python -m gluon_mgpu.handlers.metrics``) and a test checks the two agree. The file is rewritten
-after every epoch, atomically, so a run that stops early leaves the epochs it finished.
+"""What a training run measured: the final summary and the ``--metrics-json`` file, whose layout is
+``SCHEMA``. docs/metrics-schema.md is generated from it (``python -m gluon_mgpu.handlers.metrics``)
+and docs/outputs.md describes the file.
 """
 import json
 import math

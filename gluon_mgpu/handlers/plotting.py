@@ -1,9 +1,5 @@
-"""Figures of a run and of a sweep, as files you can open without the notebook.
-
-The book watches test accuracy grow epoch by epoch in a live figure; here the same curves
-(with the training loss) go to a PNG, or an SVG and a PNG when the name ends in ``.svg``.
-matplotlib draws with its Agg (file-only) backend, never a window, and ``pyplot`` is not used,
-so nothing global changes in the caller's matplotlib.
+"""Figures of a run and of a sweep as image files (PNG, or SVG and PNG), drawn with matplotlib's
+file-only Agg backend and without ``pyplot`` (docs/outputs.md).
 """
 import os
 

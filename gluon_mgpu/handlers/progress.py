@@ -1,9 +1,5 @@
-"""What the command lines show while training: a progress bar on a terminal, plain lines otherwise.
-
-``Progress`` is an event handler of ``train()``. On a terminal each epoch gets a tqdm bar
-(images, images/s, running loss) that is replaced by the book's epoch line when the epoch ends;
-written to a file or a pipe (logs, CI) only the book's lines appear, with no carriage returns;
-``quiet`` shows nothing here (the caller prints the summary).
+"""What the command lines show while training: a progress bar per epoch on a terminal, the book's
+plain lines otherwise (docs/outputs.md, "What you see").
 """
 import os
 import sys

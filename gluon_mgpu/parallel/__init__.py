@@ -1,14 +1,7 @@
-"""The chapter's three ways to split training over devices, each runnable on any devices.
-
-* ``scratch``: data parallelism written by hand, as the book's preceding section does it
-  (``get_params``, ``allreduce``, ``split_batch``, ``train_batch`` on the book's LeNet);
-  the chapter's own Gluon version is ``gluon_mgpu.training``.
-* ``layers``: method 1, consecutive layers on consecutive devices, optionally pipelined
-  with micro-batches.
-* ``channels``: method 2, every convolution, BatchNorm and dense layer split by channels.
-
-Each split network starts from an ordinary one-device network (``init_one_device``) and
-reads and writes ordinary ``.params`` files. ``options`` holds what the command line calls.
+"""The chapter's three ways to split training over devices, each runnable on any devices: data
+parallelism by hand (``scratch``), by layers (``layers``) and by channels (``channels``), with
+the chapter's own Gluon version in ``gluon_mgpu.training``; ``options`` holds what the command
+line calls. docs/three-ways.md explains each.
 """
 from .common import CopyCounter, check_trace, init_one_device, trace_devices
 from .loop import train_split

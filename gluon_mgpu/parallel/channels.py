@@ -1,20 +1,6 @@
-"""Method 2 of the chapter: split the work inside each layer, by channels.
-
-"Instead of one device computing 64 channels, 4 devices compute 16 each." A convolution's
-output channels are independent of each other: each device holds the filters of its share of
-the channels, computes them from the whole input, and the shares are concatenated. A dense
-layer splits the same way by output units. BatchNorm normalizes every channel on its own, so
-each device normalizes its share of the input's channels with its share of ``gamma``,
-``beta`` and the running statistics.
-
-``split_channels(net, devices)`` replaces every ``Conv2D``, ``BatchNorm`` and ``Dense`` layer of
-a network by a ``ChannelSplit`` layer holding one smaller *piece* per device; everything else
-(ReLU, pooling, the residual addition) runs unchanged on the first device, where each split
-layer gathers its output. So the network's own code, the chapter's ``Residual`` included, runs
-as it is, and the training step is the one-device step with one Trainer per device.
-
-Compared with the layer split, every device holds an equal share of the parameters, but every
-layer sends its input out and gathers its output back: many more bytes cross between devices.
+"""Method 2 of the chapter: split the work inside each layer, by channels. Every convolution,
+BatchNorm and dense layer becomes one smaller piece per device (``split_channels``).
+docs/three-ways.md ("How each split works") explains it.
 """
 import mxnet as mx
 from mxnet import autograd, gluon, nd

@@ -1,10 +1,5 @@
-"""What the three ways of splitting training share: devices, copies, bytes and checks.
-
-MXNet checks only the *type* of device when two arrays meet in one operation: an array on
-``cpu(0)`` plus an array on ``cpu(1)`` runs without an error (on GPUs it fails). So a forgotten
-copy is silent on the simulated devices. Every copy between devices here goes through
-``CopyCounter.copy``, which also counts the bytes, and ``trace_devices`` records where every
-block of a network took its inputs and left its output, so tests can check each one.
+"""What the three ways of splitting training share: devices, copies between them (counted in
+bytes), traces of where every block ran, and checks (docs/three-ways.md, "Copies and placement").
 """
 import numpy as np
 import mxnet as mx

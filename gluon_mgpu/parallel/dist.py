@@ -1,9 +1,5 @@
-"""What one worker of a distributed (``dist_sync``) job needs to know and agree on.
-
-A job is a scheduler, some servers and some workers, started with MXNet's ``DMLC_*``
-variables (``python -m gluon_mgpu.launch`` sets them). A worker learns its rank only when it
-joins, from the kvstore: ``kv = mx.kv.create('dist_sync')`` waits until every process of the
-job is there, then ``kv.rank`` is in ``range(kv.num_workers)``.
+"""What one worker of a distributed (``dist_sync``) job needs to know and agree on: the job's
+``DMLC_*`` variables, a seed shared by all workers, and its own file names (docs/distributed.md).
 """
 import os
 

@@ -1,28 +1,6 @@
-"""Method 1 of the chapter: split the network by layers.
-
-Each device holds a run of consecutive layers (a *part*) and passes its output, the
-activation, on to the next device, so a network too large for one device fits on several.
-In Gluon that takes three things:
-
-* each part is a ``HybridSequential`` whose parameters live on its own device
-  (``part.collect_params().reset_ctx(device)``);
-* the activation moves with ``as_in_context``, which autograd differentiates: the gradient
-  comes back through the same copy;
-* one ``gluon.Trainer`` per part: a single Trainer refuses parameters that live on different
-  devices ("All Parameters must be initialized on the same set of contexts").
-
-Hybridize each part, never a block spanning devices: a CachedOp runs on one device.
-
-Where to cut is a real choice: ResNet-18's parameters sit mostly in the last stages and its
-activations mostly in the first ones. ``cut='params'`` evens the parameters, ``cut='time'``
-the measured time of each unit, or name the units after which to cut.
-
-*Micro-batches* (a pipeline, as GPipe does it): the batch is cut into ``M`` pieces that go
-through the parts one after another. MXNet runs operations asynchronously, so the first
-device starts on micro-batch 2 while the second still works on micro-batch 1. One backward
-pass over all micro-batches' losses adds up their gradients, and one update follows. Without BatchNorm
-this equals the whole batch up to float rounding; BatchNorm normalizes each micro-batch with
-its own statistics, so with it the step differs from the whole batch's.
+"""Method 1 of the chapter: split the network by layers, consecutive parts on consecutive devices,
+optionally pipelined with micro-batches. docs/three-ways.md ("How each split works") explains the
+parts, the cuts and the pipeline.
 """
 import itertools
 import statistics

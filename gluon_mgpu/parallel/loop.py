@@ -1,6 +1,7 @@
-"""The epochs of a split network (``make_parallel``): ``training.run_epochs`` and
-``training.run_epoch``, the loop of ``train()``, around the split network's own
-``train_batch(X, y)``, so that the command line's handlers work for every way of splitting."""
+"""The epochs of a split network (``make_parallel``): ``train()``'s loop around the split
+network's own ``train_batch(X, y)``, so that the command line's handlers work for every way of
+splitting (docs/three-ways.md).
+"""
 from ..handlers.events import EpochLine, Events, LossGuard, TrainingState
 from ..training import run_epoch, run_epochs
 

@@ -1,9 +1,6 @@
-"""Choosing a way to split training: the checks and the constructor the command line calls.
-
-``check_parallel_options`` refuses bad combinations of flags in one line each (ValueError,
-the message names the value and the fix) before anything is built; ``parse_cut`` reads the
-``--cut`` flag; ``make_parallel`` builds the split network; ``data_parallel_summary`` gives
-the chapter's Gluon data parallelism the same bytes-per-device summary as the others.
+"""Choosing a way to split training: the checks of the flags, the ``--cut`` parser, the
+constructor the command line calls, and the bytes-per-device summary of the chapter's own data
+parallelism (docs/three-ways.md).
 """
 from mxnet.gluon import utils as gutils
 

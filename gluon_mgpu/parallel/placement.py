@@ -1,11 +1,5 @@
-"""Where each parameter lives, and how many bytes every device holds.
-
-The replica inspector compares the copies of a parameter on different devices. When training
-is split by layers or by channels there are no copies to compare: every parameter lives on
-exactly one device. What is worth knowing then is *which* device, and how the bytes add up per
-device. ``inspect_placement`` returns that as data (``Placement``); ``format_placement`` turns it
-into text. It works for every network: a data-parallel one shows each parameter on every
-device, with the bytes of one full replica per device.
+"""Where each parameter lives, and how many bytes every device holds: ``inspect_placement``
+returns it as data, ``format_placement`` as text (docs/three-ways.md, "Copies and placement").
 """
 from dataclasses import dataclass
 

@@ -1,19 +1,6 @@
-"""Method 3 from scratch: data parallelism as the book's preceding section writes it.
-
-The chapter hands data parallelism to Gluon's ``Trainer``; the section before it builds the
-same thing by hand on a small LeNet, and that is what this module does:
-
-* ``get_params`` puts a full copy of the parameters on a device, with room for gradients;
-* ``split_batch`` cuts a batch into one equal slice per device;
-* every device computes the loss and the gradient of its own slice;
-* ``allreduce`` adds the gradients of all devices on the first one and copies the sum back;
-* every device applies the same SGD step (``sgd``) with the sum, so the copies stay equal.
-
-The network is the book's LeNet written as a function of a list of parameters. One change
-from the book: its two dense layers use ``nd.FullyConnected`` (weights laid out ``(outputs,
-inputs)``, as Gluon's ``Dense``) instead of ``nd.dot``, because ``nd.dot`` on two CPU contexts
-at once has hung inside OpenBLAS here; with Gluon's layout the same numbers also load into
-``gluon_lenet()``, the Gluon network this is compared with.
+"""Method 3 from scratch: data parallelism written by hand on the book's LeNet, as the book's
+preceding section does it (``get_params``, ``split_batch``, ``allreduce``, ``train_batch``).
+docs/three-ways.md ("How each split works") explains it and its one change from the book.
 """
 import mxnet as mx
 from mxnet import autograd, nd

@@ -1,9 +1,6 @@
-"""Devices of different speed: slices of a batch in proportion to per-device weights.
-
-The book splits every batch evenly, which suits identical GPUs. With a faster and a slower
-device, the step waits for the slower one; slices in proportion to each device's speed make
-both finish together. ``split_by_weights`` gives ``train()`` such a split, and
-``measure_device_speeds`` measures the weights.
+"""Devices of different speed: slices of a batch in proportion to per-device weights
+(``split_by_weights``), and the weights measured (``measure_device_speeds``). docs/devices.md
+explains it.
 """
 import functools
 import math

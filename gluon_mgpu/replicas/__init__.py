@@ -1,21 +1,6 @@
-"""The parameter-replica inspector: are the weights the same on every device?
-
-``net.initialize(ctx=devices)`` gives every parameter one copy (replica) per device. In the
-chapter's loop every device computes the gradient of its own slice of the batch;
-``trainer.step`` sums the gradients over the devices and applies the same update to every
-replica, so the trained parameters stay bit for bit identical. The chapter shows this by
-printing ``weight.data(ctx[0])[0]`` and ``weight.data(ctx[1])[0]`` side by side; this module
-compares every parameter on every device.
-
-Not everything is meant to agree. BatchNorm's ``running_mean`` and ``running_var`` are
-auxiliary states (``grad_req='null'``): in training mode each device updates its own copy from
-its own slice of the batch, and the Trainer never reduces them. They are reported with the size
-of their divergence, never as a failure.
-
-The library returns data (``inspect_replicas`` -> ``ReplicaReport``);
-``format_replica_report`` and ``format_replica_summary`` turn a report into text.
-``python -m gluon_mgpu.replicas`` walks the chapter's inspection cells
-(``gluon_mgpu/commands/replicas.py``).
+"""The parameter-replica inspector: are the weights the same on every device? It compares the
+copies of every parameter and reports BatchNorm's running statistics, which are meant to differ,
+apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is ``gluon_mgpu/commands/replicas.py``.
 """
 import math
 from dataclasses import dataclass

@@ -1,4 +1,6 @@
-"""``python -m gluon_mgpu.replicas``: the command line is ``gluon_mgpu/commands/replicas.py``."""
+"""``python -m gluon_mgpu.replicas``: the command line is ``gluon_mgpu/commands/replicas.py``
+(docs/replicas.md).
+"""
 import sys
 
 from gluon_mgpu.commands.replicas import main

@@ -1,32 +1,6 @@
-"""Each device's calls issued from a thread of its own, so each device has its own scratch buffers.
-
-Many MXNet operators borrow a temporary buffer ("scratch space") while they run; MXNet hands
-them out in turn from a pool of ``MXNET_CPU_TEMP_COPY`` buffers (4 by default), and an operator
-holding one makes any other that was given the same one wait. Two facts of MXNet 1.9.1 decide
-who shares a pool (``src/resource.cc``):
-
-- all CPU contexts share one pool, where every GPU gets a pool of its own;
-- the pools belong to the *Python thread that issues the call* (the resource manager is a
-  ``dmlc::ThreadLocalStore``): a hybridized network takes its buffers when it is called.
-
-So when one thread issues the work of ``cpu(0)`` and ``cpu(1)``, as the chapter's loop does,
-the two simulated devices take turns on the same 4 buffers (measured: 1.01 of 2 cores busy).
-``call(device, f, *args)`` issues ``f(*args)`` from ``device``'s own thread instead: each
-device then draws from its own pool, as each GPU does, and the devices compute side by side
-with MXNet's 4 buffers each (docs/devices.md).
-
-The caller waits for the call to return, so MXNet is still used by one thread at a time: only
-the issuing moves, the computing stays in MXNet's engine, asynchronous as before. The caller's
-``autograd`` state (recording, training) holds inside the call. The threads live as long as the
-process (MXNet frees a thread's pools when the thread ends, and a network keeps using the
-buffers it was given).
-
-MXNet's random generators belong to the issuing thread too, and ``mx.random.seed`` seeds only
-the caller's. So a network whose parameters still wait for their shapes (deferred
-initialization, its first call) is called from the caller's thread, where its initializer
-draws the numbers the seed chose, as in the book. Random operators inside a network
-(``Dropout``) issued through ``call`` draw from the device thread's generator, which the seed
-does not reach; the chapter's networks have none.
+"""Each device's calls issued from a thread of its own (``call(device, f, *args)``), so that each
+simulated device draws on its own pool of MXNet's scratch buffers, as each GPU does.
+docs/devices.md explains why, and what it means for random numbers.
 """
 import os
 import queue

@@ -1,29 +1,6 @@
-"""Reading and writing files safely: only regular files, atomically, with the OS's reason.
-
-Every file gluon_mgpu writes (checkpoints, ``--metrics-json``, ``--plot``, the sweep's table)
-goes through ``atomic_path``: the content goes to a new hidden temporary file beside the target
-(``tempfile.mkstemp``: a fresh name, created exclusively), is flushed to disk, and is then
-renamed over the target, so a reader sees the old file or the new one, never half of one.
-
-A rename replaces whatever has the target's name, so before it (and once more right before the
-rename) the target is checked: it must not exist or be a regular file. Anything else is refused
-with ``OutputError`` and left as it is:
-
-- a device (``/dev/null``, ``/dev/full``), a FIFO, a socket or a folder: the rename would put a
-  regular file in place of something that is not ours;
-- a symbolic link, even to a regular file: the rename would replace the link (which is not ours
-  either), and writing through it instead would write wherever it points, which in a shared
-  folder can be a place its owner chose. The message names the link's target: pass that path to
-  write the file itself.
-
-Whatever the operating system refuses while writing (no space left on device, a file size
-limit, permission denied, a folder deleted meanwhile) is raised as ``OutputError`` too, naming
-the target and the OS's reason; the target is then untouched and the temporary file removed.
-MXNet's own writers (``nd.save``, ``save_parameters``) lose the OS's reason (``FileStream.Write
-incomplete``); when they fail, one more megabyte is written to the temporary file to learn it.
-
-Inputs are opened with ``open_input``: only regular files, opened without blocking, so a FIFO
-in place of a data file is reported instead of waiting forever for a writer.
+"""Reading and writing files safely: outputs only to new paths or regular files, atomically, with
+the OS's reason when a write fails; inputs only from regular files. docs/outputs.md ("How files
+are written") explains it.
 """
 import contextlib
 import errno

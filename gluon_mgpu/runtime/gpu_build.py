@@ -1,26 +1,7 @@
-"""The GPU build of MXNet on a machine that has nothing but the NVIDIA driver.
-
-``mxnet-cu112``'s ``libmxnet.so`` needs ten libraries from outside. Nine come from NVIDIA's
-``nvidia-*-cu11`` wheels (requirements-gpu.txt), which put them in
-``site-packages/nvidia/<name>/lib/``, a folder the dynamic loader never searches. The tenth,
-``libcuda.so.1``, comes with the driver, and ``libmxnet.so`` links it directly: without a driver,
-``import mxnet`` fails with ``OSError``.
-
-:func:`prepare` loads the nine with ``ctypes`` and ``RTLD_GLOBAL``, each after the libraries it
-needs, before ``libmxnet.so`` is loaded: the loader then takes the copies already in the process.
-It also checks for the driver and raises :class:`NoDriverError` (one line: what is wrong and the
-fix) instead of the loader's ``OSError``. Two callers run it before MXNet loads:
-
-* ``gluon_mgpu/__init__.py``, through :func:`prepare_for_package`, for the package's commands
-  (one line on stderr, exit code 2) and its library users (the exception);
-* ``gluon_mgpu_cuda.pth``, which :func:`install_hook` writes into the GPU environment
-  (``make gpu-install``): it puts a finder on ``sys.meta_path`` that runs :func:`prepare` when
-  ``mxnet`` is first imported, by anything: a script, a notebook kernel, ``d2lzh``.
-
-This file imports only the standard library and never the ``gluon_mgpu`` package, whose
-``__init__`` imports MXNet: the ``.pth`` file loads it by path at every start of the
-environment's Python, where it costs one finder until MXNet is imported.
-Run as a script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
+"""The GPU build of MXNet on a machine that has nothing but the NVIDIA driver: load the CUDA
+libraries of NVIDIA's wheels before MXNet, or say in one line that the driver is missing. It
+imports only the standard library, since a ``.pth`` file loads it by path. docs/gpu.md explains
+it; as a script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
 """
 import os
 import re

@@ -1,20 +1,6 @@
-"""The environment variables MXNet parses itself, checked before MXNet starts.
-
-MXNet 1.9.1 reads its settings from the environment with ``dmlc::GetEnv``, which parses a value
-as the setting's type, a whole number or a true/false flag, and throws a C++ exception for
-anything else. It reads them while it loads, starts its engine or runs the first operators,
-outside any handler: the process aborts (exit code 134) with ``terminate called after throwing
-an instance of 'dmlc::ParamError' what(): Invalid Parameter format for OMP_NUM_THREADS expect
-int but value='abc'``, and a Python program has no chance to say anything. A thread count the
-machine cannot start (``OMP_NUM_THREADS=100000``) crashes it too (exit code 134 or 139), and a
-few hundred threads per core make a step last for ever (their OpenMP threads spin waiting for
-each other).
-
-``check_environment`` finds such values first (importing the package calls it, before it
-imports MXNet): a ``ValueError`` naming the variable, the value and the fix, which every
-``python -m gluon_mgpu.<command>`` turns into one line and exit code 2. The variables and
-their types were found by setting each to a bad value under the chapter's step on two CPU
-contexts (docs/devices.md says how); an empty value is what MXNet takes for unset.
+"""The environment variables MXNet parses itself, checked before MXNet starts, since MXNet aborts
+the process on a value it cannot parse: ``check_environment`` names the variable, the value and
+the fix (docs/devices.md, "Values MXNet would abort on").
 """
 import re
 

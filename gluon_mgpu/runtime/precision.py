@@ -1,26 +1,6 @@
-"""bfloat16 training as an option beside the book's float32: MXNet's AMP does the casting.
-
-``python -m gluon_mgpu.train --dtype bfloat16`` (or ``new_network(dtype='bfloat16')`` and
-``init_training(..., dtype='bfloat16')`` in a notebook) runs the chapter's step unchanged:
-``mxnet.contrib.amp.init(target_dtype='bfloat16')`` makes MXNet cast the inputs of every
-convolution and dense layer to bfloat16 (BatchNorm keeps float32 parameters, softmax and the
-loss run in float32), and ``amp.init_trainer`` makes the Trainer skip a step whose gradients
-are not finite. The parameters themselves stay float32 (the master weights the optimizer
-updates and the checkpoints save); evaluation runs through the same casts.
-
-Two facts of MXNet 1.9.1 shape this module:
-
-- ``amp.init`` is process-wide and cannot be undone: it replaces the operator functions of
-  ``mx.nd`` and ``mx.sym`` (a second call, with any dtype, does nothing). So a process that
-  trained in bfloat16 cannot build a float32 network any more, and a float32 network built
-  before would compute in bfloat16 afterwards: ``use_dtype`` refuses both (in a notebook:
-  restart the kernel to switch).
-- It must run before the network is first called (a hybridized network records its graph,
-  casts included, then): ``new_network`` calls ``use_dtype`` before it builds.
-
-Only CPUs whose instruction set computes in bfloat16 (``avx512_bf16`` or ``amx_bf16`` in
-/proc/cpuinfo) gain from it: elsewhere oneDNN emulates it, slower than float32, and
-``check_dtype`` refuses unless forced. On GPUs it was never run here.
+"""bfloat16 training as an option beside the book's float32, through MXNet's AMP. AMP is
+process-wide in MXNet 1.9.1, so ``use_dtype`` guards the switch, and ``check_dtype`` refuses a CPU
+that would only emulate bfloat16. docs/precision.md explains it.
 """
 from ..devices import cpu_flags
 

@@ -1,9 +1,5 @@
-"""The first seconds of a ``python -m gluon_mgpu.<command>``: loading MXNet.
-
-Importing the package imports MXNet, which takes a few seconds. A Ctrl-C (or SIGTERM) then
-would end the command with Python's traceback from deep inside the import; instead, while the
-package is being imported on behalf of a command, Ctrl-C, SIGTERM or SIGHUP ends it with one line
-and the usual exit code (130, 143, 129). An ``import gluon_mgpu`` from a program or a notebook is left alone.
+"""The first seconds of a ``python -m gluon_mgpu.<command>``: a signal while the package imports
+MXNet ends the command with one line, not a traceback (docs/outputs.md, "When a command fails").
 """
 import os
 import signal

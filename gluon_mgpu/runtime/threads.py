@@ -1,30 +1,6 @@
-"""CPU thread settings, chosen before MXNet starts.
-
-On x86, MXNet's OpenMP set-up (``src/engine/openmp.cc``) halves the number of cores unless
-``OMP_NUM_THREADS`` is set, assuming every core is a hyper-thread pair: on a 2-core machine
-without hyper-threading it computes on one core. MXNet reads the variable once, when it is
-first imported, so ``gluon_mgpu`` sets it on import (before importing MXNet) to the number of
-cores this process may use, unless the user set it (or ``MXNET_OMP_MAX_THREADS``) already.
-
-Imported after MXNet (the book's first cell imports d2lzh, which imports MXNet), the package
-cannot change the count any more: MXNet keeps it in its OpenMP singleton and caps every engine
-worker at it, and its ``MXSetNumOMPThreads`` (``mx.base._LIB``) sets only the calling thread's
-OpenMP count, which the step does not compute in (measured: no faster, docs/import-order.md).
-So importing the package then logs one warning line naming the count in force and the fix
-(``imported_late_warning``); ``thread_settings()`` reports that count.
-
-Simulated devices. MXNet runs each CPU context (``cpu(0)``, ``cpu(1)``, ...) on its own engine
-worker thread, and every worker starts its own OpenMP team of ``OMP_NUM_THREADS``. N teams of
-one thread per core oversubscribe the cores N times; and OpenBLAS (which ``nd.dot`` uses) hangs
-when two workers call it at once with teams of 2 or more threads. So when ``python -m
-gluon_mgpu.train`` starts with N >= 2 simulated devices (``--num-gpus N`` on a machine without
-GPUs, or ``--device cpu``), the package gives each device ``cores // N`` threads (at least 1),
-unless the user set the variable. A program or notebook asks for the same with the environment
-variable ``GLUON_MGPU_CPU_DEVICES=N`` set before ``import gluon_mgpu``.
-
-The other condition for devices computing side by side, a pool of scratch buffers per device,
-is met by issuing each device's calls from its own thread (``gluon_mgpu.runtime.dispatch``), not here:
-``MXNET_CPU_TEMP_COPY`` is left to MXNet (4 buffers per pool) or to the user.
+"""CPU thread settings, chosen before MXNet starts: ``OMP_NUM_THREADS`` for the usable cores, or
+``cores // N`` per simulated device, and a warning when MXNet was imported first.
+docs/devices.md explains why.
 """
 import logging
 import os

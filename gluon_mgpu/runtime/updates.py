@@ -1,11 +1,6 @@
-"""What MXNet would swallow or bury: the optimizer's exceptions, and its messages' C++ traces.
-
-With the default kvstore, ``trainer.step`` runs the optimizer as a Python function that MXNet
-calls back through ctypes; an exception raised there is printed and dropped, and the run goes
-on with parameters that no longer change. ``guard_updates(trainer)`` catches any exception the
-optimizer raises during ``step`` (for example MXNet's "Out of range value for lr" with
-``lr=1e39``) and raises it as ``UpdateError`` right after ``trainer.step`` returns.
-``one_line`` keeps the message of an MXNet error without its C++ stack trace.
+"""What MXNet would swallow or bury: the optimizer's exceptions inside ``trainer.step``
+(``guard_updates``) and the C++ stack trace in its messages (``one_line``). docs/events.md
+("Inside trainer.step") explains it.
 """
 import sys
 

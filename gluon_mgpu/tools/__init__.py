@@ -1,2 +1,3 @@
-"""Measurement tools beyond the chapter: BatchNorm statistics for the book table's diagnosis and
-folded-BatchNorm inference for the benchmarks."""
+"""Measurement tools beyond the chapter: BatchNorm statistics for the book table's diagnosis
+(docs/notebooks.md) and folded-BatchNorm inference for the benchmarks (docs/speed.md).
+"""

@@ -1,12 +1,6 @@
-"""BatchNorm statistics and test accuracy: three ways to normalize at test time.
-
-The book measures test accuracy with the running statistics of device 0 (``In [7]``:
-``evaluate_accuracy(test_iter, net, ctx[0])``), which BatchNorm updates with momentum 0.9 at
-every step. When the weights move fast (the first epoch at the book's learning rate) those
-averages lag behind them. Two other measures show how much that costs: the running statistics
-re-estimated from a few hundred training images with the final weights ("precise BatchNorm",
-Wu and Johnson 2021), and batch statistics (train-mode BatchNorm on every test batch). Both are
-diagnostics beside the book's measure, never a replacement (docs/book-comparison.md).
+"""BatchNorm statistics and test accuracy: three ways to normalize at test time (each device's
+running statistics, re-estimated ones, batch statistics), diagnostics beside the book's measure.
+docs/notebooks.md ("The diagnosis") explains them.
 """
 from mxnet import autograd, nd
 from mxnet.gluon import nn

@@ -1,15 +1,5 @@
-"""Inference copies of the chapter's networks: BatchNorm folded into the convolutions.
-
-At prediction time (``autograd`` not recording) a BatchNorm layer is a fixed affine map per
-channel, ``gamma * (y - running_mean) / sqrt(running_var + eps) + beta``. When it follows a
-convolution ``y = w * x + b``, the two are one convolution with
-
-    w' = w * gamma / sqrt(running_var + eps)
-    b' = (b - running_mean) * gamma / sqrt(running_var + eps) + beta
-
-so the folded network skips one pass over every activation per BatchNorm layer. It computes the
-same function as the original in predict mode (up to float32 rounding), and only that: it has no
-running statistics to update, so it cannot be trained.
+"""Inference copies of the chapter's networks: BatchNorm folded into the convolutions, for
+prediction only (docs/speed.md, "BatchNorm folded into the convolutions").
 """
 import numpy as np
 from mxnet import autograd, gluon, init, nd
