@@ -411,7 +411,9 @@ _FSIZE_CHILD = textwrap.dedent('''
     import os, resource, signal, sys
     import gluon_mgpu
     import mxnet as mx
-    from gluon_mgpu import checkpoint, files, metrics, training
+    from gluon_mgpu import training
+    from gluon_mgpu.handlers import checkpoint, metrics
+    from gluon_mgpu.runtime import files
     from mxnet.gluon import nn
     directory, what = sys.argv[1], sys.argv[2]
     net = nn.Dense(300, in_units=300)
