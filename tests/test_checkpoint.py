@@ -305,6 +305,27 @@ def test_resume_settings_names_every_difference_and_keeps_what_may_change():
         checkpoint.resume_settings(record, {'epochs': 1})
 
 
+@pytest.mark.parametrize('flags', [
+    [],
+    ['--num-gpus', '2', '--device-weights', '3,1', '--no-hybridize', '--quiet', '--loader',
+     'gluon', '--seed', '7'],
+    ['--balance', 'auto', '--warmup-steps', '5', '--kvstore', 'local', '--check-replicas', '2'],
+    ['--sync-bn', '--num-gpus', '2', '--lr', '0.05', '--epochs', '7', '--device', 'cpu'],
+    ['--model', 'lenet', '--dtype', 'bfloat16', '--train-limit', '10', '--test-limit', '5',
+     '--data-dir', '-odd dir', '--batch-size', '3'],
+    ['--metrics-json', '{tmp}/m.json', '--plot', '{tmp}/c.svg', '--save-params', '{tmp}/n.params'],
+])
+def test_the_settings_of_every_run_parse_back_as_recorded(tmp_path, flags):
+    from gluon_mgpu.commands import train
+    directory = str(tmp_path / 'ck')
+    args = train.parse_args([f.replace('{tmp}', str(tmp_path)) for f in flags] +
+                            ['--checkpoint-dir', directory])
+    # What train.run records (it sets rank), as the JSON file gives it back.
+    recorded = json.loads(json.dumps(dict(
+        {k: v for k, v in vars(args).items() if k not in train._NOT_RECORDED}, rank=0)))
+    train.check_recorded_args(recorded, checkpoint.checkpoint_path(directory, 1, 'json'))
+
+
 # The command line: real processes, real signals.
 
 def _cli(*args):

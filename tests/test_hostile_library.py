@@ -32,7 +32,7 @@ from mxnet.gluon import nn
 from gluon_mgpu.handlers import checkpoint, metrics, plotting
 from gluon_mgpu import data, devices, training
 from gluon_mgpu.runtime import files
-from gluon_mgpu.commands import launch
+from gluon_mgpu.commands import launch, train
 from gluon_mgpu.handlers.interrupts import (DeferredInterrupt, Interrupted, UpdateError,
                                             guard_updates)
 from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
@@ -1223,8 +1223,7 @@ def cli_record(tmp_path_factory, data_dir):
 
 def test_the_clis_own_record_is_valid(cli_record):
     record, path = cli_record
-    assert checkpoint.validate_record(record, path) is record
-    assert set(record['args']) == set(checkpoint.ARG_CHECKS)
+    assert train.check_record(record, path) is record
 
 
 _DROP = object()
@@ -1243,55 +1242,82 @@ def _set(where, key, value=_DROP):
     return change
 
 
+class _Said(Exception):
+    pass
+
+
+def _parser_says(flag):
+    """What the train command's parser says about ``flag``, as argparse words it."""
+    parser = train.build_parser()
+
+    def error(message):
+        raise _Said(message)
+    parser.error = error
+    with pytest.raises(_Said) as e:
+        parser.parse_args([flag])
+    return str(e.value)
+
+
+def _refuses(setting, shown, flag):
+    return lambda: 'args.%s is %s, which the command line refuses (%s)' % (
+        setting, shown, _parser_says(flag))
+
+
+def _together(reason):
+    return 'the recorded settings are refused by the command line (%s)' % reason
+
+
 _A = ('args',)
 _BAD_RECORDS = [
-    (_set(_A, 'lr', -1), 'args.lr is -1, expected a number from 1.1754944e-38 to '
-                         '3.4028235e+38 (what float32 can hold)'),
-    (_set(_A, 'lr', 1e39), 'args.lr is 1e+39, expected a number from 1.1754944e-38 to '
-                           '3.4028235e+38 (what float32 can hold)'),
-    (_set(_A, 'lr', 1e-320), 'args.lr is 1e-320, expected a number from 1.1754944e-38 to '
-                             '3.4028235e+38 (what float32 can hold)'),
-    (_set(_A, 'lr', '0.1'), 'args.lr is "0.1", expected a number from 1.1754944e-38 to '
-                            '3.4028235e+38 (what float32 can hold)'),
-    (_set(_A, 'epochs', '5'), 'args.epochs is "5", expected a whole number'),
-    (_set(_A, 'epochs', 0), 'args.epochs is 0, expected a whole number >= 1'),
-    (_set(_A, 'epochs', 2.0), 'args.epochs is 2.0, expected a whole number'),
-    (_set(_A, 'num_gpus', True), 'args.num_gpus is true, expected a whole number'),
-    (_set(_A, 'batch_size', None), 'args.batch_size is null, expected a whole number'),
-    (_set(_A, 'train_limit', 0), 'args.train_limit is 0, expected a whole number >= 1 or null'),
-    (_set(_A, 'seed', -1), 'args.seed is -1, expected a whole number from 0 to 2147483647'),
-    (_set(_A, 'seed', 2 ** 31), 'args.seed is 2147483648, expected a whole number from 0 to '
-                                '2147483647'),
-    (_set(_A, 'device', 'tpu'), 'args.device is "tpu", expected one of "auto", "gpu", "cpu"'),
-    (_set(_A, 'loader', 'torch'), 'args.loader is "torch", expected one of "array", "gluon"'),
-    (_set(_A, 'kvstore', 'dist_sync'), 'args.kvstore is "dist_sync", expected one of "device", '
-                                       '"local"'),
-    (_set(_A, 'model', 'resnet50'), 'args.model is "resnet50", expected one of "resnet18", '
-                                    '"lenet"'),
+    (_set(_A, 'lr', -1), _refuses('lr', '-1', '--lr=-1')),
+    (_set(_A, 'lr', 1e39), _refuses('lr', '1e+39', '--lr=1e+39')),
+    (_set(_A, 'lr', 1e-320), _refuses('lr', '1e-320', '--lr=1e-320')),
+    (_set(_A, 'lr', '0.1'), 'args.lr is "0.1", which the command line reads as 0.1'),
+    (_set(_A, 'epochs', '5'), 'args.epochs is "5", which the command line reads as 5'),
+    (_set(_A, 'epochs', 0), _refuses('epochs', '0', '--epochs=0')),
+    (_set(_A, 'epochs', 2.0), _refuses('epochs', '2.0', '--epochs=2.0')),
+    (_set(_A, 'num_gpus', True), _refuses('num_gpus', 'true', '--num-gpus=True')),
+    (_set(_A, 'batch_size', None), 'args.batch_size is null, which the command line reads as '
+                                   '256'),
+    (_set(_A, 'train_limit', 0), _refuses('train_limit', '0', '--train-limit=0')),
+    (_set(_A, 'seed', -1), _refuses('seed', '-1', '--seed=-1')),
+    (_set(_A, 'seed', 2 ** 31), _refuses('seed', '2147483648', '--seed=2147483648')),
+    (_set(_A, 'device', 'tpu'), _refuses('device', '"tpu"', '--device=tpu')),
+    (_set(_A, 'loader', 'torch'), _refuses('loader', '"torch"', '--loader=torch')),
+    (_set(_A, 'kvstore', 'nccl'), _refuses('kvstore', '"nccl"', '--kvstore=nccl')),
+    (_set(_A, 'kvstore', 'dist_sync'), _together(
+        '--checkpoint-dir with --kvstore dist_sync: MXNet 1.9.1 keeps the optimizer state on '
+        'the servers and a worker cannot save it ("Cannot save states for distributed '
+        'training"); drop --checkpoint-dir (--save-params saves the final parameters)')),
+    (_set(_A, 'model', 'resnet50'), _refuses('model', '"resnet50"', '--model=resnet50')),
     (_set(_A, 'hybridize', 'yes'), 'args.hybridize is "yes", expected true or false'),
     (_set(_A, 'quiet', 0), 'args.quiet is 0, expected true or false'),
-    (_set(_A, 'plot', 'curves.pdf'), 'args.plot is "curves.pdf", expected a file name ending in '
-                                     '.png or .svg or null'),
-    (_set(_A, 'metrics_json', ''), 'args.metrics_json is "", expected a non-empty string '
-                                   'without NUL characters or null'),
-    (_set(_A, 'data_dir', 'a\0b'), 'args.data_dir is "a\\u0000b", expected a non-empty string '
-                                   'without NUL characters or null'),
-    (_set(_A, 'save_params', ['x']), 'args.save_params is ["x"], expected a non-empty string '
-                                     'without NUL characters or null'),
-    (_set(_A, 'device_weights', [1, -1]), 'args.device_weights is [1, -1], expected a list of '
-                                          'numbers above 0 or null'),
-    (_set(_A, 'device_weights', [1, 1]), 'args.device_weights has 2 weights for 1 devices'),
-    (_set(_A, 'check_replicas', 'x' * 100), 'args.check_replicas is "%s..., expected a whole '
-                                            'number or null' % ('x' * 36)),
+    (_set(_A, 'plot', 'curves.pdf'), _refuses('plot', '"curves.pdf"', '--plot=curves.pdf')),
+    (_set(_A, 'metrics_json', 7), 'args.metrics_json is 7, which the command line reads as '
+                                  '"7"'),
+    (_set(_A, 'data_dir', 'a\0b'), 'args.data_dir is "a\\u0000b", which no command line can '
+                                   'give (a NUL character)'),
+    (_set(_A, 'save_params', ['x']), 'args.save_params is ["x"], which the command line reads '
+                                     'as "x"'),
+    (_set(_A, 'device_weights', [1, -1]), _refuses('device_weights', '[1, -1]',
+                                                   '--device-weights=1,-1')),
+    (_set(_A, 'device_weights', [1, 1]), _together(
+        '--device-weights 1,1 gives 2 weights but --num-gpus is 1; give one weight per device, '
+        'e.g. --device-weights 1')),
+    (_set(_A, 'check_replicas', 'x' * 100), _refuses('check_replicas', '"%s...' % ('x' * 36),
+                                                     '--check-replicas=' + 'x' * 100)),
     (_set(_A, 'rank', 1), 'args.rank is 1, expected 0'),
     (_set(_A, 'num_workers', 2), 'args.num_workers is 2, expected 1'),
-    (_set(_A, 'balance', 'fast'), 'args.balance is "fast", expected one of "even", "auto"'),
+    (_set(_A, 'balance', 'fast'), _refuses('balance', '"fast"', '--balance=fast')),
     (_set(_A, 'sync_bn', None), 'args.sync_bn is null, expected true or false'),
     (_set(_A, 'checkpoint_dir', '/etc'), 'args has unknown setting "checkpoint_dir"'),
     (_set(_A, 'given', {}), 'args has unknown setting "given"'),
     (_set(_A, 'lr'), 'args lacks lr'),
-    (_set(_A, 'batch_size', 0), 'args.batch_size is 0, expected a whole number >= 1'),
-    (_set(_A, 'num_gpus', 9), 'args.batch_size 8 is smaller than args.num_gpus 9'),
+    (_set(_A, 'warmup_steps'), 'args lacks warmup_steps'),
+    (_set(_A, 'batch_size', 0), _refuses('batch_size', '0', '--batch-size=0')),
+    (_set(_A, 'num_gpus', 9), _together(
+        '--batch-size 8 is smaller than --num-gpus 9, so some device would get no data; pass '
+        '--batch-size 9 or more')),
     (_set((), 'args'), 'args is missing, expected the settings of the run (an object)'),
     (_set((), 'args', [1, 2]), 'args is [1, 2], expected the settings of the run (an object)'),
     (_set((), 'args', 'oops'), 'args is "oops", expected the settings of the run (an object)'),
@@ -1328,16 +1354,9 @@ def test_recorded_values_are_checked_as_strictly_as_the_command_line(cli_record,
     record, path = cli_record
     record = json.loads(json.dumps(record))
     change(record)
+    what = what() if callable(what) else what
     with pytest.raises(checkpoint.CheckpointError) as e:
-        checkpoint.validate_record(record, path)
+        train.check_record(record, path)
     assert _one_line(str(e.value)) == (
         '%s: %s; the file was not written by this version of gluon_mgpu.train or was changed: '
         'start a new run in an empty --checkpoint-dir' % (path, what))
-
-
-def test_an_older_record_without_the_newer_settings_is_valid(cli_record):
-    record, path = cli_record
-    record = json.loads(json.dumps(record))
-    for key in set(record['args']) - set(checkpoint.REQUIRED_ARGS):
-        del record['args'][key]
-    checkpoint.validate_record(record, path)

@@ -32,10 +32,10 @@ counters, and the form of each parameter's state) and its state arrays, if any, 
 against the Trainer (the same optimizer class, a state for a trained parameter only, each array
 with that parameter's shape) before anything reaches it.
 
-Every value the CLI reads from the JSON file is checked as strictly as the same value on the
-command line (``validate_record``, called right after ``read_checkpoint``, before anything else
-is read), and ``.replicas`` must name exactly the network's parameters and devices, with their
-shapes.
+``validate_record`` checks the parts of the JSON file the CLI writes (``history``, ``network``,
+...) and hands ``args`` to a check of the caller's: the CLI parses them with its own parser, as
+strictly as the same flags on its command line. ``.replicas`` must name exactly the network's
+parameters and devices, with their shapes.
 
 The sha256 sums in the JSON file only catch accidents (a truncated copy, a disk error, a file
 from another epoch): whoever can write the folder can rewrite a file and its sum together. Such
@@ -74,8 +74,8 @@ from .interrupts import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir',
-           'save_checkpoint', 'read_checkpoint', 'validate_record', 'ARG_CHECKS', 'REQUIRED_ARGS',
-           'LR_RANGE', 'network_names', 'restore', 'resume_settings', 'CheckpointHandler']
+           'save_checkpoint', 'read_checkpoint', 'validate_record', 'network_names', 'restore',
+           'resume_settings', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 2'
 # Format 1 kept the optimizer as a pickle (Trainer.save_states); the last commit that resumes it.
@@ -460,7 +460,7 @@ def _verified(directory, record, kind, json_path=None, read=True):
     return data
 
 
-# What validate_record accepts: the CLI's settings, as ``vars(args)`` records them.
+# What validate_record checks: the parts of the CLI's record its parser does not read.
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -471,96 +471,8 @@ def _is_number(value):
             and math.isfinite(value))
 
 
-# The learning rates MXNet's SGD operators take: float32's normal range (measured with 1.9.1:
-# sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value for lr").
-LR_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
-
-
-def _count(minimum):
-    def check(value):
-        if not _is_int(value):
-            return 'a whole number'
-        if value < minimum:
-            return 'a whole number >= %d' % minimum
-        return None
-    return check
-
-
-def _optional(check):
-    def optional(value):
-        if value is None:
-            return None
-        problem = check(value)
-        return problem and problem + ' or null'
-    return optional
-
-
-def _choice(options):
-    def check(value):
-        return None if value in options and isinstance(value, str) else \
-            'one of %s' % ', '.join(map(json.dumps, options))
-    return check
-
-
-def _boolean(value):
-    return None if isinstance(value, bool) else 'true or false'
-
-
-def _text(value):
-    return None if isinstance(value, str) and value and '\0' not in value else \
-        'a non-empty string without NUL characters'
-
-
-def _plot(value):
-    if _text(value) or os.path.splitext(value)[1].lower() not in ('.png', '.svg'):
-        return 'a file name ending in .png or .svg'
-    return None
-
-
-def _lr(value):
-    if not _is_number(value) or not LR_RANGE[0] <= value <= LR_RANGE[1]:
-        return 'a number from %.8g to %.8g (what float32 can hold)' % LR_RANGE
-    return None
-
-
-def _seed(value):
-    if not _is_int(value) or not 0 <= value < 2 ** 31:
-        return 'a whole number from 0 to %d' % (2 ** 31 - 1)
-    return None
-
-
-def _weights(value):
-    if not isinstance(value, list) or not value or \
-            not all(_is_number(w) and w > 0 for w in value):
-        return 'a list of numbers above 0'
-    return None
-
-
-def _exactly(expected):
-    def check(value):
-        return None if _is_int(value) and value == expected else json.dumps(expected)
-    return check
-
-
-ARG_CHECKS = {
-    'num_gpus': _count(1), 'batch_size': _count(1), 'lr': _lr, 'epochs': _count(1),
-    'device': _choice(('auto', 'gpu', 'cpu')), 'data_dir': _optional(_text),
-    'train_limit': _optional(_count(1)), 'test_limit': _optional(_count(1)), 'seed': _seed,
-    'hybridize': _boolean, 'loader': _choice(('array', 'gluon')),
-    'check_replicas': _optional(_count(1)), 'quiet': _boolean,
-    'metrics_json': _optional(_text), 'plot': _optional(_plot),
-    'model': _choice(('resnet18', 'lenet')), 'kvstore': _choice(('device', 'local')),
-    'device_weights': _optional(_weights), 'balance': _choice(('even', 'auto')),
-    'sync_bn': _boolean, 'save_params': _optional(_text),
-    'warmup_steps': _optional(_count(1)), 'dtype': _choice(('float32', 'bfloat16')),
-    'num_workers': _exactly(1), 'rank': _exactly(0),
-    # Checkpoints are written by the chapter's data parallelism only (--parallel data).
-    'parallel': _choice(('data',)), 'micro_batches': _exactly(1), 'cut': _choice(('params',)),
-}
-# Recorded by every version of the CLI; the others may be missing from older checkpoints.
-REQUIRED_ARGS = ('num_gpus', 'batch_size', 'lr', 'epochs', 'seed', 'train_limit', 'test_limit')
 _HISTORY_CHECKS = {
-    'epoch': _count(1),
+    'epoch': lambda v: None if _is_int(v) and v >= 1 else 'a whole number >= 1',
     'seconds': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
     'images_per_sec': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
     'train_loss': lambda v: None if _is_number(v) and v >= 0 else 'a number >= 0',
@@ -592,14 +504,14 @@ def _not_ours(path, what, writer='gluon_mgpu.train'):
                            % (path, what, writer))
 
 
-def validate_record(record, path):
-    """Check the values the CLI stores in a checkpoint as strictly as on its command line.
+def validate_record(record, path, check_args=None):
+    """Check the values the CLI stores in a checkpoint's JSON file.
 
-    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be a dict of
-    known settings (``ARG_CHECKS``; the ``REQUIRED_ARGS`` present), each of the right type and
-    range; ``history`` a list of one record per finished epoch (``epoch`` 1, 2, ... with the
-    per-epoch fields in range); ``network`` the one these settings train; ``data_seed`` the
-    seed; ``devices`` one per ``num_gpus``.
+    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be an object,
+    checked by ``check_args``; ``history`` a list of one record per finished epoch (``epoch``
+    1, 2, ... with the per-epoch fields in range). With ``check_args``, also: ``args.epochs``
+    at least the finished epochs, ``network`` the one these settings train, ``data_seed`` the
+    seed, ``devices`` one per ``num_gpus``.
 
     Parameters
     ----------
@@ -607,13 +519,23 @@ def validate_record(record, path):
         From ``read_checkpoint``.
     path : str
         The JSON file's path, for the message.
+    check_args : callable, optional
+        ``check_args(args)`` raises ``ValueError`` with one line (``args.lr is -1, which the
+        command line refuses (...)``) unless ``args`` are settings the CLI would take; the
+        CLI's (``commands.train.check_recorded_args``) parses them with its own parser.
+        Without it, ``args`` is only checked to be an object.
+
+    Returns
+    -------
+    dict
+        ``record``.
 
     Raises
     ------
     CheckpointError
-        One line: ``runs/a/epoch-0002.json: args.lr is -1, expected a number from ... ; the
-        file was not written by this version of gluon_mgpu.train or was changed: start a new
-        run in an empty --checkpoint-dir``.
+        One line: ``runs/a/epoch-0002.json: history[0].test_acc is 1.5, expected a number from
+        0 to 1; the file was not written by this version of gluon_mgpu.train or was changed:
+        start a new run in an empty --checkpoint-dir``.
     """
     def refuse(what):
         raise _not_ours(path, what)
@@ -627,25 +549,12 @@ def validate_record(record, path):
     if not isinstance(args, dict):
         refuse('args is %s, expected the settings of the run (an object)'
                % ('missing' if args is None else _short(args)))
-    unknown = sorted(set(args) - set(ARG_CHECKS))
-    if unknown:
-        refuse('args has unknown setting%s %s' % ('s' if len(unknown) > 1 else '',
-                                                  ', '.join(map(_short, unknown))))
-    missing = [k for k in REQUIRED_ARGS if k not in args]
-    if missing:
-        refuse('args lacks %s' % ', '.join(missing))
-    for name, value in args.items():
-        check('args.' + name, value, ARG_CHECKS[name])
-    if args['batch_size'] < args['num_gpus']:
-        refuse('args.batch_size %d is smaller than args.num_gpus %d'
-               % (args['batch_size'], args['num_gpus']))
-    if args.get('device_weights') is not None and \
-            len(args['device_weights']) != args['num_gpus']:
-        refuse('args.device_weights has %d weights for %d devices'
-               % (len(args['device_weights']), args['num_gpus']))
+    if check_args is not None:
+        try:
+            check_args(args)
+        except ValueError as e:
+            refuse(str(e))
     epoch = record['epoch']
-    if args['epochs'] < epoch:
-        refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
     history = record.get('history')
     if not isinstance(history, list) or len(history) != epoch:
         refuse('history is %s, expected a list of %d epoch records'
@@ -659,6 +568,10 @@ def validate_record(record, path):
             check('history[%d].%s' % (i, field), entry[field], test)
         if entry['epoch'] != i + 1:
             refuse('history[%d].epoch is %d, expected %d' % (i, entry['epoch'], i + 1))
+    if check_args is None:
+        return record
+    if args['epochs'] < epoch:
+        refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
     network = record.get('network')
     if network != _network_of(args):
         known = network_names(args['num_gpus'])
@@ -666,13 +579,13 @@ def validate_record(record, path):
                % (_short(network), json.dumps(_network_of(args))) if network in known else
                'network is %s, which is none of the networks gluon_mgpu trains (%s)'
                % (_short(network), ', '.join(known)))
-    if 'data_seed' in record or 'devices' in record:
-        check('data_seed', record.get('data_seed'), _exactly(args['seed']))
-        devices = record.get('devices')
-        if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
-                not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
-            refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
-                   % (_short(devices), args['num_gpus']))
+    if record.get('data_seed') != args['seed'] or not _is_int(record.get('data_seed')):
+        refuse('data_seed is %s, expected %d' % (_short(record.get('data_seed')), args['seed']))
+    devices = record.get('devices')
+    if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
+            not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
+        refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
+               % (_short(devices), args['num_gpus']))
     return record
 
 
