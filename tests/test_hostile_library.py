@@ -467,7 +467,7 @@ def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
 
 def test_the_lock_dies_with_its_process(tmp_path):
     directory = str(tmp_path / 'ck')
-    code = ('import sys, time; from gluon_mgpu import checkpoint\n'
+    code = ('import sys, time; from gluon_mgpu.handlers import checkpoint\n'
             'lock = checkpoint.lock_dir(sys.argv[1]); print("locked", flush=True)\n'
             'time.sleep(120)\n')
     child = subprocess.Popen([PY, '-c', code, directory], stdout=subprocess.PIPE, text=True)
@@ -714,7 +714,8 @@ def test_cpu_contexts_cost_no_more_threads_than_the_limit_assumes(omp):
     # package issues each context's calls from a thread of its own.
     code = ('import os, gluon_mgpu, mxnet as mx\n'
             'from mxnet import nd\n'
-            'from gluon_mgpu import devices, dispatch\n'
+            'from gluon_mgpu import devices\n'
+            'from gluon_mgpu.runtime import dispatch\n'
             'for i in range(3):\n'
             '    a = nd.ones((64, 64), ctx=mx.cpu(i))\n'
             '    dispatch.call(mx.cpu(i), lambda: nd.dot(a, a).sum().asscalar())\n'
