@@ -155,14 +155,26 @@ def test_the_json_records_every_file_with_its_size_and_sha256(run_dir):
                                            for k in ('json', 'params', 'replicas', 'states')]
 
 
-def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(run_dir, two_cpus):
+def test_the_json_records_the_optimizers_numbers_and_states_holds_its_arrays(run_dir):
+    optimizer = checkpoint.read_checkpoint(run_dir)['optimizer']
+    # Two epochs of two steps; the book's SGD has no momentum, so no state arrays.
+    assert {k: optimizer[k] for k in ('type', 'lr', 'num_update', 'begin_num_update')} == {
+        'type': 'SGD', 'lr': 0.5, 'num_update': 4, 'begin_num_update': 0}
+    trained = [str(i) for i in (0, 1, 4, 5, 6, 7)]  # 2, 3: BatchNorm's running statistics
+    assert optimizer['states'] == dict.fromkeys(trained)
+    assert optimizer['update_counts'] == {'0': dict.fromkeys(trained, 4)}
+    assert nd.load(checkpoint.checkpoint_path(run_dir, 2, 'states')) == []
+
+
+def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(run_dir, two_cpus,
+                                                                           monkeypatch):
     net, trainer, _ = _resume(run_dir, None, two_cpus, 2)
 
-    def disk_full(path):
+    def disk_full(trainer, path):
         with open(path, 'wb') as f:
             f.write(b'half')
         raise OSError(28, 'No space left on device')
-    trainer.save_states = disk_full
+    monkeypatch.setattr(checkpoint, '_save_states', disk_full)
     with pytest.raises(OSError, match='No space left'):
         checkpoint.save_checkpoint(run_dir, 3, net, trainer, {'history': []})
     assert checkpoint.list_checkpoints(run_dir) == [1, 2]
@@ -190,30 +202,31 @@ class _Marker:
         return (open, (self.path, 'w'))
 
 
-@pytest.mark.parametrize('same_size', [True, False])
-def test_a_replaced_states_pickle_is_refused_before_it_is_loaded(run_dir, tmp_path, same_size,
-                                                                  two_cpus):
+@pytest.mark.parametrize('change', ['pickle', 'same size', 'truncated'])
+def test_a_replaced_states_file_is_refused_before_it_is_loaded(run_dir, tmp_path, change,
+                                                               two_cpus):
     states = checkpoint.checkpoint_path(run_dir, 2, 'states')
     marker = str(tmp_path / 'unpickled')
-    evil = pickle.dumps(_Marker(marker))
     size = os.path.getsize(states)
-    if same_size:
-        assert len(evil) < size
-        evil = evil + b'\0' * (size - len(evil))
+    content = open(states, 'rb').read()
+    content = {'pickle': pickle.dumps(_Marker(marker)),
+               'same size': content[:-1] + bytes([content[-1] ^ 1]),
+               'truncated': content[:size // 2]}[change]
     with open(states, 'wb') as f:
-        f.write(evil)
+        f.write(content)
     expected = (r'epoch-0002\.states has sha256 [0-9a-f]{12}\.\.\., but the run recorded '
-                r'[0-9a-f]{12}\.\.\.: it was changed' if same_size else
-                r'epoch-0002\.states is truncated: %d bytes, but the run wrote %d bytes'
-                % (len(evil), size))
+                r'[0-9a-f]{12}\.\.\.: it was changed' if change == 'same size' else
+                r'epoch-0002\.states is %s: %d bytes, but the run wrote %d bytes'
+                % ('truncated' if len(content) < size else 'changed', len(content), size))
     with pytest.raises(checkpoint.CheckpointError, match=expected + r'.*; delete .*epoch-0002\.\* '
                        r'to resume from epoch 1 instead'):
         checkpoint.read_checkpoint(run_dir)
     assert not os.path.exists(marker)
-    # The file really is a working pickle: loading it without the check would have run it.
-    with open(states, 'rb') as f:
-        pickle.load(f)
-    assert os.path.exists(marker)
+    if change == 'pickle':
+        # The file really is a working pickle: loading it without the check would have run it.
+        with open(states, 'rb') as f:
+            pickle.load(f)
+        assert os.path.exists(marker)
 
 
 def test_a_truncated_params_file_is_named(run_dir):
@@ -273,15 +286,14 @@ def test_prepare_dir_refuses_a_path_under_a_file(tmp_path):
 def test_resume_settings_names_every_difference_and_keeps_what_may_change():
     record = {'epoch': 2, 'args': {'num_gpus': 2, 'batch_size': 16, 'seed': 3, 'lr': 0.2,
                                    'train_limit': 48, 'test_limit': 16, 'epochs': 3,
-                                   'data_dir': None}}
+                                   'data_dir': None, 'dtype': 'float32'}}
     with pytest.raises(ValueError, match=r'cannot continue the run with other settings: '
                                          r'--batch-size 32 \(the run used 16\), --seed 4 \(the '
                                          r'run used 3\); leave these flags out'):
         checkpoint.resume_settings(record, {'batch_size': 32, 'seed': 4, 'lr': 0.1})
     merged = checkpoint.resume_settings(record, {'lr': 0.05, 'epochs': 5, 'batch_size': 16,
                                                  'data_dir': '/data'})
-    # A record from before --dtype trained in float32, and says so now.
-    assert merged == dict(record['args'], lr=0.05, epochs=5, data_dir='/data', dtype='float32')
+    assert merged == dict(record['args'], lr=0.05, epochs=5, data_dir='/data')
     with pytest.raises(ValueError, match=r'other settings: --dtype bfloat16 \(the run used '
                                          r'float32\); leave these flags out'):
         checkpoint.resume_settings(record, {'dtype': 'bfloat16'})
@@ -291,6 +303,27 @@ def test_resume_settings_names_every_difference_and_keeps_what_may_change():
     with pytest.raises(ValueError, match='--epochs 1 is fewer than the 2 epochs the run already '
                                          'finished; pass --epochs 3 or more'):
         checkpoint.resume_settings(record, {'epochs': 1})
+
+
+@pytest.mark.parametrize('flags', [
+    [],
+    ['--num-gpus', '2', '--device-weights', '3,1', '--no-hybridize', '--quiet', '--loader',
+     'gluon', '--seed', '7'],
+    ['--balance', 'auto', '--warmup-steps', '5', '--kvstore', 'local', '--check-replicas', '2'],
+    ['--sync-bn', '--num-gpus', '2', '--lr', '0.05', '--epochs', '7', '--device', 'cpu'],
+    ['--model', 'lenet', '--dtype', 'bfloat16', '--train-limit', '10', '--test-limit', '5',
+     '--data-dir', '-odd dir', '--batch-size', '3'],
+    ['--metrics-json', '{tmp}/m.json', '--plot', '{tmp}/c.svg', '--save-params', '{tmp}/n.params'],
+])
+def test_the_settings_of_every_run_parse_back_as_recorded(tmp_path, flags):
+    from gluon_mgpu.commands import train
+    directory = str(tmp_path / 'ck')
+    args = train.parse_args([f.replace('{tmp}', str(tmp_path)) for f in flags] +
+                            ['--checkpoint-dir', directory])
+    # What train.run records (it sets rank), as the JSON file gives it back.
+    recorded = json.loads(json.dumps(dict(
+        {k: v for k, v in vars(args).items() if k not in train._NOT_RECORDED}, rank=0)))
+    train.check_recorded_args(recorded, checkpoint.checkpoint_path(directory, 1, 'json'))
 
 
 # The command line: real processes, real signals.
@@ -487,6 +520,20 @@ def test_cli_refuses_a_checkpoint_of_another_program(cli_dir, capsys):
         'none of the networks gluon_mgpu trains (resnet18(10), lenet(10), resnet18(10, '
         'norm_layer=sync_batch_norm(2))); the file was not written by this version of '
         'gluon_mgpu.train or was changed: start a new run in an empty --checkpoint-dir' % path)
+
+
+def test_cli_refuses_a_checkpoint_of_format_1_naming_how_to_resume_it(cli_dir, capsys):
+    # What gluon_mgpu wrote up to commit 84e04e4: the optimizer as a pickle in .states.
+    path = checkpoint.checkpoint_path(cli_dir, 1, 'json')
+    record = json.load(open(path))
+    del record['optimizer']
+    record['format'] = 'gluon_mgpu checkpoint 1'
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    assert _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys) == (
+        'python -m gluon_mgpu.train: error: --resume: %s was written by an older gluon_mgpu '
+        '(format 1, whose optimizer state is a pickle); start a new run with another '
+        '--checkpoint-dir, or resume it with gluon_mgpu at commit 84e04e4' % path)
 
 
 def test_cli_refuses_to_resume_a_run_with_another_network_flag(cli_dir, capsys):

@@ -126,7 +126,8 @@ class TestOnACpuWithBfloat16:
 import json
 import mxnet as mx
 from mxnet import autograd, nd
-from gluon_mgpu import model, precision, training
+from gluon_mgpu import model, training
+from gluon_mgpu.runtime import precision
 devices = [mx.cpu(0), mx.cpu(1)]
 net = training.new_network('resnet18', hybridize=True, dtype='bfloat16')
 trainer = training.init_training(net, devices, 0.1, seed=0, dtype='bfloat16')

@@ -10,7 +10,6 @@ import sys
 import traceback
 
 from ..runtime import files
-from ..handlers.checkpoint import LR_RANGE
 from ..runtime.updates import one_line
 
 __all__ = ['UsageError', 'error_line', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
@@ -20,6 +19,9 @@ __all__ = ['UsageError', 'error_line', 'Parser', 'DEBUG_ENV', 'whole', 'positive
            'debug_requested', 'one_line', 'unexpected', 'stopped_by', 'run_command']
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
+# The learning rates MXNet's SGD operators take: float32's normal range, 2**-126 to its largest
+# value (measured with 1.9.1: sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value").
+LR_RANGE = (2.0 ** -126, (2 - 2.0 ** -23) * 2.0 ** 127)
 
 
 class UsageError(Exception):

@@ -4,6 +4,7 @@ handlers of ``gluon_mgpu.train`` (docs/events.md); what it prints and writes, an
 are in docs/outputs.md, and what it does as a worker of a dist job in docs/distributed.md.
 """
 import argparse
+import json
 import os
 import secrets
 import shlex
@@ -146,21 +147,9 @@ def _output_files(args):
     return written
 
 
-def _check_outputs(args, recorded_in=None):
-    """Refuse outputs that would overwrite each other or the checkpoints, before training.
-
-    With ``recorded_in`` (a checkpoint's JSON), the paths that came from it and not from the
-    command line are checked as the command line checks its own.
-    """
+def _check_outputs(args):
+    """Refuse outputs that would overwrite each other or the checkpoints, before training."""
     written = _output_files(args)
-    if recorded_in is not None:
-        for flag, path in written:
-            dest = flag[2:].replace('-', '_')
-            problem = files.output_problem(path) if dest not in args.given else None
-            if problem:
-                raise UsageError('--resume: %s records %s %s, which cannot be written: %s; '
-                                 'pass %s with another path'
-                                 % (recorded_in, flag, path, problem, flag))
     seen = {}
     for flag, path in written:
         real = os.path.realpath(path)
@@ -253,24 +242,134 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
+# Settings a run records that are not flags, as parse_args and run set them (a run with
+# --checkpoint-dir is never a worker of a dist job).
+_DERIVED = {'num_workers': 1, 'rank': 0}
+
+
+def _shown(value):
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + '...'
+
+
+def _refuse_flag(message):
+    raise ValueError(message)
+
+
+def _check_recorded_output(dest, path, json_path):
+    """Refuse a recorded output path that cannot be written (with its .png beside an .svg)."""
+    flag = '--' + dest.replace('_', '-')
+    try:
+        paths = plotting.plot_paths(path) if dest == 'plot' else [path]
+    except ValueError:
+        paths = [path]  # the parser says what is wrong with the name
+    for p in paths:
+        problem = files.output_problem(p)
+        if problem:
+            raise UsageError('--resume: %s records %s %s, which cannot be written: %s; pass %s '
+                             'with another path' % (json_path, flag, p, problem, flag))
+
+
+def check_recorded_args(recorded, json_path, given=()):
+    """Parse the settings a checkpoint records as the same flags on the command line.
+
+    Each setting becomes its flag (``"lr": 0.2`` is ``--lr=0.2``, ``"quiet": true``
+    ``--quiet``, ``null`` leaves the flag out) and is parsed by ``build_parser``; then all of
+    them by ``parse_args``, with its checks of flags that do not fit together; and what they
+    give must be the recorded values, of the same JSON type.
+
+    Parameters
+    ----------
+    recorded : dict
+        The ``args`` of a checkpoint's JSON file.
+    json_path : str
+        That file, in the checkpoint folder (``--checkpoint-dir`` of the parse).
+    given : collection of str
+        Settings given again on the command line: a recorded output path among them is not
+        used, and not checked.
+
+    Raises
+    ------
+    ValueError
+        One line naming the setting: ``args.lr is -1, which the command line refuses
+        (argument --lr: ...)``.
+    UsageError
+        A recorded output path that cannot be written, the command's whole line.
+    """
+    parser = build_parser()
+    parser.error = _refuse_flag  # argparse's message alone, not the command's line
+    flags = {a.dest: a for a in parser._actions if a.option_strings and
+             a.default is not argparse.SUPPRESS and a.dest not in _NOT_RECORDED}
+    unknown = sorted(set(recorded) - set(flags) - set(_DERIVED))
+    if unknown:
+        raise ValueError('args has unknown setting%s %s' % ('s' if len(unknown) > 1 else '',
+                                                            ', '.join(map(_shown, unknown))))
+    missing = [k for k in list(flags) + list(_DERIVED) if k not in recorded]
+    if missing:
+        raise ValueError('args lacks %s' % ', '.join(missing))
+    for key, value in _DERIVED.items():
+        if json.dumps(recorded[key]) != json.dumps(value):
+            raise ValueError('args.%s is %s, expected %s' % (key, _shown(recorded[key]), value))
+    outputs = dict(_OUTPUTS)
+    checked = [dest for dest in flags if not (dest in outputs and dest in given)]
+    argv = ['--checkpoint-dir', os.path.dirname(json_path)]
+    for dest in checked:
+        value, action = recorded[dest], flags[dest]
+        if action.nargs == 0:  # --quiet, --hybridize and --no-hybridize
+            if not isinstance(value, bool):
+                raise ValueError('args.%s is %s, expected true or false' % (dest, _shown(value)))
+            piece = [o for o in action.option_strings if o.startswith('--no-') != value][:1]
+        elif value is None or json.dumps(value) == json.dumps(action.default):
+            piece = []  # as on the command line: --balance even would clash with --device-weights
+        else:
+            text = ','.join(map(str, value)) if isinstance(value, list) else str(value)
+            if '\0' in text:
+                raise ValueError('args.%s is %s, which no command line can give (a NUL '
+                                 'character)' % (dest, _shown(value)))
+            if dest in outputs and isinstance(value, str):
+                _check_recorded_output(dest, value, json_path)
+            piece = ['%s=%s' % (action.option_strings[0], text)]
+        try:
+            parser.parse_args(piece)
+        except ValueError as e:
+            raise ValueError('args.%s is %s, which the command line refuses (%s)'
+                             % (dest, _shown(value), e)) from None
+        argv += piece
+    try:
+        parsed = parse_args(argv)
+    except UsageError as e:
+        raise ValueError('the recorded settings are refused by the command line (%s)'
+                         % e) from None
+    for dest in checked:
+        if json.dumps(getattr(parsed, dest)) != json.dumps(recorded[dest]):
+            raise ValueError('args.%s is %s, which the command line reads as %s'
+                             % (dest, _shown(recorded[dest]), _shown(getattr(parsed, dest))))
+
+
+def check_record(record, json_path, given=()):
+    """``checkpoint.validate_record`` with the settings checked by ``check_recorded_args``."""
+    return checkpoint.validate_record(
+        record, json_path, lambda recorded: check_recorded_args(recorded, json_path, given))
+
+
 def _prepare_checkpoints(args):
     """Check --checkpoint-dir; for --resume merge the run's settings into ``args``; return the
     checkpoint record to resume from (or None)."""
     directory = args.checkpoint_dir
     record = None
     if args.resume:
+        given = {k: v for k, v in args.given.items() if k not in _NOT_RECORDED}
         try:
             record = checkpoint.read_checkpoint(directory)
-            checkpoint.validate_record(record, checkpoint.checkpoint_path(
-                directory, record['epoch'], 'json'))
-            settings = checkpoint.resume_settings(record, {
-                k: v for k, v in args.given.items() if k not in _NOT_RECORDED})
+            check_record(record, checkpoint.checkpoint_path(directory, record['epoch'], 'json'),
+                         given)
+            settings = checkpoint.resume_settings(record, given)
         except (checkpoint.CheckpointError, ValueError) as e:
             raise UsageError('--resume: %s' % e) from None
         for k, v in settings.items():
             setattr(args, k, v)
-        _check_outputs(args, checkpoint.checkpoint_path(directory, record['epoch'], 'json'))
-        # Checkpoints from before --model record no model: they trained resnet18.
+        _check_outputs(args)
+        # --model or --sync-bn given now may name another network than the run trained.
         if record.get('network') != network_name(args):
             raise UsageError('--resume: the run in %s trained %s, these flags train %s; start '
                              'a new run in another --checkpoint-dir'

@@ -4,8 +4,9 @@ One checkpoint per finished epoch, in one folder::
 
     epoch-0003.params    the network parameters (``net.save_parameters``: loadable anywhere)
     epoch-0003.replicas  per-device values the .params file cannot hold (see below)
-    epoch-0003.states    the Trainer's state (``trainer.save_states``: a pickle)
-    epoch-0003.json      epoch, settings, history, data-order seed, sha256 of the three files
+    epoch-0003.states    the optimizer's state arrays (``nd.save``; no array for the book's SGD)
+    epoch-0003.json      epoch, settings, history, data-order seed, the optimizer's learning
+                         rate and update counts, size and sha256 of the three files
 
 Every file is written to a hidden temporary file in the same folder, flushed to disk and then
 renamed over its final name, which is atomic (``files.atomic_path``, which also refuses to
@@ -23,20 +24,18 @@ interrupted one had.
 
 What is protected, and what is not
 ----------------------------------
-Loading a checkpoint runs no code from it. ``.states`` is a pickle, and a pickle can name any
-Python function to be called while it is loaded; MXNet's own ``Trainer.load_states`` would call
-it. Here it is read by an unpickler that admits only what MXNet 1.9.1's SGD state holds: the
-``SGD`` optimizer class (rebuilt from its attributes, ``__init__`` is not called unless
-the pickle asks for it), ``NDArray`` (only as ``NDArray(None)`` followed by MXNet's own
-byte-level loader) and ``bytearray`` (only from bytes). Any other global is refused with a
-``CheckpointError`` naming the file and the global, before anything is called. The loaded
-result is then checked field by field (the optimizer's attributes, one state per trained
-parameter with that parameter's shape) before it reaches the Trainer.
+Loading a checkpoint runs no code from it: nothing in a checkpoint is a pickle. MXNet's own
+``Trainer.save_states`` writes one (and ``load_states`` would call whatever it names); here the
+optimizer's numbers go into the JSON file (``_save_states``: its class, learning rate and update
+counters, and the form of each parameter's state) and its state arrays, if any, into
+``.states`` with ``nd.save``, which ``nd.load`` reads back as plain arrays. Both are checked
+against the Trainer (the same optimizer class, a state for a trained parameter only, each array
+with that parameter's shape) before anything reaches it.
 
-Every value the CLI reads from the JSON file is checked as strictly as the same value on the
-command line (``validate_record``, called right after ``read_checkpoint``, before anything else
-is read), and ``.replicas`` must name exactly the network's parameters and devices, with their
-shapes.
+``validate_record`` checks the parts of the JSON file the CLI writes (``history``, ``network``,
+...) and hands ``args`` to a check of the caller's: the CLI parses them with its own parser, as
+strictly as the same flags on its command line. ``.replicas`` must name exactly the network's
+parameters and devices, with their shapes.
 
 The sha256 sums in the JSON file only catch accidents (a truncated copy, a disk error, a file
 from another epoch): whoever can write the folder can rewrite a file and its sum together. Such
@@ -47,7 +46,7 @@ a person cannot make a resumed run execute code, but can still:
 - choose the output paths recorded in the run's settings (``--metrics-json``, ``--plot``,
   ``--save-params``), which a resumed run writes to unless they are given again (outputs are
   never written over anything but regular files, see ``files.atomic_path``);
-- feed crafted bytes to MXNet's C++ loader of ``.params`` and ``.replicas`` files
+- feed crafted bytes to MXNet's C++ loader of ``.params``, ``.replicas`` and ``.states`` files
   (``nd.load_frombuffer``), whose robustness is MXNet's, not ours.
 
 The bytes that are checked are the bytes that are loaded: each file is read once into memory,
@@ -55,11 +54,9 @@ its size and sha256 compared with the JSON, and parsed from that copy.
 """
 import fcntl
 import hashlib
-import io
 import json
 import math
 import os
-import pickle
 import re
 import stat
 import tempfile
@@ -76,18 +73,17 @@ from ..runtime.files import InputError, atomic_path, input_problem, open_input
 from ..runtime.updates import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
-           'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir', 'save_checkpoint',
-           'read_checkpoint', 'validate_record', 'ARG_CHECKS', 'REQUIRED_ARGS', 'LR_RANGE',
-           'network_names', 'restore', 'load_states', 'resume_settings', 'CheckpointHandler']
+           'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir',
+           'save_checkpoint', 'read_checkpoint', 'validate_record', 'network_names', 'restore',
+           'resume_settings', 'CheckpointHandler']
 
-FORMAT = 'gluon_mgpu checkpoint 1'
+FORMAT = 'gluon_mgpu checkpoint 2'
+# Format 1 kept the optimizer as a pickle (Trainer.save_states); the last commit that resumes it.
+_FORMAT_1, _FORMAT_1_COMMIT = 'gluon_mgpu checkpoint 1', '84e04e4'
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
-# What a run recorded before the setting existed did.
-_EARLIER_DEFAULTS = {'dtype': 'float32'}
 JSON_LIMIT = 64 << 20  # bytes; a record with a thousand epochs is about 200 kB
-
 
 
 class CheckpointError(RuntimeError):
@@ -244,6 +240,61 @@ def _differing_replicas(net, params_file):
     return replicas
 
 
+# The optimizer's state: its numbers for the JSON file, its arrays for nd.save.
+
+def _updaters(trainer):
+    """Initialize ``trainer`` as ``Trainer.save_states`` and ``load_states`` do; return the
+    updaters that hold its optimizer states (MXNet 1.9.1)."""
+    if not trainer._kv_initialized:
+        trainer._init_kvstore()
+    if trainer._params_to_init:
+        trainer._init_params()
+    return [trainer._kvstore._updater] if trainer._update_on_kvstore else trainer._updaters
+
+
+def _state_form(state, key, arrays):
+    """The JSON form of one optimizer state (None, an NDArray, or a tuple of states), its
+    arrays put into ``arrays`` under ``key``, ``key.0``, ``key.1``, ..."""
+    if state is None:
+        return None
+    if isinstance(state, nd.NDArray):
+        arrays[key] = state.as_in_context(mx.cpu())
+        return 'array'
+    if isinstance(state, (tuple, list)):
+        return [_state_form(s, '%s.%d' % (key, i), arrays) for i, s in enumerate(state)]
+    raise TypeError('the optimizer state %s is a %s; a checkpoint holds only NDArrays, tuples '
+                    'of them and None' % (key, type(state).__name__))
+
+
+def _save_states(trainer, path):
+    """Save ``trainer``'s optimizer state without a pickle: the arrays to ``path`` with
+    ``nd.save``, the rest returned as a dict JSON can hold.
+
+    The replacement for ``trainer.save_states(path)``; ``restore`` reads it back. Like MXNet,
+    it saves the states of the first device's updater, and not the optimizer's settings
+    (momentum, weight decay, ...), which the program that builds the Trainer gives.
+
+    Returns
+    -------
+    dict
+        ``type`` (the optimizer's class name), ``lr``, ``num_update``, ``begin_num_update``,
+        ``update_counts`` (device id: parameter index: updates, as strings), ``device`` (the
+        device whose counts are current) and ``states`` (parameter index: ``null``, ``"array"``
+        or a list of these, the form of that parameter's state).
+    """
+    states = _updaters(trainer)[0].states
+    optimizer, arrays = trainer._optimizer, {}
+    counts = optimizer._all_index_update_counts
+    form = {str(i): _state_form(states[i], str(i), arrays) for i in sorted(states)}
+    nd.save(path, arrays)
+    return {'type': type(optimizer).__name__, 'lr': optimizer.lr,
+            'num_update': optimizer.num_update, 'begin_num_update': optimizer.begin_num_update,
+            'update_counts': {str(d): {str(i): n for i, n in sorted(c.items())}
+                              for d, c in sorted(counts.items())},
+            'device': [d for d, c in counts.items() if c is optimizer._index_update_count][0],
+            'states': form}
+
+
 def save_checkpoint(directory, epoch, net, trainer, info):
     """Write the checkpoint of a finished epoch; return the path of its JSON file.
 
@@ -261,8 +312,8 @@ def save_checkpoint(directory, epoch, net, trainer, info):
         Anything JSON can hold that describes the run: the CLI stores ``args`` (its settings),
         ``history`` (the records of the finished epochs), ``data_seed`` (the seed of the data
         order, which also seeded the initialization), ``network`` and ``devices``. Stored as
-        given, next to ``format``, ``epoch`` and ``files`` (name, size and sha256 of the other
-        three files).
+        given, next to ``format``, ``epoch``, ``optimizer`` (see ``_save_states``) and ``files``
+        (name, size and sha256 of the other three files).
 
     Raises
     ------
@@ -271,14 +322,15 @@ def save_checkpoint(directory, epoch, net, trainer, info):
         or a checkpoint's name is taken by something that is not a regular file. The earlier
         checkpoints are untouched, and this one is not committed.
     """
-    files = {}
+    files, optimizer = {}, {}
     params_path = checkpoint_path(directory, epoch, 'params')
     files['params'] = _write(params_path, net.save_parameters)
     replicas = _differing_replicas(net, params_path)
     files['replicas'] = _write(checkpoint_path(directory, epoch, 'replicas'),
                                lambda tmp: nd.save(tmp, replicas))
-    files['states'] = _write(checkpoint_path(directory, epoch, 'states'), trainer.save_states)
-    record = dict(info, format=FORMAT, epoch=epoch, files=files)
+    files['states'] = _write(checkpoint_path(directory, epoch, 'states'),
+                             lambda tmp: optimizer.update(_save_states(trainer, tmp)))
+    record = dict(info, format=FORMAT, epoch=epoch, optimizer=optimizer, files=files)
     text = json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + '\n'
 
     def write_json(tmp):
@@ -344,6 +396,11 @@ def read_checkpoint(directory, epoch=None):
         epoch = epochs[-1]
     path = checkpoint_path(directory, epoch, 'json')
     record = _read_json(path, directory, epoch)
+    if isinstance(record, dict) and record.get('format') == _FORMAT_1:
+        raise CheckpointError('%s was written by an older gluon_mgpu (format 1, whose optimizer '
+                              'state is a pickle); start a new run with another '
+                              '--checkpoint-dir, or resume it with gluon_mgpu at commit %s'
+                              % (path, _FORMAT_1_COMMIT))
     if not isinstance(record, dict) or record.get('format') != FORMAT \
             or record.get('epoch') != epoch or not isinstance(record.get('files'), dict) \
             or set(record['files']) != set(KINDS):
@@ -403,7 +460,7 @@ def _verified(directory, record, kind, json_path=None, read=True):
     return data
 
 
-# What validate_record accepts: the CLI's settings, as ``vars(args)`` records them.
+# What validate_record checks: the parts of the CLI's record its parser does not read.
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -414,96 +471,8 @@ def _is_number(value):
             and math.isfinite(value))
 
 
-# The learning rates MXNet's SGD operators take: float32's normal range (measured with 1.9.1:
-# sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value for lr").
-LR_RANGE = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float32).max))
-
-
-def _count(minimum):
-    def check(value):
-        if not _is_int(value):
-            return 'a whole number'
-        if value < minimum:
-            return 'a whole number >= %d' % minimum
-        return None
-    return check
-
-
-def _optional(check):
-    def optional(value):
-        if value is None:
-            return None
-        problem = check(value)
-        return problem and problem + ' or null'
-    return optional
-
-
-def _choice(options):
-    def check(value):
-        return None if value in options and isinstance(value, str) else \
-            'one of %s' % ', '.join(map(json.dumps, options))
-    return check
-
-
-def _boolean(value):
-    return None if isinstance(value, bool) else 'true or false'
-
-
-def _text(value):
-    return None if isinstance(value, str) and value and '\0' not in value else \
-        'a non-empty string without NUL characters'
-
-
-def _plot(value):
-    if _text(value) or os.path.splitext(value)[1].lower() not in ('.png', '.svg'):
-        return 'a file name ending in .png or .svg'
-    return None
-
-
-def _lr(value):
-    if not _is_number(value) or not LR_RANGE[0] <= value <= LR_RANGE[1]:
-        return 'a number from %.8g to %.8g (what float32 can hold)' % LR_RANGE
-    return None
-
-
-def _seed(value):
-    if not _is_int(value) or not 0 <= value < 2 ** 31:
-        return 'a whole number from 0 to %d' % (2 ** 31 - 1)
-    return None
-
-
-def _weights(value):
-    if not isinstance(value, list) or not value or \
-            not all(_is_number(w) and w > 0 for w in value):
-        return 'a list of numbers above 0'
-    return None
-
-
-def _exactly(expected):
-    def check(value):
-        return None if _is_int(value) and value == expected else json.dumps(expected)
-    return check
-
-
-ARG_CHECKS = {
-    'num_gpus': _count(1), 'batch_size': _count(1), 'lr': _lr, 'epochs': _count(1),
-    'device': _choice(('auto', 'gpu', 'cpu')), 'data_dir': _optional(_text),
-    'train_limit': _optional(_count(1)), 'test_limit': _optional(_count(1)), 'seed': _seed,
-    'hybridize': _boolean, 'loader': _choice(('array', 'gluon')),
-    'check_replicas': _optional(_count(1)), 'quiet': _boolean,
-    'metrics_json': _optional(_text), 'plot': _optional(_plot),
-    'model': _choice(('resnet18', 'lenet')), 'kvstore': _choice(('device', 'local')),
-    'device_weights': _optional(_weights), 'balance': _choice(('even', 'auto')),
-    'sync_bn': _boolean, 'save_params': _optional(_text),
-    'warmup_steps': _optional(_count(1)), 'dtype': _choice(('float32', 'bfloat16')),
-    'num_workers': _exactly(1), 'rank': _exactly(0),
-    # Checkpoints are written by the chapter's data parallelism only (--parallel data).
-    'parallel': _choice(('data',)), 'micro_batches': _exactly(1), 'cut': _choice(('params',)),
-}
-# Recorded by every version of the CLI; the others may be missing from older checkpoints.
-REQUIRED_ARGS = ('num_gpus', 'batch_size', 'lr', 'epochs', 'seed', 'train_limit', 'test_limit')
 _HISTORY_CHECKS = {
-    'epoch': _count(1),
+    'epoch': lambda v: None if _is_int(v) and v >= 1 else 'a whole number >= 1',
     'seconds': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
     'images_per_sec': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
     'train_loss': lambda v: None if _is_number(v) and v >= 0 else 'a number >= 0',
@@ -529,14 +498,20 @@ def _short(value):
     return text if len(text) <= 40 else text[:37] + '...'
 
 
-def validate_record(record, path):
-    """Check the values the CLI stores in a checkpoint as strictly as on its command line.
+def _not_ours(path, what, writer='gluon_mgpu.train'):
+    return CheckpointError('%s: %s; the file was not written by this version of %s or was '
+                           'changed: start a new run in an empty --checkpoint-dir'
+                           % (path, what, writer))
 
-    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be a dict of
-    known settings (``ARG_CHECKS``; the ``REQUIRED_ARGS`` present), each of the right type and
-    range; ``history`` a list of one record per finished epoch (``epoch`` 1, 2, ... with the
-    per-epoch fields in range); ``network`` the one these settings train; ``data_seed`` the
-    seed; ``devices`` one per ``num_gpus``.
+
+def validate_record(record, path, check_args=None):
+    """Check the values the CLI stores in a checkpoint's JSON file.
+
+    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be an object,
+    checked by ``check_args``; ``history`` a list of one record per finished epoch (``epoch``
+    1, 2, ... with the per-epoch fields in range). With ``check_args``, also: ``args.epochs``
+    at least the finished epochs, ``network`` the one these settings train, ``data_seed`` the
+    seed, ``devices`` one per ``num_gpus``.
 
     Parameters
     ----------
@@ -544,18 +519,26 @@ def validate_record(record, path):
         From ``read_checkpoint``.
     path : str
         The JSON file's path, for the message.
+    check_args : callable, optional
+        ``check_args(args)`` raises ``ValueError`` with one line (``args.lr is -1, which the
+        command line refuses (...)``) unless ``args`` are settings the CLI would take; the
+        CLI's (``commands.train.check_recorded_args``) parses them with its own parser.
+        Without it, ``args`` is only checked to be an object.
+
+    Returns
+    -------
+    dict
+        ``record``.
 
     Raises
     ------
     CheckpointError
-        One line: ``runs/a/epoch-0002.json: args.lr is -1, expected a number from ... ; the
-        file was not written by this version of gluon_mgpu.train or was changed: start a new
-        run in an empty --checkpoint-dir``.
+        One line: ``runs/a/epoch-0002.json: history[0].test_acc is 1.5, expected a number from
+        0 to 1; the file was not written by this version of gluon_mgpu.train or was changed:
+        start a new run in an empty --checkpoint-dir``.
     """
     def refuse(what):
-        raise CheckpointError('%s: %s; the file was not written by this version of '
-                              'gluon_mgpu.train or was changed: start a new run in an empty '
-                              '--checkpoint-dir' % (path, what))
+        raise _not_ours(path, what)
 
     def check(name, value, test):
         problem = test(value)
@@ -566,25 +549,12 @@ def validate_record(record, path):
     if not isinstance(args, dict):
         refuse('args is %s, expected the settings of the run (an object)'
                % ('missing' if args is None else _short(args)))
-    unknown = sorted(set(args) - set(ARG_CHECKS))
-    if unknown:
-        refuse('args has unknown setting%s %s' % ('s' if len(unknown) > 1 else '',
-                                                  ', '.join(map(_short, unknown))))
-    missing = [k for k in REQUIRED_ARGS if k not in args]
-    if missing:
-        refuse('args lacks %s' % ', '.join(missing))
-    for name, value in args.items():
-        check('args.' + name, value, ARG_CHECKS[name])
-    if args['batch_size'] < args['num_gpus']:
-        refuse('args.batch_size %d is smaller than args.num_gpus %d'
-               % (args['batch_size'], args['num_gpus']))
-    if args.get('device_weights') is not None and \
-            len(args['device_weights']) != args['num_gpus']:
-        refuse('args.device_weights has %d weights for %d devices'
-               % (len(args['device_weights']), args['num_gpus']))
+    if check_args is not None:
+        try:
+            check_args(args)
+        except ValueError as e:
+            refuse(str(e))
     epoch = record['epoch']
-    if args['epochs'] < epoch:
-        refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
     history = record.get('history')
     if not isinstance(history, list) or len(history) != epoch:
         refuse('history is %s, expected a list of %d epoch records'
@@ -598,6 +568,10 @@ def validate_record(record, path):
             check('history[%d].%s' % (i, field), entry[field], test)
         if entry['epoch'] != i + 1:
             refuse('history[%d].epoch is %d, expected %d' % (i, entry['epoch'], i + 1))
+    if check_args is None:
+        return record
+    if args['epochs'] < epoch:
+        refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
     network = record.get('network')
     if network != _network_of(args):
         known = network_names(args['num_gpus'])
@@ -605,194 +579,111 @@ def validate_record(record, path):
                % (_short(network), json.dumps(_network_of(args))) if network in known else
                'network is %s, which is none of the networks gluon_mgpu trains (%s)'
                % (_short(network), ', '.join(known)))
-    if 'data_seed' in record or 'devices' in record:
-        check('data_seed', record.get('data_seed'), _exactly(args['seed']))
-        devices = record.get('devices')
-        if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
-                not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
-            refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
-                   % (_short(devices), args['num_gpus']))
+    if record.get('data_seed') != args['seed'] or not _is_int(record.get('data_seed')):
+        refuse('data_seed is %s, expected %d' % (_short(record.get('data_seed')), args['seed']))
+    devices = record.get('devices')
+    if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
+            not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
+        refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
+               % (_short(devices), args['num_gpus']))
     return record
 
 
-# Loading: the Trainer's state without unpickling anything but MXNet's own SGD state.
+# Loading the optimizer's state: checked against the Trainer before anything reaches it.
 
-def _ndarray(handle=None, *rest):
-    # NDArray's __reduce__ is (NDArray, (None,), state): anything else would hand MXNet a raw
-    # pointer (NDArray(handle) with an int, freed in __del__).
-    if handle is not None or rest:
-        raise pickle.UnpicklingError('NDArray(%s) is not how MXNet pickles an NDArray'
-                                     % ', '.join(map(repr, (handle,) + rest))[:60])
-    return nd.NDArray(None)
-
-
-def _bytearray(data=b'', *rest):
-    # bytearray pickles as (bytearray, (bytes,)) with protocol 3 and later, and as
-    # (bytearray, (str, 'latin-1')) with 0 to 2; never from a size.
-    if isinstance(data, bytes) and not rest:
-        return bytearray(data)
-    if isinstance(data, str) and rest == ('latin-1',):
-        return bytearray(data, 'latin-1')
-    raise pickle.UnpicklingError('bytearray from %r is not how pickle stores bytes'
-                                 % (type(data).__name__,))
+def _index(key, limit=None):
+    """``key`` as an int when it is one written by ``str`` (``'0'``, ``'12'``), below ``limit``."""
+    if isinstance(key, str) and re.fullmatch(r'0|[1-9][0-9]{0,8}', key) and \
+            (limit is None or int(key) < limit):
+        return int(key)
+    return None
 
 
-_ADMITTED = {
-    ('mxnet.optimizer.optimizer', 'SGD'): mx.optimizer.SGD,
-    ('mxnet.ndarray.ndarray', 'NDArray'): _ndarray,
-    ('builtins', 'bytearray'): _bytearray,
-}
+_OPTIMIZER_KEYS = ('type', 'lr', 'num_update', 'begin_num_update', 'update_counts', 'device',
+                   'states')
 
 
-class _Refused(pickle.UnpicklingError):
-    pass
+def _load_states(trainer, state, data, path, json_path, shapes):
+    """Check ``state`` (``_save_states``'s dict) and the bytes ``data`` of its arrays file
+    ``path`` against ``trainer``; return the optimizer states, parameter index: state.
+    ``shapes`` maps a Parameter to its shape when its own is not inferred yet."""
+    def refuse(what):
+        raise _not_ours(json_path, 'optimizer' + what, 'gluon_mgpu')
+
+    def refuse_file(what):
+        raise CheckpointError('%s %s; it does not belong to this run: start a new run in an '
+                              'empty --checkpoint-dir' % (path, what))
+    if not isinstance(state, dict) or set(state) != set(_OPTIMIZER_KEYS):
+        refuse(' is %s, expected the state of an optimizer (an object with %s)'
+               % (_short(state), ', '.join(_OPTIMIZER_KEYS)))
+    name = type(trainer._optimizer).__name__
+    if state['type'] != name:
+        refuse('.type is %s, but the Trainer\'s optimizer is %s' % (_short(state['type']), name))
+    if not (state['lr'] is None or _is_number(state['lr']) and state['lr'] > 0):
+        refuse('.lr is %s, expected a number above 0' % _short(state['lr']))
+    for key in ('num_update', 'begin_num_update'):
+        if not (_is_int(state[key]) and state[key] >= 0):
+            refuse('.%s is %s, expected a whole number >= 0' % (key, _short(state[key])))
+    params, counts = trainer._params, state['update_counts']
+    if not (isinstance(counts, dict) and all(
+            _index(d) is not None and isinstance(c, dict) and all(
+                _index(i, len(params)) is not None and _is_int(n) and n >= 0
+                for i, n in c.items()) for d, c in counts.items())):
+        refuse('.update_counts is %s, expected {"<device id>": {"<parameter index>": <count>}} '
+               'for the Trainer\'s %d parameters' % (_short(counts), len(params)))
+    if not (_is_int(state['device']) and str(state['device']) in counts):
+        refuse('.device is %s, expected a device of update_counts' % _short(state['device']))
+    forms = state['states']
+    if not (isinstance(forms, dict) and all(_index(i, len(params)) is not None for i in forms)):
+        refuse('.states is %s, expected {"<parameter index>": <state>} for the Trainer\'s %d '
+               'parameters' % (_short(forms), len(params)))
+    arrays, used = _load_arrays(data, path, 'arrays'), set()
+
+    def build(form, key, param, depth):
+        if form is None:
+            return None
+        if form == 'array':
+            if key not in arrays:
+                refuse_file('lacks the array %s, which %s names' % (key, os.path.basename(
+                    json_path)))
+            shape = shapes.get(param, param.shape)
+            if not _shape_fits(arrays[key].shape, shape):
+                refuse_file('holds %s with shape %s, but parameter %s (%s) is %s'
+                            % (key, arrays[key].shape, key.split('.')[0], param.name, shape))
+            used.add(key)
+            return arrays[key]
+        if isinstance(form, list) and form and depth < 3:
+            return tuple(build(f, '%s.%d' % (key, i), param, depth + 1)
+                         for i, f in enumerate(form))
+        refuse('.states.%s is %s, expected null, "array" or a list of these'
+               % (key, _short(form)))
+    states = {int(i): build(form, i, params[int(i)], 0) for i, form in forms.items()}
+    if set(arrays) - used:
+        refuse_file('holds %s, which %s does not name'
+                    % (_brief(set(arrays) - used), os.path.basename(json_path)))
+    return states
 
 
-class _StatesUnpickler(pickle.Unpickler):
-    def find_class(self, module, name):
-        try:
-            return _ADMITTED[(module, name)]
-        except KeyError:
-            raise _Refused('%s.%s' % (module, name)) from None
-
-    def persistent_load(self, pid):
-        raise _Refused('a persistent id')
-
-
-# SGD's attributes in MXNet 1.9.1 (``vars(mx.optimizer.SGD())``, ``param_dict`` set to {} by
-# Optimizer.__setstate__) and what each may hold.
-def _mapping(key_types, check_value):
-    def check(value):
-        return isinstance(value, dict) and all(
-            isinstance(k, key_types) and not isinstance(k, bool) and check_value(v)
-            for k, v in value.items())
-    return check
-
-
-_SGD_FIELDS = {
-    'rescale_grad': lambda v: _is_number(v) and v > 0,
-    'lr': lambda v: _is_number(v) and v > 0,
-    'wd': _is_number, 'momentum': _is_number,
-    'clip_gradient': lambda v: v is None or (_is_number(v) and v > 0),
-    'lr_scheduler': lambda v: v is None,
-    'lr_mult': _mapping((str, int), _is_number), 'wd_mult': _mapping((str, int), _is_number),
-    'begin_num_update': lambda v: _is_int(v) and v >= 0,
-    'num_update': lambda v: _is_int(v) and v >= 0,
-    '_all_index_update_counts': _mapping(int, _mapping(int, _is_int)),
-    '_index_update_count': _mapping(int, _is_int),
-    'multi_precision': lambda v: isinstance(v, bool),
-    'aggregate_num': lambda v: _is_int(v) and v >= 0,
-    'idx2name': _mapping(int, lambda v: isinstance(v, str)),
-    'sym_info': lambda v: v == (),
-    'param_dict': lambda v: v == {},
-    'allow_np_array': lambda v: isinstance(v, bool),
-    'lazy_update': lambda v: isinstance(v, bool),
-}
-
-
-def _state_fits(state, shape):
-    """A per-parameter SGD state: None (no momentum), the momentum NDArray, or with
-    multi_precision a (float32 weight, momentum) pair."""
-    if isinstance(state, tuple) and len(state) == 2:
-        return all(s is None or _array_fits(s, shape) for s in state)
-    return state is None or _array_fits(state, shape)
-
-
-def _array_fits(array, shape):
-    return (type(array) is nd.NDArray and array.handle is not None
-            and array.stype == 'default' and _shape_fits(array.shape, shape))
+def _install(trainer, state, states):
+    """What ``Trainer.load_states`` does after unpickling (MXNet 1.9.1), from checked values."""
+    optimizer = trainer._optimizer
+    optimizer.lr = state['lr']
+    optimizer.num_update = state['num_update']
+    optimizer.begin_num_update = state['begin_num_update']
+    optimizer._all_index_update_counts = {
+        int(d): {int(i): n for i, n in c.items()} for d, c in state['update_counts'].items()}
+    optimizer._index_update_count = optimizer._all_index_update_counts[state['device']]
+    for updater in _updaters(trainer):
+        # Each updater its own dict: it moves the states to its device on first use.
+        updater.states = dict(states)
+        updater.states_synced = dict.fromkeys(states, False)
+        updater.optimizer = optimizer
 
 
 def _shape_fits(saved, expected):
     # A parameter whose shape is still inferred (deferred initialization) has 0 for unknown
     # dimensions, as MXNet's own loading code allows.
     return len(saved) == len(expected) and all(e in (0, s) for s, e in zip(saved, expected))
-
-
-def _unpickle_states(data, path, trainer, shapes=None):
-    """Unpickle ``.states`` bytes with ``_StatesUnpickler`` and check the result; ``shapes``
-    maps a Parameter to its shape when its own is not inferred yet."""
-    def refuse(what):
-        raise CheckpointError('%s %s; it is not a Trainer state gluon_mgpu wrote, and nothing '
-                              'in it was run: start a new run in an empty --checkpoint-dir'
-                              % (path, what))
-    try:
-        loaded = _StatesUnpickler(io.BytesIO(data)).load()
-    except _Refused as e:
-        refuse('names %s, which a Trainer state does not hold (only MXNet\'s SGD, NDArray and '
-               'bytearray are admitted)' % e)
-    except Exception as e:  # a damaged pickle fails in many ways, none of which runs code
-        refuse('cannot be unpickled (%s: %s)' % (type(e).__name__, one_line(e, 200)))
-    if not (isinstance(loaded, tuple) and len(loaded) == 2):
-        refuse('holds %s, not (states, optimizer)' % type(loaded).__name__)
-    states, optimizer = loaded
-    if type(optimizer) is not mx.optimizer.SGD:
-        refuse('holds a %s optimizer, not SGD' % type(optimizer).__name__)
-    fields = vars(optimizer)
-    if set(fields) != set(_SGD_FIELDS):
-        refuse('holds an SGD optimizer with other attributes (%s)'
-               % ', '.join(sorted(set(fields) ^ set(_SGD_FIELDS))))
-    for name, fits in _SGD_FIELDS.items():
-        if not fits(fields[name]):
-            refuse('holds an SGD optimizer whose %s is %s' % (name, _short_repr(fields[name])))
-    params = trainer._params
-    if not isinstance(states, dict):
-        refuse('holds %s as its states, not a dict' % type(states).__name__)
-    for key, state in states.items():
-        if not _is_int(key) or not 0 <= key < len(params):
-            refuse('holds a state for parameter %s, but the Trainer has %d parameters'
-                   % (_short_repr(key), len(params)))
-        shape = (shapes or {}).get(params[key], params[key].shape)
-        if not _state_fits(state, shape):
-            refuse('holds a state for parameter %d (%s) that does not fit its shape %s'
-                   % (key, params[key].name, shape))
-    return states, optimizer
-
-
-def _short_repr(value):
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + '...'
-
-
-def _install_states(trainer, states, optimizer):
-    """What ``Trainer.load_states`` does after unpickling (MXNet 1.9.1), from checked objects."""
-    if not trainer._kv_initialized:
-        trainer._init_kvstore()
-    if trainer._params_to_init:
-        trainer._init_params()
-    if trainer._update_on_kvstore:
-        updaters = [trainer._kvstore._updater]
-    else:
-        updaters = trainer._updaters
-    for updater in updaters:
-        # Each updater its own dict: it moves the states to its device on first use.
-        updater.states = dict(states)
-        updater.states_synced = dict.fromkeys(states, False)
-        updater.optimizer = optimizer
-    trainer._optimizer = optimizer
-    optimizer.param_dict = {i: param for i, param in enumerate(trainer._params)}
-
-
-def load_states(trainer, path, data=None):
-    """Load a ``trainer.save_states`` file into ``trainer`` without running code from it.
-
-    The replacement for ``trainer.load_states(path)`` (see the module's text for what is
-    admitted). ``data``, when given, are the file's bytes, already read and verified.
-
-    Raises
-    ------
-    CheckpointError
-        Naming the file and what was refused: a global other than SGD, NDArray, bytearray; a
-        damaged pickle; an optimizer or a state that does not fit ``trainer``.
-    """
-    if data is None:
-        try:
-            with open_input(path) as f:
-                data = f.read()
-        except OSError as e:
-            raise CheckpointError('%s cannot be read (%s)' % (path, e)) from None
-    states, optimizer = _unpickle_states(data, path, trainer)
-    _install_states(trainer, states, optimizer)
 
 
 def _load_arrays(data, path, what):
@@ -872,16 +763,15 @@ def restore(directory, record, net, trainer, devices):
     Call it with ``record`` from ``read_checkpoint`` and ``trainer`` made for ``net`` (its
     parameters initialized on ``devices``, as ``training.init_training`` does); the values of
     the checkpoint replace them, including each device's own copies (``.replicas``) and the
-    optimizer with its learning rate (``.states``). Each file is read once, checked against the
-    JSON's size and sha256, parsed from those bytes and checked against ``net`` before anything
-    is loaded; ``.states`` is unpickled by ``load_states``.
+    optimizer's learning rate, counters and states (the JSON's ``optimizer``, ``.states``). Each
+    file is read once, checked against the JSON's size and sha256, parsed from those bytes and
+    checked against ``net`` and ``trainer`` before anything is loaded.
 
     Raises
     ------
     CheckpointError
         One line: a file changed since ``read_checkpoint``, is not an MXNet file, does not fit
-        ``net`` (another network), ``devices`` (another count) or ``trainer``, or a pickle that
-        names anything but MXNet's SGD state.
+        ``net`` (another network), ``devices`` (another count) or ``trainer``.
     """
     paths = {k: os.path.join(directory, record['files'][k]['name']) for k in KINDS}
     data = {k: _verified(directory, record, k) for k in KINDS}
@@ -892,12 +782,13 @@ def restore(directory, record, net, trainer, devices):
     shapes = {param: loaded[name].shape for name, param in params.items() if name in loaded}
     replicas = _load_arrays(data['replicas'], paths['replicas'], 'arrays')
     _check_replicas(replicas, params, shapes, paths['replicas'], len(devices))
-    states, optimizer = _unpickle_states(data['states'], paths['states'], trainer, shapes)
+    states = _load_states(trainer, record.get('optimizer'), data['states'], paths['states'],
+                          checkpoint_path(directory, record['epoch'], 'json'), shapes)
     for name, value in loaded.items():
         params[name]._load_init(value, devices)
     # Before the replicas: the Trainer's first use copies device 0's values to all devices
     # (kvstore broadcast), which would undo the per-device copies set below.
-    _install_states(trainer, states, optimizer)
+    _install(trainer, record['optimizer'], states)
     for key, value in replicas.items():
         name, index = key.rsplit('@', 1)
         copy = params[name].list_data()[int(index)]
@@ -927,7 +818,7 @@ def resume_settings(record, given):
         the recorded one, naming every such flag with both values; or when ``epochs`` leaves
         nothing to do.
     """
-    recorded = dict(_EARLIER_DEFAULTS, **record['args'])
+    recorded = record['args']
     differences = ['--%s %s (the run used %s)' % (k.replace('_', '-'), given[k], recorded.get(k))
                    for k in RUN_SETTINGS if k in given and given[k] != recorded.get(k)]
     if differences:
