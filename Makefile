@@ -7,12 +7,12 @@ PY := $(VENV)/bin/python
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
 
-.PHONY: demo test install data clean gpu-install gpu-demo gpu-test
+.PHONY: demo test install data clean gpu-install gpu-demo gpu-test horovod-install
 
 demo: install data
 	$(PY) -m gluon_mgpu.train $(DEMO_ARGS)
 
-test: install data
+test: install data horovod-install
 	$(PY) -m pytest -v --durations=10 tests
 
 # One stamp per requirements file: switching files reinstalls (use another VENV for the GPU
@@ -37,6 +37,27 @@ data: install
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update && $$SUDO apt-get install -y dataset-fashion-mnist; }
 	@$(PY) -c 'import gluon_mgpu; print("Fashion-MNIST:", gluon_mgpu.find_data_dir())'
+
+# Horovod (docs/distributed.md), the second engine of --kvstore: built from its source against
+# the mxnet wheel, CPU-only, with Gloo and without MPI (pip keeps the built wheel, so later
+# installs take seconds). It needs cmake and a C++ compiler: from Debian when they are missing.
+HOROVOD ?= horovod==0.28.1
+HOROVOD_STAMP := $(VENV)/.installed-horovod
+
+horovod-install: $(HOROVOD_STAMP)
+
+$(HOROVOD_STAMP): $(STAMP)
+	@missing=; for tool in cmake g++ make; do command -v $$tool >/dev/null || missing="$$missing $$tool"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "building Horovod needs$$missing: installing Debian's packages cmake g++ make"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  { $$SUDO apt-get update && $$SUDO apt-get install -y cmake g++ make; } || { \
+	    echo "make horovod-install: error: Horovod cannot be built without$$missing; install them (apt-get install -y cmake g++ make) and run make horovod-install again"; exit 2; }; fi
+	$(PY) -m pip install wheel
+	HOROVOD_WITH_MXNET=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_PYTORCH=1 \
+	  HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 \
+	  $(PY) -m pip install --no-build-isolation $(HOROVOD)
+	touch $@
 
 # The GPU set-up (docs/gpu.md): mxnet-cu112 and NVIDIA's CUDA libraries from PyPI in their own
 # environment; the machine needs only the NVIDIA driver. gpu-install also writes a .pth file that

@@ -139,8 +139,9 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     generators with ``seed`` when given; then ``gluon.Trainer(..., 'sgd', {'learning_rate': lr},
     kvstore=kvstore)``.
 
-    With a dist kvstore (``'dist_sync'``, or one made by ``mx.kv.create``) every worker steps
-    with its own batch, but the servers sum the gradients of all workers: the Trainer is made
+    With a kvstore of several processes (``'dist_sync'``, one made by ``mx.kv.create``, or
+    ``parallel.horovod.HorovodKVStore()``) every worker steps with its own batch, but the
+    gradients of all workers are summed: the Trainer is made
     with ``rescale_grad = 1 / num_workers``, so ``trainer.step(local_batch_size)`` divides the
     sum by the global batch, and the loop stays the book's.
 
@@ -158,8 +159,8 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
         kvstore = mx.kv.create(kvstore)  # joins the job: waits for all its processes
     params = {'learning_rate': lr}
-    if isinstance(kvstore, mx.kv.KVStore) and 'dist' in kvstore.type:
-        params['rescale_grad'] = 1.0 / kvstore.num_workers
+    if isinstance(kvstore, mx.kv.KVStoreBase) and kvstore.num_workers > 1:
+        params['rescale_grad'] = 1.0 / kvstore.num_workers  # dist_sync, Horovod
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)

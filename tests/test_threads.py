@@ -234,3 +234,16 @@ def test_a_resumed_command_takes_the_device_count_its_checkpoint_records(tmp_pat
     assert devices('--checkpoint-dir', str(folder), '--resume') == 1
     (folder / 'epoch-0004.json').mkdir()
     assert devices('--checkpoint-dir', str(folder), '--resume') == 1
+
+
+def test_the_processes_of_a_horovod_job_share_the_cores():
+    # horovodrun starts HOROVOD_LOCAL_SIZE processes on this machine: each takes its share.
+    from gluon_mgpu.runtime import threads
+    cores = threads.usable_cores()
+    alone = threads.configure_threads({}, mxnet_imported=False, devices=1)
+    shared = threads.configure_threads({'HOROVOD_LOCAL_SIZE': '2'}, mxnet_imported=False,
+                                       devices=1)
+    bad = threads.configure_threads({'HOROVOD_LOCAL_SIZE': 'x'}, mxnet_imported=False,
+                                    devices=1)
+    assert alone['omp_num_threads'] == bad['omp_num_threads'] == cores
+    assert shared['omp_num_threads'] == max(1, cores // 2)

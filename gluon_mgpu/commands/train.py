@@ -10,7 +10,7 @@ import secrets
 import shlex
 import sys
 
-from ..parallel import dist, weighted
+from ..parallel import dist, horovod, weighted
 from .. import data, devices as devices_mod, parallel, replicas, training
 from ..handlers import checkpoint, events, interrupts, metrics, plotting, progress
 from . import cli
@@ -19,9 +19,11 @@ from .cli import UsageError
 from ..handlers.interrupts import DeferredInterrupt
 
 PROG = 'python -m gluon_mgpu.train'
-KVSTORES = ('device', 'local') + dist.DIST_KVSTORES
+KVSTORES = ('device', 'local') + dist.DIST_KVSTORES + ('horovod',)
+# The kvstores of a job of several processes.
+JOB_KVSTORES = dist.DIST_KVSTORES + ('horovod',)
 # Flags that are not settings of the run, so a checkpoint does not record them.
-_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype')
+_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
 
 
 def network_name(args):
@@ -92,8 +94,9 @@ def build_parser():
                    help='how gradients are summed: device (on the devices, the book\'s '
                         'Trainer default), local (on the CPU), dist_sync / dist_device_sync '
                         '(also over the workers of a job started by python -m '
-                        'gluon_mgpu.launch; --batch-size is then the batch of all workers '
-                        'together) (default: device)')
+                        'gluon_mgpu.launch), horovod (over the processes of a job started by '
+                        'horovodrun); --batch-size is then the batch of all workers together '
+                        '(default: device)')
     split = p.add_mutually_exclusive_group()
     split.add_argument('--device-weights', type=cli.weights, default=None, metavar='W1,W2,...',
                        help='split every batch in proportion to these weights, one per '
@@ -196,6 +199,11 @@ def parse_args(argv=None):
             args.num_workers = dist.job_env()['num_workers']
         except ValueError as e:
             raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
+    if args.kvstore == 'horovod':
+        try:
+            args.num_workers = horovod.job_env()['size']
+        except ValueError as e:
+            raise UsageError('--kvstore horovod: %s' % e) from None
     batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
     if args.batch_size is None:
         args.batch_size = batch_size
@@ -215,7 +223,7 @@ def parse_args(argv=None):
         raise UsageError('--sync-bn replaces the BatchNorm layers of resnet18, but --model %s '
                          'has none; drop --sync-bn or use --model resnet18' % args.model)
     bf16 = args.dtype == 'bfloat16'
-    if bf16 and (args.sync_bn or args.kvstore in dist.DIST_KVSTORES):
+    if bf16 and (args.sync_bn or args.kvstore in JOB_KVSTORES):
         raise UsageError('--dtype bfloat16 with %s was never run; drop one of them'
                          % ('--sync-bn' if args.sync_bn else '--kvstore ' + args.kvstore))
     data_only = [flag for flag, given in (
@@ -307,9 +315,8 @@ def check_recorded_args(recorded, json_path, given=()):
     missing = [k for k in list(flags) + list(_DERIVED) if k not in recorded]
     if missing:
         raise ValueError('args lacks %s' % ', '.join(missing))
-    for key, value in _DERIVED.items():
-        if json.dumps(recorded[key]) != json.dumps(value):
-            raise ValueError('args.%s is %s, expected %s' % (key, _shown(recorded[key]), value))
+    if json.dumps(recorded['rank']) != '0':  # rank 0 writes the checkpoints
+        raise ValueError('args.rank is %s, expected 0' % _shown(recorded['rank']))
     outputs = dict(_OUTPUTS)
     checked = [dest for dest in flags if not (dest in outputs and dest in given)]
     argv = ['--checkpoint-dir', os.path.dirname(json_path)]
@@ -340,6 +347,10 @@ def check_recorded_args(recorded, json_path, given=()):
     except UsageError as e:
         raise ValueError('the recorded settings are refused by the command line (%s)'
                          % e) from None
+    # One process, or as many as the job has (a Horovod job resumes with as many as it had).
+    if json.dumps(recorded['num_workers']) != json.dumps(parsed.num_workers):
+        raise ValueError('args.num_workers is %s, expected %s'
+                         % (_shown(recorded['num_workers']), parsed.num_workers))
     for dest in checked:
         if json.dumps(getattr(parsed, dest)) != json.dumps(recorded[dest]):
             raise ValueError('args.%s is %s, which the command line reads as %s'
@@ -352,9 +363,10 @@ def check_record(record, json_path, given=()):
         record, json_path, lambda recorded: check_recorded_args(recorded, json_path, given))
 
 
-def _prepare_checkpoints(args):
+def _prepare_checkpoints(args, write=True):
     """Check --checkpoint-dir; for --resume merge the run's settings into ``args``; return the
-    checkpoint record to resume from (or None)."""
+    checkpoint record to resume from (or None). ``write=False``: a process that only reads the
+    folder (a Horovod worker other than rank 0)."""
     directory = args.checkpoint_dir
     record = None
     if args.resume:
@@ -382,6 +394,8 @@ def _prepare_checkpoints(args):
                              'to start a new run' % (directory, done[-1]))
         if args.seed is None:
             args.seed = secrets.randbelow(2 ** 31)
+    if not write:
+        return record
     try:
         checkpoint.prepare_dir(directory)
     except ValueError as e:
@@ -400,7 +414,8 @@ def _devices(args):
 
 
 def _join_job(args, devices, train_iter):
-    """Check a dist run, join the job, take this worker's shard and the shared seed; return the kvstore."""
+    """Check a run of several processes, join the job (``dist_sync``'s servers or Horovod's
+    ring), take this worker's shard and the shared seed; return the kvstore."""
     import mxnet as mx
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
@@ -414,11 +429,16 @@ def _join_job(args, devices, train_iter):
     except ValueError as e:
         raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
                          % (args.kvstore, e, args.train_limit, args.batch_size)) from None
-    kv = mx.kv.create(args.kvstore)  # joins the job: waits for every process
+    if args.kvstore == 'horovod':
+        kv = horovod.HorovodKVStore()  # joins the job
+        shared_seed = horovod.shared_seed
+    else:
+        kv = mx.kv.create(args.kvstore)  # joins the job: waits for every process
+        shared_seed = dist.shared_seed
     # From here on, leaving normally would wait for the other workers (see main).
     args.joined = True
     train_iter.set_part(kv.num_workers, kv.rank)
-    args.seed = train_iter.seed = dist.shared_seed(kv, args.seed)
+    args.seed = train_iter.seed = shared_seed(kv, args.seed)
     return kv
 
 
@@ -450,6 +470,10 @@ def run(args, interrupt=None):
     record = None
     if args.resume and not os.path.isdir(args.checkpoint_dir):
         _prepare_checkpoints(args)  # says that there is nothing to resume
+    if args.checkpoint_dir is not None and horovod.worker_rank() not in (None, 0):
+        # In a Horovod job rank 0 locks the folder and writes the checkpoints; the other
+        # processes resume from them (on --resume the run's kvstore is read from the folder).
+        return _run(args, _prepare_checkpoints(args, write=False), interrupt)
     if args.checkpoint_dir is not None:
         try:
             lock = checkpoint.lock_dir(args.checkpoint_dir)
@@ -496,6 +520,8 @@ def _save_params(args, save):
     if args.save_params is None:
         return
     path = args.save_params
+    if args.kvstore == 'horovod' and args.rank != 0:
+        return  # the same parameters as rank 0's, which saves them
     if args.kvstore in dist.DIST_KVSTORES:
         path = dist.rank_path(path, args.rank)
     with files.atomic_path(path) as tmp:
@@ -509,14 +535,14 @@ def _run(args, record, interrupt):
     # After the data: the device check may log a warning, and bad input gets one line only.
     devices = _devices(args)
     kvstore, args.rank = args.kvstore, 0
-    if args.kvstore in dist.DIST_KVSTORES:
+    if args.kvstore in JOB_KVSTORES:
         kvstore = _join_job(args, devices, train_iter)
         args.rank = kvstore.rank
-    lead = args.rank == 0  # the one worker of a dist job that prints and writes files
+    lead = args.rank == 0  # the one worker of a job that prints and writes files
     mode = progress.choose_mode(quiet=args.quiet or not lead)
     if mode != 'quiet':
         where = devices_mod.format_devices(devices)
-        if args.kvstore in dist.DIST_KVSTORES:
+        if args.kvstore in JOB_KVSTORES:
             where += ' (worker 0 of %d, kvstore %s)' % (args.num_workers, args.kvstore)
         print('running on:', where, flush=True)
 
@@ -542,9 +568,12 @@ def _run(args, record, interrupt):
                     checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                     flush=True)
         recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
-        handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
-            'args': recorded, 'data_seed': args.seed, 'network': network_name(args),
-            'devices': [str(d) for d in devices]}, resume=record))
+        if lead:
+            handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
+                'args': recorded, 'data_seed': args.seed, 'network': network_name(args),
+                'devices': [str(d) for d in devices]}, resume=record))
+        elif record is not None:
+            handlers.append(checkpoint.Resume(record))
     split_f, line = _split(args, net, devices, test_iter)
     if line is not None and mode != 'quiet':
         print(line, flush=True)

@@ -75,7 +75,7 @@ from ..runtime.updates import one_line
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir',
            'save_checkpoint', 'read_checkpoint', 'validate_record', 'network_names', 'restore',
-           'resume_settings', 'CheckpointHandler']
+           'resume_settings', 'Resume', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 2'
 # Format 1 kept the optimizer as a pickle (Trainer.save_states); the last commit that resumes it.
@@ -837,7 +837,21 @@ def resume_settings(record, given):
     return settings
 
 
-class CheckpointHandler(TrainBegin, EpochEnd):
+class Resume(TrainBegin):
+    """Event handler: continue a restored run after the epoch of its ``record``, with its
+    history (``CheckpointHandler`` does it too; alone, for a process that does not save)."""
+
+    priority = PRIORITY['CheckpointHandler']
+
+    def __init__(self, record):
+        self.resume = record
+
+    def train_begin(self, estimator, *args, **kwargs):
+        if self.resume is not None:
+            estimator.resume(self.resume['epoch'], self.resume['history'])
+
+
+class CheckpointHandler(Resume, EpochEnd):
     """Event handler: save a checkpoint at the end of every epoch; continue a restored run.
 
     Parameters
@@ -852,14 +866,9 @@ class CheckpointHandler(TrainBegin, EpochEnd):
         the Trainer with ``restore``: training goes on after its epoch, with its history.
     """
 
-    priority = PRIORITY['CheckpointHandler']
-
     def __init__(self, directory, info, resume=None):
-        self.directory, self.info, self.resume = directory, dict(info), resume
-
-    def train_begin(self, estimator, *args, **kwargs):
-        if self.resume is not None:
-            estimator.resume(self.resume['epoch'], self.resume['history'])
+        super().__init__(resume)
+        self.directory, self.info = directory, dict(info)
 
     def epoch_end(self, estimator, *args, **kwargs):
         save_checkpoint(self.directory, estimator.record['epoch'], estimator.net,

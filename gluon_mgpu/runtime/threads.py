@@ -233,7 +233,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         settings = {'omp_num_threads': mxnet_default_threads(cores), 'cores': cores,
                     'source': 'mxnet-imported-first'}
     else:
-        threads = max(1, cores // devices)
+        threads = max(1, cores // (devices * _local_processes(environ)))
         environ['OMP_NUM_THREADS'] = str(threads)
         settings = {'omp_num_threads': threads, 'cores': cores, 'source': 'gluon_mgpu'}
     settings['devices'] = devices
@@ -249,6 +249,13 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         _SETTINGS.clear()
         _SETTINGS.update(settings)
     return settings
+
+
+def _local_processes(environ):
+    """The processes of a ``horovodrun`` job on this machine (``HOROVOD_LOCAL_SIZE``), which
+    share its cores; 1 outside such a job."""
+    value = environ.get('HOROVOD_LOCAL_SIZE', '')
+    return int(value) if _whole(value) and int(value) >= 1 else 1
 
 
 def mxnet_default_threads(cores=None, machine=None):

@@ -1,0 +1,120 @@
+"""Horovod's ring allreduce as the kvstore of the chapter's Trainer: gradients summed across
+the processes of a ``horovodrun`` job, parameters broadcast from rank 0 (docs/distributed.md)."""
+import os
+
+import numpy as np
+from mxnet import nd
+from mxnet.kvstore import KVStoreBase
+
+__all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank', 'shared_seed']
+
+INSTALL = 'make horovod-install'
+
+
+def import_horovod():
+    """``horovod.mxnet``, initialized; ``ImportError`` naming the install command without it."""
+    try:
+        import horovod.mxnet as hvd
+    except ImportError as e:
+        raise ImportError('Horovod is not installed in this environment (%s); build it with %s'
+                          % (e, INSTALL)) from None
+    hvd.init()
+    return hvd
+
+
+@KVStoreBase.register
+class HorovodKVStore(KVStoreBase):
+    """A kvstore for ``gluon.Trainer(..., kvstore=HorovodKVStore())`` in every process of a job.
+
+    ``pushpull`` sums a parameter's gradients over this process's devices, then over all
+    processes (Horovod's allreduce), and writes the sum back to every device; ``broadcast``
+    gives every device of every process rank 0's value. The Trainer keeps the optimizer
+    (``is_capable('optimizer')`` is False): every process updates its own replicas with the
+    same summed gradient, so its state lives on the workers and checkpoints as usual.
+    """
+
+    def __init__(self):
+        self._hvd = import_horovod()
+
+    @staticmethod
+    def _name(key):
+        return 'gluon_mgpu.%s' % (key,)
+
+    def broadcast(self, key, value, out, priority=0):
+        out = out if isinstance(out, list) else [out]
+        root = value.copy()
+        self._hvd.broadcast_(root, root_rank=0, name=self._name(key), priority=priority)
+        for o in out:
+            root.copyto(o)
+
+    def pushpull(self, key, value, out=None, priority=0):
+        values = value if isinstance(value, list) else [value]
+        total = values[0].copy() if len(values) == 1 else \
+            nd.add_n(*[v.as_in_context(values[0].context) for v in values])
+        self._hvd.allreduce_(total, average=False, name=self._name(key), priority=priority)
+        targets = values if out is None else (out if isinstance(out, list) else [out])
+        for t in targets:
+            total.copyto(t)
+
+    @staticmethod
+    def is_capable(capability):
+        if capability.lower() == KVStoreBase.OPTIMIZER:
+            return False
+        raise ValueError('unknown capability %r' % (capability,))
+
+    @property
+    def type(self):
+        return 'horovod'
+
+    @property
+    def rank(self):
+        return self._hvd.rank()
+
+    @property
+    def num_workers(self):
+        return self._hvd.size()
+
+    def set_optimizer(self, optimizer):
+        raise NotImplementedError('the Trainer updates the parameters itself with Horovod '
+                                  '(update_on_kvstore=False)')
+
+    def save_optimizer_states(self, fname, dump_optimizer=False):
+        raise NotImplementedError('the optimizer state lives in the Trainer')
+
+    def load_optimizer_states(self, fname):
+        raise NotImplementedError('the optimizer state lives in the Trainer')
+
+
+def job_env(environ=None):
+    """This process's place in a ``horovodrun`` job, read before joining it: ``{'rank': r,
+    'size': n}``; ``ValueError`` naming what is missing (Horovod, or the job)."""
+    import importlib.util
+    environ = os.environ if environ is None else environ
+    if importlib.util.find_spec('horovod') is None:
+        raise ValueError('Horovod is not installed in this environment; build it with %s'
+                         % INSTALL)
+    values = {}
+    for name in ('HOROVOD_RANK', 'HOROVOD_SIZE'):
+        value = environ.get(name, '')
+        if not value.isdigit():
+            raise ValueError('%s is %s, so this process was not started by horovodrun; start '
+                             'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
+                             'gluon_mgpu.train --kvstore horovod ...'
+                             % (name, repr(value) if value else 'not set'))
+        values[name] = int(value)
+    return {'rank': values['HOROVOD_RANK'], 'size': values['HOROVOD_SIZE']}
+
+
+def worker_rank(environ=None):
+    """This process's rank in a ``horovodrun`` job, or None outside one."""
+    value = (os.environ if environ is None else environ).get('HOROVOD_RANK', '')
+    return int(value) if value.isdigit() else None
+
+
+def shared_seed(kv, seed=None):
+    """Rank 0's seed (its ``seed``, or one it draws), broadcast to every process: the workers
+    must draw the same initial parameters and the same epoch orders."""
+    mine = np.random.randint(2 ** 31) if seed is None else int(seed)
+    value = nd.array([mine], dtype='float64')  # exact for every seed below 2**53
+    kv._hvd.broadcast_(value, root_rank=0, name='gluon_mgpu.seed')
+    return int(value.asscalar())

@@ -1,0 +1,212 @@
+"""Horovod as the second engine of the chapter's step: ``--kvstore horovod`` under horovodrun,
+on loopback with Gloo (docs/distributed.md). ``make test`` builds Horovod first."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from mxnet import nd
+
+from gluon_mgpu.commands.train import main as train_main
+from gluon_mgpu.parallel import horovod
+
+PY = sys.executable
+HOROVODRUN = os.path.join(os.path.dirname(PY), 'horovodrun')
+TRAIN = ['-m', 'gluon_mgpu.train', '--model', 'lenet', '--device', 'cpu', '--seed', '0',
+         '--test-limit', '16', '--train-limit', '64', '--batch-size', '16']
+
+
+def _env():
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+
+
+def _horovodrun(*args, np_=2, timeout=300):
+    return subprocess.run([HOROVODRUN, '-np', str(np_), '-H', 'localhost:%d' % np_, '--gloo',
+                           PY, *args], capture_output=True, text=True, timeout=timeout,
+                          env=_env())
+
+
+def _single(*args):
+    run = subprocess.run([PY, *TRAIN, *args], capture_output=True, text=True, timeout=300,
+                         env=_env())
+    assert run.returncode == 0, run.stderr
+    return run
+
+
+def _max_diff(a, b):
+    assert sorted(a) == sorted(b)
+    return max(float(np.max(np.abs(a[k].asnumpy() - b[k].asnumpy()))) for k in a)
+
+
+def _rank_lines(out, rank):
+    return [line.split(':', 1)[1] for line in out.splitlines()
+            if line.startswith('[%d]<stdout>:' % rank)]
+
+
+def test_two_processes_equal_one_process_on_two_devices(tmp_path):
+    # Each process trains its device with the chapter's step; Horovod sums the gradients of
+    # both, the Trainer divides by the global batch (rescale_grad = 1/2, then step(8)): the
+    # parameters equal one process on 2 devices at the same global batch, as dist_sync's do.
+    job = _horovodrun(*TRAIN, '--epochs', '2', '--kvstore', 'horovod', '--save-params',
+                      str(tmp_path / 'hvd.params'))
+    assert job.returncode == 0, job.stderr[-3000:]
+    lines = _rank_lines(job.stdout, 0)
+    assert lines[0] == 'running on: [cpu(0)] (worker 0 of 2, kvstore horovod)'
+    assert [re.fullmatch(r'epoch \d, training time: \d+\.\d sec, test_acc (0|1)\.\d\d', line)
+            is not None for line in lines[1:3]] == [True, True]
+    assert _rank_lines(job.stdout, 1) == []  # only rank 0 prints
+    assert not os.path.exists(tmp_path / 'hvd.rank1.params')  # and writes
+    ours = nd.load(str(tmp_path / 'hvd.params'))
+    _single('--epochs', '2', '--num-gpus', '2', '--save-params', str(tmp_path / 'one.params'))
+    _single('--epochs', '2', '--num-gpus', '2', '--lr', '0.4',
+            '--save-params', str(tmp_path / 'double.params'))
+    assert len(ours) == 10
+    assert _max_diff(ours, nd.load(str(tmp_path / 'one.params'))) <= 1e-6
+    assert _max_diff(ours, nd.load(str(tmp_path / 'double.params'))) > 1e-3
+
+
+WRONG_DIVISOR = '''
+import sys
+import gluon_mgpu
+import mxnet as mx
+from mxnet import gluon, init, nd
+from gluon_mgpu import data, training
+from gluon_mgpu.parallel.horovod import HorovodKVStore
+kv = HorovodKVStore()
+train_iter, _ = data.load_data_fashion_mnist(16, train_limit=64, test_limit=16, seed=0)
+train_iter.set_part(kv.num_workers, kv.rank)
+mx.random.seed(0)
+net = training.new_network('lenet')
+net.initialize(init.Normal(sigma=training.INIT_SIGMA), ctx=[mx.cpu(0)])
+# The book's Trainer, without dividing by the number of processes: step(8) divides the sum
+# of both processes' gradients by one process's batch.
+trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.2}, kvstore=kv)
+loss = gluon.loss.SoftmaxCrossEntropyLoss()
+for X, y in train_iter:
+    training.train_batch(net, X, y, loss, trainer, [mx.cpu(0)])
+nd.waitall()  # no process may leave while an allreduce of another is under way
+if kv.rank == 0:
+    net.save_parameters(sys.argv[1])
+'''
+
+
+def test_the_wrong_divisor_is_twice_the_learning_rate(tmp_path):
+    script = tmp_path / 'wrong.py'
+    script.write_text(WRONG_DIVISOR)
+    job = _horovodrun(str(script), str(tmp_path / 'wrong.params'))
+    assert job.returncode == 0, job.stderr[-3000:]
+    wrong = nd.load(str(tmp_path / 'wrong.params'))
+    _single('--epochs', '1', '--num-gpus', '2', '--save-params', str(tmp_path / 'one.params'))
+    _single('--epochs', '1', '--num-gpus', '2', '--lr', '0.4',
+            '--save-params', str(tmp_path / 'double.params'))
+    assert _max_diff(wrong, nd.load(str(tmp_path / 'one.params'))) > 1e-3
+    assert _max_diff(wrong, nd.load(str(tmp_path / 'double.params'))) <= 1e-6
+
+
+def test_checkpoints_and_resume_equal_an_uninterrupted_job(tmp_path):
+    # The optimizer's state lives in every process (not on servers, as with dist_sync): rank 0
+    # writes the checkpoints, every process resumes from them, bit for bit.
+    whole = _horovodrun(*TRAIN, '--epochs', '2', '--kvstore', 'horovod', '--quiet',
+                        '--checkpoint-dir', str(tmp_path / 'whole'))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    first = _horovodrun(*TRAIN, '--epochs', '1', '--kvstore', 'horovod', '--quiet',
+                        '--checkpoint-dir', str(tmp_path / 'parts'))
+    assert first.returncode == 0, first.stderr[-3000:]
+    rest = _horovodrun('-m', 'gluon_mgpu.train', '--epochs', '2', '--resume',
+                       '--checkpoint-dir', str(tmp_path / 'parts'))
+    assert rest.returncode == 0, rest.stderr[-3000:]
+    # --quiet, as the run recorded it: rank 0's summary line only.
+    assert [re.fullmatch(r'test acc: (0|1)\.\d\d, \d+\.\d sec/epoch on \[cpu\(0\)\]', line)
+            is not None for line in _rank_lines(rest.stdout, 0)] == [True]
+    assert _rank_lines(rest.stdout, 1) == []
+    a = nd.load(str(tmp_path / 'whole' / 'epoch-0002.params'))
+    b = nd.load(str(tmp_path / 'parts' / 'epoch-0002.params'))
+    assert _max_diff(a, b) == 0.0
+    # A job of another size cannot continue it: its batches and learning rate would differ.
+    three = _horovodrun('-m', 'gluon_mgpu.train', '--epochs', '3', '--resume',
+                        '--checkpoint-dir', str(tmp_path / 'parts'), np_=1)
+    assert three.returncode != 0
+    assert 'args.num_workers is 2, expected 1' in three.stdout + three.stderr
+
+
+def _descendants(pid):
+    children = {}
+    for entry in os.listdir('/proc'):
+        if entry.isdigit():
+            try:
+                stat = open('/proc/%s/stat' % entry).read()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(')', 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def test_a_killed_worker_ends_the_job_within_the_bound_naming_it(tmp_path):
+    # horovodrun watches its processes: when one dies it stops the others and exits 1, with a
+    # line naming the dead one.
+    job = subprocess.Popen([HOROVODRUN, '-np', '2', '-H', 'localhost:2', '--gloo', PY, *TRAIN,
+                            '--kvstore', 'horovod', '--epochs', '1000', '--train-limit', '2000'],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=_env(), start_new_session=True)
+    try:
+        for line in job.stdout:
+            if re.match(r'\[0\]<stdout>:epoch 1,', line):
+                break  # both processes have joined and stepped together
+        ranks = {}
+        for pid in _descendants(job.pid):
+            try:
+                environ = open('/proc/%d/environ' % pid, 'rb').read().split(b'\0')
+            except OSError:
+                continue
+            for item in environ:
+                if item.startswith(b'HOROVOD_RANK='):
+                    ranks[int(item.split(b'=')[1])] = pid
+        assert sorted(ranks) == [0, 1], ranks
+        os.kill(ranks[1], signal.SIGKILL)
+        start = time.monotonic()
+        out, err = job.communicate(timeout=120)
+        seconds, code = time.monotonic() - start, job.returncode
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    assert code == 1
+    assert seconds < 30
+    assert 'Process 1 exit with status code 137.\n' in out
+    assert err.endswith('The first process to do so was:\nProcess name: 1\nExit code: 137\n\n')
+    time.sleep(0.5)
+    for pid in ranks.values():
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_without_horovodrun_it_is_one_line_and_exit_2(capsys, data_dir, monkeypatch):
+    monkeypatch.delenv('HOROVOD_RANK', raising=False)
+    assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir]) == 2
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.train: error: --kvstore horovod: HOROVOD_RANK is not set, so '
+        'this process was not started by horovodrun; start the job with horovodrun -np 2 -H '
+        'localhost:2 --gloo python -m gluon_mgpu.train --kvstore horovod ...\n')
+
+
+def test_without_horovod_installed_the_line_names_the_install(capsys, data_dir, monkeypatch):
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: None if name == 'horovod' else find_spec(name, *a))
+    assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir]) == 2
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.train: error: --kvstore horovod: Horovod is not installed in '
+        'this environment; build it with make horovod-install\n')
+    with pytest.raises(ImportError, match=r'^Horovod is not installed in this environment '):
+        monkeypatch.setitem(sys.modules, 'horovod.mxnet', None)
+        horovod.import_horovod()
