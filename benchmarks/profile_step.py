@@ -76,12 +76,13 @@ def worker(args):
     images, labels = data.load_fashion_mnist_arrays('train')
     n = args.batch_size * (1 + 2 * args.steps)
     it = iter(data.ArrayBatches(images[:n], labels[:n], args.batch_size, shuffle=True, seed=0))
+    step = training.choose_step(devices)  # what train() runs on these devices
 
     def steps(count):
         meter = Interval().start()
         for _ in range(count):
             X, y = next(it)
-            training.train_batch(net, X, y, loss, trainer, devices)
+            step(net, X, y, loss, trainer, devices, training.split_batch)
         nd.waitall()
         record = meter.stop()
         return dict(record, images_per_s=args.batch_size * count / record['wall'])

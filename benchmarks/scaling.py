@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/scaling.py                 # about 8 minutes on 2 quiet cores
     .venv/bin/python benchmarks/scaling.py --part workers  # the dist_sync jobs only (~1 min)
+    .venv/bin/python benchmarks/scaling.py --part jobs     # dist_sync and Horovod, interleaved
     .venv/bin/python benchmarks/scaling.py --quick --out /tmp/scaling.md   # a smoke run
     .venv/bin/python benchmarks/scaling.py --report-only   # the report from docs/scaling.json
 
@@ -10,7 +11,8 @@ Two tables. Every row is measured in fresh processes, the rows interleaved and r
 - ``devices``: the chapter's ResNet-18, hybridized, data parallel over 1, 2, 4 and 8
   simulated devices (``mx.cpu(0)`` ... ``mx.cpu(7)``) at a fixed global batch of 256, one
   process each (benchmarks/worker.py, kind "phases"). First the images/s of the package's step
-  (``training.train_batch``) without waits; then, in the same process, the step's phases with
+  (``training.choose_step``: on CPU devices each device's calls from its own thread) without
+  waits; then, in the same process, the step's phases with
   ``nd.waitall()`` after each: the split and the copies (the two halves of
   ``split_and_load``), forward and backward, the gradient sum (``trainer.allreduce_grads``)
   and the update (``trainer.update``), with a second Trainer made with
@@ -19,6 +21,9 @@ Two tables. Every row is measured in fresh processes, the rows interleaved and r
   a scheduler, one server, W workers with one device each; kind "dist"), W = 1, 2 and 4, the
   book's LeNet, global batch 256: the job's images/s and, per step, forward and backward and
   the push/pull (``trainer.step``: the server adds up the workers' gradients and updates).
+- ``horovod``: the same LeNet job under ``horovodrun -np W --gloo`` (``--kvstore horovod``'s
+  kvstore, no servers), W = 1, 2 and 4: images/s and ``trainer.step`` (the ring's allreduce
+  of the gradients, then every worker's own update).
 
 Each measurement records its CPU time against the wall time and the others' load
 (benchmarks/measuring.py; for a job, over the whole job, seen from here: every process of the
@@ -41,12 +46,13 @@ from measuring import (DISTURBED_CORES, TABLE_LEGEND, Interval, raw_values,  # n
                        summarize)
 
 # part -> the counts measured: devices of one process, workers of a dist_sync job.
-COUNTS = {'devices': (1, 2, 4, 8), 'workers': (1, 2, 4)}
+COUNTS = {'devices': (1, 2, 4, 8), 'workers': (1, 2, 4), 'horovod': (1, 2, 4)}
 DEVICE_PHASES = ('split', 'copies', 'forward+backward', 'gradient sum', 'update')
 JOB_PHASES = ('forward+backward', 'push/pull')
-STEP_PHASES = DEVICE_PHASES + JOB_PHASES  # measured ones; "phases added up" is derived
+HOROVOD_PHASES = ('forward+backward', 'allreduce+update')
+STEP_PHASES = DEVICE_PHASES + JOB_PHASES + HOROVOD_PHASES[1:]  # "phases added up" is derived
 JOB_BATCH = 256
-TIMEOUT = {'devices': 600, 'workers': 180}  # seconds: a hang fails the run, named
+TIMEOUT = {'devices': 600, 'workers': 180, 'horovod': 180}  # seconds: a hang fails the run, named
 
 
 def device_config(devices, quick=False):
@@ -56,18 +62,24 @@ def device_config(devices, quick=False):
                 **dict(zip(('warmup', 'steps', 'phase_steps'), steps)))
 
 
-def job_config(quick=False):
-    """The configuration every worker of a LeNet ``dist_sync`` job gets."""
+def job_config(quick=False, engine='dist_sync'):
+    """The configuration every worker of a LeNet ``dist_sync`` (or Horovod) job gets."""
     steps = (2, 3, 3) if quick else (5, 30, 30)
-    return dict(kind='dist', model='lenet', mode='hybrid', loop='ours', loader='array',
-                threads='package', batch_size=JOB_BATCH,
+    return dict(kind='dist', engine=engine, model='lenet', mode='hybrid', loop='ours',
+                loader='array', threads='package', batch_size=JOB_BATCH,
                 **dict(zip(('warmup', 'steps', 'phase_steps'), steps)))
 
 
 def job_command(config, workers):
-    """The launcher's argv: ``workers`` workers and one server, all running worker.py."""
-    return [sys.executable, '-m', 'gluon_mgpu.launch', '-n', str(workers), '-s', '1', '--',
-            sys.executable, os.path.join(HERE, 'worker.py'), json.dumps(config)]
+    """The job's argv: our launcher with ``workers`` workers and one server, or horovodrun
+    with ``workers`` processes on loopback; every worker runs worker.py."""
+    worker = [sys.executable, os.path.join(HERE, 'worker.py'), json.dumps(config)]
+    if config.get('engine') == 'horovod':
+        horovodrun = os.path.join(os.path.dirname(sys.executable), 'horovodrun')
+        return [horovodrun, '-np', str(workers), '-H', 'localhost:%d' % workers, '--gloo'] + \
+            worker
+    return [sys.executable, '-m', 'gluon_mgpu.launch', '-n', str(workers), '-s', '1', '--'] + \
+        worker
 
 
 def job_record(interval, worker_records):
@@ -78,19 +90,23 @@ def job_record(interval, worker_records):
 
 
 def measure_job(config, workers, timeout=TIMEOUT['workers']):
-    """Run one ``dist_sync`` job on loopback; return ``job_record`` of it."""
+    """Run one ``dist_sync`` (or Horovod) job on loopback; return ``job_record`` of it."""
+    engine = config.get('engine', 'dist_sync')
     meter = Interval().start()
     try:
         out = subprocess.run(job_command(config, workers), capture_output=True, text=True,
                              cwd=run.ROOT, timeout=timeout)
     except subprocess.TimeoutExpired:
-        raise RuntimeError('the dist_sync job of %d workers did not finish in %d s (a hang?)'
-                           % (workers, timeout)) from None
+        raise RuntimeError('the %s job of %d workers did not finish in %d s (a hang?)'
+                           % (engine, workers, timeout)) from None
     interval = meter.stop()
-    lines = [json.loads(l) for l in out.stdout.splitlines() if l.startswith('{')]
+    # horovodrun puts [rank]<stdout>: before every line of its processes.
+    lines = [json.loads(l.split(':', 1)[1] if l.startswith('[') else l)
+             for l in out.stdout.splitlines() if '{' in l[:20]]
     if out.returncode != 0 or len(lines) != workers:
-        raise RuntimeError('the dist_sync job of %d workers failed (exit code %d, %d results):'
-                           '\n%s' % (workers, out.returncode, len(lines), out.stderr[-3000:]))
+        raise RuntimeError('the %s job of %d workers failed (exit code %d, %d results):'
+                           '\n%s' % (engine, workers, out.returncode, len(lines),
+                                      out.stderr[-3000:]))
     return job_record(interval, lines)
 
 
@@ -99,7 +115,8 @@ def measure_part(part, count, quick, retries):
     if part == 'devices':
         return run.measure_until_quiet(device_config(count, quick), retries, functools.partial(
             run.measure, timeout=TIMEOUT['devices']))
-    return run.measure_until_quiet(job_config(quick), retries,
+    engine = 'horovod' if part == 'horovod' else 'dist_sync'
+    return run.measure_until_quiet(job_config(quick, engine), retries,
                                    functools.partial(measure_job, workers=count))
 
 
@@ -222,7 +239,8 @@ def part_lines(part, records):
     if part == 'devices':
         batch, phases, unit = run.GLOBAL_BATCH, DEVICE_PHASES + ('phases added up',), 'device'
     else:
-        batch, phases, unit = JOB_BATCH, JOB_PHASES, 'worker'
+        batch, unit = JOB_BATCH, 'worker'
+        phases = HOROVOD_PHASES if part == 'horovod' else JOB_PHASES
     lines = header(unit + 's', unit, phases) + rows(by_count, batch, phases)
     if len(by_count) > 1:
         lines += ['', growth_text(by_count, batch, [p for p in phases if p in STEP_PHASES],
@@ -234,7 +252,7 @@ DEVICES_TEXT = (
     'The chapter\'s ResNet-18, hybridized, data parallel over simulated devices (`mx.cpu(0)` '
     'to `mx.cpu(7)`, all on the same cores), global batch %d, one fresh process per '
     'measurement: %s after %s of the package\'s step '
-    '(`training.train_batch`) without waits give the images/s; then, after one untimed step, '
+    '(`training.choose_step`: each device\'s calls from its own thread) without waits give the images/s; then, after one untimed step, '
     '%s timed phase by phase with `nd.waitall()` after each. **The waits remove the '
     'overlap** MXNet\'s engine finds otherwise (one device\'s copies or update with another\'s '
     'compute), so the phases do not add up to the step: compare "phases added up" with '
@@ -258,6 +276,15 @@ WORKERS_TEXT = (
     'the new weights; it includes waiting for the slowest worker. Phase times: the median over '
     'the steps of all workers of a job, then over jobs. CPU/wall and others are over the '
     'whole job, start-up included, seen from the process that launched it.')
+HOROVOD_TEXT = (
+    'The same LeNet job under Horovod: `horovodrun -np W -H localhost:W --gloo`, W processes '
+    'with one device each and no servers (the kvstore of `--kvstore horovod`), global batch %d '
+    'shared by the workers, one fresh job per measurement: %s after %s without waits give the '
+    'job\'s images/s; then %s timed phase by phase. Allreduce+update is `trainer.step`: '
+    'Gloo\'s ring sums every worker\'s gradients and hands the sum to all, then each worker '
+    'updates its own replica; it includes waiting for the slowest worker. The rows are '
+    'measured interleaved with the dist_sync rows above when both parts are measured '
+    'together (`--part jobs`).')
 
 
 def _steps(config):
@@ -289,20 +316,25 @@ def report(raw):
     configs = raw['configs']
     texts = {'devices': DEVICES_TEXT % ((run.GLOBAL_BATCH,) + _steps(configs['devices'])),
              'workers': WORKERS_TEXT % ((JOB_BATCH,) + _steps(configs['workers']))}
+    if 'horovod' in configs:
+        texts['horovod'] = HOROVOD_TEXT % ((JOB_BATCH,) + _steps(configs['horovod']))
     titles = {'devices': 'ResNet-18 on 1, 2, 4 and 8 simulated devices',
-              'workers': 'LeNet in a dist_sync job of 1, 2 and 4 workers'}
+              'workers': 'LeNet in a dist_sync job of 1, 2 and 4 workers',
+              'horovod': 'LeNet in a Horovod job of 1, 2 and 4 processes'}
     for part in COUNTS:
         records = [r for r in every if r['part'] == part]
         if records:
             lines += ['', '## %s' % titles[part], '', texts[part], ''] + part_lines(part, records)
     lines += ['', 'Reproduce: `.venv/bin/python benchmarks/scaling.py%s` (one table: `--part '
-              'devices` or `--part workers`).' % (' --quick' if quick else '')]
+              'devices`, `--part workers` or `--part horovod`; the two jobs interleaved: `--part '
+              'jobs`).' % (' --quick' if quick else '')]
     return lines
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(prog='scaling.py', description=__doc__.splitlines()[0])
-    p.add_argument('--part', choices=['devices', 'workers', 'all'], default='all',
+    p.add_argument('--part', choices=['devices', 'workers', 'horovod', 'jobs', 'all'],
+                   default='all',
                    help='measure one table only, keep the other\'s records (default: all)')
     p.add_argument('--quick', action='store_true', help='1 timed step each, 1 round (smoke run)')
     p.add_argument('--repeats', type=int, default=2, help='rounds of every row (default: 2)')
@@ -320,7 +352,7 @@ def main(argv=None):
     raw_path = os.path.splitext(args.out)[0] + '.json'
     raw = run.load_raw(p, raw_path, args.report_only or args.part != 'all', args.report_only)
     if not args.report_only:
-        parts = list(COUNTS) if args.part == 'all' else [args.part]
+        parts = {'all': list(COUNTS), 'jobs': ['workers', 'horovod']}.get(args.part, [args.part])
         start = run.utc_now()
         try:
             records = measure_all(parts, args.quick, args.repeats, args.retries)
@@ -330,7 +362,8 @@ def main(argv=None):
         raw['runs'].append({'start': start, 'end': run.utc_now(), 'what': ', '.join(parts)})
         raw.update(machine=run.machine(), quick=args.quick, retries=args.retries,
                    configs={'devices': device_config(1, args.quick),
-                            'workers': job_config(args.quick)})
+                            'workers': job_config(args.quick),
+                            'horovod': job_config(args.quick, 'horovod')})
         with open(raw_path, 'w') as f:
             json.dump(raw, f, indent=1)
     run.write_report(args.out, report(raw))

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
-from gluon_mgpu import data, training, training  # noqa: E402
+from gluon_mgpu import data, training  # noqa: E402
 from gluon_mgpu.runtime.dispatch import call  # noqa: E402
 
 # The one timed interval of this measurement: every function below starts and stops it.
@@ -110,6 +110,7 @@ def train_speed(cfg, setup=None):
     between; ``setup`` as ``_training`` returns it (default: a fresh one)."""
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     devices, net, trainer, loss, it = setup or _training(cfg, warmup + steps)
+    step = training.choose_step(devices)  # what train() runs on these devices
     for i in range(warmup + steps):
         if i == warmup:
             nd.waitall()
@@ -125,7 +126,7 @@ def train_speed(cfg, setup=None):
                 l.backward()
             trainer.step(batch)
         else:
-            training.train_batch(net, X, y, loss, trainer, devices)
+            step(net, X, y, loss, trainer, devices, training.split_batch)
     nd.waitall()
     return batch * steps / METER.stop()['wall']
 
@@ -153,7 +154,7 @@ def _phased_step(batch, net, loss, devices, finish, laps):
 
     ``split`` and ``copies`` are the two halves of ``split_and_load`` (``split_data``, then
     ``as_in_context`` per slice); then forward and backward on every device, each issued from
-    its own thread as ``training.train_batch`` does (``dispatch.call``); then ``finish``:
+    its own thread as ``train()`` does on CPU devices (``dispatch.train_batch``); then ``finish``:
     ``(phase, f)`` pairs, each called as ``f(batch_size)``.
     """
     X, y = batch
@@ -164,7 +165,7 @@ def _phased_step(batch, net, loss, devices, finish, laps):
     Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
     ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
     laps.lap('copies')
-    # Issued as training.train_batch issues them: each device from its own thread.
+    # Issued as dispatch.train_batch issues them: each device from its own thread.
     with autograd.record():
         outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
         ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
@@ -210,15 +211,22 @@ def phase_speed(cfg):
 
 
 def dist_speed(cfg):
-    """One worker of a ``dist_sync`` job: the job's images/s, then the phases with waits.
+    """One worker of a ``dist_sync`` job (or of a Horovod job, ``cfg['engine']``): the job's
+    images/s, then the phases with waits.
 
     Joins the job, takes its share of every global batch of ``cfg['batch_size']``, and trains
     the package's way (``training.init_training`` with the job's kvstore, one device). Images/s
     are the global batch times the steps over this worker's time (the workers move in lock
     step). Phase ``push/pull`` is ``trainer.step``: push the gradients to the server, which
-    adds up the workers' and updates, and pull the new weights.
+    adds up the workers' and updates, and pull the new weights; with Horovod
+    ``allreduce+update``, the same call: the ring sums the workers' gradients, every worker
+    updates its own replica.
     """
-    kv = mx.kv.create('dist_sync')  # joins the job: waits for every process
+    if cfg.get('engine') == 'horovod':
+        from gluon_mgpu.parallel.horovod import HorovodKVStore
+        kv, phase = HorovodKVStore(), 'allreduce+update'  # joins the job started by horovodrun
+    else:
+        kv, phase = mx.kv.create('dist_sync'), 'push/pull'  # joins: waits for every process
     devices = [mx.cpu(0)]
     net = training.new_network(cfg['model'], cfg['mode'] == 'hybrid')
     trainer = training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, kvstore=kv)
@@ -227,7 +235,7 @@ def dist_speed(cfg):
     batches.set_part(kv.num_workers, kv.rank)
     setup = (devices, net, trainer, gloss.SoftmaxCrossEntropyLoss(), iter(batches))
     value = train_speed(cfg, setup)
-    result = _with_phases(value, *_phases(cfg, setup, [('push/pull', trainer.step)]))
+    result = _with_phases(value, *_phases(cfg, setup, [(phase, trainer.step)]))
     return dict(result, rank=kv.rank, num_workers=kv.num_workers)
 
 

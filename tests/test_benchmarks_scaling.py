@@ -109,4 +109,5 @@ def test_a_smoke_run_says_so_and_how_to_reproduce_it():
     assert 'global batch 256, one fresh process per measurement: 1 timed step after 1 warm-up ' \
         'step of' in lines[12]
     assert lines[-1] == ('Reproduce: `.venv/bin/python benchmarks/scaling.py --quick` (one '
-                         'table: `--part devices` or `--part workers`).')
+                         'table: `--part devices`, `--part workers` or `--part horovod`; the '
+                         'two jobs interleaved: `--part jobs`).')
