@@ -12,7 +12,7 @@ import sys
 
 from ..parallel import dist, horovod, weighted
 from .. import data, devices as devices_mod, parallel, replicas, training
-from ..handlers import checkpoint, events, interrupts, metrics, plotting, progress
+from ..handlers import checkpoint, events, metrics, plotting, progress
 from . import cli
 from ..runtime import files
 from .cli import UsageError
@@ -719,6 +719,11 @@ def main(argv=None):
             return 1, _diverged(e, args)
         if isinstance(e, replicas.ReplicaCheckFailed):
             return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
+        if getattr(args, 'kvstore', None) == 'horovod' and \
+                any(text in str(e) for text in horovod.PEER_GONE):
+            return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
+                                           'one cannot go on (horovodrun names it); %s'
+                                     % _kept(args))
         return None
 
     code = cli.run_command(PROG, argv, body, explain)

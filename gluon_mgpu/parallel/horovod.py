@@ -9,6 +9,9 @@ from mxnet.kvstore import KVStoreBase
 __all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank', 'shared_seed']
 
 INSTALL = 'make horovod-install'
+# What Horovod (and Gloo under it) raise in the other processes once one of them has stopped.
+PEER_GONE = ('Horovod has been shut down', 'Connection reset by peer',
+             'Connection closed by peer')
 
 
 def import_horovod():
