@@ -498,7 +498,7 @@ def test_cli_refuses_a_changed_states_file(cli_dir, capsys):
 
 
 def test_cli_refuses_another_network(cli_dir, capsys, monkeypatch):
-    monkeypatch.setattr(gluon_mgpu.book, 'resnet18',
+    monkeypatch.setattr(gluon_mgpu.training, 'resnet18',
                         lambda num_classes, **kwargs: gluon_mgpu.resnet18(5))
     assert main(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2']) == 2
     err = capsys.readouterr().err

@@ -313,7 +313,7 @@ def test_slice_sizes_follow_the_weights(n, weights, sizes):
 def test_bad_device_weights(weights, match, two_cpus):
     X, y = nd.zeros((4, 1)), nd.zeros(4)
     with pytest.raises(ValueError, match=match):
-        gluon_mgpu.split_batch(X, y, two_cpus, weights)
+        weighted.split_by(X, y, two_cpus, weights)  # split_batch is the book's, without weights
 
 
 def test_slice_sizes_needs_one_example_per_device():
@@ -349,9 +349,9 @@ def test_weighted_step_equals_the_even_step(weights, two_cpus, real_batch):
         return net, stats
 
     even, s_even = step(None)
-    weighted, s_weighted = step(weights)
-    assert _replica_max_diff(weighted, two_cpus) == 0.0
-    for pe, pw in zip(even.collect_params().values(), weighted.collect_params().values()):
+    by_weights, s_weighted = step(weights)
+    assert _replica_max_diff(by_weights, two_cpus) == 0.0
+    for pe, pw in zip(even.collect_params().values(), by_weights.collect_params().values()):
         assert max_abs_diff(pw.data(two_cpus[0]), pe.data(two_cpus[0])) <= 1e-6
     assert abs(s_weighted['train_loss'] - s_even['train_loss']) <= 1e-6
     assert s_weighted['train_acc'] == s_even['train_acc'] and s_weighted['examples'] == 12
