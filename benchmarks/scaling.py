@@ -89,6 +89,19 @@ def job_record(interval, worker_records):
     return dict(interval, value=min(r['value'] for r in workers), workers=workers)
 
 
+def worker_results(stdout):
+    """The JSON object every worker printed, wherever it is in the job's output: horovodrun puts
+    ``[rank]<stdout>:`` before each line, and two processes' lines can run into each other."""
+    decoder, found = json.JSONDecoder(), []
+    for line in stdout.splitlines():
+        at = line.find('{"')
+        while at >= 0:
+            value, end = decoder.raw_decode(line, at)
+            found.append(value)
+            at = line.find('{"', end)
+    return found
+
+
 def measure_job(config, workers, timeout=TIMEOUT['workers']):
     """Run one ``dist_sync`` (or Horovod) job on loopback; return ``job_record`` of it."""
     engine = config.get('engine', 'dist_sync')
@@ -100,9 +113,7 @@ def measure_job(config, workers, timeout=TIMEOUT['workers']):
         raise RuntimeError('the %s job of %d workers did not finish in %d s (a hang?)'
                            % (engine, workers, timeout)) from None
     interval = meter.stop()
-    # horovodrun puts [rank]<stdout>: before every line of its processes.
-    lines = [json.loads(l.split(':', 1)[1] if l.startswith('[') else l)
-             for l in out.stdout.splitlines() if '{' in l[:20]]
+    lines = worker_results(out.stdout)
     if out.returncode != 0 or len(lines) != workers:
         raise RuntimeError('the %s job of %d workers failed (exit code %d, %d results):'
                            '\n%s' % (engine, workers, out.returncode, len(lines),
