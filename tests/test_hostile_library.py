@@ -521,7 +521,16 @@ def test_sigterm_is_an_interruption_that_records_its_signal():
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
-def test_sighup_is_an_interruption_that_records_its_signal():
+@pytest.fixture
+def default_sighup():
+    # Under nohup (a detached test run) SIGHUP starts ignored: these tests start from the
+    # default disposition, as an interactive shell gives it.
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    yield
+    signal.signal(signal.SIGHUP, previous)
+
+
+def test_sighup_is_an_interruption_that_records_its_signal(default_sighup):
     with pytest.raises(Interrupted) as e:
         with DeferredInterrupt():
             os.kill(os.getpid(), signal.SIGHUP)
@@ -530,7 +539,7 @@ def test_sighup_is_an_interruption_that_records_its_signal():
     assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
 
 
-def test_sighup_ignored_by_nohup_stays_ignored_and_sigquit_dumps_only_inside():
+def test_sighup_ignored_by_nohup_stays_ignored_and_sigquit_dumps_only_inside(default_sighup):
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
         with DeferredInterrupt():
