@@ -52,6 +52,7 @@ CASES = [
 def test_train_refuses_a_bad_first_batch_before_any_step(X, y, message, capsys):
     net, trainer = _net()
     net(nd.zeros((1, 1, 28, 28), ctx=DEVICES[0]))  # parameters made, to check nothing changed
+    nd.waitall()
     before = _weights(net)
     with pytest.raises(ValueError) as e:
         gluon_mgpu.train(net, [(X, y)], [_good()], DEVICES, trainer=trainer, num_epochs=1,
