@@ -378,6 +378,13 @@ def _prepare_checkpoints(args, write=True):
             settings = checkpoint.resume_settings(record, given)
         except (checkpoint.CheckpointError, ValueError) as e:
             raise UsageError('--resume: %s' % e) from None
+        kvstores = (record['args'].get('kvstore'), settings.get('kvstore'))
+        if kvstores[0] != kvstores[1] and set(kvstores) & set(JOB_KVSTORES):
+            # A job's run cannot go on in one process, nor the other way round: the shards,
+            # the batch per process and the learning rate would all change.
+            raise UsageError('--resume: the run in %s trained with --kvstore %s; leave '
+                             '--kvstore out to continue it, or start a new run in another '
+                             '--checkpoint-dir' % (directory, kvstores[0]))
         for k, v in settings.items():
             setattr(args, k, v)
         _check_outputs(args)
