@@ -523,11 +523,12 @@ def test_sigterm_is_an_interruption_that_records_its_signal():
 
 @pytest.fixture
 def default_sighup():
-    # Under nohup (a detached test run) SIGHUP starts ignored: these tests start from the
-    # default disposition, as an interactive shell gives it.
-    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # Under nohup SIGHUP starts ignored, and a shell's background job starts with SIGQUIT
+    # ignored: these tests start from the default dispositions, as a terminal gives them.
+    previous = {n: signal.signal(n, signal.SIG_DFL) for n in (signal.SIGHUP, signal.SIGQUIT)}
     yield
-    signal.signal(signal.SIGHUP, previous)
+    for n, handler in previous.items():
+        signal.signal(n, handler)
 
 
 def test_sighup_is_an_interruption_that_records_its_signal(default_sighup):
