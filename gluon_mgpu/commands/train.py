@@ -250,9 +250,9 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
-# Settings a run records that are not flags, as parse_args and run set them (a run with
-# --checkpoint-dir is never a worker of a dist job).
-_DERIVED = {'num_workers': 1, 'rank': 0}
+# Settings a run records that are not flags, as parse_args and run set them; their values are
+# checked in check_recorded_args (rank 0 writes the checkpoints; num_workers is the job's size).
+_DERIVED = ('num_workers', 'rank')
 
 
 def _shown(value):
