@@ -119,5 +119,5 @@ def shared_seed(kv, seed=None):
     must draw the same initial parameters and the same epoch orders."""
     mine = np.random.randint(2 ** 31) if seed is None else int(seed)
     value = nd.array([mine], dtype='float64')  # exact for every seed below 2**53
-    kv._hvd.broadcast_(value, root_rank=0, name='gluon_mgpu.seed')
+    kv.broadcast('seed', value, out=value)
     return int(value.asscalar())
