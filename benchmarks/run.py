@@ -309,6 +309,14 @@ def import_order_line(path=os.path.join(ROOT, 'docs', 'import-order.json')):
                       med['order-d2lzh-omp'] / med['ours-hyb-1'], records[0]['utc']))
 
 
+def current_parts(parts, replaced):
+    """The earlier parts of a run that still hold records once the settings ``replaced`` are
+    measured again (a part all of whose settings are measured again drops out of "when")."""
+    def settings(part):
+        return NAMES if part['what'] == 'all settings' else part['what'].split(', ')
+    return [p for p in parts if any(n not in replaced for n in settings(p))]
+
+
 def report(raw, raw_name='benchmarks.json'):
     """Render docs/benchmarks.md from the raw records (docs/benchmarks.json, or ``raw_name``)."""
     by_name = {n: [r for r in raw['records'] if r['name'] == n] for n in NAMES}
@@ -472,8 +480,9 @@ def main(argv=None):
         records = run(names, args.quick, args.repeats, args.retries)
         info = machine()
         raw['records'] = [r for r in raw['records'] if r['name'] not in names] + records
-        raw['runs'].append({'start': start, 'end': utc_now(), 'load': info['load'],
-                            'what': ', '.join(names) if args.only else 'all settings'})
+        raw['runs'] = current_parts(raw['runs'], names) + [
+            {'start': start, 'end': utc_now(), 'load': info['load'],
+             'what': ', '.join(names) if args.only else 'all settings'}]
         raw.update(machine=info, quick=args.quick, retries=args.retries,
                    flops_per_image=flops_per_image())
         with open(raw_path, 'w') as f:

@@ -61,3 +61,10 @@ def test_the_bfloat16_matrix_product_is_measured_the_way_the_fp32_one_is():
     assert run.config('ours-bf16-1') == dict(run.config('ours-hyb-1'), dtype='bfloat16')
     assert run.config('torch-bf16-compile') == dict(run.config('torch-compile'),
                                                     dtype='bfloat16')
+
+
+def test_a_part_whose_settings_were_all_measured_again_leaves_the_report():
+    parts = [{'what': 'ours-hyb-1, gemm'}, {'what': 'eval-1'}, {'what': 'all settings'}]
+    assert run.current_parts(parts, ['ours-hyb-1', 'gemm', 'eval-1']) == [parts[2]]
+    assert run.current_parts(parts, ['gemm']) == parts
+    assert run.current_parts(parts, run.NAMES) == []
