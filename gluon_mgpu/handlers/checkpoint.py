@@ -1,56 +1,8 @@
-"""Checkpoints: save a run at the end of every epoch, and continue it later.
+"""Checkpoints: save a run at the end of every epoch, and continue it later, bit-equal.
 
-One checkpoint per finished epoch, in one folder::
-
-    epoch-0003.params    the network parameters (``net.save_parameters``: loadable anywhere)
-    epoch-0003.replicas  per-device values the .params file cannot hold (see below)
-    epoch-0003.states    the optimizer's state arrays (``nd.save``; no array for the book's SGD)
-    epoch-0003.json      epoch, settings, history, data-order seed, the optimizer's learning
-                         rate and update counts, size and sha256 of the three files
-
-Every file is written to a hidden temporary file in the same folder, flushed to disk and then
-renamed over its final name, which is atomic (``files.atomic_path``, which also refuses to
-replace anything that is not a regular file). The JSON file is written last: it is the commit
-point, so a run killed at any moment leaves every earlier checkpoint complete and the current
-one either complete or absent (its leftovers are hidden temporary files, which ``prepare_dir``
-deletes). A run holds the folder's lock (``lock_dir``) while it writes, so a second run cannot
-write into the same folder at the same time.
-
-``save_parameters`` stores the *average* of a parameter's copies on the devices. The copies of a
-trained weight are identical (the Trainer updates them all the same way), but each device keeps
-its own BatchNorm running statistics. The copies that differ from the stored average are saved
-per device in ``.replicas``, so that a resumed run continues with exactly the values the
-interrupted one had.
-
-What is protected, and what is not
-----------------------------------
-Loading a checkpoint runs no code from it: nothing in a checkpoint is a pickle. MXNet's own
-``Trainer.save_states`` writes one (and ``load_states`` would call whatever it names); here the
-optimizer's numbers go into the JSON file (``_save_states``: its class, learning rate and update
-counters, and the form of each parameter's state) and its state arrays, if any, into
-``.states`` with ``nd.save``, which ``nd.load`` reads back as plain arrays. Both are checked
-against the Trainer (the same optimizer class, a state for a trained parameter only, each array
-with that parameter's shape) before anything reaches it.
-
-``validate_record`` checks the parts of the JSON file the CLI writes (``history``, ``network``,
-...) and hands ``args`` to a check of the caller's: the CLI parses them with its own parser, as
-strictly as the same flags on its command line. ``.replicas`` must name exactly the network's
-parameters and devices, with their shapes.
-
-The sha256 sums in the JSON file only catch accidents (a truncated copy, a disk error, a file
-from another epoch): whoever can write the folder can rewrite a file and its sum together. Such
-a person cannot make a resumed run execute code, but can still:
-
-- choose the weights, the optimizer's numbers and the recorded settings of the run (within the
-  checked ranges), so a resumed run trains whatever network state they wrote;
-- choose the output paths recorded in the run's settings (``--metrics-json``, ``--plot``,
-  ``--save-params``), which a resumed run writes to unless they are given again (outputs are
-  never written over anything but regular files, see ``files.atomic_path``);
-- feed crafted bytes to MXNet's C++ loader of ``.params``, ``.replicas`` and ``.states`` files
-  (``nd.load_frombuffer``), whose robustness is MXNet's, not ours.
-
-The bytes that are checked are the bytes that are loaded: each file is read once into memory,
-its size and sha256 compared with the JSON, and parsed from that copy.
+docs/checkpoints.md describes the four files of a checkpoint, their commit order (each file
+through ``files.atomic_path``, the JSON last), the folder's lock, and what the sha256 sums and the
+absence of pickles protect against and what they do not.
 """
 import fcntl
 import hashlib
@@ -69,13 +21,13 @@ from .. import training
 from .events import PRIORITY, EpochEnd, TrainBegin
 from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
-from ..runtime.files import InputError, atomic_path, input_problem, open_input
+from ..runtime.files import InputError, atomic_path, open_input
 from ..runtime.updates import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
            'list_checkpoints', 'is_checkpoint_file', 'lock_dir', 'DirectoryLock', 'prepare_dir',
-           'save_checkpoint', 'read_checkpoint', 'validate_record', 'network_names', 'restore',
-           'resume_settings', 'Resume', 'CheckpointHandler']
+           'save_checkpoint', 'read_checkpoint', 'validate_record', 'restore', 'resume_settings',
+           'Resume', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 2'
 # Format 1 kept the optimizer as a pickle (Trainer.save_states); the last commit that resumes it.
@@ -87,19 +39,16 @@ JSON_LIMIT = 64 << 20  # bytes; a record with a thousand epochs is about 200 kB
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, damaged, or does not fit this run, or a folder in use; the
-    message is one line that says which file and what to do."""
+    """A checkpoint that is missing, damaged or does not fit this run, or a folder in use; the
+    message is one line naming the file and what to do."""
 
 
 class DirectoryLock:
-    """The lock of a checkpoint folder, held by this process (see ``lock_dir``).
+    """The lock of a checkpoint folder held by this process (see ``lock_dir``); ``release()``
+    (or leaving the ``with`` block) gives it up and deletes the lock file."""
 
-    ``release()`` (or leaving the ``with`` block) gives it up and deletes the lock file; the
-    operating system releases it anyway when the process ends, even by SIGKILL.
-    """
-
-    def __init__(self, directory, path, fd):
-        self.directory, self.path, self._fd = directory, path, fd
+    def __init__(self, path, fd):
+        self.path, self._fd = path, fd
 
     def release(self):
         if self._fd is None:
@@ -129,22 +78,20 @@ def _holder(fd):
 def lock_dir(directory):
     """Take the lock of checkpoint folder ``directory`` (created if needed); return it.
 
-    Call it before reading or writing anything in the folder (before ``prepare_dir``, which
-    deletes temporary files a running writer would still need). The lock is ``flock`` on the
-    file ``.lock`` in the folder, which holds the owner's pid; it dies with the process.
+    Take it before reading or writing the folder (``prepare_dir`` deletes temporary files a
+    running writer still needs). It is ``flock`` on the file ``.lock``, which holds the owner's
+    pid; the operating system releases it when the process ends, even by SIGKILL.
 
     Returns
     -------
     DirectoryLock
-        A context manager; ``release()`` gives the lock up.
 
     Raises
     ------
     CheckpointError
-        When another process holds the lock: ``runs/a is in use by another run (pid 4242); wait
-        for it to end, or pass another --checkpoint-dir``.
+        When another process holds it (naming its pid and the fix).
     ValueError
-        When the folder cannot be created or written (naming it and the OS's reason).
+        When the folder cannot be created or written (naming it and the reason).
     """
     path = os.path.join(directory, LOCK_NAME)
     while True:
@@ -168,22 +115,19 @@ def lock_dir(directory):
             raise CheckpointError('%s is in use by another run (%s); wait for it to end, or '
                                   'pass another --checkpoint-dir' % (directory, holder)) from None
         try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
         except FileNotFoundError:
-            same = False
-        if same:
-            break
+            pass
         os.close(fd)  # the holder deleted the file while releasing: lock the new one
     os.ftruncate(fd, 0)
     os.write(fd, b'%d\n' % os.getpid())
-    return DirectoryLock(directory, path, fd)
+    return DirectoryLock(path, fd)
 
 
 def prepare_dir(directory):
-    """Create ``directory`` if needed, check that files can be written there, and delete the
-    temporary files a killed run left behind; return their names.
-
-    Hold the folder's lock (``lock_dir``) first: a temporary file may belong to a running run.
+    """Create ``directory`` if needed, check that it is writable, and delete the temporary files
+    a killed run left there (hold its lock first); return their names.
 
     Raises
     ------
@@ -212,19 +156,15 @@ def _sha256(path):
 
 
 def _write(path, write):
-    """Call ``write(tmp_path)`` and put the file in place atomically; return its
-    ``{'name', 'bytes', 'sha256'}``."""
+    """Call ``write(tmp_path)``, put the file in place atomically; return its files entry."""
     with atomic_path(path) as tmp:
         write(tmp)
-        entry = {'name': os.path.basename(path), 'bytes': os.path.getsize(tmp),
-                 'sha256': _sha256(tmp)}
-    return entry
+        return {'name': os.path.basename(path), 'bytes': os.path.getsize(tmp),
+                'sha256': _sha256(tmp)}
 
 
 def _params_by_name(net):
-    # The names a .params file uses ('0.weight', '1.0.conv1.bias', ...); Gluon builds them
-    # with this method in save_parameters and load_parameters.
-    return net._collect_params_with_prefix()
+    return net._collect_params_with_prefix()  # the names of a .params file ('1.0.conv1.bias')
 
 
 def _differing_replicas(net, params_file):
@@ -240,11 +180,9 @@ def _differing_replicas(net, params_file):
     return replicas
 
 
-# The optimizer's state: its numbers for the JSON file, its arrays for nd.save.
-
 def _updaters(trainer):
-    """Initialize ``trainer`` as ``Trainer.save_states`` and ``load_states`` do; return the
-    updaters that hold its optimizer states (MXNet 1.9.1)."""
+    """Initialize ``trainer`` as ``save_states``/``load_states`` do; return the updaters that
+    hold its optimizer states (MXNet 1.9.1)."""
     if not trainer._kv_initialized:
         trainer._init_kvstore()
     if trainer._params_to_init:
@@ -253,8 +191,8 @@ def _updaters(trainer):
 
 
 def _state_form(state, key, arrays):
-    """The JSON form of one optimizer state (None, an NDArray, or a tuple of states), its
-    arrays put into ``arrays`` under ``key``, ``key.0``, ``key.1``, ..."""
+    """The JSON form of one optimizer state (None, "array" or a list of these), its arrays put
+    into ``arrays`` under ``key``, ``key.0``, ``key.1``, ..."""
     if state is None:
         return None
     if isinstance(state, nd.NDArray):
@@ -267,21 +205,9 @@ def _state_form(state, key, arrays):
 
 
 def _save_states(trainer, path):
-    """Save ``trainer``'s optimizer state without a pickle: the arrays to ``path`` with
-    ``nd.save``, the rest returned as a dict JSON can hold.
-
-    The replacement for ``trainer.save_states(path)``; ``restore`` reads it back. Like MXNet,
-    it saves the states of the first device's updater, and not the optimizer's settings
-    (momentum, weight decay, ...), which the program that builds the Trainer gives.
-
-    Returns
-    -------
-    dict
-        ``type`` (the optimizer's class name), ``lr``, ``num_update``, ``begin_num_update``,
-        ``update_counts`` (device id: parameter index: updates, as strings), ``device`` (the
-        device whose counts are current) and ``states`` (parameter index: ``null``, ``"array"``
-        or a list of these, the form of that parameter's state).
-    """
+    """``trainer.save_states(path)`` without a pickle: the state arrays go to ``path``
+    (``nd.save``); return the rest as the JSON's ``optimizer`` (its class, ``lr``, update
+    counters, the device whose counts are current, and the form of each parameter's state)."""
     states = _updaters(trainer)[0].states
     optimizer, arrays = trainer._optimizer, {}
     counts = optimizer._all_index_update_counts
@@ -296,31 +222,26 @@ def _save_states(trainer, path):
 
 
 def save_checkpoint(directory, epoch, net, trainer, info):
-    """Write the checkpoint of a finished epoch; return the path of its JSON file.
+    """Write the checkpoint of finished epoch ``epoch`` (from 1); return its JSON file's path.
 
     Parameters
     ----------
     directory : str
-        An existing, writable folder (see ``prepare_dir``), whose lock this process holds.
+        A folder prepared with ``prepare_dir`` whose lock this process holds.
     epoch : int
-        The number of finished epochs (from 1).
     net : mxnet.gluon.Block
-        Initialized on the devices of the run.
+        Initialized on the run's devices.
     trainer : mxnet.gluon.Trainer
-        The run's Trainer (after at least one ``step``).
+        The run's Trainer.
     info : dict
-        Anything JSON can hold that describes the run: the CLI stores ``args`` (its settings),
-        ``history`` (the records of the finished epochs), ``data_seed`` (the seed of the data
-        order, which also seeded the initialization), ``network`` and ``devices``. Stored as
-        given, next to ``format``, ``epoch``, ``optimizer`` (see ``_save_states``) and ``files``
-        (name, size and sha256 of the other three files).
+        Stored as given in the JSON, beside ``format``, ``epoch``, ``optimizer`` and ``files``;
+        the CLI stores ``args``, ``history``, ``data_seed``, ``network`` and ``devices``.
 
     Raises
     ------
     files.OutputError
-        When a file cannot be written (its path and the reason: no space left on device, ...)
-        or a checkpoint's name is taken by something that is not a regular file. The earlier
-        checkpoints are untouched, and this one is not committed.
+        When a file cannot be written (naming it and the reason); this checkpoint is then not
+        committed and the earlier ones are untouched.
     """
     files, optimizer = {}, {}
     params_path = checkpoint_path(directory, epoch, 'params')
@@ -369,7 +290,7 @@ def _read_json(path, directory, epoch):
 
 
 def read_checkpoint(directory, epoch=None):
-    """Read and verify a checkpoint's JSON; return it as a dict (see ``save_checkpoint``).
+    """Read a checkpoint's JSON and verify the files it lists; return it as a dict.
 
     Parameters
     ----------
@@ -380,10 +301,9 @@ def read_checkpoint(directory, epoch=None):
     Raises
     ------
     CheckpointError
-        When there is no checkpoint, the JSON cannot be read, or one of the files it lists is
-        missing, not a regular file, has another size (truncated) or another sha256 than
-        recorded. The values the CLI stores (``args``, ``history``, ...) are checked by
-        ``validate_record``.
+        When there is no checkpoint, the JSON cannot be read, or a file it lists is missing, not
+        a regular file, or has another size or sha256 than recorded. ``validate_record`` checks
+        the values the CLI stores.
     """
     if epoch is None:
         epochs = list_checkpoints(directory)
@@ -407,60 +327,44 @@ def read_checkpoint(directory, epoch=None):
         raise CheckpointError('%s is not a %s file for epoch %d; %s'
                               % (path, FORMAT, epoch, _fix(directory, epoch)))
     for kind in KINDS:
-        entry = record['files'][kind]
-        expected_name = os.path.basename(checkpoint_path(directory, epoch, kind))
-        if not (isinstance(entry, dict) and entry.get('name') == expected_name
-                and _is_int(entry.get('bytes')) and entry['bytes'] >= 0
-                and isinstance(entry.get('sha256'), str)
-                and re.fullmatch(r'[0-9a-f]{64}', entry['sha256'])):
-            raise CheckpointError('%s has no valid entry for its .%s file; %s'
-                                  % (path, kind, _fix(directory, epoch)))
-        _verified(directory, record, kind, path, read=False)
+        _verified(directory, record, kind)
     return record
 
 
-def _verified(directory, record, kind, json_path=None, read=True):
-    """Check one file of a checkpoint against the JSON; return its bytes when ``read``."""
-    epoch = record['epoch']
-    entry = record['files'][kind]
-    json_name = os.path.basename(json_path or checkpoint_path(directory, epoch, 'json'))
-    file_path = os.path.join(directory, entry['name'])
-    problem = input_problem(file_path)
-    if problem == 'does not exist':
-        raise CheckpointError('%s is missing, but %s lists it; %s'
-                              % (file_path, json_name, _fix(directory, epoch)))
+def _verified(directory, record, kind):
+    """Read one file of a checkpoint; return its bytes once their size and sha256 are those
+    the JSON records."""
+    epoch, entry = record['epoch'], record['files'][kind]
+    json_path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
+    if not (isinstance(entry, dict)
+            and entry.get('name') == os.path.basename(checkpoint_path(directory, epoch, kind))
+            and _is_int(entry.get('bytes')) and entry['bytes'] >= 0
+            and isinstance(entry.get('sha256'), str)
+            and re.fullmatch(r'[0-9a-f]{64}', entry['sha256'])):
+        raise CheckpointError('%s has no valid entry for its .%s file; %s' % (json_path, kind, fix))
+    path = os.path.join(directory, entry['name'])
     try:
-        if problem:
-            raise InputError(file_path, problem)
-        with open_input(file_path) as f:
-            if read:
-                data = f.read(entry['bytes'] + 1)
-                size = len(data)
-            else:
-                data = None
-                size = os.fstat(f.fileno()).st_size
+        with open_input(path) as f:
+            data = f.read(entry['bytes'] + 1)
+            size = max(len(data), os.fstat(f.fileno()).st_size)  # the whole size, if larger
     except InputError as e:
-        raise CheckpointError('%s %s, but %s lists it; %s'
-                              % (file_path, e.reason, json_name, _fix(directory, epoch))) from None
+        raise CheckpointError('%s %s, but %s lists it; %s' % (
+            path, 'is missing' if e.reason == 'does not exist' else e.reason,
+            os.path.basename(json_path), fix)) from None
     except OSError as e:
         raise CheckpointError('%s cannot be read (%s); %s'
-                              % (file_path, e.strerror or e, _fix(directory, epoch))) from None
+                              % (path, e.strerror or e, fix)) from None
     if size != entry['bytes']:
         raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s'
-                              % (file_path, 'truncated' if size < entry['bytes']
-                                 else 'changed', size, entry['bytes'],
-                                 _fix(directory, epoch)))
-    digest = hashlib.sha256(data).hexdigest() if read else _sha256(file_path)
+                              % (path, 'truncated' if size < entry['bytes'] else 'changed',
+                                 size, entry['bytes'], fix))
+    digest = hashlib.sha256(data).hexdigest()
     if digest != entry['sha256']:
-        raise CheckpointError('%s has sha256 %s..., but the run recorded %s...: it was '
-                              'changed after the run wrote it, and only files the run '
-                              'wrote are loaded; %s'
-                              % (file_path, digest[:12], entry['sha256'][:12],
-                                 _fix(directory, epoch)))
+        raise CheckpointError('%s has sha256 %s..., but the run recorded %s...: it was changed '
+                              'after the run wrote it, and only files the run wrote are loaded; '
+                              '%s' % (path, digest[:12], entry['sha256'][:12], fix))
     return data
 
-
-# What validate_record checks: the parts of the CLI's record its parser does not read.
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -471,6 +375,7 @@ def _is_number(value):
             and math.isfinite(value))
 
 
+# validate_record's checks of what the CLI records and its parser does not read.
 _HISTORY_CHECKS = {
     'epoch': lambda v: None if _is_int(v) and v >= 1 else 'a whole number >= 1',
     'seconds': lambda v: None if _is_number(v) and v > 0 else 'a number above 0',
@@ -482,15 +387,9 @@ _HISTORY_CHECKS = {
 _DEVICE = re.compile(r'(cpu|gpu)\((\d+)\)')
 
 
-def network_names(num_gpus):
-    """The networks the CLI trains, as checkpoints name them (``'resnet18(10)'``, ...)."""
-    return [training.network_name('resnet18'), training.network_name('lenet'),
-            training.network_name('resnet18', num_gpus)]
-
-
 def _network_of(args):
     return training.network_name(args.get('model', 'resnet18'),
-                             args['num_gpus'] if args.get('sync_bn') else None)
+                                 args['num_gpus'] if args.get('sync_bn') else None)
 
 
 def _short(value):
@@ -505,13 +404,11 @@ def _not_ours(path, what, writer='gluon_mgpu.train'):
 
 
 def validate_record(record, path, check_args=None):
-    """Check the values the CLI stores in a checkpoint's JSON file.
+    """Check the values the CLI stores in a checkpoint's JSON file; return ``record``.
 
-    Call it on ``read_checkpoint``'s result before using any of it. ``args`` must be an object,
-    checked by ``check_args``; ``history`` a list of one record per finished epoch (``epoch``
-    1, 2, ... with the per-epoch fields in range). With ``check_args``, also: ``args.epochs``
-    at least the finished epochs, ``network`` the one these settings train, ``data_seed`` the
-    seed, ``devices`` one per ``num_gpus``.
+    ``args`` must be an object that ``check_args`` accepts, ``history`` one record per finished
+    epoch with its fields in range. With ``check_args``, also: ``args.epochs`` at least the
+    finished epochs, and ``network``, ``data_seed`` and ``devices`` those of ``args``.
 
     Parameters
     ----------
@@ -520,79 +417,66 @@ def validate_record(record, path, check_args=None):
     path : str
         The JSON file's path, for the message.
     check_args : callable, optional
-        ``check_args(args)`` raises ``ValueError`` with one line (``args.lr is -1, which the
-        command line refuses (...)``) unless ``args`` are settings the CLI would take; the
-        CLI's (``commands.train.check_recorded_args``) parses them with its own parser.
-        Without it, ``args`` is only checked to be an object.
-
-    Returns
-    -------
-    dict
-        ``record``.
+        ``check_args(args)`` raises ``ValueError`` (one line) unless the CLI would take ``args``.
 
     Raises
     ------
     CheckpointError
         One line: ``runs/a/epoch-0002.json: history[0].test_acc is 1.5, expected a number from
-        0 to 1; the file was not written by this version of gluon_mgpu.train or was changed:
-        start a new run in an empty --checkpoint-dir``.
+        0 to 1; the file was not written by ... start a new run in an empty --checkpoint-dir``.
     """
     def refuse(what):
         raise _not_ours(path, what)
 
-    def check(name, value, test):
-        problem = test(value)
-        if problem:
-            refuse('%s is %s, expected %s' % (name, _short(value), problem))
+    def expect(ok, name, shown, expected):
+        if not ok:
+            refuse('%s is %s, expected %s' % (name, shown, expected))
 
-    args = record.get('args')
-    if not isinstance(args, dict):
-        refuse('args is %s, expected the settings of the run (an object)'
-               % ('missing' if args is None else _short(args)))
+    def top(value):
+        return 'missing' if value is None else _short(value)
+
+    args, epoch, history = record.get('args'), record['epoch'], record.get('history')
+    expect(isinstance(args, dict), 'args', top(args), 'the settings of the run (an object)')
     if check_args is not None:
         try:
             check_args(args)
         except ValueError as e:
             refuse(str(e))
-    epoch = record['epoch']
-    history = record.get('history')
-    if not isinstance(history, list) or len(history) != epoch:
-        refuse('history is %s, expected a list of %d epoch records'
-               % ('missing' if history is None else _short(history), epoch))
+    expect(isinstance(history, list) and len(history) == epoch, 'history', top(history),
+           'a list of %d epoch records' % epoch)
     for i, entry in enumerate(history):
-        if not isinstance(entry, dict):
-            refuse('history[%d] is %s, expected an epoch record' % (i, _short(entry)))
+        expect(isinstance(entry, dict), 'history[%d]' % i, _short(entry), 'an epoch record')
         for field, test in _HISTORY_CHECKS.items():
             if field not in entry:
                 refuse('history[%d] lacks %s' % (i, field))
-            check('history[%d].%s' % (i, field), entry[field], test)
-        if entry['epoch'] != i + 1:
-            refuse('history[%d].epoch is %d, expected %d' % (i, entry['epoch'], i + 1))
+            problem = test(entry[field])
+            expect(problem is None, 'history[%d].%s' % (i, field), _short(entry[field]), problem)
+        expect(entry['epoch'] == i + 1, 'history[%d].epoch' % i, entry['epoch'], i + 1)
     if check_args is None:
         return record
     if args['epochs'] < epoch:
         refuse('args.epochs is %d, fewer than the %d epochs finished' % (args['epochs'], epoch))
     network = record.get('network')
     if network != _network_of(args):
-        known = network_names(args['num_gpus'])
+        known = [training.network_name('resnet18'), training.network_name('lenet'),
+                 training.network_name('resnet18', args['num_gpus'])]  # what the CLI trains
         refuse('network is %s, expected %s for these settings'
                % (_short(network), json.dumps(_network_of(args))) if network in known else
                'network is %s, which is none of the networks gluon_mgpu trains (%s)'
                % (_short(network), ', '.join(known)))
-    if record.get('data_seed') != args['seed'] or not _is_int(record.get('data_seed')):
-        refuse('data_seed is %s, expected %d' % (_short(record.get('data_seed')), args['seed']))
+    seed = record.get('data_seed')
+    expect(seed == args['seed'] and _is_int(seed), 'data_seed', _short(seed), args['seed'])
     devices = record.get('devices')
-    if not isinstance(devices, list) or len(devices) != args['num_gpus'] or \
-            not all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices):
-        refuse('devices is %s, expected %d names such as "cpu(0)" or "gpu(0)"'
-               % (_short(devices), args['num_gpus']))
+    expect(isinstance(devices, list) and len(devices) == args['num_gpus']
+           and all(isinstance(d, str) and _DEVICE.fullmatch(d) for d in devices), 'devices',
+           _short(devices), '%d names such as "cpu(0)" or "gpu(0)"' % args['num_gpus'])
     return record
 
 
-# Loading the optimizer's state: checked against the Trainer before anything reaches it.
+# Loading: every file is checked against the network, the devices and the Trainer first.
 
 def _index(key, limit=None):
-    """``key`` as an int when it is one written by ``str`` (``'0'``, ``'12'``), below ``limit``."""
+    """``key`` as an int when ``str`` wrote it (``'0'``, ``'12'``) and it is below ``limit``."""
     if isinstance(key, str) and re.fullmatch(r'0|[1-9][0-9]{0,8}', key) and \
             (limit is None or int(key) < limit):
         return int(key)
@@ -603,64 +487,66 @@ _OPTIMIZER_KEYS = ('type', 'lr', 'num_update', 'begin_num_update', 'update_count
                    'states')
 
 
+def _not_this_run(path, what):
+    return CheckpointError('%s %s; it does not belong to this run: start a new run in an empty '
+                           '--checkpoint-dir' % (path, what))
+
+
 def _load_states(trainer, state, data, path, json_path, shapes):
-    """Check ``state`` (``_save_states``'s dict) and the bytes ``data`` of its arrays file
-    ``path`` against ``trainer``; return the optimizer states, parameter index: state.
-    ``shapes`` maps a Parameter to its shape when its own is not inferred yet."""
+    """Check ``state`` (``_save_states``'s dict) and ``data``, the bytes of its arrays file
+    ``path``, against ``trainer``; return the optimizer states, parameter index: state.
+    ``shapes`` maps a Parameter whose shape is not inferred yet to its shape."""
     def refuse(what):
         raise _not_ours(json_path, 'optimizer' + what, 'gluon_mgpu')
 
-    def refuse_file(what):
-        raise CheckpointError('%s %s; it does not belong to this run: start a new run in an '
-                              'empty --checkpoint-dir' % (path, what))
-    if not isinstance(state, dict) or set(state) != set(_OPTIMIZER_KEYS):
-        refuse(' is %s, expected the state of an optimizer (an object with %s)'
-               % (_short(state), ', '.join(_OPTIMIZER_KEYS)))
+    def expect(ok, what):
+        if not ok:
+            refuse(what)
+    expect(isinstance(state, dict) and set(state) == set(_OPTIMIZER_KEYS),
+           ' is %s, expected the state of an optimizer (an object with %s)'
+           % (_short(state), ', '.join(_OPTIMIZER_KEYS)))
     name = type(trainer._optimizer).__name__
-    if state['type'] != name:
-        refuse('.type is %s, but the Trainer\'s optimizer is %s' % (_short(state['type']), name))
-    if not (state['lr'] is None or _is_number(state['lr']) and state['lr'] > 0):
-        refuse('.lr is %s, expected a number above 0' % _short(state['lr']))
+    expect(state['type'] == name,
+           '.type is %s, but the Trainer\'s optimizer is %s' % (_short(state['type']), name))
+    expect(state['lr'] is None or _is_number(state['lr']) and state['lr'] > 0,
+           '.lr is %s, expected a number above 0' % _short(state['lr']))
     for key in ('num_update', 'begin_num_update'):
-        if not (_is_int(state[key]) and state[key] >= 0):
-            refuse('.%s is %s, expected a whole number >= 0' % (key, _short(state[key])))
-    params, counts = trainer._params, state['update_counts']
-    if not (isinstance(counts, dict) and all(
-            _index(d) is not None and isinstance(c, dict) and all(
-                _index(i, len(params)) is not None and _is_int(n) and n >= 0
-                for i, n in c.items()) for d, c in counts.items())):
-        refuse('.update_counts is %s, expected {"<device id>": {"<parameter index>": <count>}} '
-               'for the Trainer\'s %d parameters' % (_short(counts), len(params)))
-    if not (_is_int(state['device']) and str(state['device']) in counts):
-        refuse('.device is %s, expected a device of update_counts' % _short(state['device']))
-    forms = state['states']
-    if not (isinstance(forms, dict) and all(_index(i, len(params)) is not None for i in forms)):
-        refuse('.states is %s, expected {"<parameter index>": <state>} for the Trainer\'s %d '
-               'parameters' % (_short(forms), len(params)))
+        expect(_is_int(state[key]) and state[key] >= 0,
+               '.%s is %s, expected a whole number >= 0' % (key, _short(state[key])))
+    params, counts, forms = trainer._params, state['update_counts'], state['states']
+    expect(isinstance(counts, dict) and all(
+        _index(d) is not None and isinstance(c, dict) and all(
+            _index(i, len(params)) is not None and _is_int(n) and n >= 0 for i, n in c.items())
+        for d, c in counts.items()),
+        '.update_counts is %s, expected {"<device id>": {"<parameter index>": <count>}} for '
+        'the Trainer\'s %d parameters' % (_short(counts), len(params)))
+    expect(_is_int(state['device']) and str(state['device']) in counts,
+           '.device is %s, expected a device of update_counts' % _short(state['device']))
+    expect(isinstance(forms, dict) and all(_index(i, len(params)) is not None for i in forms),
+           '.states is %s, expected {"<parameter index>": <state>} for the Trainer\'s %d '
+           'parameters' % (_short(forms), len(params)))
     arrays, used = _load_arrays(data, path, 'arrays'), set()
+    json_name = os.path.basename(json_path)
 
     def build(form, key, param, depth):
         if form is None:
             return None
         if form == 'array':
             if key not in arrays:
-                refuse_file('lacks the array %s, which %s names' % (key, os.path.basename(
-                    json_path)))
+                raise _not_this_run(path, 'lacks the array %s, which %s names' % (key, json_name))
             shape = shapes.get(param, param.shape)
             if not _shape_fits(arrays[key].shape, shape):
-                refuse_file('holds %s with shape %s, but parameter %s (%s) is %s'
-                            % (key, arrays[key].shape, key.split('.')[0], param.name, shape))
+                raise _not_this_run(path, 'holds %s with shape %s, but parameter %s (%s) is %s' % (
+                    key, arrays[key].shape, key.split('.')[0], param.name, shape))
             used.add(key)
             return arrays[key]
-        if isinstance(form, list) and form and depth < 3:
-            return tuple(build(f, '%s.%d' % (key, i), param, depth + 1)
-                         for i, f in enumerate(form))
-        refuse('.states.%s is %s, expected null, "array" or a list of these'
-               % (key, _short(form)))
+        expect(isinstance(form, list) and form and depth < 3,
+               '.states.%s is %s, expected null, "array" or a list of these' % (key, _short(form)))
+        return tuple(build(f, '%s.%d' % (key, i), param, depth + 1) for i, f in enumerate(form))
     states = {int(i): build(form, i, params[int(i)], 0) for i, form in forms.items()}
     if set(arrays) - used:
-        refuse_file('holds %s, which %s does not name'
-                    % (_brief(set(arrays) - used), os.path.basename(json_path)))
+        raise _not_this_run(path, 'holds %s, which %s does not name'
+                            % (_brief(set(arrays) - used), json_name))
     return states
 
 
@@ -681,8 +567,7 @@ def _install(trainer, state, states):
 
 
 def _shape_fits(saved, expected):
-    # A parameter whose shape is still inferred (deferred initialization) has 0 for unknown
-    # dimensions, as MXNet's own loading code allows.
+    # A shape still to be inferred has 0 for the unknown sizes, as MXNet's loading code allows.
     return len(saved) == len(expected) and all(e in (0, s) for s, e in zip(saved, expected))
 
 
@@ -732,15 +617,12 @@ def _check_params(loaded, params, path, network):
 
 
 def _check_replicas(loaded, params, shapes, path, num_devices):
-    def refuse(what):
-        raise CheckpointError('%s %s; it does not belong to this run: start a new run in an '
-                              'empty --checkpoint-dir' % (path, what))
     seen = {}
     for key, value in loaded.items():
         name, at, index = key.rpartition('@')
         if not at or not index.isdigit() or str(int(index)) != index or name not in params:
-            refuse('holds %s, which is not "<parameter>@<device>" for a parameter of this '
-                   'network' % _short(key))
+            raise _not_this_run(path, 'holds %s, which is not "<parameter>@<device>" for a '
+                                'parameter of this network' % _short(key))
         if int(index) >= num_devices:
             raise CheckpointError('%s holds a copy for device %s, but this run has %d devices; '
                                   'resume with --num-gpus %d'
@@ -748,30 +630,30 @@ def _check_replicas(loaded, params, shapes, path, num_devices):
         param = params[name]
         shape = shapes.get(param, param.shape)
         if value.shape != shape or np.dtype(param.dtype) != np.dtype(value.dtype):
-            refuse('holds %s with shape %s (%s), but the parameter is %s (%s)'
-                   % (key, value.shape, np.dtype(value.dtype), shape, np.dtype(param.dtype)))
+            raise _not_this_run(path, 'holds %s with shape %s (%s), but the parameter is %s (%s)'
+                                % (key, value.shape, np.dtype(value.dtype), shape,
+                                   np.dtype(param.dtype)))
         seen.setdefault(name, set()).add(int(index))
     for name, indices in seen.items():
         if indices != set(range(num_devices)):
-            refuse('holds copies of %s for devices %s only, not for all %d'
-                   % (name, sorted(indices), num_devices))
+            raise _not_this_run(path, 'holds copies of %s for devices %s only, not for all %d'
+                                % (name, sorted(indices), num_devices))
 
 
 def restore(directory, record, net, trainer, devices):
-    """Load a verified checkpoint into ``net`` (on ``devices``) and ``trainer``.
+    """Load a checkpoint (``record`` from ``read_checkpoint``) into ``net`` and ``trainer``.
 
-    Call it with ``record`` from ``read_checkpoint`` and ``trainer`` made for ``net`` (its
-    parameters initialized on ``devices``, as ``training.init_training`` does); the values of
-    the checkpoint replace them, including each device's own copies (``.replicas``) and the
-    optimizer's learning rate, counters and states (the JSON's ``optimizer``, ``.states``). Each
-    file is read once, checked against the JSON's size and sha256, parsed from those bytes and
-    checked against ``net`` and ``trainer`` before anything is loaded.
+    ``net``'s parameters must be initialized on ``devices`` and ``trainer`` made for them (as
+    ``training.init_training`` does). Each file is read once, checked against the JSON's size
+    and sha256, parsed from those bytes and checked against ``net``, ``devices`` and
+    ``trainer`` before anything is loaded: the parameters, each device's own copies and the
+    optimizer's learning rate, counters and states.
 
     Raises
     ------
     CheckpointError
-        One line: a file changed since ``read_checkpoint``, is not an MXNet file, does not fit
-        ``net`` (another network), ``devices`` (another count) or ``trainer``.
+        One line: a file changed since ``read_checkpoint``, is not an MXNet file, or does not
+        fit ``net`` (another network), ``devices`` (another count) or ``trainer``.
     """
     paths = {k: os.path.join(directory, record['files'][k]['name']) for k in KINDS}
     data = {k: _verified(directory, record, k) for k in KINDS}
@@ -796,27 +678,14 @@ def restore(directory, record, net, trainer, devices):
 
 
 def resume_settings(record, given):
-    """Merge the settings of a checkpointed run with those given for its continuation.
-
-    Parameters
-    ----------
-    record : dict
-        From ``read_checkpoint``; its ``args`` are the settings of the run.
-    given : dict
-        The settings given explicitly on the command line now (flag name with underscores:
-        value).
-
-    Returns
-    -------
-    dict
-        The run's settings, overridden by the given ones.
+    """Return the settings of a checkpointed run (``record['args']``) overridden by ``given``,
+    the settings given on the command line now (flag name with underscores: value).
 
     Raises
     ------
     ValueError
-        When a given value of a setting that defines the run (``RUN_SETTINGS``) differs from
-        the recorded one, naming every such flag with both values; or when ``epochs`` leaves
-        nothing to do.
+        When ``given`` changes a setting of ``RUN_SETTINGS`` (naming every such flag with both
+        values), or its ``epochs`` leaves nothing to do.
     """
     recorded = record['args']
     differences = ['--%s %s (the run used %s)' % (k.replace('_', '-'), given[k], recorded.get(k))
@@ -838,8 +707,8 @@ def resume_settings(record, given):
 
 
 class Resume(TrainBegin):
-    """Event handler: continue a restored run after the epoch of its ``record``, with its
-    history (``CheckpointHandler`` does it too; alone, for a process that does not save)."""
+    """Event handler: continue a restored run after the epoch of its ``record`` (``None``:
+    nothing to do), with its history; for a process that does not save."""
 
     priority = PRIORITY['CheckpointHandler']
 
@@ -859,11 +728,10 @@ class CheckpointHandler(Resume, EpochEnd):
     directory : str
         A folder prepared with ``prepare_dir``.
     info : dict
-        Stored in every checkpoint's JSON (see ``save_checkpoint``), with ``history`` set to
-        the records of all finished epochs.
+        Stored in every checkpoint's JSON (``save_checkpoint``), with ``history`` set to the
+        records of all finished epochs.
     resume : dict, optional
-        The record (``read_checkpoint``) of a checkpoint already loaded into the network and
-        the Trainer with ``restore``: training goes on after its epoch, with its history.
+        The record of a checkpoint loaded with ``restore``: training goes on after its epoch.
     """
 
     def __init__(self, directory, info, resume=None):

@@ -44,8 +44,8 @@ class InputError(OSError):
     """An input that is not a readable regular file; ``reason`` is the phrase after the path
     (``'is a FIFO (named pipe), not a regular file'``), ``str()`` is path and reason."""
 
-    def __init__(self, path, reason, code=None):
-        super().__init__(code, reason, path)
+    def __init__(self, path, reason):
+        super().__init__(None, reason, path)
         self.reason = reason
 
     def __str__(self):
@@ -75,10 +75,8 @@ def _target_problem(path):
     """Why ``path`` may not be replaced by a regular file, or None (absent, or a regular file)."""
     try:
         st = os.lstat(path)
-    except FileNotFoundError:
-        return None
     except OSError:
-        return None  # not there for us to replace; writing will say why
+        return None  # absent, or not ours to look at: writing will say why
     if stat.S_ISREG(st.st_mode):
         return None
     if stat.S_ISDIR(st.st_mode):
@@ -145,8 +143,8 @@ def _probe(tmp):
     return None
 
 
-def _fsync(path, flags=os.O_RDONLY):
-    fd = os.open(path, flags)
+def _fsync(path):
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -161,19 +159,17 @@ def _umask():
 
 @contextlib.contextmanager
 def atomic_path(path):
-    """Yield a temporary path beside ``path``; when the block ends, it replaces ``path``.
+    """Yield a temporary path beside ``path``; write the whole file to it inside the block.
 
-    Write the whole file to the yielded path inside the ``with`` block. On success it is
-    flushed to disk, given the usual mode (``0666`` less the umask) and renamed over ``path``
-    in one step; on any error the temporary file is removed and ``path`` is untouched.
+    On success the file is flushed to disk, given mode ``0666`` less the umask and renamed over
+    ``path``; on any error it is removed and ``path`` is untouched.
 
     Raises
     ------
     OutputError
-        When ``path`` exists and is not a regular file (checked before and right before the
-        rename; see the module's text), or when the operating system refuses a write: the
-        message names ``path`` and the reason. An OS error raised inside the block is turned
-        into one; other errors pass through, unless a probe write shows the disk is at fault.
+        When ``path`` is there and not a regular file (checked before and right before the
+        rename), or the operating system refuses a write (naming ``path`` and the reason; an
+        error in the block that is no OSError passes through unless a probe write fails).
     """
     path = os.fspath(path)
     problem = _target_problem(path)
@@ -230,29 +226,24 @@ def _open_reason(path, error):
 
 
 def open_input(path):
-    """Open ``path`` for reading in binary mode, if it is a regular file; return the file object.
+    """Open regular file ``path`` for reading in binary mode; return the file object.
 
-    Folders, FIFOs, devices and sockets are refused without being opened (opening a FIFO would
-    wait for a writer); the file is then opened without blocking and checked again.
+    Anything else is refused without being opened (opening a FIFO would wait for a writer);
+    the file is opened without blocking and checked again.
 
     Raises
     ------
     InputError
-        With the reason: does not exist, is a dangling symbolic link (to ...), is a symbolic
-        link loop, is a folder / a FIFO (named pipe) / ..., cannot be read (Permission denied).
+        With the reason: ``input_problem``'s, or ``cannot be read (Permission denied)``.
     """
     path = os.fspath(path)
+    problem = input_problem(path)
+    if problem:
+        raise InputError(path, problem)
     try:
-        st = os.stat(path)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(path, 'is %s, not a regular file' % file_kind(st.st_mode))
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except InputError:
-        raise
     except OSError as e:
-        raise InputError(path, _open_reason(path, e), e.errno) from None
-    except ValueError:  # a NUL character in the path
-        raise InputError(path, 'is not a valid path (it contains a NUL character)') from None
+        raise InputError(path, _open_reason(path, e)) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):  # replaced between the two checks
         os.close(fd)
@@ -262,10 +253,9 @@ def open_input(path):
 
 
 def input_problem(path):
-    """Return why ``path`` is not a regular file to read (the phrase after the path), or None.
-
-    Only looks (``os.stat``); permission is found when the file is opened (``open_input``).
-    """
+    """Return why ``path`` is not a regular file to read (the phrase after the path: ``does
+    not exist``, ``is a folder, not a regular file``, ...), or None; ``os.stat`` only, so a
+    file that cannot be read is found by ``open_input``."""
     try:
         st = os.stat(path)
     except OSError as e:
