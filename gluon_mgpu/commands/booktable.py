@@ -142,20 +142,16 @@ def read_records(path):
             raise RecordError('%s, line %d: not JSON (%s); fix or delete that line'
                               % (path, number, e)) from None
         _check_line(record, path, number)
-        where = (record_key(record), record['epoch'])
-        if where in seen:
-            first = seen[where]
-            if (first['test_acc'], first['acc_running']) != (record['test_acc'],
-                                                              record['acc_running']):
-                key = record_key(record)
-                name = Run(*key[:3], None, *key[3:]).name
-                raise RecordError('%s, line %d: epoch %d of run %s is recorded twice with '
-                                  'different accuracies (%s, then %s); keep one of the two lines'
-                                  % (path, number, record['epoch'], name, first['test_acc'],
-                                     record['test_acc']))
-            continue
-        seen[where] = record
-        records.append(record)
+        key = record_key(record)
+        first = seen.setdefault((key, record['epoch']), record)
+        if first is record:
+            records.append(record)
+        elif (first['test_acc'], first['acc_running']) != (record['test_acc'],
+                                                            record['acc_running']):
+            raise RecordError('%s, line %d: epoch %d of run %s is recorded twice with different '
+                              'accuracies (%s, then %s); keep one of the two lines'
+                              % (path, number, record['epoch'], Run(*key[:3], None, *key[3:]).name,
+                                 first['test_acc'], record['test_acc']))
     return records
 
 
@@ -302,26 +298,16 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
               progress=None, wait_seconds=60):
     """Train and diagnose every epoch of ``runs`` not yet in the record; return the records.
 
-    Resumable at any point (docs/notebooks.md): an epoch counts once its line is in the record;
-    checkpoints found in a run's folder are diagnosed or resumed from; a run whose folder
-    another process holds is waited for.
-
-    Parameters
-    ----------
-    runs : list of Run
-    work_dir : str
-        Holds a checkpoint folder per run (``work_dir/<run name>``) and the logs (``logs``).
-    record_path : str
-        The record file, appended to after each epoch.
-    devices : list of mxnet.Context
-        Where the checkpoints are diagnosed: as many as the largest run has devices.
-    progress : callable, optional
-        Called with a line of text before each epoch and after each diagnosis.
+    Resumable at any point (docs/notebooks.md): an epoch counts once its line is in
+    ``record_path``; checkpoints in a run's folder (``work_dir/<run name>``) are diagnosed or
+    resumed from; a folder another process holds is waited for. ``devices`` diagnose (as many
+    as the largest run has); ``progress`` gets a line before each epoch and after each
+    diagnosis.
 
     Raises
     ------
     RunFailed
-        When a train command fails (its exit code and log); KeyboardInterrupt when stopped.
+        When a train command fails; KeyboardInterrupt when stopped.
     """
     say = progress or (lambda line: None)
     os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
