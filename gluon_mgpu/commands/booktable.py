@@ -1,7 +1,6 @@
 """The book's accuracy table at full scale, over several seeds, resumable (``compare --full``):
-each run trains one epoch at a time, and every finished epoch is diagnosed and appended as one
-line to the record, docs/book-table.jsonl. docs/notebooks.md ("The book, side by side")
-explains it.
+each epoch is trained, diagnosed and appended as one line to the record, docs/book-table.jsonl
+(docs/notebooks.md, "The book, side by side").
 """
 import collections
 import datetime
@@ -35,9 +34,8 @@ BATCH_STATS_BATCH = 500
 
 class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_limit '
                                         'test_limit')):
-    """One training run of the table: ``devices`` devices with the book's batch and learning
-    rate, ``seed``, a linear warmup of ``warmup_steps`` steps (0: none, the book's), ``epochs``
-    epochs, and the data limits (None: the full data, the book's)."""
+    """One run of the table, with the book's batch and learning rate for ``devices``;
+    ``warmup_steps`` 0 and limits None are the book's."""
 
     @property
     def name(self):
@@ -49,25 +47,17 @@ class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_
         return name
 
     def key(self):
-        """What identifies the run in the record (everything but the number of epochs)."""
+        """The run in the record: everything but the number of epochs."""
         return (self.devices, self.seed, self.warmup_steps, self.train_limit, self.test_limit)
 
 
-def plan_runs(seeds, device_counts=(2, 1), warmup_steps=0, warmup_epochs=1, epochs=RUN_EPOCHS,
-              train_limit=None, test_limit=None):
-    """The runs of the table, in the order they are trained.
-
-    The book's 2-device row first (its first epoch is where the book and we differ most), then
-    the warmup rows (2 devices, ``warmup_epochs`` epochs each, only when ``warmup_steps``), then
-    the 1-device row.
-    """
-    runs = []
-    for n in device_counts:
-        runs += [Run(n, s, 0, epochs, train_limit, test_limit) for s in seeds]
-        if n == 2 and warmup_steps:
-            runs += [Run(2, s, warmup_steps, warmup_epochs, train_limit, test_limit)
-                     for s in seeds]
-    return runs
+def plan_runs(seeds, warmup_steps=0, epochs=RUN_EPOCHS, train_limit=None, test_limit=None):
+    """The runs of the table in training order: 2 devices (where the book and we differ most),
+    then with ``warmup_steps`` the warmup runs (2 devices, epoch 1 only), then 1 device."""
+    def runs(devices, warmup, epochs):
+        return [Run(devices, s, warmup, epochs, train_limit, test_limit) for s in seeds]
+    warmups = runs(2, warmup_steps, 1) if warmup_steps else []
+    return runs(2, 0, epochs) + warmups + runs(1, 0, epochs)
 
 
 class RecordError(ValueError):
@@ -79,8 +69,7 @@ def _is_whole(value):
 
 
 def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and \
-        math.isfinite(value)
+    return _is_whole(value) or isinstance(value, float) and math.isfinite(value)
 
 
 _WHOLE, _NUMBER, _LIST = ((_is_whole, 'a whole number'), (_is_number, 'a number'),
@@ -123,12 +112,9 @@ def record_key(record):
 
 
 def read_records(path):
-    """Read the record file (JSON, one epoch per line); return the lines as dicts, in order.
-
-    A file that does not exist holds no records. Every line is checked (types, ranges); an
-    epoch recorded twice must carry the same accuracies (a run retrained from scratch after its
-    checkpoints were lost repeats itself bit for bit on the same machine), and only the first is
-    kept.
+    """Read the record file (JSON, one epoch per line; none if it does not exist); return the
+    checked lines as dicts, in order. An epoch recorded twice must carry the same accuracies (a
+    retrained run repeats itself bit for bit) and counts once.
 
     Raises
     ------
@@ -139,8 +125,6 @@ def read_records(path):
     try:
         with open_input(path) as f:
             text = f.read().decode('utf-8')
-    except FileNotFoundError:
-        return []
     except InputError as e:
         if e.reason == 'does not exist':
             return []
@@ -158,34 +142,26 @@ def read_records(path):
             raise RecordError('%s, line %d: not JSON (%s); fix or delete that line'
                               % (path, number, e)) from None
         _check_line(record, path, number)
-        where = (record_key(record), record['epoch'])
-        if where in seen:
-            first = seen[where]
-            if (first['test_acc'], first['acc_running']) != (record['test_acc'],
-                                                              record['acc_running']):
-                raise RecordError('%s, line %d: epoch %d of run %s is recorded twice with '
-                                  'different accuracies (%s, then %s); keep one of the two lines'
-                                  % (path, number, record['epoch'], _name_of(record),
-                                     first['test_acc'], record['test_acc']))
-            continue
-        seen[where] = record
-        records.append(record)
+        key = record_key(record)
+        first = seen.setdefault((key, record['epoch']), record)
+        if first is record:
+            records.append(record)
+        elif (first['test_acc'], first['acc_running']) != (record['test_acc'],
+                                                            record['acc_running']):
+            raise RecordError('%s, line %d: epoch %d of run %s is recorded twice with different '
+                              'accuracies (%s, then %s); keep one of the two lines'
+                              % (path, number, record['epoch'], Run(*key[:3], None, *key[3:]).name,
+                                 first['test_acc'], record['test_acc']))
     return records
 
 
-def _name_of(record):
-    devices, seed, warmup_steps, train_limit, test_limit = record_key(record)
-    return Run(devices, seed, warmup_steps, None, train_limit, test_limit).name
-
-
 def append_record(path, record):
-    """Append one line to the record file and flush it to disk before returning.
+    """Append one line to the record file and flush it to disk.
 
     Raises
     ------
     files.OutputError
-        When the path is not a regular file of ours (a folder, a device, a link) or the disk
-        refuses the write.
+        When the path is not a regular file of ours or the disk refuses the write.
     """
     from ..runtime.files import OutputError, output_problem
     problem = output_problem(path)
@@ -234,19 +210,16 @@ def _restored(directory, record, devices, hybridize):
     return net
 
 
-def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
-             precise_images=PRECISE_BN_IMAGES, batch_stats_batch=BATCH_STATS_BATCH):
+def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
     """Test accuracy of checkpoint ``epoch`` in ``directory``, normalized three ways.
 
     Returns
     -------
     dict
-        ``stats``: the epoch's numbers as the train command recorded them (``seconds``,
-        ``train_loss``, ``train_acc``, ``test_acc``, ...); ``acc_running``: one accuracy per
-        device, each with that device's running statistics (device 0's is the book's measure);
-        ``acc_precise_bn``: device 0's weights with the running statistics re-estimated on the
-        first ``precise_images`` training images (file order); ``acc_batch_stats``: batch
-        statistics over test batches of ``batch_stats_batch``. Nothing in the folder changes.
+        ``stats``: the epoch's history entry; ``acc_running``: one accuracy per device with
+        its running statistics; ``acc_precise_bn``: device 0's weights with the running
+        statistics re-estimated on the first ``PRECISE_BN_IMAGES`` training images;
+        ``acc_batch_stats``: batch statistics over test batches of ``BATCH_STATS_BATCH``.
     """
     from mxnet import nd
 
@@ -257,25 +230,22 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None,
 
     record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
                                         checkpoint.checkpoint_path(directory, epoch, 'json'))
-    # Each file read once: the test set in the run's batches and in batches of 500, and the
-    # training images that re-estimate the statistics.
     test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
     test_iter = data.ArrayBatches(test_x, test_y, record['args']['batch_size'])
-    stats_iter = data.ArrayBatches(test_x, test_y, batch_stats_batch)
+    stats_iter = data.ArrayBatches(test_x, test_y, BATCH_STATS_BATCH)
     images, _ = data.load_fashion_mnist_arrays('train', data_dir)
 
     net = _restored(directory, record, devices, hybridize=True)
     acc_running = [evaluate_accuracy(test_iter, net, [d]) for d in devices]
     plain = _restored(directory, record, devices, hybridize=False)
-    X = nd.array(data.to_tensor(images[:precise_images]), dtype='float32')
+    X = nd.array(data.to_tensor(images[:PRECISE_BN_IMAGES]), dtype='float32')
     reestimate_running_stats(plain, X, devices[0])
     plain.hybridize(static_alloc=True)
     acc_precise = evaluate_accuracy(test_iter, plain, devices[:1])
     acc_batch = evaluate_with_batch_stats(stats_iter, net, devices[0])
     return {'stats': record['history'][epoch - 1], 'acc_running': acc_running,
-            'acc_precise_bn': acc_precise,
-            'acc_batch_stats': acc_batch, 'precise_bn_images': precise_images,
-            'batch_stats_batch': batch_stats_batch}
+            'acc_precise_bn': acc_precise, 'acc_batch_stats': acc_batch,
+            'precise_bn_images': PRECISE_BN_IMAGES, 'batch_stats_batch': BATCH_STATS_BATCH}
 
 
 def _commit():
@@ -297,13 +267,13 @@ class RunFailed(RuntimeError):
 
 
 def _is_locked(directory):
+    """The refusal of checkpoint folder ``directory``'s lock if another process holds it."""
     from ..handlers.checkpoint import CheckpointError, lock_dir
-    if not os.path.isdir(directory):
-        return None
-    try:
-        lock_dir(directory).release()
-    except CheckpointError as e:
-        return str(e)
+    if os.path.isdir(directory):
+        try:
+            lock_dir(directory).release()
+        except CheckpointError as e:
+            return str(e)
     return None
 
 
@@ -318,52 +288,26 @@ def work_dir_problem(work_dir):
     return None
 
 
-def _train_epochs(argv, log_path):
-    """Run the train command, its output appended to ``log_path``; return its exit code."""
-    with open(log_path, 'ab') as log:
-        log.write(('\n$ %s\n' % ' '.join(argv)).encode())
-        log.flush()
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                 cwd=ROOT)
-        try:
-            return child.wait()
-        except BaseException:
-            # Ctrl-C or SIGTERM of this process: the child stops too (it keeps its finished
-            # epochs), then the reason goes on.
-            child.terminate()
-            child.wait()
-            raise
+def child_env():
+    """This environment, with the repository first on ``PYTHONPATH`` (for a child process)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
 
 
 def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None,
               progress=None, wait_seconds=60):
     """Train and diagnose every epoch of ``runs`` not yet in the record; return the records.
 
-    Resumable at any point: an epoch counts once its line is in ``record_path``; a run whose
-    checkpoint folder holds later epochs than the record is diagnosed from them, one that holds
-    fewer is resumed from its last checkpoint (or trained again from the start when the folder
-    was lost). A run whose folder another process holds (``--checkpoint-dir`` lock) is left
-    until last, then waited for.
-
-    Parameters
-    ----------
-    runs : list of Run
-    work_dir : str
-        Holds one checkpoint folder per run (``work_dir/<run name>``, 45 MB per epoch) and the
-        train commands' logs (``work_dir/logs``).
-    record_path : str
-        The record file (JSON lines), appended to after each epoch.
-    devices : list of mxnet.Context
-        Where the checkpoints are diagnosed: as many as the largest run has devices.
-    progress : callable, optional
-        Called with one line of text before each epoch and after each diagnosis.
+    Resumable at any point (docs/notebooks.md): an epoch counts once its line is in
+    ``record_path``; checkpoints in a run's folder (``work_dir/<run name>``) are diagnosed or
+    resumed from; a folder another process holds is waited for. ``devices`` diagnose (as many
+    as the largest run has); ``progress`` gets a line before each epoch and after each
+    diagnosis.
 
     Raises
     ------
     RunFailed
-        When a train command fails (its exit code and log); KeyboardInterrupt when stopped.
+        When a train command fails; KeyboardInterrupt when stopped.
     """
     say = progress or (lambda line: None)
     os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
@@ -404,11 +348,23 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
 
 
 def _train(run, directory, epoch, work_dir, device, data_dir):
-    """Train ``run`` up to ``epoch`` with the train command, from its last checkpoint."""
-    resume = bool(list_checkpoints(directory))
-    argv = train_argv(run, directory, epoch, resume, device, data_dir)
+    """Train ``run`` up to ``epoch`` with the train command, from its last checkpoint; its
+    output goes to the end of the run's log."""
+    argv = train_argv(run, directory, epoch, bool(list_checkpoints(directory)), device, data_dir)
     log_path = os.path.join(work_dir, 'logs', run.name + '.log')
-    code = _train_epochs(argv, log_path)
+    with open(log_path, 'ab') as log:
+        log.write(('\n$ %s\n' % ' '.join(argv)).encode())
+        log.flush()
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
+                                 cwd=ROOT)
+        try:
+            code = child.wait()
+        except BaseException:
+            # Ctrl-C or SIGTERM of this process: the child stops too (it keeps its finished
+            # epochs), then the reason goes on.
+            child.terminate()
+            child.wait()
+            raise
     if code in (129, 130, 143):
         raise KeyboardInterrupt('the train command of %s was stopped (exit %d)'
                                 % (run.name, code))
@@ -418,19 +374,18 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
 
 
 def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
-    """Diagnose epoch ``epoch``'s checkpoint of ``run``; append its line to the record and
-    return it."""
+    """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it."""
+    import mxnet
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
     batch_size, lr = training.book_setting(run.devices)
     record = dict(found, devices=run.devices, seed=run.seed,
                   warmup_steps=run.warmup_steps, train_limit=run.train_limit,
                   test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
-                  seconds=stats['seconds'], train_loss=stats['train_loss'],
-                  train_acc=stats['train_acc'], test_acc=stats['test_acc'],
-                  images_per_sec=stats['images_per_sec'],
+                  **{k: stats[k] for k in ('seconds', 'train_loss', 'train_acc', 'test_acc',
+                                           'images_per_sec')},
                   device_names=[str(d) for d in devices[:run.devices]],
-                  commit=_commit(), mxnet=_mxnet_version(), cpu=cpu_model(),
+                  commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))
     append_record(record_path, record)
@@ -444,15 +399,8 @@ def _diagnosis_line(run, record):
                                  record['acc_batch_stats']))
 
 
-def _mxnet_version():
-    import mxnet
-    return mxnet.__version__
-
-
 def _seconds_per_epoch(spent, records):
-    if spent:
-        return sum(spent) / len(spent)
-    seconds = [r['seconds'] for r in records]
+    seconds = spent or [r['seconds'] for r in records]
     return sum(seconds) / len(seconds) if seconds else None
 
 

@@ -14,7 +14,9 @@ import sys
 import numpy as np
 
 from .. import training
-from . import cli
+from ..devices import format_devices, plural
+from . import booktable, cli
+from .booktable import summarize
 from .cli import UsageError
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
@@ -79,23 +81,15 @@ def format_like_book(values):
 
 
 def run_chapter_cells(devices):
-    """Run the chapter's ``In [2]`` to ``In [5]`` in this process on two ``devices``.
-
-    The values equal the book's only in a fresh random state: call this before any other
-    MXNet random number is drawn in the process (``chapter_cells`` does it in a new process).
-
-    Parameters
-    ----------
-    devices : list of mxnet.Context
-        Two devices, for example ``[mx.gpu(0), mx.gpu(1)]`` or ``[mx.cpu(0), mx.cpu(1)]``.
+    """Run the chapter's ``In [2]`` to ``In [5]`` in this process on two ``devices``; the values
+    are the book's only if no MXNet random number was drawn before (``chapter_cells``).
 
     Returns
     -------
     dict
-        ``devices`` (their names), ``outputs`` (one 2x10 list per device, ``Out[4]``),
-        ``weights`` (``weight.data(device)[0]`` per device, ``Out[5]``), ``default_read``
-        (what ``weight.data()`` without a device did: ``{'raised': bool, 'printed': str}``)
-        and ``mxnet_version``.
+        ``devices`` (names), ``outputs`` (``Out[4]``: a 2x10 list per device), ``weights``
+        (``Out[5]``: ``weight.data(device)[0]`` per device), ``default_read`` (``raised`` and
+        ``printed``: what ``weight.data()`` without a device did) and ``mxnet_version``.
     """
     import mxnet as mx
 
@@ -119,29 +113,16 @@ def run_chapter_cells(devices):
             'mxnet_version': mx.__version__}
 
 
-def _context(name):
-    kind, index = re.fullmatch(r'(cpu|gpu)\((\d+)\)', name).groups()
-    import mxnet as mx
-    return mx.Context(kind, int(index))
-
-
 def _cells_child(names):
-    """Entry point of the fresh process started by ``chapter_cells``: print the cells as JSON."""
-    import gluon_mgpu  # noqa: F401  (sets the thread count before MXNet starts)
-    cells = run_chapter_cells([_context(n) for n in names.split(',')])
-    print(json.dumps(cells))
+    """The new process of ``chapter_cells``: print the cells as JSON."""
+    import mxnet as mx
+    devices = [mx.Context(kind, int(i)) for kind, i in re.findall(r'(cpu|gpu)\((\d+)\)', names)]
+    print(json.dumps(run_chapter_cells(devices)))
 
 
 def chapter_cells(devices, fresh_process=True):
-    """Run the chapter's deterministic cells and return what ``run_chapter_cells`` returns.
-
-    Parameters
-    ----------
-    devices : list of mxnet.Context
-        Two devices (see ``gluon_mgpu.get_devices(2)``).
-    fresh_process : bool, default True
-        Run them in a new Python process, whose MXNet random state is the default one, so the
-        result does not depend on what this process did before. ``False`` runs them here.
+    """``run_chapter_cells(devices)``, by default in a new Python process, whose MXNet random
+    state is the default one whatever this process did before.
 
     Raises
     ------
@@ -150,13 +131,11 @@ def chapter_cells(devices, fresh_process=True):
     """
     if not fresh_process:
         return run_chapter_cells(devices)
-    from .booktable import ROOT
-    env = dict(os.environ)
-    env['PYTHONPATH'] = os.pathsep.join(p for p in (ROOT, env.get('PYTHONPATH')) if p)
     code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
             '_cells_child(sys.argv[1])')
     result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
-                            capture_output=True, text=True, env=env, timeout=600)
+                            capture_output=True, text=True, env=booktable.child_env(),
+                            timeout=600)
     if result.returncode != 0:
         raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): %s'
                            % (result.returncode, result.stderr.strip()[-2000:]))
@@ -164,14 +143,9 @@ def chapter_cells(devices, fresh_process=True):
 
 
 def book_loop_steps(net, batches, devices, batch_size, lr):
-    """Train ``net`` on ``batches`` with the chapter's ``In [7]`` loop body, as the book writes it.
-
-    The book's own calls, in its order: ``gutils.split_and_load`` (even split), the losses under
-    ``autograd.record()``, ``l.backward()`` per device, ``trainer.step(batch_size)``, then
-    ``nd.waitall()``. ``net`` must already be initialized on ``devices``. Returns the losses of
-    every step (one numpy array per device). The oracle of ``port_equality``: our step is
-    measured against it, never used inside it.
-    """
+    """Train ``net``, initialized on ``devices``, on ``batches`` with the chapter's ``In [7]``
+    loop body as the book writes it; return each step's losses (an array per device). The
+    oracle of ``port_equality``: our step is measured against it, never used inside it."""
     from mxnet import autograd, gluon, nd
     from mxnet.gluon import loss as gloss, utils as gutils
 
@@ -193,27 +167,20 @@ def book_loop_steps(net, batches, devices, batch_size, lr):
     return losses
 
 
-def _values_by_device(net, devices):
-    """Every parameter's values on every device, in order: ``[[array per device], ...]``."""
-    return [[p.data(d).asnumpy() for d in devices] for p in net.collect_params().values()]
-
-
 def port_equality(devices, batches, test_batches, lr, seed=0):
     """Train the book's network with the book's loop and ours with ``train_batch``; compare.
 
     Both start from the same weights (``d2lzh.resnet18(10)`` initialized as the book does, the
-    values copied into ``gluon_mgpu.resnet18(10)``, hybridized as the command trains it) and see
-    the same ``batches`` (a list of ``(X, y)`` whose sizes are multiples of ``len(devices)``,
-    as the book's ``split_and_load`` needs).
+    values copied into our hybridized ``resnet18``) and see the same ``batches``: ``(X, y)``
+    pairs whose sizes are multiples of ``len(devices)``, as ``split_and_load`` needs.
 
     Returns
     -------
     dict
-        ``steps``; ``loss``: the largest difference of any step's per-example loss on any device;
-        ``trained`` and ``running``: the largest difference of the trained parameters and of the
-        BatchNorm running statistics over every device, with ``arrays`` (how many arrays per
-        device: trained, running); ``test_acc``: ``(book, ours)`` with device 0's parameters,
-        as the book evaluates (``d2lzh.evaluate_accuracy(test_iter, net, ctx[0])``).
+        ``steps``; the largest difference of any step's ``loss``, of the ``trained``
+        parameters and of the ``running`` statistics on any device; ``arrays``: (trained,
+        running) arrays per device; ``test_acc``: ``(book, ours)`` with device 0's parameters,
+        as the book evaluates.
     """
     import d2lzh
     import mxnet as mx
@@ -236,25 +203,24 @@ def port_equality(devices, batches, test_batches, lr, seed=0):
         for i, d in enumerate(devices):
             net(first[i:i + 1].as_in_context(d))
     # A new network holds the same values on every device: one copy serves them all.
-    for t, o in zip(theirs.collect_params().values(), ours.collect_params().values()):
+    pairs = list(zip(theirs.collect_params().values(), ours.collect_params().values()))
+    for t, o in pairs:
         o.set_data(t.data(devices[0]))
 
     book_losses = book_loop_steps(theirs, batches, devices, batch_size, lr)
     trainer = gluon.Trainer(ours.collect_params(), 'sgd', {'learning_rate': lr})
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    our_losses = []
-    for X, y in batches:
-        ls = train_batch(ours, X, y, loss, trainer, devices)[0]
-        our_losses.append([l.asnumpy() for l in ls])
+    our_losses = [[l.asnumpy() for l in train_batch(ours, X, y, loss, trainer, devices)[0]]
+                  for X, y in batches]
 
     def most(pairs):
         return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs),
                    default=0.0)
 
     diffs = {'trained': [], 'running': []}
-    for t, o, p in zip(_values_by_device(theirs, devices), _values_by_device(ours, devices),
-                       ours.collect_params().values()):
-        diffs['running' if p.grad_req == 'null' else 'trained'] += list(zip(t, o))
+    for t, o in pairs:
+        diffs['running' if o.grad_req == 'null' else 'trained'] += [
+            (t.data(d).asnumpy(), o.data(d).asnumpy()) for d in devices]
     return {'steps': len(batches),
             'loss': most((a, b) for s, t in zip(book_losses, our_losses) for a, b in zip(s, t)),
             'trained': most(diffs['trained']), 'running': most(diffs['running']),
@@ -273,7 +239,7 @@ def is_simulated(devices):
 def _abbrev(values, fmt):
     flat = np.asarray(values, dtype=np.float64).ravel()
     shape = 'x'.join(str(s) for s in np.shape(values))
-    return '%s: %s ... %s' % (shape, fmt(flat[0]), fmt(flat[-1]))
+    return '%s: %s ... %s' % (shape, fmt % flat[0], fmt % flat[-1])
 
 
 def _row(cell, what, book, ours, diff, verdict, status):
@@ -281,58 +247,52 @@ def _row(cell, what, book, ours, diff, verdict, status):
             'verdict': verdict, 'status': status}
 
 
-def deterministic_rows(cells):
-    """Compare ``Out[4]``, the ``In [5]`` print and ``Out[5]`` with the book; return rows.
+def _judged(cell, what, book, ours, diff, ok, why='', why_not=None):
+    """A row whose verdict is ``match<why>``, or ``MISMATCH<why_not>`` (default ``why``)."""
+    verdict = 'match' + why if ok else 'MISMATCH' + (why if why_not is None else why_not)
+    return _row(cell, what, book, ours, diff, verdict, 'match' if ok else 'mismatch')
 
-    Each row is a dict: ``cell``, ``what``, ``book``, ``ours``, ``diff``, ``verdict`` (text)
-    and ``status``: ``'match'``, ``'mismatch'`` or ``'explained'`` (differs for a stated
-    reason that is not an error).
-    """
+
+def deterministic_rows(cells):
+    """Compare ``Out[4]``, the ``In [5]`` print and ``Out[5]`` with the book; return rows: dicts
+    of the ``_COLUMNS`` keys and ``status``, ``'match'``, ``'mismatch'`` or ``'explained'``
+    (differs for a stated reason that is not an error)."""
     rows = []
-    devices = cells['devices']
     for i, (text, ours) in enumerate(zip(BOOK['out4'], cells['outputs'])):
         book = np.array([float(v) for v in printed_numbers(text)]).reshape(2, 10)
         ours = np.asarray(ours, dtype=np.float64)
         rel = np.abs(ours - book) / np.abs(book)
         ok = ours.shape == book.shape and bool(np.all(rel <= OUT4_RTOL))
-        rows.append(_row(
-            'Out[4]', 'net(x), device %d' % i,
-            _abbrev(book, lambda v: '%.7e' % v), _abbrev(ours, lambda v: '%.7e' % v),
-            'max rel %.1e' % rel.max(),
-            ('match (rtol %.0e per element)' if ok else 'MISMATCH (rtol %.0e per element)')
-            % OUT4_RTOL, 'match' if ok else 'mismatch'))
+        rows.append(_judged('Out[4]', 'net(x), device %d' % i, _abbrev(book, '%.7e'),
+                            _abbrev(ours, '%.7e'), 'max rel %.1e' % rel.max(), ok,
+                            ' (rtol %.0e per element)' % OUT4_RTOL))
 
-    read = cells['default_read']
+    read, what = cells['default_read'], 'weight.data(), no device'
     if read['raised']:
         ok = read['printed'] == BOOK['not_initialized']
-        rows.append(_row('In [5]', 'weight.data(), no device', BOOK['not_initialized'],
-                         read['printed'], 'none' if ok else 'text differs',
-                         'match' if ok else 'MISMATCH', 'match' if ok else 'mismatch'))
+        rows.append(_judged('In [5]', what, BOOK['not_initialized'], read['printed'],
+                            'none' if ok else 'text differs', ok))
     else:
         rows.append(_row(
-            'In [5]', 'weight.data(), no device', BOOK['not_initialized'],
-            read['printed'], 'no error',
+            'In [5]', what, BOOK['not_initialized'], read['printed'], 'no error',
             'explained: the default device cpu(0) is one of ours (%s), so it holds a replica; '
-            'on GPUs the book\'s line appears' % ', '.join(devices), 'explained'))
+            'on GPUs the book\'s line appears' % ', '.join(cells['devices']), 'explained'))
 
     book_tokens = printed_numbers(BOOK['out5'])
     book = np.array([float(v) for v in book_tokens]).reshape(1, 3, 3)
     for i, ours in enumerate(cells['weights']):
-        ours_text = format_like_book(ours)
-        ours_tokens = printed_numbers(ours_text)
+        ours_tokens = printed_numbers(format_like_book(ours))
         same = sum(a == b for a, b in zip(book_tokens, ours_tokens))
-        ok = len(ours_tokens) == len(book_tokens) == same
-        rows.append(_row(
-            'Out[5]', 'first conv weight, device %d' % i,
-            _abbrev(book, lambda v: '%.8f' % v), _abbrev(ours, lambda v: '%.8f' % v),
-            '%d/%d printed equal' % (same, len(book_tokens)),
-            'match (every printed digit)' if ok else 'MISMATCH (printed digits differ)',
-            'match' if ok else 'mismatch'))
+        rows.append(_judged('Out[5]', 'first conv weight, device %d' % i, _abbrev(book, '%.8f'),
+                            _abbrev(ours, '%.8f'),
+                            '%d/%d printed equal' % (same, len(book_tokens)),
+                            len(ours_tokens) == len(book_tokens) == same,
+                            ' (every printed digit)', ' (printed digits differ)'))
     first, second = (np.asarray(w) for w in cells['weights'])
     ok = np.array_equal(first, second)
-    rows.append(_row('Out[5]', 'device 0 vs device 1', 'identical',
-                     'identical' if ok else 'differ', 'max abs %.1e' % np.abs(first - second).max(),
-                     'match' if ok else 'MISMATCH', 'match' if ok else 'mismatch'))
+    rows.append(_judged('Out[5]', 'device 0 vs device 1', 'identical',
+                        'identical' if ok else 'differ',
+                        'max abs %.1e' % np.abs(first - second).max(), ok))
     return rows
 
 
@@ -344,12 +304,8 @@ _T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 
 
 def prediction_interval(values):
-    """The 95% prediction interval of one more draw from the distribution of ``values``.
-
-    ``mean +- t(n-1) * s * sqrt(1 + 1/n)`` (Student's t, ``s`` the sample standard deviation):
-    where a single run of the book should land if it came from the same distribution as ours.
-    Needs at least 2 values.
-    """
+    """The 95% prediction interval of one more draw from the distribution of ``values`` (at
+    least 2): ``mean +- t(n-1) * s * sqrt(1 + 1/n)``, ``s`` the sample standard deviation."""
     n = len(values)
     if n < 2:
         raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
@@ -363,20 +319,20 @@ def prediction_interval(values):
 
 def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None):
     """The records of one configuration, ``{epoch: [record per seed]}``."""
-    from .booktable import record_key
     by_epoch = {}
     for r in records:
-        key = record_key(r)
+        key = booktable.record_key(r)
         if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit):
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
 
 
 def _spread(values):
-    from .booktable import summarize
     s = summarize(values)
-    return 'mean %.2f (%.2f-%.2f, %d seed%s)' % (s['mean'], s['low'], s['high'], s['n'],
-                                                 '' if s['n'] == 1 else 's')
+    return 'mean %.2f (%.2f-%.2f, %s)' % (s['mean'], s['low'], s['high'], plural(s['n'], 'seed'))
+
+
+_NOT_RUN = ('not run', '', 'not run (compare --full)', 'not run')
 
 
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
@@ -385,113 +341,84 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
     Parameters
     ----------
     devices : list of mxnet.Context
-        The two devices of the 2-device runs (done or not): on simulated devices the speed-up
-        row says why none is expected.
+        The two devices of the 2-device runs: on simulated devices the speed-up row says why
+        none is expected.
     records : list of dict
-        Lines of the book table's record (``booktable.read_records``); the book's settings
-        without warmup, full data unless the limits say otherwise.
-
-    Notes
-    -----
-    Test accuracy is the book's measure: device 0's parameters and running statistics. A cell
-    shows our mean with lowest-highest over seeds; with ``MIN_SEEDS`` seeds or more it is
-    judged: the book's value must lie in the 95% prediction interval of one more of our runs
-    (``prediction_interval``). Seconds depend on the hardware and are shown, not judged; the
-    speed-up (mean seconds per epoch on 1 device over 2 devices) is judged as a ratio to the
-    book's.
+        The record's lines (``booktable.read_records``); those with the book's settings, no
+        warmup and these data limits make the rows. ``notes()`` says how each row is judged.
     """
-    rows = []
-    seconds = {}
+    rows, seconds, book_sec = [], {}, {}
     for n in (1, 2):
         book = BOOK['training'][n]
         by_epoch = table_records(records, n, 0, train_limit, test_limit)
-        setting = '%d device%s' % (n, 's' if n > 1 else '')
+        setting = plural(n, 'device')
         for e, book_acc in enumerate(book['test_acc'], 1):
-            what = 'test_acc epoch %d, %s' % (e, setting)
+            head = (book['cell'], 'test_acc epoch %d, %s' % (e, setting), '%.2f' % book_acc)
             values = [r['acc_running'][0] for r in by_epoch.get(e, [])]
             if not values:
-                rows.append(_row(book['cell'], what, '%.2f' % book_acc, 'not run', '',
-                                 'not run (compare --full)', 'not run'))
+                rows.append(_row(*head, *_NOT_RUN))
                 continue
-            mean = sum(values) / len(values)
             if len(values) < MIN_SEEDS:
-                verdict, status = ('not judged: %d seed%s so far, %d needed'
-                                   % (len(values), '' if len(values) == 1 else 's', MIN_SEEDS),
-                                   'not judged')
+                verdict, status = ('not judged: %s so far, %d needed'
+                                   % (plural(len(values), 'seed'), MIN_SEEDS), 'not judged')
             else:
                 low, high = prediction_interval(values)
                 ok = low <= book_acc <= high
                 verdict = '%s our 95%% prediction interval %.2f to %.2f' % (
                     'within' if ok else 'OUTSIDE', max(low, 0.0), min(high, 1.0))
                 status = 'match' if ok else 'mismatch'
-            rows.append(_row(book['cell'], what, '%.2f' % book_acc, _spread(values),
-                             '%+.2f' % (mean - book_acc), verdict, status))
-        book_sec = float(np.mean(book['seconds']))
+            mean = sum(values) / len(values)
+            rows.append(_row(*head, _spread(values), '%+.2f' % (mean - book_acc), verdict,
+                             status))
+        book_sec[n] = float(np.mean(book['seconds']))
+        head = (book['cell'], 'sec/epoch (mean), %s' % setting, '%.1f' % book_sec[n])
         per_epoch = [r['seconds'] for rs in by_epoch.values() for r in rs]
-        if per_epoch:
-            seconds[n] = float(np.mean(per_epoch))
-            rows.append(_row(book['cell'], 'sec/epoch (mean), %s' % setting,
-                             '%.1f' % book_sec, '%.1f on %s (%d epoch%s)' % (
-                                 seconds[n], ', '.join(by_epoch[min(by_epoch)][0].get(
-                                     'device_names', [])), len(per_epoch),
-                                 '' if len(per_epoch) == 1 else 's'),
-                             'x%.2f' % (seconds[n] / book_sec),
-                             'not comparable: depends on the hardware (the speed-up is)',
-                             'not comparable'))
-        else:
-            rows.append(_row(book['cell'], 'sec/epoch (mean), %s' % setting,
-                             '%.1f' % book_sec, 'not run', '', 'not run (compare --full)',
-                             'not run'))
+        if not per_epoch:
+            rows.append(_row(*head, *_NOT_RUN))
+            continue
+        seconds[n] = float(np.mean(per_epoch))
+        names = ', '.join(by_epoch[min(by_epoch)][0].get('device_names', []))
+        rows.append(_row(*head, '%.1f on %s (%s)' % (seconds[n], names,
+                                                     plural(len(per_epoch), 'epoch')),
+                         'x%.2f' % (seconds[n] / book_sec[n]),
+                         'not comparable: depends on the hardware (the speed-up is)',
+                         'not comparable'))
 
-    book_sec = [float(np.mean(BOOK['training'][n]['seconds'])) for n in (1, 2)]
-    book_speedup = book_sec[0] / book_sec[1]
+    book_speedup = book_sec[1] / book_sec[2]
     newer = BOOK['newer_edition']
-    book_text = '%.2fx (PyTorch ed. %.2fx)' % (
-        book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch'])
-    what = 'speed-up, 2 devices'
-    simulated = is_simulated(devices)
+    head = ('In [7]/[8]', 'speed-up, 2 devices', '%.2fx (PyTorch ed. %.2fx)' % (
+        book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch']))
     why = ('%s are simulated devices: they share the same CPU cores, which one device already '
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
-           % ', '.join(str(d) for d in devices))
+           % ', '.join(str(d) for d in devices)) if is_simulated(devices) else None
     if len(seconds) < 2:
-        verdict = 'not run (compare --full)' + ('; ' + why if simulated else '')
-        rows.append(_row('In [7]/[8]', what, book_text, 'not run', '', verdict, 'not run'))
-        return rows
+        verdict = 'not run (compare --full)' + ('; ' + why if why else '')
+        return rows + [_row(*head, 'not run', '', verdict, 'not run')]
     speedup = seconds[1] / seconds[2]
     ratio = speedup / book_speedup
-    if simulated:
+    if why:
         verdict, status = 'not comparable: ' + why, 'not comparable'
     else:
         ok = SPEEDUP_BAND[0] <= ratio <= SPEEDUP_BAND[1]
         verdict = '%s (ours / book within %.2f to %.2f)' % (
             'within band' if ok else 'OUTSIDE band', *SPEEDUP_BAND)
         status = 'match' if ok else 'mismatch'
-    rows.append(_row('In [7]/[8]', what, book_text,
-                     '%.2fx (%.1f / %.1f s)' % (speedup, seconds[1], seconds[2]),
-                     'ours / book %.2f' % ratio, verdict, status))
-    return rows
+    return rows + [_row(*head, '%.2fx (%.1f / %.1f s)' % (speedup, seconds[1], seconds[2]),
+                        'ours / book %.2f' % ratio, verdict, status)]
 
 
 def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
-    """Per configuration and epoch: test accuracy normalized three ways, over seeds.
-
-    Rows (dicts) with ``setting``, ``epoch``, ``seeds``, ``book`` (the book's printed value),
-    ``running0`` (device 0's running statistics: the book's measure, the table's value),
-    ``running_other`` (the other devices'), ``precise`` (running statistics re-estimated with
-    the final weights), ``batch`` (batch statistics), ``train_acc`` (epoch average), each a
-    ``booktable.summarize`` dict or None.
-    """
-    from .booktable import summarize
+    """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
+    ``setting``, ``epoch``, ``seeds``, ``book`` (the book's value or None) and a ``summarize``
+    of each of ``_SUMMARIES`` (the columns of ``format_diagnosis``)."""
     rows = []
-    configs = [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]
-    for n, w in configs:
+    for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
         by_epoch = table_records(records, n, w, train_limit, test_limit)
+        book = BOOK['training'][n]['test_acc']
         for e in sorted(by_epoch):
             rs = by_epoch[e]
-            book = BOOK['training'][n]['test_acc']
             rows.append({
-                'setting': '%d device%s%s' % (n, 's' if n > 1 else '',
-                                              ', warmup %d steps' % w if w else ''),
+                'setting': plural(n, 'device') + (', warmup %d steps' % w if w else ''),
                 'epoch': e, 'seeds': sorted(r['seed'] for r in rs),
                 'book': book[e - 1] if e <= len(book) else None,
                 'running0': summarize([r['acc_running'][0] for r in rs]),
@@ -510,23 +437,18 @@ def _cell_of(summary):
     return '%.3f (%.3f-%.3f)' % (summary['mean'], summary['low'], summary['high'])
 
 
-_DIAGNOSIS_COLUMNS = (('setting', 'setting'), ('epoch', 'epoch'), ('seeds', 'seeds'),
-                      ('book', "book's test_acc"),
-                      ('running0', 'device 0 running stats (book\'s measure)'),
-                      ('running_other', 'other devices\' running stats'),
-                      ('precise', 'precise BatchNorm'), ('batch', 'batch statistics'),
-                      ('train_acc', 'train_acc (epoch mean)'))
+_SUMMARIES = ('running0', 'running_other', 'precise', 'batch', 'train_acc')
+_DIAGNOSIS_TITLES = ['setting', 'epoch', 'seeds', "book's test_acc",
+                     'device 0 running stats (book\'s measure)', 'other devices\' running stats',
+                     'precise BatchNorm', 'batch statistics', 'train_acc (epoch mean)']
 
 
 def format_diagnosis(rows):
     """The diagnosis rows as lists of cell texts, headed by the column titles."""
-    lines = [[title for _, title in _DIAGNOSIS_COLUMNS]]
-    for r in rows:
-        lines.append([r['setting'], str(r['epoch']), ' '.join(map(str, r['seeds'])),
-                      '-' if r['book'] is None else '%.2f' % r['book']] +
-                     [_cell_of(r[k]) for k in ('running0', 'running_other', 'precise', 'batch',
-                                               'train_acc')])
-    return lines
+    return [_DIAGNOSIS_TITLES] + [
+        [r['setting'], str(r['epoch']), ' '.join(map(str, r['seeds'])),
+         '-' if r['book'] is None else '%.2f' % r['book']] + [_cell_of(r[k]) for k in _SUMMARIES]
+        for r in rows]
 
 
 def explain(rows):
@@ -537,12 +459,11 @@ def explain(rows):
             continue
         gap = r['book'] - r['running0']['mean']
         gain = r['precise']['mean'] - r['running0']['mean']
-        text = ('%s, epoch 1 (%d seed%s): the book printed %.2f, ours gives %.3f with the '
-                'running statistics (the book\'s measure), %.3f with them re-estimated for '
-                'the final weights and %.3f with batch statistics'
-                % (r['setting'], len(r['seeds']), '' if len(r['seeds']) == 1 else 's',
-                   r['book'], r['running0']['mean'], r['precise']['mean'],
-                   r['batch']['mean']))
+        text = ('%s, epoch 1 (%s): the book printed %.2f, ours gives %.3f with the running '
+                'statistics (the book\'s measure), %.3f with them re-estimated for the final '
+                'weights and %.3f with batch statistics'
+                % (r['setting'], plural(len(r['seeds']), 'seed'), r['book'],
+                   r['running0']['mean'], r['precise']['mean'], r['batch']['mean']))
         if gap > 0:
             text += ('; re-estimating recovers %.3f of the %.3f gap (%.0f%%)'
                      % (gain, gap, 100 * gain / gap))
@@ -554,10 +475,14 @@ _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours
             ('diff', 'difference'), ('verdict', 'verdict'))
 
 
+def _table(rows):
+    return [[title for _, title in _COLUMNS]] + [[str(r[key]) for key, _ in _COLUMNS]
+                                                 for r in rows]
+
+
 def format_table(rows):
     """Format rows as a plain-text table, one line per row."""
-    return format_table_lines([[title for _, title in _COLUMNS]] +
-                              [[str(r[key]) for key, _ in _COLUMNS] for r in rows])
+    return format_table_lines(_table(rows))
 
 
 def notes():
@@ -589,7 +514,7 @@ def notes():
 def describe_devices(devices):
     """One line: the book's devices and ours."""
     return 'devices: the book %s; ours %s%s' % (
-        '[%s]' % ', '.join(BOOK['devices']), '[%s]' % ', '.join(str(d) for d in devices),
+        format_devices(BOOK['devices']), format_devices(devices),
         ', simulated on the CPU (no GPU used)' if is_simulated(devices) else '')
 
 
@@ -622,20 +547,16 @@ PLATFORM_NOTES = (
 )
 
 
-def _markdown_table(head, body):
-    def cell(text):
-        return str(text).replace('|', '\\|')
-    return (['| ' + ' | '.join(cell(c) for c in head) + ' |', '|' + '---|' * len(head)] +
-            ['| ' + ' | '.join(cell(c) for c in line) + ' |' for line in body])
+def _markdown_table(lines):
+    def row(cells):
+        return '| ' + ' | '.join(str(c).replace('|', '\\|') for c in cells) + ' |'
+    return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
 
 
 def format_markdown(report):
-    """Format a report as the page ``docs/book-comparison.md``.
-
-    ``report`` holds ``rows``, ``diagnosis`` (``diagnosis_rows``), ``cells`` (from
-    ``chapter_cells``), ``record`` (the record file's name), ``command``, ``date`` and
-    ``mxnet_version``.
-    """
+    """Format a report as the page ``docs/book-comparison.md``: ``rows``, ``diagnosis``
+    (``diagnosis_rows``), ``cells`` (``chapter_cells``), ``record`` (the record file's name),
+    ``command``, ``date`` and ``mxnet_version``."""
     cells = report['cells']
     lines = ['# The book, side by side', '',
              'Generated by `%s` on %s with MXNet %s; %s.'
@@ -645,19 +566,17 @@ def format_markdown(report):
              'data, one line per finished epoch; `python -m gluon_mgpu.compare --full` trains '
              'the epochs still missing and resumes where it was stopped).' % report['record'],
              '']
-    lines += _markdown_table([title for _, title in _COLUMNS],
-                             [[r[key] for key, _ in _COLUMNS] for r in report['rows']])
+    lines += _markdown_table(_table(report['rows']))
     lines += [''] + ['- ' + n for n in notes()]
     if report['diagnosis']:
-        table = format_diagnosis(report['diagnosis'])
         lines += ['', '## Why the first epoch differs: BatchNorm statistics', '',
                   'The same checkpoints, the test set normalized three ways: with each device\'s '
                   'running statistics (device 0\'s is the book\'s measure, the table\'s value), '
                   'with the running statistics re-estimated on %d training images with the '
                   'final weights ("precise BatchNorm"), and with the statistics of each test '
                   'batch of %d (training-mode BatchNorm). Mean (lowest-highest) over seeds.'
-                  % (report['precise_bn_images'], report['batch_stats_batch']), '']
-        lines += _markdown_table(table[0], table[1:])
+                  % (booktable.PRECISE_BN_IMAGES, booktable.BATCH_STATS_BATCH), '']
+        lines += _markdown_table(format_diagnosis(report['diagnosis']))
         lines += [''] + ['- ' + t for t in explain(report['diagnosis'])]
     lines += ['', '## What else differs from the book\'s platform', ''] + [
         '- ' + t for t in PLATFORM_NOTES]
@@ -677,7 +596,6 @@ PROG = 'python -m gluon_mgpu.compare'
 
 
 def build_parser():
-    from . import booktable
     p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its step, and print '
                    'a table: the book\'s printed values, ours, the difference, a verdict. The '
                    'training rows come from the record of full runs (--full makes them).')
@@ -721,12 +639,11 @@ def main(argv=None):
 
 
 def _explain_failure(e):
-    from .booktable import RecordError, RunFailed
     from ..handlers.checkpoint import CheckpointError
     from ..runtime.files import OutputError
-    if isinstance(e, (RunFailed, OutputError)):
+    if isinstance(e, (booktable.RunFailed, OutputError)):
         return 1, cli.error_line(PROG, e)
-    if isinstance(e, (RecordError, CheckpointError)):
+    if isinstance(e, (booktable.RecordError, CheckpointError)):
         return 2, cli.error_line(PROG, e)
     if isinstance(e, KeyboardInterrupt):
         return (getattr(e, 'exit_code', 130),
@@ -736,9 +653,8 @@ def _explain_failure(e):
 
 
 def _compare(argv, args):
-    from . import booktable
     from ..data import DataError, DataNotFoundError, find_data_dir
-    from ..devices import format_devices, get_devices
+    from ..devices import get_devices
     from ..runtime.files import atomic_path, output_problem
     from ..handlers.interrupts import DeferredInterrupt
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
@@ -793,16 +709,12 @@ def _compare(argv, args):
         report = {'rows': rows, 'diagnosis': diagnosis, 'cells': cells,
                   'record': os.path.relpath(args.record, booktable.ROOT)
                   if args.record == booktable.DEFAULT_RECORD else args.record,
-                  'precise_bn_images': booktable.PRECISE_BN_IMAGES,
-                  'batch_stats_batch': booktable.BATCH_STATS_BATCH,
-                  'command': ' '.join([PROG] + argv),
-                  'mxnet_version': cells['mxnet_version'], 'date': datetime.date.today().isoformat()}
-        with atomic_path(args.output) as tmp:
-            with open(tmp, 'w') as f:
-                f.write(format_markdown(report))
+                  'command': ' '.join([PROG] + argv), 'mxnet_version': cells['mxnet_version'],
+                  'date': datetime.date.today().isoformat()}
+        with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
+            f.write(format_markdown(report))
         print('wrote', args.output)
-    bad = [r for r in rows if r['status'] == 'mismatch']
-    return 1 if bad else 0
+    return 1 if any(r['status'] == 'mismatch' for r in rows) else 0
 
 
 # The step row's size: cheap enough for every run of the command.
@@ -818,19 +730,18 @@ def step_row(devices, data_dir=None):
                                                     seed=0)
     found = port_equality(devices, list(train_iter), list(test_iter), lr=0.2)
     biggest = max(found['loss'], found['trained'], found['running'])
-    same_acc = found['test_acc'][0] == found['test_acc'][1]
-    ok = biggest == 0.0 and same_acc
-    return _row('In [7]', 'the step, %d steps of %d on %d devices' % (steps, size, len(devices)),
-                "d2lzh.resnet18, the book's loop", 'gluon_mgpu.train_batch, hybridized',
-                'max abs %.1e (losses, %d + %d arrays per device); test_acc %.4f vs %.4f'
-                % (biggest, found['arrays'][0], found['arrays'][1], *found['test_acc']),
-                'match (bit for bit)' if ok else 'MISMATCH', 'match' if ok else 'mismatch')
+    what = 'the step, %d steps of %d on %d devices' % (steps, size, len(devices))
+    return _judged('In [7]', what,
+                   "d2lzh.resnet18, the book's loop", 'gluon_mgpu.train_batch, hybridized',
+                   'max abs %.1e (losses, %d + %d arrays per device); test_acc %.4f vs %.4f'
+                   % (biggest, found['arrays'][0], found['arrays'][1], *found['test_acc']),
+                   biggest == 0.0 and found['test_acc'][0] == found['test_acc'][1],
+                   ' (bit for bit)', '')
 
 
 def format_table_lines(lines):
     """Format lists of cell texts (the first the titles) as a plain-text table."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
-    out = []
-    for line in [lines[0], ['-' * w for w in widths] + ['-' * len(lines[0][-1])]] + lines[1:]:
-        out.append('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  ' + line[-1])
-    return '\n'.join(l.rstrip() for l in out)
+    rule = ['-' * w for w in widths] + ['-' * len(lines[0][-1])]
+    return '\n'.join(('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  '
+                      + line[-1]).rstrip() for line in [lines[0], rule] + lines[1:])
