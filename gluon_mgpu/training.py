@@ -82,7 +82,7 @@ def check_split(X, y, devices):
 
 
 def book_setting(num_devices):
-    """Return the book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
+    """The book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
     return BATCH_SIZE_PER_DEVICE * num_devices, LR_PER_DEVICE * num_devices
 
 

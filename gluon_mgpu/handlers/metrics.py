@@ -25,8 +25,7 @@ SCHEMA = {
     'title': 'gluon_mgpu training metrics',
     'type': 'object',
     'required': ['format', 'status', 'arguments', 'devices', 'versions', 'threads', 'placement',
-                 'history',
-                 'summary'],
+                 'history', 'summary'],
     'additionalProperties': False,
     'properties': {
         'format': {'const': FORMAT,
@@ -206,11 +205,7 @@ def format_summary(history, devices):
 
 
 def summarize(history, devices):
-    """Return the final numbers of a run (the ``summary`` of ``SCHEMA``) from ``train()``'s history.
-
-    ``sec_per_epoch`` is the mean training time per epoch; ``images_per_sec`` is all training
-    images over all training seconds.
-    """
+    """The final numbers (``SCHEMA``'s ``summary``) of ``train()``'s history."""
     if not history:
         raise ValueError('history is empty; train at least one epoch before summarizing')
     seconds = sum(r['seconds'] for r in history)
@@ -235,20 +230,9 @@ def write_json_atomic(path, obj):
 class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
     """The ``--metrics-json`` file of one run, rewritten atomically at every change.
 
-    Creating it writes the file at once (``status`` "running", empty ``history``), so a path
-    that cannot be written fails before training starts. As an event handler of ``train()``
-    it records the epochs a resumed run already has (``train_begin``), each new epoch
-    (``epoch_end``) and the summary (``train_end``).
-
-    Parameters
-    ----------
-    path : str
-        Where to write.
-    arguments : dict
-        The run's settings (``vars(args)`` of the command line).
-    devices : list of mxnet.Context
-    placement : dict, optional
-        Bytes per device (``parallel`` summaries: ``make_parallel(...).summary(X)``).
+    Written at once when created (so a bad path fails before training), then as an event
+    handler: a resumed run's earlier epochs, each new epoch, the summary. ``arguments`` is
+    ``vars(args)``; ``placement`` the bytes per device (``make_parallel(...).summary(X)``).
     """
 
     def __init__(self, path, arguments, devices, placement=None):
@@ -285,7 +269,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
         self.finish(summarize(estimator.history, estimator.devices))
 
     def add_epoch(self, record):
-        """Append one epoch's record (from ``train()``'s ``on_epoch``) and rewrite the file."""
+        """Append one epoch's record and rewrite the file."""
         entry = {k: record[k] for k in EPOCH_FIELDS}
         entry['train_loss'] = _finite_or_none(entry['train_loss'])
         self.data['history'].append(entry)
@@ -298,6 +282,10 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
         self.write()
 
 
+_BOUNDS = (('minimum', '>= %s'), ('exclusiveMinimum', '> %s'), ('maximum', '<= %s'),
+           ('minItems', 'at least %d item'))
+
+
 def _type_text(node):
     if 'const' in node:
         return '`%s`' % json.dumps(node['const'])
@@ -305,15 +293,7 @@ def _type_text(node):
         return ' or '.join('`%s`' % json.dumps(v) for v in node['enum'])
     types = node.get('type', 'any')
     text = ' or '.join(types) if isinstance(types, list) else types
-    bounds = []
-    if 'minimum' in node:
-        bounds.append('>= %s' % node['minimum'])
-    if 'exclusiveMinimum' in node:
-        bounds.append('> %s' % node['exclusiveMinimum'])
-    if 'maximum' in node:
-        bounds.append('<= %s' % node['maximum'])
-    if 'minItems' in node:
-        bounds.append('at least %d item' % node['minItems'])
+    bounds = [form % node[key] for key, form in _BOUNDS if key in node]
     return text + (' (%s)' % ', '.join(bounds) if bounds else '')
 
 
