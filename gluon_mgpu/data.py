@@ -1,6 +1,5 @@
-"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices. Nothing here
-downloads; docs/testing.md ("Data") says where the files are looked for, why MXNet's own loader
-is not used and how the IDX format is read.
+"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices; nothing here
+downloads. docs/testing.md ("Data") says where the files are looked for and why.
 """
 import gzip
 import math
@@ -297,13 +296,12 @@ class ArrayBatches:
 
     def order(self, epoch):
         """Return the example order of epoch ``epoch`` (this part's only, after ``set_part``)."""
-        if not self.shuffle:
-            idx = np.arange(self.num_examples)
-        else:
-            idx = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+        n = self.num_examples
+        idx = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else \
+            np.arange(n)
         if self.num_parts is None:
             return idx
-        full = self.num_examples // self.batch_size * self.batch_size
+        full = n // self.batch_size * self.batch_size
         share = self.batch_size // self.num_parts
         return idx[:full].reshape(-1, self.num_parts, share)[:, self.part_index, :].ravel()
 
@@ -382,9 +380,8 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
     train_limit, test_limit : int, optional
         Use only the first N training / test examples.
     shuffle : bool, default True
-        Shuffle the training set every epoch (never the test set).
+        Shuffle the training set every epoch (never the test set), from ``seed`` if given.
     seed : int, optional
-        Seed of the training order.
     loader : {'array', 'gluon'}, default 'array'
         ``ArrayBatches``, or ``GluonBatches`` (the book's ``DataLoader``; slower).
 

@@ -1,7 +1,5 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
-epoch loop and the test accuracy. What hangs around the loop (checkpoints, progress, metrics,
-checks) comes in as event handlers (docs/events.md); docs/devices.md says how simulated CPU
-devices run the same step.
+epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md).
 """
 import time
 import weakref
@@ -34,9 +32,8 @@ MODELS = ('resnet18', 'lenet')
 def split_batch(X, y, devices):
     """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device.
 
-    The book's ``split_and_load``, with ``even_split=False``: 10 examples on 3 devices give 4, 3,
-    3 (the book needs the batch to be a multiple of the device count). ``ValueError`` if ``X``
-    and ``y`` hold different numbers of examples, or fewer examples than devices.
+    The book's ``split_and_load`` with ``even_split=False``: 10 examples on 3 devices give 4, 3,
+    3. ``ValueError`` for a batch ``check_split`` refuses.
     """
     check_split(X, y, devices)
     return (gutils.split_and_load(X, devices, even_split=False),

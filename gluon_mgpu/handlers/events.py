@@ -1,7 +1,6 @@
-"""What happens around the chapter's step: the events ``train()`` calls, named as MXNet's
-``gluon.contrib.estimator`` names them, the run that handlers see (``TrainingState``), and the
-handlers of the book's line, the loss check and the learning-rate warmup. docs/events.md lists
-the events and the handlers.
+"""The events ``train()`` calls, named as ``gluon.contrib.estimator`` names them, the run that
+handlers see (``TrainingState``), and the handlers of the book's line, the loss check and the
+learning-rate warmup (docs/events.md).
 """
 import math
 

@@ -19,15 +19,9 @@ class Interrupted(KeyboardInterrupt):
 
     def __init__(self, signum=signal.SIGINT):
         self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_code = 128 + self.signum
         super().__init__(self.signal_name)
-
-    @property
-    def signal_name(self):
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self):
-        return 128 + self.signum
 
 
 # The handler each signal has when nobody took it over; only then is it taken.

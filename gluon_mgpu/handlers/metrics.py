@@ -19,6 +19,7 @@ EPOCH_FIELDS = ('epoch', 'seconds', 'images_per_sec', 'train_loss', 'train_acc',
 _FRACTION = {'type': 'number', 'minimum': 0, 'maximum': 1}
 _POSITIVE = {'type': 'number', 'exclusiveMinimum': 0}
 _LOSS = {'type': ['number', 'null'], 'minimum': 0}
+_COUNT = {'type': 'integer', 'minimum': 1}
 
 SCHEMA = {
     '$schema': 'https://json-schema.org/draft/2020-12/schema',
@@ -30,10 +31,9 @@ SCHEMA = {
     'properties': {
         'format': {'const': FORMAT,
                    'description': 'Name and version of this layout.'},
-        'status': {'enum': ['running', 'finished'],
-                   'description': '"running" while training goes on (still so after the '
-                                  'process ended: the run stopped early); "finished" once '
-                                  'the summary is written.'},
+        'status': {'enum': ['running', 'finished'], 'description': (
+            '"running" while training goes on (still so after the process ended: the run '
+            'stopped early); "finished" once the summary is written.')},
         'arguments': {
             'type': 'object',
             'description': 'The command line after defaults were filled in: one key per flag, '
@@ -43,13 +43,11 @@ SCHEMA = {
             'additionalProperties': {
                 'type': ['string', 'integer', 'number', 'boolean', 'null', 'array']},
             'properties': {
-                'num_gpus': {'type': 'integer', 'minimum': 1,
-                             'description': 'Number of devices.'},
-                'batch_size': {'type': 'integer', 'minimum': 1,
-                               'description': 'Global batch size, split over the devices.'},
+                'num_gpus': dict(_COUNT, description='Number of devices.'),
+                'batch_size': dict(_COUNT, description=(
+                    'Global batch size, split over the devices.')),
                 'lr': dict(_POSITIVE, description='SGD learning rate.'),
-                'epochs': {'type': 'integer', 'minimum': 1,
-                           'description': 'Number of epochs asked for.'},
+                'epochs': dict(_COUNT, description='Number of epochs asked for.'),
                 'device': {'enum': ['auto', 'gpu', 'cpu'],
                            'description': 'How devices were chosen.'},
                 'data_dir': {'type': ['string', 'null'],
@@ -60,10 +58,9 @@ SCHEMA = {
                                'description': 'First N test images, or null (all).'},
                 'seed': {'type': ['integer', 'null'],
                          'description': 'Random seed, or null (none).'},
-                'dtype': {'enum': ['float32', 'bfloat16'],
-                          'description': 'What the network computed in (`--dtype`; bfloat16: '
-                                         'MXNet\'s AMP, float32 parameters). Missing in files '
-                                         'of earlier versions: float32.'},
+                'dtype': {'enum': ['float32', 'bfloat16'], 'description': (
+                    'What the network computed in (`--dtype`; bfloat16: MXNet\'s AMP, float32 '
+                    'parameters). Missing in files of earlier versions: float32.')},
             },
         },
         'devices': {
@@ -90,31 +87,24 @@ SCHEMA = {
                          'temp_copy_source'],
             'additionalProperties': False,
             'properties': {
-                'omp_num_threads': {'type': ['integer', 'string', 'null'],
-                                    'description': 'OMP_NUM_THREADS in force, or null when '
-                                                   'MXNet chose (half the cores on x86).'},
-                'cores': {'type': 'integer', 'minimum': 1,
-                          'description': 'Cores this process may use.'},
-                'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'],
-                           'description': 'Who chose: gluon_mgpu (the usable cores, shared '
-                                          'out over the simulated devices), the user '
-                                          '(OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS was set), '
-                                          'or nobody (MXNet was imported before gluon_mgpu).'},
-                'devices': {'type': 'integer', 'minimum': 1,
-                            'description': 'Simulated CPU devices the choice was made for (1 '
-                                           'unless the command or GLUON_MGPU_CPU_DEVICES said '
-                                           'more).'},
-                'cpu_temp_copy': {'type': ['integer', 'string', 'null'],
-                                  'description': 'MXNET_CPU_TEMP_COPY in force: the scratch '
-                                                 'buffers of each pool (one pool per thread '
-                                                 'issuing calls; the package issues every '
-                                                 'device\'s from its own thread); null for '
-                                                 'MXNet\'s default (4).'},
-                'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'],
-                                     'description': 'Who chose the scratch buffers '
-                                                    '("gluon_mgpu": files of earlier versions, '
-                                                    'which enlarged the pool for simulated '
-                                                    'devices).'},
+                'omp_num_threads': {'type': ['integer', 'string', 'null'], 'description': (
+                    'OMP_NUM_THREADS in force, or null when MXNet chose (half the cores on '
+                    'x86).')},
+                'cores': dict(_COUNT, description='Cores this process may use.'),
+                'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'], 'description': (
+                    'Who chose: gluon_mgpu (the usable cores, shared out over the simulated '
+                    'devices), the user (OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS was set), or '
+                    'nobody (MXNet was imported before gluon_mgpu).')},
+                'devices': dict(_COUNT, description=(
+                    'Simulated CPU devices the choice was made for (1 unless the command or '
+                    'GLUON_MGPU_CPU_DEVICES said more).')),
+                'cpu_temp_copy': {'type': ['integer', 'string', 'null'], 'description': (
+                    'MXNET_CPU_TEMP_COPY in force: the scratch buffers of each pool (one pool '
+                    'per thread issuing calls; the package issues every device\'s from its own '
+                    'thread); null for MXNet\'s default (4).')},
+                'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'], 'description': (
+                    'Who chose the scratch buffers ("gluon_mgpu": files of earlier versions, '
+                    'which enlarged the pool for simulated devices).')},
             },
         },
         'placement': {
@@ -129,16 +119,14 @@ SCHEMA = {
                            'description': 'How training is split (`--parallel`).'},
                 'devices': {'type': 'array', 'items': {'type': 'string'},
                             'description': 'The devices, as MXNet prints them.'},
-                'batch_size': {'type': 'integer', 'minimum': 1,
-                               'description': 'The batch the activations were measured on.'},
+                'batch_size': dict(_COUNT, description=(
+                    'The batch the activations were measured on.')),
                 'parameter_bytes': {'type': 'array', 'items': {'type': 'integer'},
                                     'description': 'Bytes of parameters each device holds.'},
-                'activation_bytes': {'type': 'array', 'items': {'type': 'integer'},
-                                     'description': 'Bytes of layer outputs each device '
-                                                    'computes in one forward pass.'},
-                'copied_bytes_per_step': {'type': 'integer', 'minimum': 0,
-                                          'description': 'Bytes sent between devices in one '
-                                                         'training step.'},
+                'activation_bytes': {'type': 'array', 'items': {'type': 'integer'}, 'description': (
+                    'Bytes of layer outputs each device computes in one forward pass.')},
+                'copied_bytes_per_step': {'type': 'integer', 'minimum': 0, 'description': (
+                    'Bytes sent between devices in one training step.')},
             },
         },
         'history': {
@@ -150,8 +138,7 @@ SCHEMA = {
                 'required': list(EPOCH_FIELDS),
                 'additionalProperties': False,
                 'properties': {
-                    'epoch': {'type': 'integer', 'minimum': 1,
-                              'description': 'Epoch number, from 1.'},
+                    'epoch': dict(_COUNT, description='Epoch number, from 1.'),
                     'seconds': dict(_POSITIVE, description=(
                         'Training time of the epoch (test evaluation not included), measured '
                         'after all devices finished.')),
@@ -182,11 +169,10 @@ SCHEMA = {
                 'sec_per_epoch': dict(_POSITIVE, description='Mean training seconds per epoch.'),
                 'images_per_sec': dict(_POSITIVE, description=(
                     'Training images per second over all epochs.')),
-                'epochs': {'type': 'integer', 'minimum': 1,
-                           'description': 'Number of epochs trained.'},
-                'line': {'type': 'string',
-                         'description': 'The summary line printed at the end, e.g. '
-                                        '`test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]`.'},
+                'epochs': dict(_COUNT, description='Number of epochs trained.'),
+                'line': {'type': 'string', 'description': (
+                    'The summary line printed at the end, e.g. `test acc: 0.91, 12.3 sec/epoch '
+                    'on [gpu(0), gpu(1)]`.')},
             },
         },
     },

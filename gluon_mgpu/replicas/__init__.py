@@ -38,12 +38,8 @@ class ReplicaMismatchError(RuntimeError):
 
     def __init__(self, message, parameter, contexts, abs_diff, rel_diff, atol, report):
         super().__init__(message)
-        self.parameter = parameter
-        self.contexts = contexts
-        self.abs_diff = abs_diff
-        self.rel_diff = rel_diff
-        self.atol = atol
-        self.report = report
+        self.parameter, self.contexts, self.report = parameter, contexts, report
+        self.abs_diff, self.rel_diff, self.atol = abs_diff, rel_diff, atol
 
 
 def _json_float(x):
@@ -144,8 +140,7 @@ class ReplicaReport:
     @property
     def worst(self):
         """The trained parameter that differs most, or None when all are identical."""
-        mismatched = self.mismatched
-        return max(mismatched, key=lambda p: p.max_abs_diff) if mismatched else None
+        return max(self.mismatched, key=lambda p: p.max_abs_diff, default=None)
 
     @property
     def auxiliary_max_abs_diff(self):
@@ -349,19 +344,17 @@ def format_replica_summary(report):
     """One line about a report, ``replicas: 76 trained parameters identical on 2 devices; 34
     BatchNorm statistics differ by at most 3.1e-02 (expected: ...)`` (docs/replicas.md)."""
     label = 'replicas' if report.what == 'data' else 'gradients'
-    trained = report.trained
+    trained = plural(len(report.trained), 'trained parameter')
     devices = plural(len(report.contexts), 'device')
     if len(report.contexts) < 2:
-        return '%s: %s on %s only, nothing to compare' % (
-            label, plural(len(trained), 'trained parameter'), devices)
+        return '%s: %s on %s only, nothing to compare' % (label, trained, devices)
     if report.ok:
-        head = '%s: %s identical on %s' % (label, plural(len(trained), 'trained parameter'),
-                                           devices)
+        head = '%s: %s identical on %s' % (label, trained, devices)
     else:
         worst = report.worst
         head = '%s: %d of %s differ on %s, worst %s by %s (%s vs %s)' % (
-            label, len(report.mismatched), plural(len(trained), 'trained parameter'), devices,
-            worst.name, _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
+            label, len(report.mismatched), trained, devices, worst.name,
+            _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
         if report.what == 'grad':
             head += ' (%s)' % GRADIENT_WHY
     return head + _auxiliary_phrase(report)
