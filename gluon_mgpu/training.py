@@ -414,8 +414,7 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
     step = choose_step(devices)  # simulated CPU devices: the same step, issued per device
-    # MXNet calls the optimizer from C, where an exception would be printed and dropped: the
-    # guard raises it right after trainer.step.
+    # An optimizer error inside trainer.step, which MXNet would drop, is raised after it.
     with guard_updates(trainer):
         return run_epochs(
             state, events,
