@@ -19,8 +19,7 @@ startup.guard()
 try:
     check_environment(os.environ, usable_cores())
     configure_threads()
-except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: a command says so in
-    # one line
+except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: one line for a command
     _command = startup.starting_command()
     if _command is None:
         raise

@@ -1,6 +1,5 @@
-"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices. Nothing here
-downloads; docs/testing.md ("Data") says where the files are looked for, why MXNet's own loader
-is not used and how the IDX format is read.
+"""Fashion-MNIST from the four local IDX ``.gz`` files, and batching over devices; nothing here
+downloads. docs/testing.md ("Data") says where the files are looked for and why.
 """
 import gzip
 import math
@@ -34,8 +33,7 @@ _MAGIC = {1: 0x00000801, 3: 0x00000803}
 
 
 class DataError(ValueError):
-    """A data file exists but cannot be used (not a regular file, unreadable, truncated, not
-    gzip, wrong magic number, images not 28x28, labels outside 0..9, no images, ...)."""
+    """A data file exists but cannot be used (not a regular file, truncated, not IDX, ...)."""
 
 
 class DataNotFoundError(FileNotFoundError):
@@ -43,12 +41,8 @@ class DataNotFoundError(FileNotFoundError):
 
 
 def data_dir_candidates(data_dir=None):
-    """Return the folders searched for the data set, in order.
-
-    An explicit ``data_dir`` is the only candidate when given. Otherwise:
-    ``$MXNET_HOME/datasets/fashion-mnist`` (``MXNET_HOME`` defaults to ``~/.mxnet``, where the
-    book's loader keeps them), then ``/usr/share/datasets/fashion-mnist`` (Debian's package).
-    """
+    """The folders searched for the data set, in order: ``data_dir`` alone when given, else
+    ``$MXNET_HOME/datasets/fashion-mnist`` (default ``~/.mxnet``), then Debian's folder."""
     if data_dir is not None:
         return [os.path.expanduser(str(data_dir))]
     mxnet_home = os.environ.get('MXNET_HOME') or os.path.join('~', '.mxnet')
@@ -64,9 +58,8 @@ def find_data_dir(data_dir=None):
     DataNotFoundError
         Listing every folder searched and how to get the files.
     DataError
-        When no folder holds the four files but one holds all four names and one of them is
-        not a regular file (a folder, a FIFO, a dangling symbolic link, a link loop, ...):
-        naming that file and what it is.
+        When a folder holds all four names but one is not a usable regular file (a FIFO, a
+        dangling link, ...): naming that file and what it is.
     """
     names = FILES['train'] + FILES['test']
     candidates = data_dir_candidates(data_dir)
@@ -91,8 +84,7 @@ def find_data_dir(data_dir=None):
 
 
 def _read_up_to(f, size):
-    """Read at most ``size`` bytes, in blocks: memory grows with what the file really holds,
-    not with what its header claims."""
+    """At most ``size`` bytes, read in blocks: memory follows the file, not its header."""
     chunks, left = [], size
     while left > 0:
         block = f.read(min(left, 1 << 24))
@@ -127,17 +119,14 @@ def read_idx(path, ndim, item_shape=None):
     path : str
         A ``*-idx1-ubyte.gz`` (labels, ``ndim=1``) or ``*-idx3-ubyte.gz`` (images, ``ndim=3``).
     ndim : int
-        The number of dimensions the file must have.
     item_shape : tuple of int, optional
-        The shape every item must have (``(28, 28)`` for Fashion-MNIST images), checked from
-        the header before the values are read.
+        The shape every item must have, checked from the header before the values are read.
 
     Raises
     ------
     DataError
-        Naming the file, when it is not a regular file or cannot be read (the reason), is not
-        gzip, is truncated or longer than its header says, has the wrong magic number, or
-        items of another shape.
+        Naming the file and what is wrong: not a readable regular file, not gzip, truncated or
+        longer than its header says, the wrong magic number, items of another shape.
     """
     try:
         raw_file = open_input(path)
@@ -178,11 +167,7 @@ def read_idx(path, ndim, item_shape=None):
 def load_fashion_mnist_arrays(split, data_dir=None):
     """Return ``(images, labels)`` of one split as ``uint8`` arrays of shape (N, 28, 28) and (N,).
 
-    Parameters
-    ----------
-    split : {'train', 'test'}
-    data_dir : str, optional
-        Folder holding the four files; searched for when omitted (see ``data_dir_candidates``).
+    ``split`` is ``'train'`` or ``'test'``; ``data_dir`` as in ``find_data_dir``.
     """
     if split not in FILES:
         raise ValueError("split must be 'train' or 'test', got %r" % (split,))
@@ -207,46 +192,36 @@ def load_fashion_mnist_arrays(split, data_dir=None):
 
 
 def to_tensor(images):
-    """Convert ``uint8`` images (N, H, W) to float32 (N, 1, H, W) in [0, 1].
-
-    Gives exactly what ``gluon.data.vision.transforms.ToTensor`` gives per image: the value
-    divided by 255 in single precision.
-    """
+    """Convert ``uint8`` images (N, H, W) to float32 (N, 1, H, W) in [0, 1], exactly as
+    ``gluon.data.vision.transforms.ToTensor`` does per image."""
     return (images.astype(np.float32) / np.float32(255))[:, None, :, :]
 
 
 class ArrayBatches:
     """Mini-batches ``(X, y)`` of NDArrays from in-memory arrays, like a ``DataLoader``.
 
-    The images are converted once (``to_tensor``) into one float32 NDArray; a batch is then a
-    slice of it (in order) or an ``nd.take`` of the epoch's indices (shuffled), with no per-image
-    Python work. The batches equal what the book's ``DataLoader`` with ``ToTensor`` gives for
-    the same order (see ``GluonBatches``).
+    The images become one float32 NDArray once; a batch is a slice of it, or an ``nd.take``
+    when shuffled. The batches equal the book's ``DataLoader`` with ``ToTensor`` (``GluonBatches``).
 
     Parameters
     ----------
     images : numpy.ndarray
         ``uint8`` images of shape (N, H, W).
     labels : numpy.ndarray
-        Class indices, shape (N,); batches carry them as ``int32`` (as the book's loader does).
+        Class indices, shape (N,); batches carry them as ``int32``.
     batch_size : int
-        Examples per batch; the last batch holds the rest (it is not dropped, except in a
-        shard: see ``set_part``). A last batch smaller than ``min_batch`` joins the one before
-        it (see ``set_min_batch``).
+        Examples per batch; the last holds the rest (see ``set_min_batch`` and ``set_part``).
     shuffle : bool, default False
-        Draw a new order for each pass (each ``for`` loop over the object is one epoch).
+        Draw a new order for each pass (each ``for`` loop is one epoch).
     seed : int, optional
-        With ``shuffle``: the order of epoch ``e`` is a permutation drawn from ``(seed, e)``, so it
-        is the same on every run and can be recreated for any epoch (``set_epoch``).
+        Epoch ``e``'s order is drawn from ``(seed, e)``: the same on every run (``set_epoch``).
     num_parts, part_index : int, optional
-        Yield only one worker's shard of every epoch (see ``set_part``); default: everything.
+        Yield only one worker's shard of every epoch (see ``set_part``).
     """
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=None, num_parts=None,
                  part_index=0):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) \
-                or batch_size < 1:
-            raise ValueError('batch_size must be a whole number >= 1, got %r' % (batch_size,))
+        _check_count('batch_size', batch_size)
         if len(images) != len(labels):
             raise ValueError('%d images but %d labels' % (len(images), len(labels)))
         self.images, self.labels = images, labels
@@ -265,7 +240,7 @@ class ArrayBatches:
 
     @property
     def examples_per_epoch(self):
-        """How many examples one pass yields: all of them, or this part's share."""
+        """How many examples one pass yields."""
         if self.num_parts is None:
             return self.num_examples
         return len(self) * (self.batch_size // self.num_parts)
@@ -276,15 +251,9 @@ class ArrayBatches:
         return len(self._bounds(self.num_examples, self.batch_size))
 
     def set_min_batch(self, min_batch):
-        """Make a last batch of fewer than ``min_batch`` examples join the batch before it.
-
-        ``train()`` calls it with the number of devices: a batch must give every device at
-        least one example (60,000 images in batches of 512 leave 96 for the last batch, which is
-        plenty; 9 images in batches of 4 on 2 devices would leave 1, so the batches are 4 and 5).
-        """
-        if isinstance(min_batch, bool) or not isinstance(min_batch, (int, np.integer)) \
-                or min_batch < 1:
-            raise ValueError('min_batch must be a whole number >= 1, got %r' % (min_batch,))
+        """Make a last batch of fewer than ``min_batch`` examples join the batch before it
+        (``train()`` passes the device count: every device needs an example)."""
+        _check_count('min_batch', min_batch)
         self.min_batch = int(min_batch)
 
     def _bounds(self, n, batch_size):
@@ -297,14 +266,8 @@ class ArrayBatches:
     def set_part(self, num_parts, part_index):
         """Yield only shard ``part_index`` of ``num_parts``: one worker's share of a dist job.
 
-        Every epoch is cut into global batches of ``batch_size`` examples in the epoch's order;
-        part ``r`` gets the ``r``-th of ``num_parts`` equal slices of each, so the parts are
-        disjoint, every part has the same number of batches of ``batch_size // num_parts``
-        examples, and part ``r`` gets what device ``r`` of a single process splitting the same
-        batches over ``num_parts`` devices would get. Only full global batches are used (the
-        rest, fewer than ``batch_size`` examples, differs from epoch to epoch when shuffled):
-        MXNet's dist kvstore fixes the gradient scale ``1 / batch_size`` at the first step, and
-        a worker with a batch more would wait forever for the others.
+        Part ``r`` gets the ``r``-th equal slice of every full global batch of the epoch, what
+        device ``r`` of one process would get; the rest is skipped (docs/distributed.md).
 
         Raises
         ------
@@ -312,9 +275,7 @@ class ArrayBatches:
             If ``batch_size`` is not a multiple of ``num_parts``, ``part_index`` is not in
             ``range(num_parts)``, or there is not one full global batch.
         """
-        if isinstance(num_parts, bool) or not isinstance(num_parts, (int, np.integer)) \
-                or num_parts < 1:
-            raise ValueError('num_parts must be a whole number >= 1, got %r' % (num_parts,))
+        _check_count('num_parts', num_parts)
         if not 0 <= part_index < num_parts:
             raise ValueError('part_index must be in 0..%d, got %r' % (num_parts - 1, part_index))
         if self.batch_size % num_parts:
@@ -335,13 +296,12 @@ class ArrayBatches:
 
     def order(self, epoch):
         """Return the example order of epoch ``epoch`` (this part's only, after ``set_part``)."""
-        if not self.shuffle:
-            idx = np.arange(self.num_examples)
-        else:
-            idx = np.random.default_rng([self.seed, epoch]).permutation(self.num_examples)
+        n = self.num_examples
+        idx = np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle else \
+            np.arange(n)
         if self.num_parts is None:
             return idx
-        full = self.num_examples // self.batch_size * self.batch_size
+        full = n // self.batch_size * self.batch_size
         share = self.batch_size // self.num_parts
         return idx[:full].reshape(-1, self.num_parts, share)[:, self.part_index, :].ravel()
 
@@ -365,12 +325,8 @@ class ArrayBatches:
 
 
 class GluonBatches(ArrayBatches):
-    """The book's data path: a Gluon ``DataLoader`` applying ``ToTensor`` image by image.
-
-    Same interface, order and batches as ``ArrayBatches`` (a test checks equality); slower,
-    since every image goes through a Python transform. Kept to show the chapter's way and to
-    measure the difference (``benchmarks/``).
-    """
+    """The book's data path: a Gluon ``DataLoader`` applying ``ToTensor`` image by image; the
+    same batches as ``ArrayBatches``, slower (``benchmarks/`` measures it)."""
 
     def _batches(self, idx, batch_size):
         from mxnet.gluon import data as gdata
@@ -386,10 +342,19 @@ class GluonBatches(ArrayBatches):
 LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}
 
 
+def _is_count(value):
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+def _check_count(name, value):
+    if not _is_count(value):
+        raise ValueError('%s must be a whole number >= 1, got %r' % (name, value))
+
+
 def _check_limit(name, value, size, what):
     if value is None:
         return size
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+    if not _is_count(value):
         raise ValueError('%s must be a whole number >= 1, got %r; pass a positive count or '
                          'None for all %d %s' % (name, value, size, what))
     if value > size:
@@ -408,19 +373,17 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
     Parameters
     ----------
     batch_size : int
-        Examples per batch (the global batch: it is split across devices later).
+        Examples per (global) batch.
     data_dir : str, optional
-        Folder holding the four IDX ``.gz`` files. When omitted: ``$MXNET_HOME/datasets/
-        fashion-mnist`` (default ``~/.mxnet/...``), then ``/usr/share/datasets/fashion-mnist``.
+        Folder holding the four IDX ``.gz`` files; searched for when omitted
+        (``data_dir_candidates``).
     train_limit, test_limit : int, optional
-        Use only the first N training / test examples (quick runs and tests).
+        Use only the first N training / test examples.
     shuffle : bool, default True
-        Shuffle the training set every epoch (the test set is never shuffled).
+        Shuffle the training set every epoch (never the test set), from ``seed`` if given.
     seed : int, optional
-        Seed of the training order (see ``ArrayBatches``).
     loader : {'array', 'gluon'}, default 'array'
-        ``'array'``: the data set as one float32 array, batches by slicing / ``nd.take``.
-        ``'gluon'``: the book's ``DataLoader`` with ``ToTensor`` per image; same batches, slower.
+        ``ArrayBatches``, or ``GluonBatches`` (the book's ``DataLoader``; slower).
 
     Raises
     ------

@@ -48,27 +48,17 @@ def get_devices(num_gpus, device='auto', warn=True):
     Parameters
     ----------
     num_gpus : int
-        How many devices to train on (``--num-gpus``); at least 1.
+        How many devices (``--num-gpus``); at least 1.
     device : {'auto', 'gpu', 'cpu'}, default 'auto'
-        ``'auto'``: GPUs when the machine has enough of them; on a machine with no GPU at all,
-        ``[cpu(0), ..., cpu(n-1)]``: simulated devices that share the CPU, announced by one
-        warning line on the ``gluon_mgpu`` logger. ``'gpu'``: GPUs or an error, never a
-        fallback. ``'cpu'``: CPU contexts even when GPUs exist.
-    warn : bool, default True
-        Log the warning about simulated devices. A caller that resolves several counts in a
-        row (the sweep) passes False for all but one, so the warning appears once.
-
-    Returns
-    -------
-    list of mxnet.Context
+        ``'auto'``: GPUs when the machine has enough; with no GPU at all, ``[cpu(0), ...,
+        cpu(n-1)]``, announced by one warning on the ``gluon_mgpu`` logger (unless not
+        ``warn``). ``'gpu'``: GPUs or an error. ``'cpu'``: CPU contexts even when GPUs exist.
 
     Raises
     ------
     ValueError
-        For a count below 1, an unknown ``device``, or fewer GPUs than asked for when the
-        machine has GPUs (``'auto'``) or when GPUs were required (``'gpu'``). The message names
-        both numbers and the fix. Also for more CPU contexts than the machine can hold
-        (``check_cpu_device_count``).
+        For a count below 1, an unknown ``device``, too few GPUs (naming both numbers and the
+        fix), or more CPU contexts than the machine can hold (``check_cpu_device_count``).
     """
     n = num_gpus
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -102,13 +92,12 @@ def get_devices(num_gpus, device='auto', warn=True):
 
 
 def _count_gpus():
-    # get_devices' argument is called num_gpus (the public signature), hiding the function.
+    # get_devices' argument num_gpus hides the function.
     return num_gpus()
 
 
 def cpu_flags(path='/proc/cpuinfo'):
-    """The CPU's feature flags (the first ``flags`` line of ``path``) as a set; empty when
-    unreadable."""
+    """The CPU's feature flags (``path``'s first ``flags`` line) as a set; empty if unreadable."""
     try:
         with open(path) as f:
             for line in f:
@@ -133,17 +122,12 @@ def abbreviate_devices(devices, limit=8):
     return '[%s, %s, ..., %s]' % tuple(str(d) for d in (devices[0], devices[1], devices[-1]))
 
 
-# Measured with MXNet 1.9.1's CPU build (threads in /proc/self/task after an operation with a
-# parallel loop on each of n CPU contexts): at most 6 + n * OMP_NUM_THREADS (5 + n with 1
-# OpenMP thread, 6 + 2n with 2, 6 + 4n with 4). MXNet's engine gives each context its own
-# worker thread, and each worker its own OpenMP team of OMP_NUM_THREADS - 1 more.
-ENGINE_BASE_THREADS = 6
+ENGINE_BASE_THREADS = 6  # MXNet's threads besides the contexts' (docs/devices.md, "How many")
 
 
 def threads_per_cpu_context():
-    """The threads each CPU context costs: MXNet's engine worker and its OpenMP team,
-    ``OMP_NUM_THREADS`` in all (MXNet's own default, half the cores, when it was not set), and
-    the thread ``gluon_mgpu.runtime.dispatch`` issues the device's calls from."""
+    """The threads each CPU context costs: ``OMP_NUM_THREADS`` (MXNet's default, half the cores,
+    when unset) for MXNet, and one that issues its calls (``runtime.dispatch``)."""
     from .runtime.threads import thread_settings
     value = thread_settings().get('omp_num_threads')
     if isinstance(value, int) and value > 0:
@@ -152,14 +136,8 @@ def threads_per_cpu_context():
 
 
 def max_cpu_devices():
-    """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why.
-
-    Each CPU context costs MXNet ``threads_per_cpu_context()`` threads; a run may take at most
-    half of the threads the tightest limit allows (``thread_limit``), leaving the other half
-    to every other process. Memory is not counted: it depends on the network (the chapter's
-    ResNet-18 needs about 190 MB per device, measured), and running out of it is an error
-    MXNet reports.
-    """
+    """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why:
+    a run may take half of the threads the tightest limit allows (``thread_limit``)."""
     limit, source = thread_limit()
     if limit is None:
         return None, 'no limit on threads is known'
@@ -171,11 +149,7 @@ def max_cpu_devices():
 
 
 def check_cpu_device_count(n):
-    """Raise ``ValueError`` if ``n`` CPU contexts are more than ``max_cpu_devices()``.
-
-    Without it, a count such as 1000000 makes MXNet start threads until no process of the
-    machine can fork.
-    """
+    """Raise ``ValueError`` if ``n`` CPU contexts are more than ``max_cpu_devices()``."""
     most, reason = max_cpu_devices()
     if most is not None and n > most:
         raise ValueError('num_gpus=%d simulated CPU devices are more than this machine can hold '

@@ -1,7 +1,5 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
-epoch loop and the test accuracy. What hangs around the loop (checkpoints, progress, metrics,
-checks) comes in as event handlers (docs/events.md); docs/devices.md says how simulated CPU
-devices run the same step.
+epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md).
 """
 import time
 import weakref
@@ -34,9 +32,8 @@ MODELS = ('resnet18', 'lenet')
 def split_batch(X, y, devices):
     """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device.
 
-    The book's ``split_and_load``, with ``even_split=False``: 10 examples on 3 devices give 4, 3,
-    3 (the book needs the batch to be a multiple of the device count). ``ValueError`` if ``X``
-    and ``y`` hold different numbers of examples, or fewer examples than devices.
+    The book's ``split_and_load`` with ``even_split=False``: 10 examples on 3 devices give 4, 3,
+    3. ``ValueError`` for a batch ``check_split`` refuses.
     """
     check_split(X, y, devices)
     return (gutils.split_and_load(X, devices, even_split=False),
@@ -46,9 +43,8 @@ def split_batch(X, y, devices):
 def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
     """The chapter's step on one batch; return the losses, outputs and labels per device.
 
-    ``trainer.step`` sums the gradients of all devices (the kvstore), divides by the batch size
-    and updates every replica the same way. The first batch given for a network is checked
-    (``check_batch``) before any step.
+    ``trainer.step`` sums the gradients of all devices, divides by the batch size and updates
+    every replica the same way. A network's first batch is checked (``check_batch``).
     """
     _check_once(X, y, net, 'the batch given to train_batch', devices)
     Xs, ys = split_f(X, y, devices)
@@ -62,10 +58,8 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
 
 
 def choose_step(devices):
-    """The step ``train()`` runs on ``devices``: ``train_batch``, or on two or more CPU contexts
-    the same step with each device's calls issued from a thread of its own
-    (``dispatch.train_batch``), so that simulated devices, like GPUs, do not share one pool of
-    scratch buffers (docs/devices.md). Both give the same numbers."""
+    """The step ``train()`` runs: ``train_batch``, or on two or more CPU contexts the same step
+    issued from one thread per device (``dispatch.train_batch``, docs/devices.md)."""
     return dispatch.train_batch if _simulated(devices) else train_batch
 
 
@@ -85,7 +79,7 @@ def check_split(X, y, devices):
 
 
 def book_setting(num_devices):
-    """Return the book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
+    """The book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
     return BATCH_SIZE_PER_DEVICE * num_devices, LR_PER_DEVICE * num_devices
 
 
@@ -102,16 +96,13 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='f
     Parameters
     ----------
     model : {'resnet18', 'lenet'}
-        The chapter's ResNet-18, or the book's LeNet (no BatchNorm).
     hybridize : bool, default True
         Compile it into one graph (``static_alloc``): same results, faster.
     sync_bn_devices : int, optional
         ResNet-18 with ``SyncBatchNorm`` over this many devices instead of BatchNorm.
     dtype : {'float32', 'bfloat16'}, default 'float32'
-        What it computes in: bfloat16 turns on MXNet's AMP for the whole process, before the
-        network is built (``precision.use_dtype``; a process cannot switch back). Check the
-        devices first with ``precision.check_dtype``, and pass the same dtype to
-        ``init_training``.
+        bfloat16 turns on MXNet's AMP for the whole process (``precision.use_dtype``,
+        docs/precision.md); pass the same dtype to ``init_training``.
     """
     if model not in MODELS:
         raise ValueError('model must be one of %s, got %r' % ('/'.join(MODELS), model))
@@ -135,20 +126,12 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
                   force_dtype=False):
     """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
 
-    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after seeding MXNet's random
-    generators with ``seed`` when given; then ``gluon.Trainer(..., 'sgd', {'learning_rate': lr},
-    kvstore=kvstore)``.
-
-    With a kvstore of several processes (``'dist_sync'``, one made by ``mx.kv.create``, or
-    ``parallel.horovod.HorovodKVStore()``) every worker steps with its own batch, but the
-    gradients of all workers are summed: the Trainer is made
-    with ``rescale_grad = 1 / num_workers``, so ``trainer.step(local_batch_size)`` divides the
-    sum by the global batch, and the loop stays the book's.
-
-    With ``dtype='bfloat16'`` (``net`` from ``new_network(..., dtype='bfloat16')``) the
-    devices are checked first (``precision.check_dtype``: a CPU without bfloat16
-    instructions is refused unless ``force_dtype``) and the Trainer is handed to MXNet's AMP
-    (``amp.init_trainer``); the parameters stay float32.
+    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after ``mx.random.seed(seed)``
+    when given. With a kvstore of several processes (``'dist_sync'``, ``mx.kv.create``'s, or
+    ``parallel.horovod.HorovodKVStore()``) the Trainer gets ``rescale_grad = 1 / num_workers``,
+    so ``trainer.step(local_batch_size)`` divides the workers' sum by the global batch
+    (docs/distributed.md). ``dtype='bfloat16'`` checks the devices (``precision.check_dtype``;
+    ``force_dtype`` accepts a CPU without bfloat16) and hands the Trainer to MXNet's AMP.
     """
     precision.check_dtype(dtype, devices, force_dtype)
     active = precision.active_dtype()
@@ -169,7 +152,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
 
 
 def _layers(block, kind):
-    """The layers of type ``kind`` in ``block``, in the order they were added."""
+    """The layers of type ``kind`` in ``block``, in order."""
     for child in block._children.values():
         if isinstance(child, kind):
             yield child
@@ -177,9 +160,7 @@ def _layers(block, kind):
 
 
 def _expected_input(net):
-    """``(dtype, channels, classes)`` that ``net`` takes, each None when ``net`` does not say:
-    its parameters' type, its first convolution's input channels (once known) and its last
-    ``Dense`` layer's units."""
+    """``(dtype, channels, classes)`` of ``net``'s input and output, each None when unknown."""
     if not isinstance(net, nn.Block):  # a split network (gluon_mgpu.parallel) says nothing
         return None, None, None
     params = list(net.collect_params().values())
@@ -194,12 +175,10 @@ def _expected_input(net):
 def check_batch(X, y, net, where='the first batch'):
     """Raise ``ValueError`` if ``(X, y)`` is not a batch ``net`` can be trained or scored on.
 
-    What the chapter's step needs, and what MXNet would not say (labels out of range or of
-    shape (B, 1) train silently wrong) or would say in 46 lines (float64 images): ``X`` an
-    NDArray of 4-D images (batch, channels, height, width) of the network's type (float32) with
-    its channels, ``y`` one whole-number class index per image, within the network's classes
-    (its last ``Dense`` layer's units). Reads the labels' values, so call it once, on the first
-    batch, not in the step. ``where`` names the batch in the message.
+    ``X`` must be an NDArray of 4-D images of the network's type and channels, ``y`` one
+    whole-number class index per image below the network's classes: MXNet would train wrong
+    labels silently. It reads the labels, so call it on the first batch only; ``where`` names
+    the batch in the message.
     """
     for name, v in (('X', X), ('y', y)):
         if not isinstance(v, nd.NDArray):
@@ -229,12 +208,11 @@ def check_batch(X, y, net, where='the first batch'):
     if labels.size == 0:
         return
     top = '%d' % (classes - 1) if classes else 'the number of classes - 1'
-    whole = np.issubdtype(labels.dtype, np.integer) or bool(
-        np.all(np.isfinite(labels)) and np.all(np.floor(labels) == labels))
-    if not whole:
-        bad = labels[~(np.isfinite(labels) & (np.floor(labels) == labels))][0]
-        raise ValueError('%s: y holds %r, which is not a class index; labels are whole numbers '
-                         '0 to %s' % (where, float(bad), top))
+    if not np.issubdtype(labels.dtype, np.integer):
+        bad = labels[~(np.isfinite(labels) & (np.floor(labels) == labels))]
+        if bad.size:
+            raise ValueError('%s: y holds %r, which is not a class index; labels are whole '
+                             'numbers 0 to %s' % (where, float(bad[0]), top))
     low, high = labels.min(), labels.max()
     if low < 0 or (classes and high >= classes):
         raise ValueError('%s: y holds labels from %d to %d, but the network has %s classes (0 to '
@@ -261,12 +239,9 @@ def _check_once(X, y, net, where, devices):
 def evaluate_accuracy(data_iter, net, devices=None):
     """Return the fraction of examples in ``data_iter`` that ``net`` classifies correctly.
 
-    Every batch is split over all ``devices`` (default: ``try_all_gpus()``), so evaluation
-    uses them all; a batch with fewer examples than devices uses the first ones. ``net`` may
-    also be a split network (``gluon_mgpu.parallel``) with ``devices`` its first device: the
-    labels are compared where its output comes out. Counts stay on the devices until the end,
-    so MXNet can run ahead. The first batch is checked (``check_batch``): a ``ValueError``
-    names what is wrong with it.
+    Every batch is split over ``devices`` (default ``try_all_gpus()``; a batch smaller than the
+    device count uses the first ones). ``net`` may be a split network (``gluon_mgpu.parallel``)
+    with ``devices`` its first device. The first batch is checked (``check_batch``).
     """
     devices = try_all_gpus() if devices is None else list(devices)
     call = dispatch.call if _simulated(devices) else _call_here
@@ -295,26 +270,17 @@ def _hits(out, y):
     return (out.argmax(axis=1) == y.as_in_context(out.context).astype('float32')).sum()
 
 
-def epoch_seconds(start, examples):
-    """Seconds since ``start`` once the devices are done (``nd.waitall()``); ValueError for an
-    epoch without examples."""
-    nd.waitall()
-    if examples == 0:
-        raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
-                         'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
-    return time.time() - start
+def _add(total, new):
+    return new if total is None else [a + b for a, b in zip(total, new)]
 
 
 def run_epoch(step, train_iter, events=None, check=None):
     """Run ``step(X, y)`` over ``train_iter``; return ``seconds``, ``train_loss``, ``train_acc``
     and ``examples``: the epoch loop of every way to split.
 
-    ``step`` returns ``(losses, outputs, labels)``, one array per device, as ``train_batch``;
-    a split network gives ``([loss_sum], None, None)`` and its ``train_acc`` is None.
-    ``check(X, y)`` runs on the first batch before the first step. ``events``
-    (``handlers.events.Events``) gets ``batch_begin`` and ``batch_end`` around every step; a
-    ``batch_end`` handler that returns True ends the epoch early. The sums stay on the devices;
-    ``seconds`` is read after ``nd.waitall()``, as MXNet runs asynchronously.
+    ``step`` returns ``(losses, outputs, labels)`` per device, as ``train_batch``; a split
+    network gives ``([loss_sum], None, None)`` and no ``train_acc``. ``check(X, y)`` runs on the
+    first batch. ``events`` gets ``batch_begin`` and ``batch_end`` (True ends the epoch).
     """
     loss_sum = correct = None
     n = 0
@@ -325,35 +291,28 @@ def run_epoch(step, train_iter, events=None, check=None):
         if events:
             events.batch_begin(batch=(X, y))
         ls, outs, ys = step(X, y)
-        sums = [l.sum() for l in ls]
-        loss_sum = sums if loss_sum is None else [a + b for a, b in zip(loss_sum, sums)]
+        loss_sum = _add(loss_sum, [l.sum() for l in ls])
+        ended = {'batch': (X, y), 'loss': ls}
         if outs is not None:
-            hits = [_hits(out, y_d) for out, y_d in zip(outs, ys)]
-            correct = hits if correct is None else [a + b for a, b in zip(correct, hits)]
+            correct = _add(correct, [_hits(out, y_d) for out, y_d in zip(outs, ys)])
+            ended.update(pred=outs, label=ys)
         n += X.shape[0]
-        if events and events.batch_end(**_batch_end_args(X, y, ls, outs, ys)):
+        if events and events.batch_end(**ended):
             break
-    seconds = epoch_seconds(start, n)
-    return {'seconds': seconds,
+    nd.waitall()  # MXNet runs asynchronously: the epoch ends when the devices are done
+    if n == 0:
+        raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
+                         'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
+    return {'seconds': time.time() - start,
             'train_loss': sum(v.asscalar() for v in loss_sum) / n,
             'train_acc': None if correct is None else sum(v.asscalar() for v in correct) / n,
             'examples': n}
 
 
-def _batch_end_args(X, y, ls, outs, ys):
-    if outs is None:
-        return {'batch': (X, y), 'loss': ls}
-    return {'batch': (X, y), 'pred': outs, 'label': ys, 'loss': ls}
-
-
 def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
                 step=None):
-    """Run the chapter's step over ``train_iter`` (``run_epoch``); return ``seconds``,
-    ``train_loss``, ``train_acc`` and ``examples``.
-
-    ``step`` defaults to ``choose_step(devices)``. The first batch is checked
-    (``check_batch``) before the first step.
-    """
+    """Run ``step`` (default ``choose_step(devices)``) over ``train_iter``, as ``run_epoch``
+    does and with its result; the first batch is checked (``check_batch``)."""
     step = choose_step(devices) if step is None else step
 
     def check(X, y):
@@ -365,21 +324,19 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
 
 
 def run_epochs(state, events, train_one_epoch, evaluate):
-    """The loop over the epochs of ``train()`` and of a split network's ``train_split``.
+    """The epoch loop of ``train()`` and ``train_split``; return the history.
 
-    From ``state.epoch + 1`` (a resumed run starts later) to ``state.num_epochs``:
-    ``epoch_begin``, ``train_one_epoch()`` (``run_epoch``'s numbers), ``evaluate()`` for
-    ``test_acc``, then ``state.record`` and ``epoch_end`` (True stops). Returns the history.
+    Epochs ``state.epoch + 1`` (later for a resumed run) to ``state.num_epochs``: ``epoch_begin``,
+    ``train_one_epoch()`` (``run_epoch``'s numbers), ``evaluate()``, ``state.record``, then
+    ``epoch_end`` (True stops).
     """
     events.train_begin()
     for epoch in range(state.epoch + 1, state.num_epochs + 1):
         state.epoch = epoch
         events.epoch_begin()
         stats = train_one_epoch()
-        state.record = {'epoch': epoch,
-                        'seconds': stats['seconds'],
-                        'train_loss': stats['train_loss'],
-                        'train_acc': stats['train_acc'],
+        state.record = {'epoch': epoch, 'seconds': stats['seconds'],
+                        'train_loss': stats['train_loss'], 'train_acc': stats['train_acc'],
                         'test_acc': evaluate(),
                         'images_per_sec': stats['examples'] / stats['seconds']}
         state.history.append(state.record)
@@ -390,7 +347,6 @@ def run_epochs(state, events, train_one_epoch, evaluate):
 
 
 def _checked_devices(devices, num_epochs, lr, trainer):
-    """``train()``'s arguments checked; return the devices as a list."""
     devices = try_all_gpus() if devices is None else list(devices)
     if not devices:
         raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
@@ -419,23 +375,19 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     net : mxnet.gluon.Block
         For example ``resnet18(10)``.
     train_iter, test_iter : iterable of (X, y)
-        For example from ``load_data_fashion_mnist``; each global batch is split over devices.
+        For example from ``load_data_fashion_mnist``; each batch is split over the devices.
     devices : list of mxnet.Context, optional
         Default ``try_all_gpus()``.
     lr : float, optional
-        With no ``trainer``: initialize ``net`` on ``devices`` and train with SGD at this rate,
-        the book's set-up (``init_training``; default 0.1). Give ``lr`` or ``trainer``.
+        Without ``trainer``: the book's set-up at this rate (``init_training``; default 0.1).
     num_epochs : int, default 4
     trainer : mxnet.gluon.Trainer, optional
-        Train with this Trainer and the parameters ``net`` already holds on ``devices``
-        (``init_training(net, devices, lr, seed=0)`` gives the book's, seeded).
+        Train with it and the parameters ``net`` already holds on ``devices``.
     split_f : callable, default ``split_batch``
-        ``split_f(X, y, devices)`` gives the slices; ``parallel.weighted.split_by_weights(w)`` splits in
-        proportion to per-device weights.
+        ``split_f(X, y, devices)`` gives the slices (``parallel.weighted.split_by_weights``).
     event_handlers : list, optional
-        Handlers of the run's events (``gluon_mgpu.handlers.events``). Default ``[EpochLine(),
-        LossGuard()]``: print ``epoch 1, training time: 63.5 sec, test_acc 0.86`` after each
-        epoch, and stop with ``LossNotFiniteError`` if the loss becomes NaN or infinite.
+        Default ``[EpochLine(), LossGuard()]``: the book's line after each epoch, and a stop
+        when the loss is not finite (docs/events.md).
 
     Returns
     -------
@@ -446,15 +398,11 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     Raises
     ------
     ValueError
-        For no devices, a device listed twice, ``num_epochs`` below 1, both ``lr`` and
-        ``trainer``, a ``train_iter`` that yields nothing, or a first batch the network cannot
-        take (``check_batch``: the images' shape, type or channels, the labels' shape, values
-        or count), before any step.
+        Before any step, for bad arguments or a first batch the network cannot take.
     LossNotFiniteError
-        From ``LossGuard``, naming the epoch and step where the loss stopped being finite.
+        From ``LossGuard``, naming the epoch and step.
     UpdateError
-        When the optimizer raised inside ``trainer.step`` (MXNet alone would print and drop
-        it, and train on with parameters that no longer change).
+        When the optimizer raised inside ``trainer.step``.
     """
     devices = _checked_devices(devices, num_epochs, lr, trainer)
     if trainer is None:
@@ -466,8 +414,7 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
     step = choose_step(devices)  # simulated CPU devices: the same step, issued per device
-    # MXNet calls the optimizer from C, where an exception would be printed and dropped: the
-    # guard raises it right after trainer.step.
+    # An optimizer error inside trainer.step, which MXNet would drop, is raised after it.
     with guard_updates(trainer):
         return run_epochs(
             state, events,

@@ -1,7 +1,6 @@
-"""What happens around the chapter's step: the events ``train()`` calls, named as MXNet's
-``gluon.contrib.estimator`` names them, the run that handlers see (``TrainingState``), and the
-handlers of the book's line, the loss check and the learning-rate warmup. docs/events.md lists
-the events and the handlers.
+"""The events ``train()`` calls, named as ``gluon.contrib.estimator`` names them, the run that
+handlers see (``TrainingState``), and the handlers of the book's line, the loss check and the
+learning-rate warmup (docs/events.md).
 """
 import math
 
@@ -17,9 +16,8 @@ _KINDS = (('train_begin', TrainBegin), ('epoch_begin', EpochBegin),
           ('train_end', TrainEnd))
 
 
-# When each handler runs at an event, in ascending order (``Estimator``'s ``priority``; 0 for
-# any other handler, such as the book's line and the progress bar): the NaN stop first, then the
-# checkpoint, so that a crash in a later handler cannot lose the epoch; Ctrl-C's check last.
+# When each handler runs, in ascending order (``Estimator``'s ``priority``; 0 for the others):
+# the NaN stop first, then the checkpoint, so a later handler's crash cannot lose the epoch.
 PRIORITY = {'LossGuard': -200, 'CheckpointHandler': -100, 'ReplicaCheck': 10,
             'PlacementCheck': 10, 'MetricsFile': 20, 'PlotHandler': 30,
             'DeferredInterrupt': float('inf')}
@@ -34,19 +32,9 @@ def format_epoch(record):
 class TrainingState:
     """What handlers see of a run of ``train()`` (the ``estimator`` argument of every event).
 
-    Attributes
-    ----------
-    net, trainer, loss
-        As ``train()`` uses them (``Estimator`` has the same three names).
-    context : list of mxnet.Context
-        The devices (``Estimator``'s name for them); ``devices`` is the same list.
-    train_iter, test_iter
-    num_epochs : int
-        The last epoch to train (counted from 1).
-    epoch : int
-        The epoch under way, from 1 (0 before the first).
-    history : list of dict
-        One record per finished epoch; ``record`` is the latest one.
+    ``net``, ``trainer``, ``loss`` and ``context`` (also ``devices``) as ``Estimator`` names
+    them; ``train_iter``, ``test_iter``, ``num_epochs``; ``epoch``, the one under way (from 1;
+    0 before the first); ``history``, one record per finished epoch, the last is ``record``.
     """
 
     def __init__(self, net, trainer, loss, devices, train_iter, test_iter, num_epochs):
@@ -59,12 +47,8 @@ class TrainingState:
         self.record = None
 
     def resume(self, epochs_done, history):
-        """Continue after ``epochs_done`` finished epochs whose records are ``history``.
-
-        Call it from a ``train_begin`` handler (``checkpoint.CheckpointHandler`` does). An
-        iterator with ``set_epoch`` (``ArrayBatches``) then gives the data in the order the
-        uninterrupted run would have used.
-        """
+        """Continue after ``epochs_done`` finished epochs whose records are ``history`` (from a
+        ``train_begin`` handler); ``train_iter.set_epoch``, if any, restores the data order."""
         self.epoch = epochs_done
         self.history = list(history)
         self.record = self.history[-1] if self.history else None
@@ -141,9 +125,8 @@ class LossNotFiniteError(RuntimeError):
 class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     """Stop with ``LossNotFiniteError`` once a step's loss is NaN or infinite.
 
-    The check of step ``s`` runs after step ``s + 1`` was queued: reading a loss waits for
-    the devices, and by then they have the next step to work on, so the check costs no
-    waiting. The error still names step ``s``; the epoch's last step is checked at its end.
+    Step ``s`` is checked once step ``s + 1`` is queued, so reading the loss costs no waiting;
+    the epoch's last step is checked at its end.
     """
 
     # Before the checkpoint (-100): an epoch whose last step diverged is not saved.
@@ -180,23 +163,9 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
 class LinearWarmup(TrainBegin, EpochBegin, BatchBegin):
     """Raise the learning rate linearly over the first ``steps`` steps, then keep it.
 
-    Step ``s`` (counted from 1 over the whole run) trains with ``lr * s / steps`` while
-    ``s <= steps``, and with ``lr`` after: the gradual warmup of Goyal et al. 2017 ("Accurate,
-    Large Minibatch SGD"), which keeps a large batch's large rate from blowing up the first
-    steps. Off by default everywhere: the book trains at ``lr`` from the first step.
-
-    Parameters
-    ----------
-    steps : int
-        How many steps the rate takes to reach ``lr`` (at least 1).
-    lr : float, optional
-        The rate reached; default: the trainer's learning rate when training begins.
-
-    Notes
-    -----
-    A resumed run continues the ramp where it was: the step count of epoch ``e`` starts at
-    ``(e - 1) * len(train_iter)``, so ``train_iter`` must have a length when a run resumes
-    inside its warmup.
+    Step ``s`` of the run (from 1) trains at ``lr * min(s, steps) / steps``: Goyal et al.'s
+    gradual warmup (2017). ``lr`` defaults to the trainer's rate when training begins. A
+    resumed run continues the ramp from ``(epoch - 1) * len(train_iter)``.
     """
 
     def __init__(self, steps, lr=None):

@@ -14,30 +14,14 @@ __all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
 
 
 class Interrupted(KeyboardInterrupt):
-    """A run stopped by a signal: SIGINT (Ctrl-C), SIGTERM or SIGHUP.
-
-    A ``KeyboardInterrupt``, so code that handles Ctrl-C handles all three.
-
-    Attributes
-    ----------
-    signum : int
-    signal_name : str
-        ``'SIGINT'``, ``'SIGTERM'`` or ``'SIGHUP'``.
-    exit_code : int
-        What a process killed by the signal reports: 128 + ``signum`` (130, 143, 129).
-    """
+    """A run stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP: a ``KeyboardInterrupt`` with its
+    ``signum``, ``signal_name`` and ``exit_code`` (128 + ``signum``, as if killed by it)."""
 
     def __init__(self, signum=signal.SIGINT):
         self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_code = 128 + self.signum
         super().__init__(self.signal_name)
-
-    @property
-    def signal_name(self):
-        return signal.Signals(self.signum).name
-
-    @property
-    def exit_code(self):
-        return 128 + self.signum
 
 
 # The handler each signal has when nobody took it over; only then is it taken.
@@ -47,12 +31,11 @@ STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def _dump_stacks_on_quit():
-    """Make SIGQUIT print every thread's stack on stderr (fd 2 when ``sys.stderr`` is not a
-    file, as under pytest) before its default action; whether it could."""
+    """Make SIGQUIT print every thread's stack on stderr (``sys.__stderr__`` when
+    ``sys.stderr`` has no file descriptor) before its default action; whether it could."""
     for stream in (sys.stderr, sys.__stderr__):
         try:
-            # In C, so it runs even while the main thread is inside MXNet; chain: then the
-            # default action ends the process.
+            # In C: it runs even while the main thread is inside MXNet.
             faulthandler.register(signal.SIGQUIT, file=stream, all_threads=True, chain=True)
             return True
         except (AttributeError, ValueError, OSError, RuntimeError):  # no file descriptor
@@ -63,38 +46,15 @@ def _dump_stacks_on_quit():
 class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
-    Inside it, SIGINT, SIGTERM or SIGHUP raises ``Interrupted`` (which records the signal) at
-    once, or, when it arrives inside MXNet's optimizer callback, at the next ``check()``. It
-    takes over a signal only in the main thread and only while the signal has its default
-    handler (a process started with SIGINT ignored, one under ``nohup``, or a caller with its
-    own handler, is left alone); on exit the previous handlers come back.
+    Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
+    inside MXNet's optimizer callback, at the next ``check()`` (``requested`` and ``signum``
+    say one waits). SIGQUIT quits at once after printing every thread's stack. A signal is
+    taken over only in the main thread and while it has its default handler (not under
+    ``nohup`` nor from a caller's own handler); on exit the previous handlers come back. As an
+    event handler it calls ``check()`` after every step and epoch, last of all (docs/events.md)::
 
-    SIGQUIT (Ctrl-\\) is not deferred: it quits at once, as by default (exit code 131, finished
-    checkpoints are kept: they are written whole or not at all), after ``faulthandler`` has
-    printed every thread's Python stack. A Python handler runs only when MXNet hands control
-    back, so SIGINT, SIGTERM and SIGHUP cannot stop a run stuck inside MXNet; SIGQUIT can, and
-    says where it was stuck. It is taken over, like the others, only while it has its default
-    action. It is also an event handler of ``train()``: after
-    every step and every epoch (last of all handlers, after the checkpoint) it calls ``check()``.
-
-    Like Ctrl-C, a SIGTERM takes effect when MXNet hands control back to Python: a process
-    blocked inside MXNet for good (a dist worker waiting for a dead peer) still needs SIGKILL.
-
-    Parameters
-    ----------
-    signals : tuple of int, default (SIGINT, SIGTERM, SIGHUP)
-
-    Attributes
-    ----------
-    requested : bool
-        True once a signal arrived inside an MXNet callback and waits for ``check()``.
-    signum : int or None
-        That signal.
-
-    Examples
-    --------
-    >>> with DeferredInterrupt() as interrupt:
-    ...     train(..., event_handlers=[EpochLine(), interrupt])
+        with DeferredInterrupt() as interrupt:
+            train(..., event_handlers=[EpochLine(), interrupt])
     """
 
     priority = PRIORITY['DeferredInterrupt']
@@ -155,6 +115,4 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
         self.check()
         return False
 
-    def epoch_end(self, estimator, *args, **kwargs):
-        self.check()
-        return False
+    epoch_end = batch_end

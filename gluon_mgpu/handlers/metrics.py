@@ -19,22 +19,21 @@ EPOCH_FIELDS = ('epoch', 'seconds', 'images_per_sec', 'train_loss', 'train_acc',
 _FRACTION = {'type': 'number', 'minimum': 0, 'maximum': 1}
 _POSITIVE = {'type': 'number', 'exclusiveMinimum': 0}
 _LOSS = {'type': ['number', 'null'], 'minimum': 0}
+_COUNT = {'type': 'integer', 'minimum': 1}
 
 SCHEMA = {
     '$schema': 'https://json-schema.org/draft/2020-12/schema',
     'title': 'gluon_mgpu training metrics',
     'type': 'object',
     'required': ['format', 'status', 'arguments', 'devices', 'versions', 'threads', 'placement',
-                 'history',
-                 'summary'],
+                 'history', 'summary'],
     'additionalProperties': False,
     'properties': {
         'format': {'const': FORMAT,
                    'description': 'Name and version of this layout.'},
-        'status': {'enum': ['running', 'finished'],
-                   'description': '"running" while training goes on (still so after the '
-                                  'process ended: the run stopped early); "finished" once '
-                                  'the summary is written.'},
+        'status': {'enum': ['running', 'finished'], 'description': (
+            '"running" while training goes on (still so after the process ended: the run '
+            'stopped early); "finished" once the summary is written.')},
         'arguments': {
             'type': 'object',
             'description': 'The command line after defaults were filled in: one key per flag, '
@@ -44,13 +43,11 @@ SCHEMA = {
             'additionalProperties': {
                 'type': ['string', 'integer', 'number', 'boolean', 'null', 'array']},
             'properties': {
-                'num_gpus': {'type': 'integer', 'minimum': 1,
-                             'description': 'Number of devices.'},
-                'batch_size': {'type': 'integer', 'minimum': 1,
-                               'description': 'Global batch size, split over the devices.'},
+                'num_gpus': dict(_COUNT, description='Number of devices.'),
+                'batch_size': dict(_COUNT, description=(
+                    'Global batch size, split over the devices.')),
                 'lr': dict(_POSITIVE, description='SGD learning rate.'),
-                'epochs': {'type': 'integer', 'minimum': 1,
-                           'description': 'Number of epochs asked for.'},
+                'epochs': dict(_COUNT, description='Number of epochs asked for.'),
                 'device': {'enum': ['auto', 'gpu', 'cpu'],
                            'description': 'How devices were chosen.'},
                 'data_dir': {'type': ['string', 'null'],
@@ -61,10 +58,9 @@ SCHEMA = {
                                'description': 'First N test images, or null (all).'},
                 'seed': {'type': ['integer', 'null'],
                          'description': 'Random seed, or null (none).'},
-                'dtype': {'enum': ['float32', 'bfloat16'],
-                          'description': 'What the network computed in (`--dtype`; bfloat16: '
-                                         'MXNet\'s AMP, float32 parameters). Missing in files '
-                                         'of earlier versions: float32.'},
+                'dtype': {'enum': ['float32', 'bfloat16'], 'description': (
+                    'What the network computed in (`--dtype`; bfloat16: MXNet\'s AMP, float32 '
+                    'parameters). Missing in files of earlier versions: float32.')},
             },
         },
         'devices': {
@@ -91,31 +87,24 @@ SCHEMA = {
                          'temp_copy_source'],
             'additionalProperties': False,
             'properties': {
-                'omp_num_threads': {'type': ['integer', 'string', 'null'],
-                                    'description': 'OMP_NUM_THREADS in force, or null when '
-                                                   'MXNet chose (half the cores on x86).'},
-                'cores': {'type': 'integer', 'minimum': 1,
-                          'description': 'Cores this process may use.'},
-                'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'],
-                           'description': 'Who chose: gluon_mgpu (the usable cores, shared '
-                                          'out over the simulated devices), the user '
-                                          '(OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS was set), '
-                                          'or nobody (MXNet was imported before gluon_mgpu).'},
-                'devices': {'type': 'integer', 'minimum': 1,
-                            'description': 'Simulated CPU devices the choice was made for (1 '
-                                           'unless the command or GLUON_MGPU_CPU_DEVICES said '
-                                           'more).'},
-                'cpu_temp_copy': {'type': ['integer', 'string', 'null'],
-                                  'description': 'MXNET_CPU_TEMP_COPY in force: the scratch '
-                                                 'buffers of each pool (one pool per thread '
-                                                 'issuing calls; the package issues every '
-                                                 'device\'s from its own thread); null for '
-                                                 'MXNet\'s default (4).'},
-                'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'],
-                                     'description': 'Who chose the scratch buffers '
-                                                    '("gluon_mgpu": files of earlier versions, '
-                                                    'which enlarged the pool for simulated '
-                                                    'devices).'},
+                'omp_num_threads': {'type': ['integer', 'string', 'null'], 'description': (
+                    'OMP_NUM_THREADS in force, or null when MXNet chose (half the cores on '
+                    'x86).')},
+                'cores': dict(_COUNT, description='Cores this process may use.'),
+                'source': {'enum': ['gluon_mgpu', 'user', 'mxnet-imported-first'], 'description': (
+                    'Who chose: gluon_mgpu (the usable cores, shared out over the simulated '
+                    'devices), the user (OMP_NUM_THREADS or MXNET_OMP_MAX_THREADS was set), or '
+                    'nobody (MXNet was imported before gluon_mgpu).')},
+                'devices': dict(_COUNT, description=(
+                    'Simulated CPU devices the choice was made for (1 unless the command or '
+                    'GLUON_MGPU_CPU_DEVICES said more).')),
+                'cpu_temp_copy': {'type': ['integer', 'string', 'null'], 'description': (
+                    'MXNET_CPU_TEMP_COPY in force: the scratch buffers of each pool (one pool '
+                    'per thread issuing calls; the package issues every device\'s from its own '
+                    'thread); null for MXNet\'s default (4).')},
+                'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'], 'description': (
+                    'Who chose the scratch buffers ("gluon_mgpu": files of earlier versions, '
+                    'which enlarged the pool for simulated devices).')},
             },
         },
         'placement': {
@@ -130,16 +119,14 @@ SCHEMA = {
                            'description': 'How training is split (`--parallel`).'},
                 'devices': {'type': 'array', 'items': {'type': 'string'},
                             'description': 'The devices, as MXNet prints them.'},
-                'batch_size': {'type': 'integer', 'minimum': 1,
-                               'description': 'The batch the activations were measured on.'},
+                'batch_size': dict(_COUNT, description=(
+                    'The batch the activations were measured on.')),
                 'parameter_bytes': {'type': 'array', 'items': {'type': 'integer'},
                                     'description': 'Bytes of parameters each device holds.'},
-                'activation_bytes': {'type': 'array', 'items': {'type': 'integer'},
-                                     'description': 'Bytes of layer outputs each device '
-                                                    'computes in one forward pass.'},
-                'copied_bytes_per_step': {'type': 'integer', 'minimum': 0,
-                                          'description': 'Bytes sent between devices in one '
-                                                         'training step.'},
+                'activation_bytes': {'type': 'array', 'items': {'type': 'integer'}, 'description': (
+                    'Bytes of layer outputs each device computes in one forward pass.')},
+                'copied_bytes_per_step': {'type': 'integer', 'minimum': 0, 'description': (
+                    'Bytes sent between devices in one training step.')},
             },
         },
         'history': {
@@ -151,8 +138,7 @@ SCHEMA = {
                 'required': list(EPOCH_FIELDS),
                 'additionalProperties': False,
                 'properties': {
-                    'epoch': {'type': 'integer', 'minimum': 1,
-                              'description': 'Epoch number, from 1.'},
+                    'epoch': dict(_COUNT, description='Epoch number, from 1.'),
                     'seconds': dict(_POSITIVE, description=(
                         'Training time of the epoch (test evaluation not included), measured '
                         'after all devices finished.')),
@@ -183,11 +169,10 @@ SCHEMA = {
                 'sec_per_epoch': dict(_POSITIVE, description='Mean training seconds per epoch.'),
                 'images_per_sec': dict(_POSITIVE, description=(
                     'Training images per second over all epochs.')),
-                'epochs': {'type': 'integer', 'minimum': 1,
-                           'description': 'Number of epochs trained.'},
-                'line': {'type': 'string',
-                         'description': 'The summary line printed at the end, e.g. '
-                                        '`test acc: 0.91, 12.3 sec/epoch on [gpu(0), gpu(1)]`.'},
+                'epochs': dict(_COUNT, description='Number of epochs trained.'),
+                'line': {'type': 'string', 'description': (
+                    'The summary line printed at the end, e.g. `test acc: 0.91, 12.3 sec/epoch '
+                    'on [gpu(0), gpu(1)]`.')},
             },
         },
     },
@@ -206,11 +191,7 @@ def format_summary(history, devices):
 
 
 def summarize(history, devices):
-    """Return the final numbers of a run (the ``summary`` of ``SCHEMA``) from ``train()``'s history.
-
-    ``sec_per_epoch`` is the mean training time per epoch; ``images_per_sec`` is all training
-    images over all training seconds.
-    """
+    """The final numbers (``SCHEMA``'s ``summary``) of ``train()``'s history."""
     if not history:
         raise ValueError('history is empty; train at least one epoch before summarizing')
     seconds = sum(r['seconds'] for r in history)
@@ -235,20 +216,9 @@ def write_json_atomic(path, obj):
 class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
     """The ``--metrics-json`` file of one run, rewritten atomically at every change.
 
-    Creating it writes the file at once (``status`` "running", empty ``history``), so a path
-    that cannot be written fails before training starts. As an event handler of ``train()``
-    it records the epochs a resumed run already has (``train_begin``), each new epoch
-    (``epoch_end``) and the summary (``train_end``).
-
-    Parameters
-    ----------
-    path : str
-        Where to write.
-    arguments : dict
-        The run's settings (``vars(args)`` of the command line).
-    devices : list of mxnet.Context
-    placement : dict, optional
-        Bytes per device (``parallel`` summaries: ``make_parallel(...).summary(X)``).
+    Written at once when created (so a bad path fails before training), then as an event
+    handler: a resumed run's earlier epochs, each new epoch, the summary. ``arguments`` is
+    ``vars(args)``; ``placement`` the bytes per device (``make_parallel(...).summary(X)``).
     """
 
     def __init__(self, path, arguments, devices, placement=None):
@@ -285,7 +255,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
         self.finish(summarize(estimator.history, estimator.devices))
 
     def add_epoch(self, record):
-        """Append one epoch's record (from ``train()``'s ``on_epoch``) and rewrite the file."""
+        """Append one epoch's record and rewrite the file."""
         entry = {k: record[k] for k in EPOCH_FIELDS}
         entry['train_loss'] = _finite_or_none(entry['train_loss'])
         self.data['history'].append(entry)
@@ -298,6 +268,10 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
         self.write()
 
 
+_BOUNDS = (('minimum', '>= %s'), ('exclusiveMinimum', '> %s'), ('maximum', '<= %s'),
+           ('minItems', 'at least %d item'))
+
+
 def _type_text(node):
     if 'const' in node:
         return '`%s`' % json.dumps(node['const'])
@@ -305,15 +279,7 @@ def _type_text(node):
         return ' or '.join('`%s`' % json.dumps(v) for v in node['enum'])
     types = node.get('type', 'any')
     text = ' or '.join(types) if isinstance(types, list) else types
-    bounds = []
-    if 'minimum' in node:
-        bounds.append('>= %s' % node['minimum'])
-    if 'exclusiveMinimum' in node:
-        bounds.append('> %s' % node['exclusiveMinimum'])
-    if 'maximum' in node:
-        bounds.append('<= %s' % node['maximum'])
-    if 'minItems' in node:
-        bounds.append('at least %d item' % node['minItems'])
+    bounds = [form % node[key] for key, form in _BOUNDS if key in node]
     return text + (' (%s)' % ', '.join(bounds) if bounds else '')
 
 

@@ -57,22 +57,9 @@ def _epoch_axis(ax, num_epochs):
 def plot_history(history, path, title=None, num_epochs=None):
     """Draw test accuracy and training loss per epoch from ``train()``'s history into ``path``.
 
-    Parameters
-    ----------
-    history : list of dict
-        ``train()``'s return value (or the ``history`` of a metrics file); may be partial.
-    path : str
-        Ends in ``.png``, or ``.svg`` (then a ``.png`` beside it is written too).
-    title : str, optional
-        For example the devices, batch size and learning rate of the run.
-    num_epochs : int, optional
-        The x axis runs to this epoch (default: the last one in ``history``), so a figure
-        redrawn after every epoch keeps its scale.
-
-    Returns
-    -------
-    list of str
-        The files written.
+    ``path`` ends in ``.png`` or ``.svg`` (then a ``.png`` too: ``plot_paths``); the x axis
+    runs to ``num_epochs`` (default the last in ``history``), so a figure redrawn after every
+    epoch keeps its scale. Returns the files written.
     """
     plot_paths(path)
     if not history:
@@ -102,11 +89,8 @@ def plot_history(history, path, title=None, num_epochs=None):
 
 
 def plot_sweep(rows, path, title=None):
-    """Draw a sweep (``run_sweep``'s rows): test accuracy per epoch, images/s per device count.
-
-    The right panel has a dashed line for perfect scaling from the 1-device rate, when the
-    sweep has a 1-device row. Returns the files written, as ``plot_history`` does.
-    """
+    """Draw a sweep (``run_sweep``'s rows): test accuracy per epoch, images/s per device count
+    (with perfect scaling from a 1-device row, if any); return the files written."""
     plot_paths(path)
     if not rows:
         raise ValueError('no sweep rows to plot; run at least one setting')

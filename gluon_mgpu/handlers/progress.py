@@ -18,10 +18,8 @@ LOSS_REFRESH_SECONDS = 0.5
 
 
 def choose_mode(quiet=False, stream=None):
-    """Return the output mode: ``'quiet'`` if asked, ``'bar'`` on a terminal, else ``'lines'``.
-
-    ``stream`` (default ``sys.stdout``) is the stream that is checked for being a terminal.
-    """
+    """Return the output mode: ``'quiet'`` if asked, ``'bar'`` if ``stream`` (default
+    ``sys.stdout``) is a terminal, else ``'lines'``."""
     if quiet:
         return 'quiet'
     stream = sys.stdout if stream is None else stream
@@ -39,21 +37,10 @@ def _terminal_columns(stream):
 class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
     """Event handler: the per-epoch output of a run, ``train(..., event_handlers=[Progress(4)])``.
 
-    It replaces ``train()``'s default ``EpochLine``: in every mode but ``quiet`` it prints the
-    book's line after each epoch.
-
-    Parameters
-    ----------
-    num_epochs : int
-        Shown in the bar's label (``epoch 2/4``).
-    num_examples : int, optional
-        Training images per epoch, the bar's total; without it the bar counts up.
-    mode : {'bar', 'lines', 'quiet'}, optional
-        Default ``choose_mode(stream=stream)``.
-    stream : file, optional
-        Where to write (default ``sys.stdout`` at the time of the call).
-    label : str, optional
-        Put before ``epoch 1/4`` in the bar (the sweep names the setting there).
+    Replaces ``EpochLine``: the book's line after each epoch unless ``quiet``, and in ``'bar'``
+    mode a bar of ``num_examples`` images (counting up without it) labelled ``label`` and
+    ``epoch 2/4``. ``mode`` defaults to ``choose_mode(stream=stream)``, ``stream`` to
+    ``sys.stdout``.
     """
 
     def __init__(self, num_epochs, num_examples=None, mode=None, stream=None, label=''):
@@ -77,7 +64,6 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         return sum(s.asscalar() for s in self._loss_sums) / self._examples
 
     def batch_end(self, estimator, *args, **kwargs):
-        """Add the batch to the epoch's running loss and advance the bar (bar mode only)."""
         if self.mode != 'bar':
             return False
         losses = kwargs['loss']
@@ -103,7 +89,6 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         return False
 
     def epoch_end(self, estimator, *args, **kwargs):
-        """Close the bar and print the book's epoch line."""
         self.close()
         if self.mode != 'quiet':
             print(format_epoch(estimator.record), file=self.stream, flush=True)

@@ -14,11 +14,9 @@ from ..handlers.events import PRIORITY, BatchEnd, EpochBegin, EpochEnd
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
-           'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'KINDS',
-           'AUXILIARY_WHY', 'GRADIENT_WHY', 'inspect_placement', 'format_placement', 'Placement',
-           'ParameterPlacement', 'format_bytes', 'PlacementCheck', 'inspection_cells']
+           'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'AUXILIARY_WHY',
+           'GRADIENT_WHY', 'format_bytes', 'PlacementCheck', 'inspection_cells']
 
-KINDS = ('trained', 'auxiliary')
 _WHATS = ('data', 'grad')
 _BATCHNORM_STATS = ('running_mean', 'running_var')
 
@@ -33,28 +31,15 @@ GRADIENT_WHY = ('before trainer.step each device holds the gradient of its own s
 class ReplicaMismatchError(RuntimeError):
     """Replicas of a trained parameter differ between devices by more than allowed.
 
-    Attributes
-    ----------
-    parameter : str
-        Name of the parameter with the largest difference.
-    contexts : tuple of mxnet.Context
-        The two devices compared: the parameter's first context and the one that differs most.
-    abs_diff, rel_diff : float
-        Largest absolute and relative difference between those two replicas.
-    atol : float
-        The tolerance that was exceeded.
-    report : ReplicaReport
-        The whole inspection.
+    Attributes: ``parameter`` (the name of the one that differs most), ``contexts`` (its first
+    device and the one that differs most), ``abs_diff``, ``rel_diff``, ``atol`` and ``report``
+    (the whole ``ReplicaReport``).
     """
 
     def __init__(self, message, parameter, contexts, abs_diff, rel_diff, atol, report):
         super().__init__(message)
-        self.parameter = parameter
-        self.contexts = contexts
-        self.abs_diff = abs_diff
-        self.rel_diff = rel_diff
-        self.atol = atol
-        self.report = report
+        self.parameter, self.contexts, self.report = parameter, contexts, report
+        self.abs_diff, self.rel_diff, self.atol = abs_diff, rel_diff, atol
 
 
 def _json_float(x):
@@ -71,16 +56,12 @@ class ParameterReplicas:
     name : str
     shape : tuple of int
     contexts : tuple of mxnet.Context
-        The devices compared, in the parameter's own order; the first is the reference.
+        The devices compared; the first is the reference.
     kind : {'trained', 'auxiliary'}
-        ``'trained'`` when ``grad_req != 'null'`` (the Trainer updates it); ``'auxiliary'``
-        otherwise (BatchNorm ``running_mean`` / ``running_var``, or a frozen parameter).
-    abs_diff : tuple of float
-        Per context, ``max |replica - first replica|``; ``0.0`` for the first itself.
-    rel_diff : tuple of float
-        Per context, ``abs_diff`` divided by the largest magnitude in either of the two
-        replicas (``0.0`` when both are all zeros), so it lies in ``[0, 2]``. Both are ``inf``
-        when one replica holds a NaN or an infinity where the other does not.
+        ``'auxiliary'`` when ``grad_req == 'null'`` (BatchNorm's running statistics).
+    abs_diff, rel_diff : tuple of float
+        Per context, ``max |replica - first|`` and that over the largest magnitude in the two
+        (in ``[0, 2]``); both ``inf`` where only one replica holds a NaN or an infinity.
     """
 
     name: str
@@ -128,18 +109,9 @@ class ParameterReplicas:
 
 @dataclass(frozen=True)
 class ReplicaReport:
-    """The result of ``inspect_replicas``: every parameter's replicas compared.
-
-    Attributes
-    ----------
-    what : {'data', 'grad'}
-        Parameter values or their gradients.
-    contexts : tuple of mxnet.Context
-        Every device any parameter lives on, in first-seen order.
-    parameters : tuple of ParameterReplicas
-        In ``collect_params()`` order. For ``what='grad'`` only trained parameters (auxiliary
-        states have no gradient).
-    """
+    """The result of ``inspect_replicas``: ``what`` (``'data'`` or ``'grad'``), ``contexts``
+    (every device seen, in order) and ``parameters`` (``ParameterReplicas`` in
+    ``collect_params()`` order; only trained ones for ``'grad'``)."""
 
     what: str
     contexts: tuple
@@ -168,8 +140,7 @@ class ReplicaReport:
     @property
     def worst(self):
         """The trained parameter that differs most, or None when all are identical."""
-        mismatched = self.mismatched
-        return max(mismatched, key=lambda p: p.max_abs_diff) if mismatched else None
+        return max(self.mismatched, key=lambda p: p.max_abs_diff, default=None)
 
     @property
     def auxiliary_max_abs_diff(self):
@@ -196,7 +167,7 @@ def _params_of(net):
 
 
 def _check_initialized(param):
-    """Raise a clear error if ``param`` has no arrays yet; return its contexts."""
+    """Return ``param``'s contexts, or say in the error how to initialize it."""
     try:
         param.list_data()
     except DeferredInitializationError:
@@ -214,31 +185,16 @@ def _check_initialized(param):
 
 
 def get_replica(param, ctx, what='data'):
-    """Return ``param``'s replica (``what='data'``) or gradient (``'grad'``) on ``ctx``.
-
-    Like ``param.data(ctx)`` / ``param.grad(ctx)``, with errors that say what to do.
-
-    Parameters
-    ----------
-    param : mxnet.gluon.Parameter
-        For example ``net[0].params.get('weight')``, as in the chapter.
-    ctx : mxnet.Context
-    what : {'data', 'grad'}, default 'data'
-
-    Returns
-    -------
-    mxnet.nd.NDArray
-        The replica itself, not a copy: writing to it changes that device's parameter.
+    """Return ``param``'s replica (``what='data'``) or gradient (``'grad'``) on ``ctx``, itself
+    and not a copy: ``param.data(ctx)`` / ``param.grad(ctx)`` with errors that say what to do.
 
     Raises
     ------
     ValueError
-        If ``param`` does not live on ``ctx`` (the message lists where it lives), if ``what``
-        is unknown, or for ``'grad'`` of a parameter with ``grad_req='null'``.
-    mxnet.gluon.parameter.DeferredInitializationError
-        (a ``RuntimeError``) if no batch has passed through the network yet.
+        For an unknown ``what``, a ``ctx`` the parameter does not live on (naming where it
+        does), or the gradient of a parameter with ``grad_req='null'``.
     RuntimeError
-        If the parameter was never initialized.
+        Before initialization; ``DeferredInitializationError`` before the first batch.
     """
     if what not in _WHATS:
         raise ValueError("what must be 'data' or 'grad', got %r" % (what,))
@@ -256,10 +212,7 @@ def get_replica(param, ctx, what='data'):
 
 def _difference(replica, first):
     """``(max |replica - first|, that / max(|replica|, |first|))``; ``first`` is a numpy array.
-
-    The common case, identical replicas, costs one copy to the host and one pass in place
-    (new temporary arrays of this size would cost more than the comparison itself).
-    """
+    Identical replicas cost one copy to the host and one pass in place."""
     d = replica.asnumpy()
     with np.errstate(invalid='ignore', over='ignore'):
         np.subtract(d, first, out=d)
@@ -282,42 +235,25 @@ def _difference(replica, first):
 
 
 def inspect_replicas(net, what='data', devices=None):
-    """Compare every parameter's replicas across devices.
+    """Compare every parameter's replicas across devices; return a ``ReplicaReport``.
 
-    Each replica is copied to the host and compared with the parameter's first replica (a few
-    tens of milliseconds for the chapter's ResNet-18 on two CPU contexts, see
-    docs/replica-check.md). Call it outside ``record()``. It first waits for all pending
-    computation (``nd.waitall()``): the values are then final, and the copies do not compete for
-    the cores with a step still running.
+    Waits for pending computation (``nd.waitall()``), then copies each replica to the host and
+    compares it with the parameter's first (docs/replicas.md). Call it outside ``record()``.
 
     Parameters
     ----------
     net : mxnet.gluon.Block or ParameterDict
-        An initialized network that has seen one batch (so deferred shapes are known).
+        Initialized, and it has seen one batch.
     what : {'data', 'grad'}, default 'data'
-        ``'data'``: the parameter values. ``'grad'``: the gradient buffers of the trained
-        parameters. Between ``backward`` and ``trainer.step`` they differ (each device saw
-        its own slice). After the step they are the summed gradient, identical, only if the
-        Trainer was made with ``update_on_kvstore=False``; with MXNet 1.9's default
-        (``'device'`` kvstore, update on the kvstore) they stay per device and only the
-        updated weights agree.
+        The parameter values, or the gradients of the trained parameters (identical after
+        ``trainer.step`` only with ``update_on_kvstore=False``: ``GRADIENT_WHY``).
     devices : list of mxnet.Context, optional
-        Compare only these replicas, the first as reference. Default: every context each
-        parameter lives on.
-
-    Returns
-    -------
-    ReplicaReport
+        Compare only these replicas, the first as reference. Default: all of each parameter's.
 
     Raises
     ------
-    ValueError
-        For an unknown ``what``, or a device some parameter does not live on (the message lists
-        where it lives).
-    mxnet.gluon.parameter.DeferredInitializationError
-        (a ``RuntimeError``) when no batch has passed through the network yet.
-    RuntimeError
-        When the network was never initialized.
+    ValueError, RuntimeError
+        As ``get_replica``.
     """
     if what not in _WHATS:
         raise ValueError("what must be 'data' (parameter values) or 'grad' (gradients), got %r"
@@ -350,51 +286,37 @@ def _number(x):
 def assert_replicas_match(net, atol=0.0, what='data', devices=None):
     """Check that every trained parameter is the same on every device; return the report.
 
-    Auxiliary states (BatchNorm running statistics) are reported but never checked: see
-    ``AUXILIARY_WHY``.
-
-    Parameters
-    ----------
-    net : mxnet.gluon.Block or ParameterDict
-    atol : float, default 0.0
-        Largest absolute difference allowed. Data-parallel SGD keeps replicas bit for bit
-        identical, so the default allows none.
-    what : {'data', 'grad'}, default 'data'
-    devices : list of mxnet.Context, optional
-        As in ``inspect_replicas``.
-
-    Returns
-    -------
-    ReplicaReport
+    Auxiliary states are reported, never checked (``AUXILIARY_WHY``). ``atol`` is the largest
+    absolute difference allowed (data-parallel SGD keeps replicas bit for bit identical);
+    ``what`` and ``devices`` as in ``inspect_replicas``.
 
     Raises
     ------
     ReplicaMismatchError
-        (a ``RuntimeError``) naming the parameter that differs most, the two contexts and the
-        difference.
+        Naming the parameter that differs most, the two contexts and the difference.
     ValueError
         For a negative or non-numeric ``atol`` (and as ``inspect_replicas``).
     """
     try:
         atol = float(atol)
+        if not atol >= 0:
+            raise ValueError
     except (TypeError, ValueError):
-        raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0' % (atol,))
-    if not atol >= 0:
-        raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0' % (atol,))
+        raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0'
+                         % (atol,)) from None
     report = inspect_replicas(net, what=what, devices=devices)
     over = [p for p in report.trained if p.max_abs_diff > atol]
     if not over:
         return report
     worst = max(over, key=lambda p: p.max_abs_diff)
     pair = (worst.contexts[0], worst.worst_context)
-    subject = "parameter '%s'" % worst.name if what == 'data' else \
-        "the gradient of parameter '%s'" % worst.name
     if what == 'data':
+        subject = "parameter '%s'" % worst.name
         why = ('trainer.step applies the same summed gradient to every replica, so one replica '
                'was changed on its own (for example by writing to param.data(ctx) on one device '
                'or by updating it outside the Trainer)')
     else:
-        why = GRADIENT_WHY
+        subject, why = "the gradient of parameter '%s'" % worst.name, GRADIENT_WHY
     message = ('%s %s differs between %s and %s by %s (relative %s, atol %s); %d of %s differ; %s'
                % (subject, worst.shape, pair[0], pair[1], _number(worst.max_abs_diff),
                   _number(worst.max_rel_diff), _number(atol), len(over),
@@ -419,39 +341,28 @@ def _auxiliary_phrase(report):
 
 
 def format_replica_summary(report):
-    """One line about a report, for example (after a few steps on two devices)::
-
-        replicas: 76 trained parameters identical on 2 devices; 34 BatchNorm statistics
-        differ by at most 3.1e-02 (expected: each device updates its own BatchNorm running
-        statistics from its own slice of the batch, and the Trainer never reduces them)
-
-    (printed as one line).
-    """
+    """One line about a report, ``replicas: 76 trained parameters identical on 2 devices; 34
+    BatchNorm statistics differ by at most 3.1e-02 (expected: ...)`` (docs/replicas.md)."""
     label = 'replicas' if report.what == 'data' else 'gradients'
-    trained = report.trained
+    trained = plural(len(report.trained), 'trained parameter')
     devices = plural(len(report.contexts), 'device')
     if len(report.contexts) < 2:
-        return '%s: %s on %s only, nothing to compare' % (
-            label, plural(len(trained), 'trained parameter'), devices)
+        return '%s: %s on %s only, nothing to compare' % (label, trained, devices)
     if report.ok:
-        head = '%s: %s identical on %s' % (label, plural(len(trained), 'trained parameter'),
-                                           devices)
+        head = '%s: %s identical on %s' % (label, trained, devices)
     else:
         worst = report.worst
         head = '%s: %d of %s differ on %s, worst %s by %s (%s vs %s)' % (
-            label, len(report.mismatched), plural(len(trained), 'trained parameter'), devices,
-            worst.name, _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
+            label, len(report.mismatched), trained, devices, worst.name,
+            _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
         if report.what == 'grad':
             head += ' (%s)' % GRADIENT_WHY
     return head + _auxiliary_phrase(report)
 
 
 def format_replica_report(report):
-    """A table of the report, one row per parameter, then the summary line.
-
-    Columns: name, shape, kind, largest absolute and relative difference from the first
-    replica. A zero difference prints as ``0``.
-    """
+    """A table of the report, one row per parameter (name, shape, kind, largest absolute and
+    relative difference from the first replica), then the summary line."""
     header = ('parameter', 'shape', 'kind', 'max abs diff', 'max rel diff')
     rows = [(p.name, str(p.shape), p.kind, _number(p.max_abs_diff), _number(p.max_rel_diff))
             for p in report.parameters]
@@ -474,13 +385,9 @@ class ReplicaCheckFailed(RuntimeError):
 
 
 class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
-    """Event handler: check the replicas of the trained parameters while training runs.
-
-    After every ``every``-th step of an epoch and at the end of every epoch,
-    ``assert_replicas_match(net)``; a mismatch raises ``ReplicaCheckFailed``, which stops
-    training. At the end of an epoch the report is kept in ``reports`` and, with
-    ``verbose``, its summary line is printed after the book's epoch line. Works with
-    ``train()`` and with MXNet's ``Estimator.fit``.
+    """Event handler: ``assert_replicas_match(net)`` after every ``every``-th step of an epoch
+    and at its end (``ReplicaCheckFailed`` stops training). Each epoch's report is kept in
+    ``reports`` and, with ``verbose``, its summary line printed. Works with ``Estimator.fit`` too.
     """
 
     priority = PRIORITY['ReplicaCheck']
@@ -517,25 +424,17 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
         return False
 
 
-from ..parallel.placement import (ParameterPlacement, Placement, PlacementCheck, format_bytes,
-                                  format_placement, inspect_placement)
+from ..parallel.placement import PlacementCheck, format_bytes  # commands/train.py uses replicas.*
 
 
 def inspection_cells(devices, num_images=4, before_forward=None):
-    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``; return what
-    they made.
+    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``, as
+    ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` do.
 
-    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, a random batch of
-    ``num_images`` images (at least one per device) split with ``split_and_load``, one forward
-    pass per device. ``before_forward(net)`` runs between the initialization and the forward
-    passes (the parameters still wait for their shapes there). The one copy of these cells
-    that ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` run.
-
-    Returns
-    -------
-    dict
-        ``net``, ``x`` (the batch), ``parts`` (its slices), ``outputs`` (one per device) and
-        ``weight`` (the first convolution's, the parameter the book prints).
+    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, ``before_forward(net)``,
+    a random batch of ``num_images`` images (at least one per device) split with
+    ``split_and_load``, one forward pass per device. Returns a dict of ``net``, ``x``,
+    ``parts``, ``outputs`` (one per device) and ``weight`` (the first convolution's).
     """
     from mxnet import init
     from mxnet.gluon import utils as gutils
