@@ -33,9 +33,7 @@ class Parser(argparse.ArgumentParser):
         raise UsageError('%s (see --help)' % message)
 
 
-# Value checks for ``type=``: each names the flag, the value and an example.
-
-def _refuse(flag, what, example):
+def _refuse(flag, what, example):  # a value check's refusal names the flag and an example
     return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
 
 
@@ -115,8 +113,6 @@ def weights(text):
                       '3,1')
     return values
 
-
-# Flags that several commands share.
 
 def add_device_flag(parser):
     """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""

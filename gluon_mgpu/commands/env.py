@@ -180,10 +180,6 @@ def _driver_advice(cuda_version):
     return None
 
 
-def _gib(n):
-    return '%.1f GiB' % (n / 2 ** 30)
-
-
 def format_report(info):
     """The report as text, one fact per line, from ``collect()``'s dict."""
     lines = ['Python:       %s (%s)' % (info['python'], info['executable']),
@@ -219,8 +215,8 @@ def format_report(info):
     gpus = driver['gpus'] if driver else []
     lines.append('GPUs:         %d seen by the driver, %d by MXNet'
                  % (len(gpus), info['mxnet_gpus']))
-    for g in gpus:
-        lines.append('  gpu(%d): %s, %s' % (g['index'], g['name'], _gib(g['memory_bytes'])))
+    lines += ['  gpu(%d): %s, %.1f GiB' % (g['index'], g['name'], g['memory_bytes'] / 2 ** 30)
+              for g in gpus]
     lines.append(info['threads'])
     lines.append('data:         %s' % (info['data_dir'] or info['data_error']))
     if info['environment']:

@@ -138,12 +138,11 @@ def format_table(rows, stopped=None):
             'n/a' if r.get('speedup') is None else '%.2f' % r['speedup'], r['test_acc']))
     notes = [] if stopped is None else [
         'The sweep stopped early (%s): only the settings that finished are listed.' % stopped]
+    setup = 'also pays one-time set-up (graph building, memory allocation)'
     notes += ['sec/epoch is the mean training time per epoch (test evaluation not included) '
-             'and images/s counts training images, both %s.' % (
-                 'from epoch 2 on: epoch 1 also pays one-time set-up (graph building, memory '
-                 'allocation)' if first['epochs'] > 1 else
-                 'in the only epoch, which also pays one-time set-up (graph building, memory '
-                 'allocation): run 2 epochs or more to leave it out')]
+              'and images/s counts training images, both %s.' % (
+                  'from epoch 2 on: epoch 1 %s' % setup if first['epochs'] > 1 else
+                  'in the only epoch, which %s: run 2 epochs or more to leave it out' % setup)]
     if all(r.get('speedup') is None for r in rows):
         notes.append('There is no 1-device setting, so no speed-up is given; add 1 to '
                      '--num-gpus.')

@@ -233,8 +233,7 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
-# Settings a run records that are not flags, as parse_args and run set them; their values are
-# checked in check_recorded_args (rank 0 writes the checkpoints; num_workers is the job's size).
+# Settings a run records that are not flags (parse_args and _run set them).
 _DERIVED = ('num_workers', 'rank')
 
 
@@ -359,8 +358,7 @@ def _prepare_checkpoints(args, write=True):
             raise UsageError('--resume: %s' % e) from None
         kvstores = (record['args'].get('kvstore'), settings.get('kvstore'))
         if kvstores[0] != kvstores[1] and set(kvstores) & set(JOB_KVSTORES):
-            # A job's run cannot go on in one process, nor the other way round: the shards,
-            # the batch per process and the learning rate would all change.
+            # A job's run cannot go on in one process, nor the other way round.
             raise UsageError('--resume: the run in %s trained with --kvstore %s; leave '
                              '--kvstore out to continue it, or start a new run in another '
                              '--checkpoint-dir' % (directory, kvstores[0]))
@@ -498,8 +496,7 @@ def _file_handlers(args, devices, placement=None):
 
 
 def _save_params(args, save):
-    """``--save-params``: ``save(path)`` into a temporary file renamed over the path (a dist
-    worker's own copy: ``.rank<r>`` before the extension)."""
+    """``--save-params``: ``save(path)`` atomically (a dist worker: to its ``.rank<r>`` path)."""
     if args.save_params is None or (args.kvstore == 'horovod' and args.rank != 0):
         return  # a Horovod worker has the same parameters as rank 0, which saves them
     path = args.save_params
