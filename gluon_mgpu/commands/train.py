@@ -181,15 +181,12 @@ def parse_args(argv=None):
                              '("Cannot save states for distributed training"); drop '
                              '--checkpoint-dir (--save-params saves the final parameters)'
                              % args.kvstore)
+    if args.kvstore in JOB_KVSTORES:
         try:
-            args.num_workers = dist.job_env()['num_workers']
+            args.num_workers = (horovod.job_env()['size'] if args.kvstore == 'horovod'
+                                else dist.job_env()['num_workers'])
         except ValueError as e:
             raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
-    if args.kvstore == 'horovod':
-        try:
-            args.num_workers = horovod.job_env()['size']
-        except ValueError as e:
-            raise UsageError('--kvstore horovod: %s' % e) from None
     batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
     args.batch_size, args.lr = args.batch_size or batch_size, args.lr or lr  # None: not given
     if args.batch_size < args.num_gpus:
