@@ -1,6 +1,4 @@
-"""``python -m gluon_mgpu.env``: the command line is ``gluon_mgpu/commands/env.py``
-(docs/gpu.md).
-"""
+"""``python -m gluon_mgpu.env``: runs ``gluon_mgpu/commands/env.py`` (docs/gpu.md)."""
 import sys
 
 if __name__ == '__main__':

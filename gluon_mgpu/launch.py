@@ -1,6 +1,4 @@
-"""``python -m gluon_mgpu.launch``: the command line is ``gluon_mgpu/commands/launch.py``
-(docs/distributed.md).
-"""
+"""``python -m gluon_mgpu.launch``: runs ``gluon_mgpu/commands/launch.py`` (docs/distributed.md)."""
 import sys
 
 if __name__ == '__main__':

@@ -1,6 +1,4 @@
-"""``python -m gluon_mgpu.sweep``: the command line is ``gluon_mgpu/commands/sweep.py``
-(docs/outputs.md).
-"""
+"""``python -m gluon_mgpu.sweep``: runs ``gluon_mgpu/commands/sweep.py`` (docs/outputs.md)."""
 import sys
 
 if __name__ == '__main__':

@@ -1,6 +1,4 @@
-"""``python -m gluon_mgpu.train``: the command line is ``gluon_mgpu/commands/train.py``
-(docs/outputs.md).
-"""
+"""``python -m gluon_mgpu.train``: runs ``gluon_mgpu/commands/train.py`` (docs/outputs.md)."""
 import sys
 
 if __name__ == '__main__':

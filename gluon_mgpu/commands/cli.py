@@ -1,7 +1,6 @@
-"""What every ``python -m gluon_mgpu.*`` command shares: flags, checks and the error ladder
-(``run_command``: one line on stderr and an exit code for every failure). No command module
-imports another: what two commands share lives here. docs/outputs.md ("When a command fails")
-lists the exit codes.
+"""What the ``python -m gluon_mgpu.*`` commands share (no command module imports another):
+flags, value checks and ``run_command``, one stderr line and an exit code for every failure
+(docs/outputs.md, "When a command fails").
 """
 import argparse
 import math
@@ -11,12 +10,6 @@ import traceback
 
 from ..runtime import files
 from ..runtime.updates import one_line
-
-__all__ = ['UsageError', 'error_line', 'Parser', 'DEBUG_ENV', 'whole', 'positive_float', 'seed',
-           'learning_rate', 'output_file', 'weights', 'data_error', 'devices',
-           'add_device_flag', 'add_data_flags', 'add_seed_flag', 'add_hybridize_flag',
-           'add_dtype_flags', 'check_dtype', 'add_debug_flag',
-           'debug_requested', 'one_line', 'unexpected', 'stopped_by', 'run_command']
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 # The learning rates MXNet's SGD operators take: float32's normal range, 2**-126 to its largest
@@ -40,10 +33,7 @@ class Parser(argparse.ArgumentParser):
         raise UsageError('%s (see --help)' % message)
 
 
-# Value checks for ``type=``: each names the flag, the value and an example.
-
-def _refuse(flag, what, example):
-    """The refusal of a value: ``FLAG WHAT; for example FLAG EXAMPLE``."""
+def _refuse(flag, what, example):  # a value check's refusal names the flag and an example
     return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
 
 
@@ -64,8 +54,7 @@ def whole(flag, minimum=1, maximum=None, example=2):
 
 
 def positive_float(flag, example=0.1, noun=None):
-    """A finite number above 0: ``--lr``, ``--grace``. With ``noun`` (``'a number of seconds
-    above 0'``), both refusals say ``FLAG expects NOUN``."""
+    """A finite number above 0; with ``noun``, both refusals say ``FLAG expects NOUN``."""
     def parse(text):
         try:
             value = float(text)
@@ -80,11 +69,8 @@ def positive_float(flag, example=0.1, noun=None):
 
 
 def learning_rate(flag):
-    """A learning rate MXNet's float32 optimizer can use: finite, above 0, a normal float32.
-
-    ``1e39`` is finite as a double but infinite in float32, ``1e-320`` becomes 0; MXNet's
-    ``sgd_update`` refuses both (inside its optimizer callback, where the error would be lost).
-    """
+    """A learning rate in ``LR_RANGE``: ``1e39`` is infinite in float32, ``1e-320`` is 0, and
+    ``sgd_update`` would refuse them inside its optimizer callback, where the error is lost."""
     above_zero = positive_float(flag)
 
     def parse(text):
@@ -128,8 +114,6 @@ def weights(text):
     return values
 
 
-# Flags that several commands share.
-
 def add_device_flag(parser):
     """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
     from ..devices import DEVICE_CHOICES
@@ -140,18 +124,18 @@ def add_device_flag(parser):
 
 def add_data_flags(parser):
     """``--data-dir``, ``--train-limit``, ``--test-limit``."""
-    parser.add_argument('--data-dir', default=None,
+    parser.add_argument('--data-dir',
                         help='folder with the four Fashion-MNIST IDX .gz files (default: '
                              'search $MXNET_HOME/datasets/fashion-mnist, then '
                              '/usr/share/datasets/fashion-mnist)')
-    parser.add_argument('--train-limit', type=whole('--train-limit'), default=None,
+    parser.add_argument('--train-limit', type=whole('--train-limit'),
                         help='use only the first N training images (default: all 60000)')
-    parser.add_argument('--test-limit', type=whole('--test-limit'), default=None,
+    parser.add_argument('--test-limit', type=whole('--test-limit'),
                         help='use only the first N test images (default: all 10000)')
 
 
 def add_seed_flag(parser, help):
-    parser.add_argument('--seed', type=seed, default=None, help=help)
+    parser.add_argument('--seed', type=seed, help=help)
 
 
 def add_hybridize_flag(parser):
@@ -174,8 +158,7 @@ def add_dtype_flags(parser):
 
 
 def check_dtype(prog, dtype, devices, force):
-    """``precision.check_dtype``: its refusal as the command's ``UsageError``, its notes
-    printed as warning lines on stderr."""
+    """``precision.check_dtype``: its refusal a ``UsageError``, its notes warnings on stderr."""
     from ..runtime.precision import check_dtype as check
     try:
         notes = check(dtype, devices, force)
@@ -192,7 +175,7 @@ def add_debug_flag(parser):
 
 
 def data_error(e, data_dir=None):
-    """The ``UsageError`` for an error of ``load_data_fashion_mnist`` (a data or limit problem)."""
+    """The ``UsageError`` for an error of ``load_data_fashion_mnist``."""
     from ..data import DataError, DataNotFoundError
     if isinstance(e, (DataError, DataNotFoundError)):
         flag = '' if data_dir is None else '--data-dir %s: ' % data_dir
@@ -211,10 +194,8 @@ def devices(num_gpus, device):
         raise UsageError('--num-gpus %d --device %s: %s' % (num_gpus, device, e)) from None
 
 
-# The error ladder.
-
 def debug_requested(argv):
-    """Whether to show tracebacks: ``--debug`` in ``argv`` or ``GLUON_MGPU_DEBUG`` set, not to 0."""
+    """``--debug`` in ``argv``, or ``GLUON_MGPU_DEBUG`` set and not 0."""
     return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
 
 
@@ -239,34 +220,23 @@ def _say(e, line, debug):
 
 
 def stopped_by(e):
-    """How a run stopped by a signal says so: ``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``,
-    ``terminated (SIGHUP)``."""
+    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal."""
     name = getattr(e, 'signal_name', 'SIGINT')
     return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
 
 
 def run_command(prog, argv, body, explain=None):
-    """Run ``body()`` and return the command's exit code; every failure is one stderr line.
+    """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
-    Parameters
-    ----------
-    prog : str
-        The command, as its lines name it (``python -m gluon_mgpu.train``).
-    argv : list of str
-        Its arguments (for ``--debug``).
-    body : callable
-        Does the work; returns the exit code of a run that ended without an exception (None
-        for 0).
-    explain : callable, optional
-        ``explain(e)`` returns ``(code, line)`` for an exception the command words itself
-        (a diverged loss, Ctrl-C with what was kept), or None for the default:
-        ``UsageError`` 2, ``KeyboardInterrupt`` 130, anything else 1 as unexpected.
+    ``explain(e)``, if given, returns ``(code, line)`` for an exception the command words
+    itself, or None for the default: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1.
+    ``argv`` is read for ``--debug``.
     """
     debug = debug_requested(argv)
     try:
         return body() or 0
     except (Exception, KeyboardInterrupt) as e:
-        words = explain(e) if explain is not None else None
+        words = explain and explain(e)
         if words is None:
             if isinstance(e, UsageError):
                 words = 2, error_line(prog, e)

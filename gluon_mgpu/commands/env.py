@@ -1,6 +1,5 @@
 """What a bug report needs: ``python -m gluon_mgpu.env`` reports Python, MXNet's build, the CUDA
-libraries, the NVIDIA driver and its GPUs, the thread settings and the data folder
-(``collect()`` returns the facts, ``format_report()`` the text). docs/gpu.md explains it.
+libraries, the NVIDIA driver and its GPUs, the threads and the data folder (docs/gpu.md).
 """
 import ctypes
 import os
@@ -15,9 +14,6 @@ from ..data import DataNotFoundError, find_data_dir
 from ..devices import num_gpus
 from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
 from ..runtime.threads import format_thread_settings
-
-__all__ = ['collect', 'format_report', 'cpu_model', 'loaded_from', 'driver_info',
-           'kernel_module_version', 'main']
 
 PROG = 'python -m gluon_mgpu.env'
 # The driver API's codes that a machine without a usable GPU returns.
@@ -55,11 +51,8 @@ def _dlinfo():
 
 
 def loaded_from(soname):
-    """Return the file this process loaded ``soname`` from, or None if it is not loaded.
-
-    Asks the dynamic loader (``dlopen`` with ``RTLD_NOLOAD``, then ``dlinfo``), so it loads
-    nothing new.
-    """
+    """Return the file this process loaded ``soname`` from, or None if it is not loaded
+    (``dlopen`` with ``RTLD_NOLOAD``, then ``dlinfo``: nothing new is loaded)."""
     try:
         handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)._handle
     except OSError:
@@ -75,17 +68,9 @@ def loaded_from(soname):
     return os.fsdecode(name) if name else soname
 
 
-def _cuda_error(call, code):
-    return '%s: error %d (%s)' % (call, code, CUDA_ERRORS.get(code, 'see cuda.h'))
-
-
 def driver_info(library=DRIVER_LIBRARY):
-    """Ask the NVIDIA driver's ``libcuda`` for its CUDA version and its GPUs.
-
-    Parameters
-    ----------
-    library : str, default 'libcuda.so.1'
-        The soname or file to load.
+    """Ask the NVIDIA driver's ``libcuda`` (``library``: soname or file) for its CUDA version
+    and its GPUs.
 
     Returns
     -------
@@ -101,34 +86,26 @@ def driver_info(library=DRIVER_LIBRARY):
         info['errors'].append(str(e))
         return info
     info['found'] = True
-    version = ctypes.c_int()
-    rc = cuda.cuDriverGetVersion(ctypes.byref(version))
-    if rc:
-        info['errors'].append(_cuda_error('cuDriverGetVersion', rc))
-    else:
+
+    def failed(call, *args, gpu=''):
+        rc = getattr(cuda, call)(*args)
+        if rc:
+            info['errors'].append('%s%s: error %d (%s)'
+                                  % (call, gpu, rc, CUDA_ERRORS.get(rc, 'see cuda.h')))
+        return rc
+
+    version, count = ctypes.c_int(), ctypes.c_int()
+    if not failed('cuDriverGetVersion', ctypes.byref(version)):
         info['cuda_version'] = '%d.%d' % (version.value // 1000, version.value % 1000 // 10)
-    rc = cuda.cuInit(0)
-    if rc:
-        info['errors'].append(_cuda_error('cuInit', rc))
-        return info
-    count = ctypes.c_int()
-    rc = cuda.cuDeviceGetCount(ctypes.byref(count))
-    if rc:
-        info['errors'].append(_cuda_error('cuDeviceGetCount', rc))
+    if failed('cuInit', 0) or failed('cuDeviceGetCount', ctypes.byref(count)):
         return info
     for i in range(count.value):
         device, memory = ctypes.c_int(), ctypes.c_size_t()
         name = ctypes.create_string_buffer(256)
-        calls = (('cuDeviceGet', cuda.cuDeviceGet, (ctypes.byref(device), i)),
-                 ('cuDeviceGetName', cuda.cuDeviceGetName, (name, len(name), device)),
-                 ('cuDeviceTotalMem_v2', cuda.cuDeviceTotalMem_v2,
-                  (ctypes.byref(memory), device)))
-        for call, function, args in calls:
-            rc = function(*args)
-            if rc:
-                info['errors'].append(_cuda_error('%s (GPU %d)' % (call, i), rc))
-                break
-        else:
+        gpu = ' (GPU %d)' % i
+        if not (failed('cuDeviceGet', ctypes.byref(device), i, gpu=gpu) or
+                failed('cuDeviceGetName', name, len(name), device, gpu=gpu) or
+                failed('cuDeviceTotalMem_v2', ctypes.byref(memory), device, gpu=gpu)):
             info['gpus'].append({'index': i, 'name': name.value.decode(errors='replace'),
                                  'memory_bytes': memory.value})
     return info
@@ -203,10 +180,6 @@ def _driver_advice(cuda_version):
     return None
 
 
-def _gib(n):
-    return '%.1f GiB' % (n / 2 ** 30)
-
-
 def format_report(info):
     """The report as text, one fact per line, from ``collect()``'s dict."""
     lines = ['Python:       %s (%s)' % (info['python'], info['executable']),
@@ -242,8 +215,8 @@ def format_report(info):
     gpus = driver['gpus'] if driver else []
     lines.append('GPUs:         %d seen by the driver, %d by MXNet'
                  % (len(gpus), info['mxnet_gpus']))
-    for g in gpus:
-        lines.append('  gpu(%d): %s, %s' % (g['index'], g['name'], _gib(g['memory_bytes'])))
+    lines += ['  gpu(%d): %s, %.1f GiB' % (g['index'], g['name'], g['memory_bytes'] / 2 ** 30)
+              for g in gpus]
     lines.append(info['threads'])
     lines.append('data:         %s' % (info['data_dir'] or info['data_error']))
     if info['environment']:

@@ -1,7 +1,7 @@
-"""Start a distributed (``dist_sync``) job and watch it: ``python -m gluon_mgpu.launch -n 2 -s 1
--- COMMAND`` starts the scheduler, the servers and the workers, here or over ssh, and stops them
-all when one dies. docs/distributed.md explains the roles, the variables and the hostfile.
+"""``python -m gluon_mgpu.launch -n 2 -s 1 -- COMMAND`` starts a ``dist_sync`` job's scheduler,
+servers and workers, here or over ssh, and stops them all when one dies (docs/distributed.md).
 """
+import contextlib
 import os
 import shlex
 import shutil
@@ -13,9 +13,6 @@ import time
 
 from .cli import Parser, UsageError, error_line, positive_float, whole
 from ..runtime.threads import thread_settings
-
-__all__ = ['build_parser', 'parse_args', 'check_job', 'command_problem', 'port_problem',
-           'read_hostfile', 'free_port', 'guess_host_ip', 'job_variables', 'remote_script', 'ssh_command', 'plan', 'run_job', 'main']
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
@@ -32,17 +29,17 @@ def build_parser():
                             'all when one process fails.')
     p.add_argument('-n', '--num-workers', type=whole('--num-workers'), required=True,
                    help='number of worker processes')
-    p.add_argument('-s', '--num-servers', type=whole('--num-servers'), default=None,
+    p.add_argument('-s', '--num-servers', type=whole('--num-servers'),
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
-    p.add_argument('-H', '--hostfile', default=None,
+    p.add_argument('-H', '--hostfile',
                    help='file with one ssh host per line, "host" or "host:port" (ssh port, '
                         'default 22); blank lines and # comments are skipped. Servers and '
                         'workers are spread over the hosts round-robin, the scheduler runs '
                         'here (default: everything here, on 127.0.0.1)')
-    p.add_argument('--port', type=whole('--port'), default=None,
+    p.add_argument('--port', type=whole('--port'),
                    help="the scheduler's port (default: a free one)")
-    p.add_argument('--host-ip', default=None,
+    p.add_argument('--host-ip',
                    help="with --hostfile: this machine's address as the other hosts reach it "
                         '(default: guessed as dmlc-core does)')
     p.add_argument('--env', action='append', default=[], metavar='NAME[=VALUE]',
@@ -92,11 +89,8 @@ def parse_args(argv=None):
 
 
 def command_problem(command, path=None):
-    """Return why ``command`` (an argv list) cannot be started here, or None.
-
-    A name without a slash is looked up in ``path`` (default ``$PATH``) as ``exec`` would; a
-    path must be an executable file.
-    """
+    """Return why ``command`` (an argv list) cannot be started here (a name without a slash is
+    looked up in ``path``, default ``$PATH``), or None."""
     name = command[0]
     if not name:
         return 'the command is an empty string'
@@ -116,11 +110,8 @@ def command_problem(command, path=None):
 
 
 def port_problem(port, host='127.0.0.1'):
-    """Return why the scheduler could not listen on ``host:port`` now, or None.
-
-    Binds the port for a moment with ``SO_REUSEADDR`` set, as MXNet's scheduler (ZeroMQ) does,
-    so a port some process is listening on is refused and one in TIME_WAIT is not.
-    """
+    """Return why the scheduler could not listen on ``host:port`` now, or None. The port is
+    bound for a moment with ``SO_REUSEADDR``, as ZeroMQ does: one in TIME_WAIT is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -131,14 +122,8 @@ def port_problem(port, host='127.0.0.1'):
 
 
 def check_job(args):
-    """Check what can be checked before starting anything: the command can be run here (the
-    scheduler always runs here) and a given ``--port`` is free.
-
-    Raises
-    ------
-    UsageError
-        One line naming the command or the port and the fix.
-    """
+    """Before starting anything, raise ``UsageError`` if the command cannot run here (where
+    the scheduler runs) or a given ``--port`` is taken."""
     problem = command_problem(args.command)
     if problem:
         raise UsageError('cannot run the command after --: %s; for example -- python -m '
@@ -203,14 +188,9 @@ def job_variables(role, root_uri, root_port, num_workers, num_servers):
 
 
 def remote_script(variables, workdir, command):
-    """The POSIX shell script one remote process runs: set variables, cd, run, watch ssh.
-
-    The command runs in the background while a watcher reads the ssh connection (the
-    script's stdin, kept as fd 3, since a background job's stdin is /dev/null): when the
-    launcher stops its ssh client, the connection closes, the read ends, and the watcher
-    sends SIGTERM to the command, so no remote process is left waiting for a dead peer.
-    The script exits with the command's code.
-    """
+    """The POSIX shell script one remote process runs: set variables, cd, run the command in
+    the background (its code is the script's) while a watcher reads the ssh connection (stdin,
+    kept as fd 3) and sends the command SIGTERM when it closes."""
     exports = ' '.join('%s=%s' % (k, shlex.quote(str(v))) for k, v in variables.items())
     return ('export %s; cd %s || exit 1; exec 3<&0; %s & child=$!; '
             '(cat <&3; kill -TERM "$child") >/dev/null 2>&1 & watcher=$!; '
@@ -233,12 +213,9 @@ def _local_threads(num_workers, environ):
 
 
 def plan(args, environ=None, workdir=None):
-    """Return the job's processes as ``[(name, argv, env, host), ...]``, scheduler first.
-
-    ``env`` is the whole environment of a local process, or None for an ssh process (its
-    variables are in its argv). Names: ``scheduler``, ``server 0``, ..., ``worker 0``, ...
-    (numbered in start order; a worker's rank is assigned by the scheduler when it joins).
-    """
+    """Return the job's processes as ``[(name, argv, env, host), ...]``: ``scheduler``, then
+    ``server 0``, ..., ``worker 0``, ... (in start order, not rank); ``env`` is the whole
+    environment of a local process, None for an ssh process (its variables are in its argv)."""
     environ = dict(os.environ if environ is None else environ)
     workdir = os.getcwd() if workdir is None else workdir
     nw, ns = args.num_workers, args.num_servers
@@ -292,28 +269,21 @@ def _stop(running):
     """SIGTERM every process group still running, then SIGKILL what is left after a while."""
     for _, p in running:
         if p.poll() is None:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
     deadline = time.monotonic() + STOP_SECONDS
     for _, p in running:
         try:
             p.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
             p.wait()
 
 
 def _die_with(parent):
-    """Return a ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL.
-
-    Linux's ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing happens. Without it, a launcher
-    killed with SIGKILL (or by the out-of-memory killer) would leave the job waiting forever.
-    """
+    """A ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing)."""
     def preexec():
         try:
             import ctypes
@@ -328,12 +298,9 @@ def _die_with(parent):
 def run_job(processes, grace=30.0, poll=0.1, log=None):
     """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code.
 
-    Returns 0 when every worker ended with 0, 2 when a process cannot be started (the ones
-    already started are stopped). When any process ends otherwise, the others
-    are stopped (SIGTERM to each process group, SIGKILL after 5 s) and the code is the dead
-    process's own code, or 1 if a signal killed it. Once any process has ended normally, the
-    rest get ``grace`` seconds: servers still running then are stopped (the job still
-    succeeded if all workers did); workers still running make the job fail (code 1).
+    0 when every worker ended with 0; 2 when a process cannot be started. When one fails, the
+    others are stopped and the code is its own, or 1 for a signal. Once one has ended normally
+    the rest get ``grace`` seconds; workers still running then make it 1 (docs/distributed.md).
     """
     log = sys.stderr if log is None else log
 

@@ -1,7 +1,6 @@
-"""The chapter's exercise as a command: ``python -m gluon_mgpu.sweep --num-gpus 1 2 4`` trains
-ResNet-18 once per device count, with the batch size and the learning rate growing with the
-devices, and writes a table and a figure. The library part returns data; only ``main`` prints.
-docs/outputs.md ("The sweep") explains it.
+"""The chapter's exercise: ``python -m gluon_mgpu.sweep --num-gpus 1 2 4`` trains ResNet-18 once
+per device count, batch size and learning rate growing with the devices, and writes a table and a
+figure; only ``main`` prints (docs/outputs.md, "The sweep").
 """
 import os
 import sys
@@ -14,30 +13,23 @@ from .cli import UsageError
 from ..handlers.events import LossGuard, LossNotFiniteError
 from ..handlers.interrupts import DeferredInterrupt
 
-__all__ = ['plan_sweep', 'load_setting_data', 'run_setting', 'add_speedups',
-           'format_table', 'write_outputs', 'build_parser', 'parse_args', 'main']
-
 PROG = 'python -m gluon_mgpu.sweep'
 TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
 
 
 def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
                lr_per_device=training.LR_PER_DEVICE, device='auto'):
-    """Resolve every device count to its devices, global batch size and learning rate.
-
-    Done before any training, so a count the machine cannot give fails at once.
+    """Resolve every device count to its devices, global batch size and learning rate, before
+    any training, so a count the machine cannot give fails at once.
 
     Parameters
     ----------
     num_gpus : list of int
         Device counts, each at least 1 and each once, e.g. ``[1, 2, 4]``.
     batch_size_per_device, lr_per_device : int, float
-        The global batch is ``batch_size_per_device * n`` and the learning rate
-        ``lr_per_device * n``, the book's scaling (256 and 0.1 for 1 device, 512 and 0.2 for 2).
+        Times ``n``: the global batch and learning rate of ``n`` devices, the book's scaling.
     device : {'auto', 'gpu', 'cpu'}
-        As in ``get_devices``. With ``'auto'`` on a machine with no GPU, the devices are
-        simulated on the CPU and one warning line for the whole sweep says so (naming the
-        largest setting's devices, which include all the others).
+        As in ``get_devices``; only the largest count warns about simulated devices.
 
     Returns
     -------
@@ -60,7 +52,7 @@ def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
     if repeated:
         raise ValueError('device count %d is listed more than once; list each count once, '
                          'for example [1, 2, 4]' % repeated[0])
-    # The largest count first: it is the one a machine may not give, and the only one to warn.
+    # The largest count first: it is the one a machine may not give.
     largest = max(counts)
     resolved = {n: devices_mod.get_devices(n, device, warn=n == largest)
                 for n in sorted(counts, reverse=True)}
@@ -74,19 +66,16 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
                 event_handlers=(), dtype='float32', force_dtype=False):
     """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
 
-    ``train_iter`` and ``test_iter`` must batch by ``setting['batch_size']`` (see
-    ``load_setting_data``). ``event_handlers`` are added to ``train()``'s (for a progress
-    display); the loss is always guarded (``LossGuard``). ``dtype`` and ``force_dtype`` as
-    for ``training.init_training`` (bfloat16: every setting of the process computes in it).
+    The iterators batch by ``setting['batch_size']`` (``load_setting_data``); ``event_handlers``
+    come after a ``LossGuard``; ``dtype`` and ``force_dtype`` as for ``init_training``.
 
     Returns
     -------
     dict
         ``num_devices``, ``devices`` (as text), ``batch_size``, ``lr``, ``epochs``,
-        ``train_images``, ``test_images``, ``timed_epochs`` (epoch 2 on, or epoch 1 if it is
-        the only one), ``sec_per_epoch`` (their mean training seconds), ``images_per_sec``
-        (over them), ``test_acc`` (after the last epoch), ``cpu`` (all devices are CPU
-        contexts), ``line`` (the summary line, over all epochs) and ``history``.
+        ``train_images``, ``test_images``, ``timed_epochs`` (epoch 2 on, or the only one) with
+        their ``sec_per_epoch`` and ``images_per_sec``, ``test_acc``, ``cpu`` (all devices are
+        CPU contexts), ``line`` (the summary line) and ``history``.
     """
     devices = setting['devices']
     net = training.new_network('resnet18', hybridize, dtype=dtype)
@@ -130,11 +119,8 @@ def add_speedups(rows):
 
 
 def format_table(rows, stopped=None):
-    """Return the sweep as Markdown: one line saying what ran, the table, and notes.
-
-    ``stopped`` says why the sweep ended before its last setting, e.g. ``'training diverged in
-    the 4-device setting'``; a note then says that only the finished settings are listed.
-    """
+    """Return the sweep as Markdown: one line saying what ran, the table, and notes (one says
+    that only the finished settings are listed if ``stopped``, why the sweep ended early)."""
     first = rows[0]
     per_device = first['batch_size'] // first['num_devices']
     lines = ['ResNet-18 on Fashion-MNIST (%d training, %d test images), %d epoch%s, batch %d '
@@ -152,12 +138,11 @@ def format_table(rows, stopped=None):
             'n/a' if r.get('speedup') is None else '%.2f' % r['speedup'], r['test_acc']))
     notes = [] if stopped is None else [
         'The sweep stopped early (%s): only the settings that finished are listed.' % stopped]
+    setup = 'also pays one-time set-up (graph building, memory allocation)'
     notes += ['sec/epoch is the mean training time per epoch (test evaluation not included) '
-             'and images/s counts training images, both %s.' % (
-                 'from epoch 2 on: epoch 1 also pays one-time set-up (graph building, memory '
-                 'allocation)' if first['epochs'] > 1 else
-                 'in the only epoch, which also pays one-time set-up (graph building, memory '
-                 'allocation): run 2 epochs or more to leave it out')]
+              'and images/s counts training images, both %s.' % (
+                  'from epoch 2 on: epoch 1 %s' % setup if first['epochs'] > 1 else
+                  'in the only epoch, which %s: run 2 epochs or more to leave it out' % setup)]
     if all(r.get('speedup') is None for r in rows):
         notes.append('There is no 1-device setting, so no speed-up is given; add 1 to '
                      '--num-gpus.')
@@ -170,10 +155,7 @@ def format_table(rows, stopped=None):
 
 
 def write_outputs(rows, output_dir, stopped=None):
-    """Write ``sweep.md`` (``format_table(rows, stopped)``) and ``sweep.png`` into ``output_dir``.
-
-    Returns the paths written.
-    """
+    """Write ``sweep.md`` and ``sweep.png`` into ``output_dir``; return the paths written."""
     from ..handlers import plotting
     table_path = os.path.join(output_dir, TABLE_FILE)
     with files.atomic_path(table_path) as tmp:
@@ -215,11 +197,6 @@ def build_parser():
     return p
 
 
-def parse_args(argv=None):
-    """Parse the command line (``UsageError`` for bad input)."""
-    return build_parser().parse_args(argv)
-
-
 def _prepare_output_dir(path):
     try:
         os.makedirs(path, exist_ok=True)
@@ -232,12 +209,8 @@ def _prepare_output_dir(path):
 
 
 def _run(args, state):
-    """Plan, train every setting and write the results; ``state`` tracks how far it got.
-
-    ``state['rows']`` collects the finished rows and ``state['setting']`` is the setting being
-    prepared or trained (None before the first and after the last), for ``main``'s error line;
-    ``state['interrupt']``, a ``DeferredInterrupt`` if given, is checked after every step.
-    """
+    """Plan, train every setting and write the results. ``state['rows']`` collects the
+    finished rows, ``state['setting']`` is the one under way (else None), for the error line."""
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
@@ -262,12 +235,10 @@ def _run(args, state):
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label='%d device%s, ' % (s['num_devices'],
                                                             '' if s['num_devices'] == 1 else 's'))
-        handlers = [report]
-        if state.get('interrupt') is not None:  # a Ctrl-C noted inside MXNet's optimizer callback
-            handlers.append(state['interrupt'])
         try:
+            # The DeferredInterrupt raises a Ctrl-C noted inside MXNet's optimizer callback.
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
-                              handlers, args.dtype, args.force_dtype)
+                              [report, state['interrupt']], args.dtype, args.force_dtype)
         finally:
             report.close()
         print(row['line'], flush=True)
@@ -294,11 +265,8 @@ def _device_counts(rows):
 
 
 def _keep_finished(args, state, why):
-    """After a failure in a setting, print and write the finished rows.
-
-    Returns the clause of the error line that says what was written ('' when the failure came
-    before the first setting or after the last).
-    """
+    """After a failure in a setting, print and write the finished rows; return the clause of
+    the error line that says so ('' before the first setting or after the last)."""
     rows = state['rows']
     if state['setting'] is None:
         return ''
@@ -327,19 +295,14 @@ def _diverged(e, args, state, kept):
 
 
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code.
-
-    0: done. 1: training diverged (NaN or infinite loss) in a setting, or an unexpected error.
-    2: bad input. 130: interrupted (Ctrl-C). Every failure prints one line on stderr; with
-    ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first. Settings that finished
-    before a failure are printed and written to ``--output-dir`` all the same.
-    """
+    """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code (docs/outputs.md).
+    Settings that finished before a failure are printed and written all the same."""
     argv = sys.argv[1:] if argv is None else list(argv)
     args, state = None, {'rows': [], 'setting': None}
 
     def body():
         nonlocal args
-        args = parse_args(argv)
+        args = build_parser().parse_args(argv)
         with DeferredInterrupt() as interrupt:
             state['interrupt'] = interrupt
             _run(args, state)

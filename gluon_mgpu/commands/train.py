@@ -1,7 +1,6 @@
-"""Command line: train the chapter's ResNet-18 on Fashion-MNIST, data-parallel
-(``python -m gluon_mgpu.train --num-gpus 2``). It turns flags into the arguments and event
-handlers of ``gluon_mgpu.train`` (docs/events.md); what it prints and writes, and its exit codes,
-are in docs/outputs.md, and what it does as a worker of a dist job in docs/distributed.md.
+"""``python -m gluon_mgpu.train --num-gpus 2``: flags into the arguments and event handlers of
+``gluon_mgpu.train`` (docs/events.md); its outputs and exit codes are in docs/outputs.md, a dist
+job's worker in docs/distributed.md.
 """
 import argparse
 import json
@@ -19,15 +18,14 @@ from .cli import UsageError
 from ..handlers.interrupts import DeferredInterrupt
 
 PROG = 'python -m gluon_mgpu.train'
-KVSTORES = ('device', 'local') + dist.DIST_KVSTORES + ('horovod',)
-# The kvstores of a job of several processes.
-JOB_KVSTORES = dist.DIST_KVSTORES + ('horovod',)
+JOB_KVSTORES = dist.DIST_KVSTORES + ('horovod',)  # a job of several processes
+KVSTORES = ('device', 'local') + JOB_KVSTORES
 # Flags that are not settings of the run, so a checkpoint does not record them.
 _NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
 
 
 def network_name(args):
-    """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``, ``lenet(10)``."""
+    """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``."""
     return training.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
@@ -43,15 +41,16 @@ def build_parser():
                    'with data parallelism over several devices (GPUs, or simulated CPU devices).')
     p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=1,
                    help='number of devices to train on (default: 1)')
-    p.add_argument('--batch-size', type=cli.whole('--batch-size'), default=None,
+    p.add_argument('--batch-size', type=cli.whole('--batch-size'),
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
                         % (training.BATCH_SIZE_PER_DEVICE, training.book_setting(1)[0],
                            training.book_setting(2)[0]))
-    p.add_argument('--lr', type=cli.learning_rate('--lr'), default=None,
+    p.add_argument('--lr', type=cli.learning_rate('--lr'),
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
-                        % (training.LR_PER_DEVICE, training.book_setting(1)[1], training.book_setting(2)[1]))
+                        % (training.LR_PER_DEVICE, training.book_setting(1)[1],
+                           training.book_setting(2)[1]))
     p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
@@ -63,27 +62,24 @@ def build_parser():
                         "the book's DataLoader with ToTensor per image (default: array)")
     cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
                          'each time; with --checkpoint-dir one is chosen and recorded)')
-    p.add_argument('--checkpoint-dir', metavar='DIR', default=None,
+    p.add_argument('--checkpoint-dir', metavar='DIR',
                    help='save a checkpoint into DIR at the end of every epoch (default: none)')
     p.add_argument('--resume', action='store_true',
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
                         'flags left out take the run\'s values')
     cli.add_debug_flag(p)
-    p.add_argument('--check-replicas', type=cli.whole('--check-replicas'), default=None,
-                   metavar='N',
+    p.add_argument('--check-replicas', type=cli.whole('--check-replicas'), metavar='N',
                    help='every N steps and after each epoch, check that the trained parameters '
                         'are identical on every device; print one summary line per epoch and '
                         'stop with exit code 1 on a mismatch (default: no check)')
     p.add_argument('--quiet', action='store_true',
                    help='print only the final summary line (warnings and errors still go to '
                         'stderr)')
-    p.add_argument('--metrics-json', type=cli.output_file('--metrics-json'), default=None,
-                   metavar='PATH',
+    p.add_argument('--metrics-json', type=cli.output_file('--metrics-json'), metavar='PATH',
                    help='write arguments, devices, per-epoch numbers and the summary to this '
                         'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
-    p.add_argument('--plot', type=cli.output_file('--plot', plotting.PLOT_SUFFIXES,
-                                                  'curves.png'),
-                   default=None, metavar='PATH',
+    p.add_argument('--plot', metavar='PATH',
+                   type=cli.output_file('--plot', plotting.PLOT_SUFFIXES, 'curves.png'),
                    help='draw test accuracy and training loss per epoch into this .png (an '
                         '.svg name writes the .svg and a .png beside it), redrawn every epoch')
     p.add_argument('--model', choices=training.MODELS, default='resnet18',
@@ -98,7 +94,7 @@ def build_parser():
                         'horovodrun); --batch-size is then the batch of all workers together '
                         '(default: device)')
     split = p.add_mutually_exclusive_group()
-    split.add_argument('--device-weights', type=cli.weights, default=None, metavar='W1,W2,...',
+    split.add_argument('--device-weights', type=cli.weights, metavar='W1,W2,...',
                        help='split every batch in proportion to these weights, one per '
                             'device, e.g. 3,1 for a device three times as fast (default: '
                             'even split)')
@@ -106,8 +102,7 @@ def build_parser():
                        help='even: equal slices, as the book; auto: time a few batches on '
                             'each device first and split in proportion to measured speed '
                             '(default: even)')
-    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
-                   metavar='N',
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), metavar='N',
                    help='raise the learning rate linearly from lr/N to lr over the first N '
                         'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
                         'book trains at lr from the first step)')
@@ -128,7 +123,7 @@ def build_parser():
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
     p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
-                   default=None, metavar='PATH',
+                   metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
                         'a dist job every worker saves its own copy, rank r to PATH with '
                         '.rank<r> before the extension (default: not saved)')
@@ -139,34 +134,25 @@ _OUTPUTS = (('metrics_json', '--metrics-json'), ('plot', '--plot'),
             ('save_params', '--save-params'))
 
 
-def _output_files(args):
-    """``[(flag, path), ...]`` of every file the run will write besides its checkpoints."""
-    written = []
-    for dest, flag in _OUTPUTS:
-        path = getattr(args, dest, None)
-        if path:
-            for p in (plotting.plot_paths(path) if dest == 'plot' else [path]):
-                written.append((flag, p))
-    return written
-
-
 def _check_outputs(args):
     """Refuse outputs that would overwrite each other or the checkpoints, before training."""
-    written = _output_files(args)
     seen = {}
-    for flag, path in written:
-        real = os.path.realpath(path)
-        given = getattr(args, flag[2:].replace('-', '_'))
-        if real in seen:
-            raise UsageError('%s %s and %s %s would write the same file %s; give each output '
-                             'its own path' % (seen[real] + (flag, given, real)))
-        seen[real] = (flag, given)
-        if args.checkpoint_dir is not None and \
-                os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
-                checkpoint.is_checkpoint_file(os.path.basename(real)):
-            raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
-                             'otherwise or put it in another folder'
-                             % (flag, path, args.checkpoint_dir))
+    for dest, flag in _OUTPUTS:
+        given = getattr(args, dest)
+        if not given:
+            continue
+        for path in plotting.plot_paths(given) if dest == 'plot' else [given]:
+            real = os.path.realpath(path)
+            if real in seen:
+                raise UsageError('%s %s and %s %s would write the same file %s; give each '
+                                 'output its own path' % (seen[real] + (flag, given, real)))
+            seen[real] = (flag, given)
+            if args.checkpoint_dir is not None and \
+                    os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
+                    checkpoint.is_checkpoint_file(os.path.basename(real)):
+                raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
+                                 'otherwise or put it in another folder'
+                                 % (flag, path, args.checkpoint_dir))
 
 
 def _given_flags(argv):
@@ -177,7 +163,7 @@ def _given_flags(argv):
 
 
 def parse_args(argv=None):
-    """Parse and complete the command line; the per-device defaults are filled in here.
+    """Parse the command line and fill in the per-device defaults; ``UsageError`` for bad input.
 
     ``args.given`` holds the settings given explicitly (``--resume`` takes the others from the
     checkpoint).
@@ -195,20 +181,14 @@ def parse_args(argv=None):
                              '("Cannot save states for distributed training"); drop '
                              '--checkpoint-dir (--save-params saves the final parameters)'
                              % args.kvstore)
+    if args.kvstore in JOB_KVSTORES:
         try:
-            args.num_workers = dist.job_env()['num_workers']
+            args.num_workers = (horovod.job_env()['size'] if args.kvstore == 'horovod'
+                                else dist.job_env()['num_workers'])
         except ValueError as e:
             raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
-    if args.kvstore == 'horovod':
-        try:
-            args.num_workers = horovod.job_env()['size']
-        except ValueError as e:
-            raise UsageError('--kvstore horovod: %s' % e) from None
     batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
-    if args.batch_size is None:
-        args.batch_size = batch_size
-    if args.lr is None:
-        args.lr = lr
+    args.batch_size, args.lr = args.batch_size or batch_size, args.lr or lr  # None: not given
     if args.batch_size < args.num_gpus:
         raise UsageError('--batch-size %d is smaller than --num-gpus %d, so some device would '
                          'get no data; pass --batch-size %d or more'
@@ -250,8 +230,7 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
-# Settings a run records that are not flags, as parse_args and run set them; their values are
-# checked in check_recorded_args (rank 0 writes the checkpoints; num_workers is the job's size).
+# Settings a run records that are not flags (parse_args and _run set them).
 _DERIVED = ('num_workers', 'rank')
 
 
@@ -279,30 +258,27 @@ def _check_recorded_output(dest, path, json_path):
 
 
 def check_recorded_args(recorded, json_path, given=()):
-    """Parse the settings a checkpoint records as the same flags on the command line.
+    """Check a checkpoint's recorded ``args`` by parsing them as the same flags.
 
-    Each setting becomes its flag (``"lr": 0.2`` is ``--lr=0.2``, ``"quiet": true``
-    ``--quiet``, ``null`` leaves the flag out) and is parsed by ``build_parser``; then all of
-    them by ``parse_args``, with its checks of flags that do not fit together; and what they
-    give must be the recorded values, of the same JSON type.
+    Each setting becomes its flag (``"lr": 0.2`` is ``--lr=0.2``, ``null`` leaves it out),
+    parsed alone by ``build_parser``, then all together by ``parse_args``; what they give must
+    be the recorded values, of the same JSON type (docs/checkpoints.md).
 
     Parameters
     ----------
     recorded : dict
-        The ``args`` of a checkpoint's JSON file.
+        The ``args`` of the checkpoint's JSON file ``json_path``.
     json_path : str
-        That file, in the checkpoint folder (``--checkpoint-dir`` of the parse).
+        That file, in the checkpoint folder.
     given : collection of str
-        Settings given again on the command line: a recorded output path among them is not
-        used, and not checked.
+        Settings given again on the command line: their recorded output paths are not checked.
 
     Raises
     ------
     ValueError
-        One line naming the setting: ``args.lr is -1, which the command line refuses
-        (argument --lr: ...)``.
+        One line naming the setting (``args.lr is -1, which the command line refuses (...)``).
     UsageError
-        A recorded output path that cannot be written, the command's whole line.
+        A recorded output path that cannot be written.
     """
     parser = build_parser()
     parser.error = _refuse_flag  # argparse's message alone, not the command's line
@@ -364,9 +340,8 @@ def check_record(record, json_path, given=()):
 
 
 def _prepare_checkpoints(args, write=True):
-    """Check --checkpoint-dir; for --resume merge the run's settings into ``args``; return the
-    checkpoint record to resume from (or None). ``write=False``: a process that only reads the
-    folder (a Horovod worker other than rank 0)."""
+    """Check --checkpoint-dir, merge a resumed run's settings into ``args`` and return its
+    record (or None); ``write=False`` for a process that only reads the folder."""
     directory = args.checkpoint_dir
     record = None
     if args.resume:
@@ -380,8 +355,7 @@ def _prepare_checkpoints(args, write=True):
             raise UsageError('--resume: %s' % e) from None
         kvstores = (record['args'].get('kvstore'), settings.get('kvstore'))
         if kvstores[0] != kvstores[1] and set(kvstores) & set(JOB_KVSTORES):
-            # A job's run cannot go on in one process, nor the other way round: the shards,
-            # the batch per process and the learning rate would all change.
+            # A job's run cannot go on in one process, nor the other way round.
             raise UsageError('--resume: the run in %s trained with --kvstore %s; leave '
                              '--kvstore out to continue it, or start a new run in another '
                              '--checkpoint-dir' % (directory, kvstores[0]))
@@ -421,8 +395,8 @@ def _devices(args):
 
 
 def _join_job(args, devices, train_iter):
-    """Check a run of several processes, join the job (``dist_sync``'s servers or Horovod's
-    ring), take this worker's shard and the shared seed; return the kvstore."""
+    """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
+    worker's shard and the shared seed; return the kvstore."""
     import mxnet as mx
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
@@ -468,28 +442,25 @@ def _split(args, net, devices, test_iter):
 
 
 def run(args, interrupt=None):
-    """Train as ``args`` say: compose the event handlers, call ``gluon_mgpu.train``, print the
-    summary; return the history.
+    """Train as ``args`` say (``parse_args``), print the summary and return the history.
 
-    ``interrupt``, a ``DeferredInterrupt``, is the last handler: it raises a Ctrl-C that came
-    inside MXNet's optimizer callback right after that step or epoch.
+    ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
+    came inside MXNet's optimizer callback right after that step or epoch.
     """
-    record = None
     if args.resume and not os.path.isdir(args.checkpoint_dir):
         _prepare_checkpoints(args)  # says that there is nothing to resume
-    if args.checkpoint_dir is not None and horovod.worker_rank() not in (None, 0):
+    if args.checkpoint_dir is None:
+        return _run(args, None, interrupt)
+    if horovod.worker_rank() not in (None, 0):
         # In a Horovod job rank 0 locks the folder and writes the checkpoints; the other
         # processes resume from them (on --resume the run's kvstore is read from the folder).
         return _run(args, _prepare_checkpoints(args, write=False), interrupt)
-    if args.checkpoint_dir is not None:
-        try:
-            lock = checkpoint.lock_dir(args.checkpoint_dir)
-        except (checkpoint.CheckpointError, ValueError) as e:
-            raise UsageError('--checkpoint-dir %s: %s' % (args.checkpoint_dir, e)) from None
-        with lock:
-            record = _prepare_checkpoints(args)
-            return _run(args, record, interrupt)
-    return _run(args, record, interrupt)
+    try:
+        lock = checkpoint.lock_dir(args.checkpoint_dir)
+    except (checkpoint.CheckpointError, ValueError) as e:
+        raise UsageError('--checkpoint-dir %s: %s' % (args.checkpoint_dir, e)) from None
+    with lock:
+        return _run(args, _prepare_checkpoints(args), interrupt)
 
 
 def _load_data(args):
@@ -502,7 +473,7 @@ def _load_data(args):
 
 
 def _file_handlers(args, devices, placement=None):
-    """The handlers that write ``--metrics-json`` and ``--plot`` (in a dist job: rank 0's)."""
+    """The handlers that write ``--metrics-json`` and ``--plot``."""
     handlers = []
     if args.metrics_json:
         try:
@@ -522,13 +493,10 @@ def _file_handlers(args, devices, placement=None):
 
 
 def _save_params(args, save):
-    """``--save-params``: ``save(path)`` into a temporary file renamed over the path (a dist
-    worker's own copy: ``.rank<r>`` before the extension)."""
-    if args.save_params is None:
-        return
+    """``--save-params``: ``save(path)`` atomically (a dist worker: to its ``.rank<r>`` path)."""
+    if args.save_params is None or (args.kvstore == 'horovod' and args.rank != 0):
+        return  # a Horovod worker has the same parameters as rank 0, which saves them
     path = args.save_params
-    if args.kvstore == 'horovod' and args.rank != 0:
-        return  # the same parameters as rank 0's, which saves them
     if args.kvstore in dist.DIST_KVSTORES:
         path = dist.rank_path(path, args.rank)
     with files.atomic_path(path) as tmp:
@@ -536,30 +504,49 @@ def _save_params(args, save):
 
 
 def _run(args, record, interrupt):
-    if args.parallel != 'data':
-        return _run_split(args, interrupt)
     train_iter, test_iter = _load_data(args)
     # After the data: the device check may log a warning, and bad input gets one line only.
     devices = _devices(args)
-    kvstore, args.rank = args.kvstore, 0
+    kvstore, rank = args.kvstore, 0
     if args.kvstore in JOB_KVSTORES:
         kvstore = _join_job(args, devices, train_iter)
-        args.rank = kvstore.rank
-    lead = args.rank == 0  # the one worker of a job that prints and writes files
+        rank = kvstore.rank
+    lead = rank == 0  # the one worker of a job that prints and writes files
     mode = progress.choose_mode(quiet=args.quiet or not lead)
     if mode != 'quiet':
         where = devices_mod.format_devices(devices)
         if args.kvstore in JOB_KVSTORES:
             where += ' (worker 0 of %d, kvstore %s)' % (args.num_workers, args.kvstore)
         print('running on:', where, flush=True)
-
-    cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
-    net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
-                           args.dtype)
-    trainer = training.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
-                                 args.force_dtype)
     bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
     handlers = [events.LossGuard(), bar]
+    if args.parallel == 'data':
+        args.rank = rank
+        net, placement, fit = _data_parallel(args, record, devices, kvstore, mode, handlers,
+                                             test_iter)
+    else:
+        net, placement, fit = _split_parallel(args, devices, mode, handlers, test_iter)
+    if lead:
+        handlers += _file_handlers(args, devices, placement)
+    if interrupt is not None:
+        handlers.append(interrupt)
+    try:
+        history = fit(train_iter, test_iter, handlers)
+    finally:
+        bar.close()  # also when training stops with an error
+    _save_params(args, net.save_parameters)
+    if lead:
+        print(metrics.format_summary(history, devices), flush=True)
+    return history
+
+
+def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
+    """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
+    cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
+    net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
+                               args.dtype)
+    trainer = training.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
+                                     args.force_dtype)
     if args.warmup_steps is not None:
         handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
     if args.checkpoint_dir is not None:
@@ -575,7 +562,7 @@ def _run(args, record, interrupt):
                     checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                     flush=True)
         recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
-        if lead:
+        if args.rank == 0:
             handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
                 'args': recorded, 'data_seed': args.seed, 'network': network_name(args),
                 'devices': [str(d) for d in devices]}, resume=record))
@@ -586,35 +573,21 @@ def _run(args, record, interrupt):
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replicas.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-    if lead:
-        handlers += _file_handlers(args, devices)
-    if interrupt is not None:
-        handlers.append(interrupt)
 
-    try:
-        history = training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
-                                 trainer=trainer, split_f=split_f, event_handlers=handlers)
-    finally:
-        bar.close()  # also when training stops with an error
-    _save_params(args, net.save_parameters)
-    if lead:
-        print(metrics.format_summary(history, devices), flush=True)
-    return history
+    def fit(train_iter, test_iter, handlers):
+        return training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
+                              trainer=trainer, split_f=split_f, event_handlers=handlers)
+    return net, None, fit
 
 
 def _bytes(values):
     return ', '.join(replicas.format_bytes(v) for v in values)
 
 
-def _run_split(args, interrupt):
-    """``--parallel scratch|layers|channels``: build the split network, train it with the same
-    handlers (``parallel.train_split``), save an ordinary ``.params`` file."""
+def _split_parallel(args, devices, mode, handlers, test_iter):
+    """``--parallel scratch|layers|channels``: the split network (it saves an ordinary
+    ``.params`` file) and its handlers; ``(split, placement, fit)``."""
     import mxnet as mx
-    train_iter, test_iter = _load_data(args)
-    devices = _devices(args)
-    mode = progress.choose_mode(quiet=args.quiet)
-    if mode != 'quiet':
-        print('running on:', devices_mod.format_devices(devices), flush=True)
     X, _ = next(iter(test_iter))  # a batch of the run's size, to measure the bytes
     if args.seed is not None:
         mx.random.seed(args.seed)
@@ -640,21 +613,12 @@ def _run_split(args, interrupt):
                             _bytes(placement['activation_bytes']),
                             replicas.format_bytes(placement['copied_bytes_per_step'])),
               flush=True)
-    bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
-    handlers = [events.LossGuard(), bar]
     if args.check_replicas is not None:
         handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
-    handlers += _file_handlers(args, devices, placement)
-    if interrupt is not None:
-        handlers.append(interrupt)
-    try:
-        history = parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs,
-                                       handlers)
-    finally:
-        bar.close()
-    _save_params(args, split.save_parameters)
-    print(metrics.format_summary(history, devices), flush=True)
-    return history
+
+    def fit(train_iter, test_iter, handlers):
+        return parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs, handlers)
+    return split, placement, fit
 
 
 def _saved_epochs(args):
@@ -699,23 +663,17 @@ def _diverged(e, args):
 
 
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code.
-
-    0: done. 1: training diverged (NaN or infinite loss), trained parameters differ between
-    devices (``--check-replicas``), or an unexpected error. 2: bad input,
-    or a checkpoint that cannot be used. 130: interrupted (Ctrl-C). Every failure prints one
-    line on stderr; with ``--debug`` or ``GLUON_MGPU_DEBUG=1`` the traceback comes first.
-    """
+    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code (docs/outputs.md)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    state = {'args': None}
+    args = None
 
     def body():
-        state['args'] = args = parse_args(argv)
+        nonlocal args
+        args = parse_args(argv)
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 
     def explain(e):
-        args = state['args']
         if isinstance(e, KeyboardInterrupt):
             return getattr(e, 'exit_code', 130), _interrupted(args, e)
         if isinstance(e, training.UpdateError):
@@ -734,7 +692,7 @@ def main(argv=None):
         return None
 
     code = cli.run_command(PROG, argv, body, explain)
-    if code and getattr(state['args'], 'joined', False):
+    if code and getattr(args, 'joined', False):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients.
         sys.stdout.flush()
