@@ -186,19 +186,14 @@ class ChannelSplitNet(SplitNet):
     Parameters
     ----------
     net : Block
-        Initialized on one device (``init_one_device``); split in place.
+        Initialized on one device (``init_one_device``); split in place into ``layers``
+        (``split_channels``).
     devices : list of mxnet.Context
     lr : float
-        Learning rate of the SGD Trainers (one per device).
+        Learning rate of the SGD ``trainers``: ``trainers[k]`` updates the pieces on
+        ``devices[k]``.
 
-    Attributes
-    ----------
-    layers : list of (str, ChannelSplit)
-        See ``split_channels``.
-    trainers : list of gluon.Trainer
-        ``trainers[k]`` updates the pieces on ``devices[k]``.
-    copies : CopyCounter
-        Bytes copied between devices by every forward pass so far.
+    ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method = 'channels'
@@ -222,7 +217,7 @@ class ChannelSplitNet(SplitNet):
         return self._copy_now(x, device)
 
     def describe(self):
-        """``64 layers, each split 32 | 32 channels over cpu(0), cpu(1)`` (the first layer's)."""
+        """``64 layers split by channels over cpu(0), cpu(1) (first layer: 32 | 32)``."""
         sizes = ' | '.join(str(b - a) for a, b in self.layers[0][1].slices)
         return '%d layers split by channels over %s (first layer: %s)' % (
             len(self.layers), ', '.join(str(d) for d in self.devices), sizes)
@@ -260,8 +255,7 @@ class ChannelSplitNet(SplitNet):
             For a missing, unknown or differently shaped parameter; nothing is changed then.
         """
         loaded = nd.load(filename)
-        expected = {path + name: split.whole(name).shape
-                    for path, split in self.layers for name in split.param_names}
+        expected = {key: value.shape for key, value in self.whole_parameters().items()}
         if not isinstance(loaded, dict):
             raise ValueError('%s holds unnamed arrays, not the parameters of a network; pass a '
                              'file written by save_parameters' % filename)

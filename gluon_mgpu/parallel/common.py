@@ -95,11 +95,16 @@ def _run_hooked(blocks, hook, run):
 
 
 def layer_output_bytes(blocks, run):
-    """Call ``run()``; return ``{context: bytes}`` of every block output inside ``blocks``.
+    """Call ``run()``; return the bytes of every block output inside ``blocks``, per device.
 
     Each array counts once, on its device, however many blocks return it. Operations inside a
     block's own ``forward`` (the residual addition) count through the block's output only. A
     hybridized block hides its children, so measure before ``hybridize()``.
+
+    Returns
+    -------
+    dict
+        ``{context: bytes}``.
     """
     seen = {}
 

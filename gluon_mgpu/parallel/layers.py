@@ -45,20 +45,11 @@ def stage_units(net):
     return [(str(i), [c]) for i, c in enumerate(children)]
 
 
-def _params_of(blocks):
-    return [p for b in blocks for p in b.collect_params().values()]
-
-
 def unit_bytes(units):
     """Bytes of the parameters (BatchNorm statistics included) of each unit."""
-    return [sum(nbytes(p.data(p.list_ctx()[0])) for p in _params_of(blocks))
+    return [sum(nbytes(p.data(p.list_ctx()[0]))
+                for block in blocks for p in block.collect_params().values())
             for _, blocks in units]
-
-
-def _run(blocks, X):
-    for block in blocks:
-        X = block(X)
-    return X
 
 
 def unit_times(units, X, repeats=3):
@@ -73,7 +64,9 @@ def unit_times(units, X, repeats=3):
             nd.waitall()
             start = time.perf_counter()
             with autograd.record(train_mode=False):
-                y = _run(blocks, x)
+                y = x
+                for block in blocks:
+                    y = block(y)
             y.backward()
             nd.waitall()
             if r:
@@ -219,21 +212,15 @@ class LayerSplit(SplitNet):
     Parameters
     ----------
     net : nn.HybridSequential
-        Initialized on one device (``init_one_device``); split in place.
+        Initialized on one device (``init_one_device``); split in place into ``parts``.
     devices : list of mxnet.Context
     lr : float
-        Learning rate of the SGD Trainers (one per part).
+        Learning rate of the SGD ``trainers``, one per part.
     cut, sample
         See ``resolve_cut``.
     micro_batches : int, default 1
 
-    Attributes
-    ----------
-    parts, names : see ``split_layers``
-    trainers : list of gluon.Trainer
-        One per part.
-    copies : CopyCounter
-        Bytes copied between devices by every forward pass so far.
+    ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method = 'layers'

@@ -142,12 +142,8 @@ class ScratchDataParallel(SplitNet):
     devices : list of mxnet.Context
     lr : float
     params : list of NDArray, optional
-        Starting values (default ``init_params()``).
-
-    Attributes
-    ----------
-    device_params : list of list of NDArray
-        ``device_params[k]`` is the full parameter list on ``devices[k]``.
+        Starting values (default ``init_params()``), copied to every device: ``device_params[k]``
+        is the full parameter list on ``devices[k]``.
     """
 
     method = 'scratch'
