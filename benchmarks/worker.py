@@ -258,8 +258,8 @@ def data_speed(cfg):
 def eval_speed(cfg):
     """Evaluation (``training.evaluate_accuracy``) of the trained-shape ResNet-18: images/s.
 
-    ``cfg['fold']``: through ``inference.fold_batchnorm``'s copy (BatchNorm folded into the
-    convolutions), hybridized with ``static_alloc`` and ``cfg['static_shape']``, partitioned by
+    ``cfg['fold']``: through ``fold_batchnorm``'s copy (benchmarks/fold.py: BatchNorm folded into
+    the convolutions), hybridized with ``static_alloc`` and ``cfg['static_shape']``, partitioned by
     ``cfg['backend']`` when given. Else ``cfg['backend']``: the exported graph, partitioned.
     """
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
@@ -268,7 +268,7 @@ def eval_speed(cfg):
     warm = data.ArrayBatches(images[:256], labels[:256], 256)
     training.evaluate_accuracy(warm, net, devices)
     if cfg.get('fold'):
-        from gluon_mgpu.tools.inference import fold_batchnorm
+        from fold import fold_batchnorm
         net = fold_batchnorm(net, hybridize=False)
         net.hybridize(static_alloc=True, static_shape=cfg.get('static_shape', False),
                       backend=cfg.get('backend'))

@@ -1,4 +1,8 @@
-"""inference.fold_batchnorm: the same predictions without BatchNorm layers, the original intact."""
+"""benchmarks/fold.py's fold_batchnorm: the same predictions without BatchNorm layers, the
+original intact."""
+import os
+import sys
+
 import d2lzh
 import mxnet as mx
 import numpy as np
@@ -8,7 +12,10 @@ from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
 from gluon_mgpu import data, training
-from gluon_mgpu.tools.inference import FOLD_ATOL, FOLD_RTOL, fold_batchnorm
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                'benchmarks'))
+from fold import FOLD_ATOL, FOLD_RTOL, fold_batchnorm  # noqa: E402
 
 
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):

@@ -7,10 +7,9 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn
 from mxnet.symbol import Symbol
 
-from ..training import evaluate_accuracy
-from .common import (CopyCounter, check_devices, count_pass, make_summary,
+from .common import (CopyCounter, SplitNet, check_devices, count_pass, make_summary,
                      parameter_bytes, step_all)
-from .layers import _check_initialized
+from .layers import _as_in_context, _check_initialized
 
 __all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
            'ChannelSplitNet']
@@ -34,10 +33,7 @@ def channel_slices(channels, num_devices):
 
 
 def _kind(layer):
-    for kind in SPLIT_LAYERS:
-        if isinstance(layer, kind):
-            return kind
-    return None
+    return next((kind for kind in SPLIT_LAYERS if isinstance(layer, kind)), None)
 
 
 def _act_type(layer):
@@ -72,20 +68,13 @@ def _piece(layer, kind, channels, prefix):
                         in_channels=channels, prefix=prefix)
 
 
-def _as_in_context(x, device):
-    return x.as_in_context(device)
-
-
 class ChannelSplit(nn.HybridBlock):
     """One ``Conv2D``, ``BatchNorm`` or ``Dense`` layer with its output channels shared out.
 
-    Piece ``k`` (``self[k]``) lives on ``devices[k]`` and computes channels
-    ``slices[k]`` of the output. Called with an input on some device, the layer sends the
-    input (BatchNorm: each piece's channels of it) to every device, runs the pieces, and
-    concatenates their outputs on the input's device. It holds no parameters of its own.
-
-    It is a ``HybridBlock`` only so that the chapter's ``HybridBlock`` network may hold it; it
-    spans devices, so it cannot be part of a hybridized graph. Hybridize its pieces instead.
+    Piece ``k`` (``self[k]``) lives on ``devices[k]`` and computes channels ``slices[k]``; the
+    layer sends its input (BatchNorm: each piece's channels of it) to every device and gathers
+    the outputs on the input's device. It holds no parameters of its own, and is a
+    ``HybridBlock`` only so that the chapter's network may hold it: hybridize its pieces.
     """
 
     def __init__(self, layer, devices, copy=_as_in_context):
@@ -145,9 +134,9 @@ class ChannelSplit(nn.HybridBlock):
 def split_channels(net, devices, copy=_as_in_context):
     """Replace every Conv2D, BatchNorm and Dense layer of ``net`` by a ``ChannelSplit``, in place.
 
-    ``net`` must be initialized on one device (``init_one_device``); the pieces start from its
-    values. Returns ``[(path, ChannelSplit), ...]`` in the network's order, where ``path`` is
-    the layer's prefix in ``.params`` files (``'4.0.conv1.'``).
+    ``net`` is initialized on one device (``init_one_device``); the pieces start from its
+    values. Returns ``[(path, ChannelSplit), ...]`` in the network's order, ``path`` being the
+    layer's prefix in ``.params`` files (``'4.0.conv1.'``).
 
     Raises
     ------
@@ -191,25 +180,20 @@ def train_batch(X, y, net, trainers, devices, loss):
     return l
 
 
-class ChannelSplitNet:
+class ChannelSplitNet(SplitNet):
     """A network split by channels over devices, ready to train: the API the command line uses.
 
     Parameters
     ----------
     net : Block
-        Initialized on one device (``init_one_device``); split in place.
+        Initialized on one device (``init_one_device``); split in place into ``layers``
+        (``split_channels``).
     devices : list of mxnet.Context
     lr : float
-        Learning rate of the SGD Trainers (one per device).
+        Learning rate of the SGD ``trainers``: ``trainers[k]`` updates the pieces on
+        ``devices[k]``.
 
-    Attributes
-    ----------
-    layers : list of (str, ChannelSplit)
-        See ``split_channels``.
-    trainers : list of gluon.Trainer
-        ``trainers[k]`` updates the pieces on ``devices[k]``.
-    copies : CopyCounter
-        Bytes copied between devices by every forward pass so far.
+    ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method = 'channels'
@@ -233,7 +217,7 @@ class ChannelSplitNet:
         return self._copy_now(x, device)
 
     def describe(self):
-        """``64 layers, each split 32 | 32 channels over cpu(0), cpu(1)`` (the first layer's)."""
+        """``64 layers split by channels over cpu(0), cpu(1) (first layer: 32 | 32)``."""
         sizes = ' | '.join(str(b - a) for a, b in self.layers[0][1].slices)
         return '%d layers split by channels over %s (first layer: %s)' % (
             len(self.layers), ', '.join(str(d) for d in self.devices), sizes)
@@ -253,10 +237,6 @@ class ChannelSplitNet:
         """One training step on ``(X, y)``; returns the sum of the losses (on the first device)."""
         return train_batch(X, y, self.net, self.trainers, self.devices, self.loss).sum()
 
-    def evaluate_accuracy(self, data_iter):
-        """Fraction of ``data_iter`` classified correctly."""
-        return evaluate_accuracy(data_iter, self, self.devices[:1])
-
     def whole_parameters(self):
         """``{name: NDArray on the CPU}`` with the names and shapes of the one-device network."""
         return {path + name: split.whole(name)
@@ -272,12 +252,10 @@ class ChannelSplitNet:
         Raises
         ------
         ValueError
-            When the file lacks a parameter of this network, has one it does not know, or a
-            shape differs; nothing is changed then.
+            For a missing, unknown or differently shaped parameter; nothing is changed then.
         """
         loaded = nd.load(filename)
-        expected = {path + name: split.whole(name).shape
-                    for path, split in self.layers for name in split.param_names}
+        expected = {key: value.shape for key, value in self.whole_parameters().items()}
         if not isinstance(loaded, dict):
             raise ValueError('%s holds unnamed arrays, not the parameters of a network; pass a '
                              'file written by save_parameters' % filename)
@@ -298,11 +276,9 @@ class ChannelSplitNet:
                 split.set_whole(name, loaded[path + name])
 
     def summary(self, X):
-        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
-
-        Activations are the outputs of every layer of one forward pass plus the inputs each
-        device receives; a training step copies every input forward and every gradient back:
-        twice the bytes of the forward pass. Call before ``hybridize()``.
+        """Bytes per device for a batch ``X``: parameters, activations (every layer's output
+        and the inputs each device receives) and copies per step (every input forward and its
+        gradient back). Call before ``hybridize()``.
         """
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized pieces '

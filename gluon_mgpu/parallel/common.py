@@ -4,12 +4,14 @@ bytes), traces of where every block ran, and checks (docs/three-ways.md, "Copies
 import numpy as np
 import mxnet as mx
 from mxnet import init as mx_init, nd
+from mxnet.gluon import utils as gutils
 
+from ..training import evaluate_accuracy
 from .placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
-           'trace_devices', 'check_trace', 'per_device',
-           'parameter_bytes', 'count_pass', 'make_summary']
+           'trace_devices', 'check_trace', 'per_device', 'parameter_bytes', 'count_pass',
+           'make_summary', 'data_parallel_summary', 'SplitNet']
 
 
 def check_devices(devices):
@@ -24,11 +26,9 @@ def check_devices(devices):
 
 
 def init_one_device(net, device=None, init=None, input_shape=(1, 1, 28, 28)):
-    """Initialize ``net`` on one device and pass one batch, so every parameter has its shape.
-
-    This is the one-device network the splits start from (and compare against): the chapter's
-    ``init.Normal(sigma=0.01)`` by default, on ``device`` (default ``mx.cpu()``). Returns ``net``.
-    """
+    """Initialize ``net`` on ``device`` (default ``mx.cpu()``) with ``init`` (default the
+    chapter's ``Normal(sigma=0.01)``) and pass one batch, so every parameter has its shape.
+    Returns ``net``: the one-device network the splits start from."""
     device = mx.cpu() if device is None else device
     net.initialize(mx_init.Normal(sigma=0.01) if init is None else init, ctx=device)
     net(nd.zeros(input_shape, ctx=device))
@@ -49,9 +49,8 @@ def nbytes(x):
 class CopyCounter:
     """Copies arrays between devices and counts the bytes sent from each device to each other.
 
-    ``copy(x, device)`` is ``x.as_in_context(device)``: it returns ``x`` itself when it already
-    lives there, and otherwise a copy that autograd differentiates (the gradient is copied
-    back the same way in the backward pass, with the same number of bytes).
+    ``copy(x, device)`` is ``x.as_in_context(device)``, which autograd differentiates (the
+    gradient comes back the same way, with as many bytes).
     """
 
     def __init__(self):
@@ -64,10 +63,6 @@ class CopyCounter:
         key = (x.context, device)
         self.sent[key] = self.sent.get(key, 0) + nbytes(x)
         return x.as_in_context(device)
-
-    def reset(self):
-        """Forget the bytes counted so far."""
-        self.sent.clear()
 
     @property
     def total(self):
@@ -102,10 +97,9 @@ def _run_hooked(blocks, hook, run):
 def layer_output_bytes(blocks, run):
     """Call ``run()``; return the bytes of every block output inside ``blocks``, per device.
 
-    Each array counts once, on the device it lives on, however many blocks return it (a
-    sequence returns its last layer's output). Operations written inside a block's own
-    ``forward`` (the residual addition) are not blocks and are counted through the block's
-    output only. A hybridized block hides its children, so measure before ``hybridize()``.
+    Each array counts once, on its device, however many blocks return it. Operations inside a
+    block's own ``forward`` (the residual addition) count through the block's output only. A
+    hybridized block hides its children, so measure before ``hybridize()``.
 
     Returns
     -------
@@ -126,14 +120,15 @@ def layer_output_bytes(blocks, run):
 
 
 def trace_devices(blocks, run):
-    """Call ``run()``; return where each block inside ``blocks`` took its inputs and left its output.
+    """Call ``run()``; return where each block inside ``blocks`` took its inputs, left its output
+    and holds its parameters.
 
     Returns
     -------
     list of dict
         One per block call, in call order: ``name``, ``inputs`` and ``outputs`` (tuples of
-        contexts) and ``parameters`` (the contexts of the block's own parameters, a tuple of
-        tuples; empty for a block without parameters of its own).
+        contexts) and ``parameters`` (a tuple of the contexts of each of the block's own
+        parameters).
     """
     records = []
 
@@ -151,10 +146,9 @@ def trace_devices(blocks, run):
 def check_trace(records):
     """Raise RuntimeError at the first block that mixed devices; return the number checked.
 
-    A block must take all its inputs on one device, leave its output there, and hold its own
-    parameters there. A block that copies on purpose (a split layer, which gathers its pieces'
-    outputs on the input's device) holds no parameters of its own and keeps input and output
-    on one device, so it passes; its pieces are checked one by one.
+    A block must take its inputs, leave its output and hold its own parameters on one device.
+    (A ``ChannelSplit`` gathers its pieces' outputs on its input's device and holds no
+    parameters, so it passes; its pieces are checked one by one.)
     """
     for r in records:
         devices = set(r['inputs']) | set(r['outputs'])
@@ -180,13 +174,9 @@ def parameter_bytes(params, devices):
 
 
 def count_pass(blocks, devices, run):
-    """Run one forward pass as ``run(copy)``; return ``(activation bytes per device, bytes copied)``.
-
-    ``run`` must send every copy between devices through ``copy(x, device)``. A device's
-    activations are the outputs of the blocks inside ``blocks`` that it computed plus what it
-    received from other devices (a list in the order of ``devices``); the second number is the
-    bytes the pass copied between devices.
-    """
+    """Run one forward pass as ``run(copy)``, every copy between devices through ``copy(x,
+    device)``; return ``(activation bytes per device, bytes copied)``: a device's activations
+    are the outputs it computed of the blocks inside ``blocks``, plus what it received."""
     counter = CopyCounter()
     outputs = layer_output_bytes(blocks, lambda: run(counter.copy))
     return [outputs.get(d, 0) + counter.received(d) for d in devices], counter.total
@@ -194,13 +184,34 @@ def count_pass(blocks, devices, run):
 
 def make_summary(method, devices, batch_size, parameter_bytes, activation_bytes,
                  copied_bytes_per_step, **extra):
-    """The dict every method's ``summary(X)`` returns: bytes as lists in the order of ``devices``.
-
-    Keys: ``method``, ``devices`` (strings), ``batch_size``, ``parameter_bytes``,
-    ``activation_bytes``, ``copied_bytes_per_step``, then ``extra`` (``units`` and
-    ``micro_batches`` for the layer split, ``layers`` for the channel split).
-    """
+    """The dict every method's ``summary(X)`` returns, bytes as lists in the order of ``devices``;
+    ``extra``: ``units`` and ``micro_batches`` (layers), ``layers`` (channels)."""
     return dict({'method': method, 'devices': [str(d) for d in devices],
                  'batch_size': batch_size, 'parameter_bytes': list(parameter_bytes),
                  'activation_bytes': list(activation_bytes),
                  'copied_bytes_per_step': copied_bytes_per_step}, **extra)
+
+
+def data_parallel_summary(net, devices, X):
+    """The splits' ``summary(X)`` for data parallelism: ``net`` holds one replica per device.
+
+    Activations: every device runs its slice of ``X`` (as ``split_and_load`` cuts it). Copies:
+    reducing the gradients through one device, as the book's ``allreduce`` does, sends
+    ``2 (N - 1)`` times the bytes of the trained parameters per step (the kvstore's own route
+    may differ).
+    """
+    devices = check_devices(devices)
+    X_shards = gutils.split_and_load(X, devices, even_split=False)
+    outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
+    trained = sum(nbytes(p.data(p.list_ctx()[0]))
+                  for p in net.collect_params().values() if p.grad_req != 'null')
+    return make_summary('data', devices, X.shape[0], parameter_bytes(net, devices),
+                        per_device(outputs, devices), 2 * (len(devices) - 1) * trained)
+
+
+class SplitNet:
+    """What the split networks share; each sets ``devices``, the first computing the logits."""
+
+    def evaluate_accuracy(self, data_iter):
+        """Fraction of ``data_iter`` classified correctly."""
+        return evaluate_accuracy(data_iter, self, self.devices[:1])

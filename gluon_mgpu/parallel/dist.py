@@ -67,6 +67,6 @@ def shared_seed(kv, seed=None):
 
 
 def rank_path(path, rank):
-    """Return ``path`` with ``.rank<rank>`` before its extension: ``out.params`` -> ``out.rank1.params``."""
+    """``path`` with ``.rank<rank>`` before its extension (``out.params``: ``out.rank1.params``)."""
     root, ext = os.path.splitext(path)
     return '%s.rank%d%s' % (root, rank, ext)

@@ -77,16 +77,6 @@ class HorovodKVStore(KVStoreBase):
     def num_workers(self):
         return self._hvd.size()
 
-    def set_optimizer(self, optimizer):
-        raise NotImplementedError('the Trainer updates the parameters itself with Horovod '
-                                  '(update_on_kvstore=False)')
-
-    def save_optimizer_states(self, fname, dump_optimizer=False):
-        raise NotImplementedError('the optimizer state lives in the Trainer')
-
-    def load_optimizer_states(self, fname):
-        raise NotImplementedError('the optimizer state lives in the Trainer')
-
 
 def job_env(environ=None):
     """This process's place in a ``horovodrun`` job, read before joining it: ``{'rank': r,

@@ -10,8 +10,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
-from ..training import evaluate_accuracy
-from .common import (CopyCounter, check_devices, count_pass, make_summary,
+from .common import (CopyCounter, SplitNet, check_devices, count_pass, make_summary,
                      nbytes, parameter_bytes, step_all)
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
@@ -31,10 +30,9 @@ def _is_resnet18(children):
 def stage_units(net):
     """Return ``[(name, [blocks]), ...]``: the pieces a layer split may put on different devices.
 
-    For the chapter's ResNet-18: ``stem`` (convolution, BatchNorm, ReLU), ``stage1`` to
-    ``stage4`` and ``head`` (pooling, dense layer); a cut inside a residual block would have to
-    send both of its branches. For any other ``HybridSequential`` every child is a unit, named
-    by its index (``'0'``, ``'1'``, ...).
+    For the chapter's ResNet-18, ``RESNET18_UNITS`` (a cut inside a residual block would have to
+    send both of its branches); for any other ``HybridSequential`` every child, named by its
+    index (``'0'``, ``'1'``, ...).
     """
     if not isinstance(net, nn.HybridSequential):
         raise ValueError('a layer split needs an nn.HybridSequential, got %s; build the '
@@ -47,29 +45,17 @@ def stage_units(net):
     return [(str(i), [c]) for i, c in enumerate(children)]
 
 
-def _params_of(blocks):
-    return [p for b in blocks for p in b.collect_params().values()]
-
-
 def unit_bytes(units):
     """Bytes of the parameters (BatchNorm statistics included) of each unit."""
-    return [sum(nbytes(p.data(p.list_ctx()[0])) for p in _params_of(blocks))
+    return [sum(nbytes(p.data(p.list_ctx()[0]))
+                for block in blocks for p in block.collect_params().values())
             for _, blocks in units]
 
 
-def _run(blocks, X):
-    for block in blocks:
-        X = block(X)
-    return X
-
-
 def unit_times(units, X, repeats=3):
-    """Median seconds of a forward and backward pass of each unit on ``X``'s device.
-
-    Each unit gets the previous unit's output as its input. The passes record in prediction
-    mode (``train_mode=False``), so BatchNorm's running statistics stay as they were; the
-    work is the same. One untimed pass comes first (memory allocation).
-    """
+    """Median seconds of a forward and backward pass of each unit on ``X``'s device, each fed
+    the previous unit's output, after one untimed pass. Recorded in prediction mode, so
+    BatchNorm's running statistics stay as they were."""
     times = [[] for _ in units]
     for r in range(repeats + 1):
         x = X
@@ -78,7 +64,9 @@ def unit_times(units, X, repeats=3):
             nd.waitall()
             start = time.perf_counter()
             with autograd.record(train_mode=False):
-                y = _run(blocks, x)
+                y = x
+                for block in blocks:
+                    y = block(y)
             y.backward()
             nd.waitall()
             if r:
@@ -88,13 +76,9 @@ def unit_times(units, X, repeats=3):
 
 
 def choose_cut(costs, num_devices):
-    """Cut a list of unit costs into ``num_devices`` runs with the smallest largest run.
-
-    Returns the cut as a tuple of boundaries: the number of units before each cut, e.g.
-    ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4). Every device gets at least one unit. Among
-    cuts with the same largest run, the one whose second largest run is smallest wins, and so
-    on; then the earliest.
-    """
+    """Cut a list of unit costs into ``num_devices`` non-empty runs with the smallest largest run
+    (then the smallest second largest, and so on; then the earliest). Returns the number of
+    units before each cut: ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4)."""
     best = None
     for bounds in itertools.combinations(range(1, len(costs)), num_devices - 1):
         edges = (0,) + bounds + (len(costs),)
@@ -112,11 +96,10 @@ def resolve_cut(units, cut, num_devices, sample=None):
     units : list of (str, list of Block)
         From ``stage_units``.
     cut : 'params', 'time' or sequence of str
-        ``'params'``: even the bytes of parameters per device. ``'time'``: even the measured
-        time per device (``unit_times`` on ``sample``). A sequence: the names of the units after
-        which to cut, one fewer than devices, e.g. ``('stage2',)``.
+        Even the bytes of parameters per device, or the time ``unit_times`` measures on
+        ``sample``, or cut after the units named (one fewer than devices, e.g. ``('stage2',)``).
     sample : NDArray, optional
-        A batch on the units' device; needed for ``cut='time'``.
+        A batch on the units' device, for ``cut='time'``.
 
     Raises
     ------
@@ -167,10 +150,8 @@ def _check_initialized(net):
 
 
 def split_layers(net, devices, cut='params', sample=None):
-    """Put runs of consecutive units of ``net`` on consecutive devices; return the parts.
-
-    ``net`` must be initialized (``init_one_device``); its parameters move to their devices and
-    ``net`` keeps them, so ``net.save_parameters`` still writes an ordinary ``.params`` file.
+    """Put runs of consecutive units of ``net`` (initialized: ``init_one_device``) on
+    consecutive devices; ``net`` keeps its parameters, so it still saves ordinary ``.params``.
 
     Returns
     -------
@@ -207,13 +188,12 @@ def forward(parts, X, devices, copy=_as_in_context):
 
 
 def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context):
-    """One step of the layer split: forward every micro-batch, then backward, then update once.
+    """One step of the layer split: forward every micro-batch (at most one per example), one
+    backward over all their losses, one update. Returns the micro-batches' losses (on the last
+    device).
 
-    One backward pass over the losses of all micro-batches: autograd adds up each parameter's
-    gradients from all of them. (A backward per micro-batch fails with BatchNorm: the first
-    frees the graph of the running statistics that all micro-batches share.) A batch with
-    fewer examples than micro-batches is cut into one-example micro-batches. Returns the
-    losses of the micro-batches (on the last device).
+    (A backward per micro-batch fails with BatchNorm: the first frees the graph of the running
+    statistics that all micro-batches share.)
     """
     m = min(micro_batches, X.shape[0])
     X_micros = gutils.split_data(X.as_in_context(devices[0]), m, even_split=False)
@@ -226,29 +206,21 @@ def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_
     return ls
 
 
-class LayerSplit:
+class LayerSplit(SplitNet):
     """A network split by layers over devices, ready to train: the API the command line uses.
 
     Parameters
     ----------
     net : nn.HybridSequential
-        Initialized on one device (``init_one_device``); split in place.
+        Initialized on one device (``init_one_device``); split in place into ``parts``.
     devices : list of mxnet.Context
     lr : float
-        Learning rate of the SGD Trainers (one per part).
-    cut : 'params', 'time' or sequence of str, default 'params'
+        Learning rate of the SGD ``trainers``, one per part.
+    cut, sample
         See ``resolve_cut``.
     micro_batches : int, default 1
-    sample : NDArray, optional
-        A batch on ``net``'s device, for ``cut='time'``.
 
-    Attributes
-    ----------
-    parts, names : see ``split_layers``
-    trainers : list of gluon.Trainer
-        One per part.
-    copies : CopyCounter
-        Bytes copied between devices by every forward pass so far.
+    ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method = 'layers'
@@ -289,30 +261,19 @@ class LayerSplit:
                          self.micro_batches, self.copies.copy)
         return nd.add_n(*[l.sum() for l in ls])
 
-    def evaluate_accuracy(self, data_iter):
-        """Fraction of ``data_iter`` classified correctly."""
-        return evaluate_accuracy(data_iter, self, self.devices[:1])
-
     def save_parameters(self, filename):
         """Write an ordinary ``.params`` file: ``resnet18(10).load_parameters`` reads it."""
         self.net.save_parameters(filename)
 
     def load_parameters(self, filename):
-        """Read an ordinary ``.params`` file (from a one-device network) into the parts.
-
-        Every parameter stays on its device. Gluon raises for missing or extra names and for
-        shapes that do not match.
-        """
+        """Read an ordinary ``.params`` file into the parts (Gluon checks names and shapes)."""
         self.net.load_parameters(filename)
 
     def summary(self, X):
-        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
-
-        Activations are the outputs of every layer of one forward pass plus the activations
-        received from the previous device; all micro-batches' activations are kept until
-        their backward pass, so the total does not depend on ``micro_batches``. A training
-        step copies each boundary activation forward and its gradient back: twice the bytes
-        of the forward pass. Call before ``hybridize()``, which hides the layers.
+        """Bytes per device for a batch ``X``: parameters, activations (every layer's output
+        and what the previous device sent; the same for any ``micro_batches``, all kept until
+        the backward pass) and copies per step (each boundary activation forward and its
+        gradient back). Call before ``hybridize()``, which hides the layers.
         """
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized parts '

@@ -2,17 +2,12 @@
 network's own ``train_batch(X, y)``, so that the command line's handlers work for every way of
 splitting (docs/three-ways.md).
 """
+from types import SimpleNamespace
+
 from ..handlers.events import EpochLine, Events, LossGuard, TrainingState
 from ..training import run_epoch, run_epochs
 
 __all__ = ['train_split']
-
-
-class _Rate:
-    """What handlers read of a Trainer: the learning rate (a split has one Trainer per part)."""
-
-    def __init__(self, lr):
-        self.learning_rate = lr
 
 
 def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=None):
@@ -24,8 +19,9 @@ def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=N
     """
     if hasattr(train_iter, 'set_min_batch'):
         train_iter.set_min_batch(len(split.devices))
-    state = TrainingState(split, _Rate(lr), None, split.devices, train_iter, test_iter,
-                          num_epochs)
+    # What handlers read of a Trainer (a split has one per part): the learning rate.
+    trainer = SimpleNamespace(learning_rate=lr)
+    state = TrainingState(split, trainer, None, split.devices, train_iter, test_iter, num_epochs)
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
 

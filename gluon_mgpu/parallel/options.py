@@ -1,17 +1,12 @@
-"""Choosing a way to split training: the checks of the flags, the ``--cut`` parser, the
-constructor the command line calls, and the bytes-per-device summary of the chapter's own data
-parallelism (docs/three-ways.md).
+"""Choosing a way to split training: the checks of the flags, the ``--cut`` parser and the
+constructor the command line calls (docs/three-ways.md).
 """
-from mxnet.gluon import utils as gutils
-
 from .channels import ChannelSplitNet
-from .common import (check_devices, layer_output_bytes, make_summary, nbytes, parameter_bytes,
-                     per_device)
+from .common import check_devices
 from .layers import CUT_RULES, LayerSplit
 from .scratch import ScratchDataParallel
 
-__all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel',
-           'data_parallel_summary']
+__all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel']
 
 # 'data': the chapter's Gluon Trainer; 'scratch': the same by hand (the book's LeNet);
 # 'layers' and 'channels': the chapter's methods 1 and 2.
@@ -45,22 +40,16 @@ def check_parallel_options(parallel, num_devices, micro_batches=1, batch_size=No
     ----------
     parallel : str
         One of ``METHODS``.
-    num_devices : int
-    micro_batches : int, default 1
-        Only the layer split pipelines micro-batches.
+    num_devices, micro_batches : int
     batch_size : int, optional
         Checked against the device count (``scratch`` splits evenly) and ``micro_batches``.
     cut : str or tuple of str, default 'params'
-        Only the layer split cuts; anything but the default needs ``parallel='layers'``.
-    model : str, optional
-        The ``--model`` the user gave (None when not given): ``scratch`` trains the book's
-        LeNet and takes no model.
-    hybridize : bool, optional
-        The user's explicit ``--hybridize`` (None when not given): ``scratch`` is plain
-        functions, which cannot be hybridized.
+    model, hybridize : optional
+        The user's ``--model`` and explicit ``--hybridize`` (None when not given): ``scratch``
+        trains the book's LeNet as plain functions and takes neither.
     data_only : iterable of str
-        Flags the user gave that only Gluon's data parallelism understands (``--kvstore
-        dist_sync``, ``--sync-bn``, ``--device-weights ...``): refused for the other methods.
+        Flags the user gave that only ``--parallel data`` understands (``--kvstore dist_sync``,
+        ``--sync-bn``, ...).
 
     Raises
     ------
@@ -109,17 +98,17 @@ def make_parallel(parallel, devices, lr, net=None, micro_batches=1, cut='params'
     lr : float
         SGD learning rate.
     net : Block, optional
-        For ``layers`` and ``channels``: the one-device network, initialized
-        (``init_one_device``); it is split in place. ``scratch`` builds its own LeNet.
+        For ``layers`` and ``channels``: the one-device network (``init_one_device``), split in
+        place. ``scratch`` builds its own LeNet.
     micro_batches, cut, sample
         For ``layers``; see ``LayerSplit``.
 
     Returns
     -------
     ScratchDataParallel, LayerSplit or ChannelSplitNet
-        All three have ``method``, ``devices``, ``train_batch(X, y)`` (returns the summed loss
-        as an NDArray), ``__call__(X)`` (logits), ``evaluate_accuracy(data_iter)``,
-        ``save_parameters(filename)``, ``load_parameters(filename)``, ``summary(X)``.
+        Each has ``method``, ``devices``, ``train_batch(X, y)`` (the summed loss),
+        ``__call__(X)``, ``evaluate_accuracy``, ``save_parameters``, ``load_parameters`` and
+        ``summary(X)``.
     """
     devices = check_devices(devices)
     if parallel == 'scratch':
@@ -134,19 +123,3 @@ def make_parallel(parallel, devices, lr, net=None, micro_batches=1, cut='params'
         return LayerSplit(net, devices, lr, cut=cut, micro_batches=micro_batches, sample=sample)
     return ChannelSplitNet(net, devices, lr)
 
-
-def data_parallel_summary(net, devices, X):
-    """The same summary as the splits' ``summary(X)``, for Gluon's data parallelism.
-
-    ``net`` is initialized on all ``devices`` (one replica each). Activations: every device
-    runs its slice of ``X`` (as ``split_and_load`` cuts it). Copies: reducing the gradients
-    through one device, as the book's ``allreduce`` does, sends ``2 (N - 1)`` times the bytes
-    of the trained parameters per step (the kvstore's own route may differ).
-    """
-    devices = check_devices(devices)
-    trained = sum(nbytes(p.data(p.list_ctx()[0]))
-                  for p in net.collect_params().values() if p.grad_req != 'null')
-    X_shards = gutils.split_and_load(X, devices, even_split=False)
-    outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
-    return make_summary('data', devices, X.shape[0], parameter_bytes(net, devices),
-                        per_device(outputs, devices), 2 * (len(devices) - 1) * trained)

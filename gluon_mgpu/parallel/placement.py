@@ -15,13 +15,9 @@ __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_place
 
 @dataclass(frozen=True)
 class ParameterPlacement:
-    """One parameter and the devices holding a copy of it.
-
-    ``name``, ``shape`` and ``dtype`` as Gluon gives them; ``contexts``, the devices holding a
-    copy; ``kind``, ``'auxiliary'`` for ``grad_req='null'`` (BatchNorm's running statistics)
-    and ``'trained'`` otherwise; ``nbytes``, the bytes of one copy (a trained parameter's
-    gradient takes as many again and is not counted).
-    """
+    """One parameter and the devices holding a copy of it (``contexts``); ``kind`` is
+    ``'auxiliary'`` for ``grad_req='null'`` (BatchNorm's running statistics), else ``'trained'``;
+    ``nbytes`` the bytes of one copy, gradient not counted."""
 
     name: str
     shape: tuple
@@ -57,11 +53,6 @@ class Placement:
     count_per_device: tuple
 
     @property
-    def total_bytes(self):
-        """Bytes over all devices (a replicated parameter counts once per device)."""
-        return sum(self.bytes_per_device)
-
-    @property
     def replicated(self):
         """True when some parameter has a copy on more than one device (data parallelism)."""
         return any(len(p.contexts) > 1 for p in self.parameters)
@@ -93,17 +84,11 @@ def inspect_placement(source):
     Parameters
     ----------
     source : Block, ParameterDict or iterable of (str, Parameter)
-        The parameters must be initialized (shapes known): pass one batch through a network
-        with deferred initialization first.
+        Initialized, shapes known (Gluon raises otherwise).
 
     Returns
     -------
     Placement
-
-    Raises
-    ------
-    mxnet.gluon.parameter.DeferredInitializationError, RuntimeError
-        From Gluon, for a parameter that is not initialized yet.
     """
     rows = []
     totals = {}
@@ -144,7 +129,7 @@ def format_placement(placement, per_parameter=True):
             lines.append('%-*s %-18s %s, %s: %s' % (
                 width, p.name, str(p.shape), p.dtype, format_bytes(p.nbytes),
                 ', '.join(str(c) for c in p.contexts)))
-    total = placement.total_bytes
+    total = sum(placement.bytes_per_device)
     for d, count, size in zip(placement.devices, placement.count_per_device,
                               placement.bytes_per_device):
         lines.append('%s: %d parameter%s, %s (%.1f%%)' % (
@@ -164,13 +149,11 @@ def format_placement(placement, per_parameter=True):
 
 
 class PlacementCheck(EpochEnd):
-    """Event handler for a split network (``--check-replicas`` with ``--parallel``): after every
-    epoch, say where the parameters live instead of comparing replicas that do not exist.
+    """Event handler for ``--check-replicas`` with ``--parallel``: after every epoch, one line.
 
-    For the layer and channel splits it prints one line, the device lines of
-    ``format_placement`` joined; for data parallelism from scratch (``device_params``, one list
-    of arrays per device) it compares every device's copy with the first and raises
-    ``RuntimeError`` naming the first array that differs.
+    For the layer and channel splits, where the parameters live (``format_placement``'s device
+    lines); for data parallelism from scratch, every device's copy compared with the first
+    (``RuntimeError`` naming the first array that differs).
     """
 
     priority = PRIORITY['PlacementCheck']

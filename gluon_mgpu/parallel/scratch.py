@@ -6,9 +6,7 @@ import mxnet as mx
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
-from ..training import evaluate_accuracy
-from .common import (check_devices, layer_output_bytes, make_summary, nbytes,
-                     per_device)
+from .common import SplitNet, check_devices, data_parallel_summary
 
 __all__ = ['init_params', 'lenet', 'loss', 'get_params', 'allreduce', 'split_batch', 'sgd',
            'train_batch', 'gluon_lenet', 'PARAM_NAMES', 'save_params', 'load_params',
@@ -136,7 +134,7 @@ def load_params(filename):
     return [loaded[name] for name in PARAM_NAMES]
 
 
-class ScratchDataParallel:
+class ScratchDataParallel(SplitNet):
     """The book's LeNet trained by data parallelism from scratch: the API the command line uses.
 
     Parameters
@@ -144,12 +142,8 @@ class ScratchDataParallel:
     devices : list of mxnet.Context
     lr : float
     params : list of NDArray, optional
-        Starting values (default ``init_params()``).
-
-    Attributes
-    ----------
-    device_params : list of list of NDArray
-        ``device_params[k]`` is the full parameter list on ``devices[k]``.
+        Starting values (default ``init_params()``), copied to every device: ``device_params[k]``
+        is the full parameter list on ``devices[k]``.
     """
 
     method = 'scratch'
@@ -169,10 +163,6 @@ class ScratchDataParallel:
         ls = train_batch(X, y, self.device_params, self.devices, self.lr)
         return nd.add_n(*[l.sum().as_in_context(self.devices[0]) for l in ls])
 
-    def evaluate_accuracy(self, data_iter):
-        """Fraction of ``data_iter`` classified correctly (on the first device)."""
-        return evaluate_accuracy(data_iter, self, self.devices[:1])
-
     def save_parameters(self, filename):
         """Write the first device's copy as an ordinary ``.params`` file (see ``save_params``)."""
         save_params(self.device_params[0], filename)
@@ -184,18 +174,9 @@ class ScratchDataParallel:
                 p[:] = value.as_in_context(p.context)
 
     def summary(self, X):
-        """Bytes per device for a batch ``X``: parameters, activations, and copies per step.
-
-        Every device holds all parameters and the activations of its slice of the batch
-        (measured layer by layer on the same LeNet in Gluon). ``allreduce`` sends every other
-        device's gradients to the first and the sums back: ``2 (N - 1)`` times the bytes of
-        the parameters per step.
-        """
-        size = sum(nbytes(p) for p in self.device_params[0])
+        """Bytes per device for a batch ``X``, measured on the same LeNet in Gluon: every device
+        holds all parameters and its slice's activations; ``allreduce`` copies ``2 (N - 1)``
+        times the parameters' bytes per step."""
         net = gluon_lenet()
         net.initialize(ctx=self.devices)
-        X_shards = gutils.split_and_load(X, self.devices, even_split=False)
-        outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
-        return make_summary(self.method, self.devices, X.shape[0], [size] * len(self.devices),
-                            per_device(outputs, self.devices),
-                            2 * (len(self.devices) - 1) * size)
+        return dict(data_parallel_summary(net, self.devices, X), method=self.method)

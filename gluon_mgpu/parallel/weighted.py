@@ -92,12 +92,9 @@ def split_by(X, y, devices, device_weights):
 def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):
     """Time a training pass (forward and backward) of ``(X, y)`` on each device; return examples/s.
 
-    Each device first runs the batch once untimed (graph building, memory allocation), then
-    at least ``repeats`` times and at least ``min_seconds`` timed, each pass ended by
-    ``nd.waitall()`` (a very short measurement is mostly noise). BatchNorm running statistics are
-    restored afterwards, so the measurement leaves ``net`` as it was (gradients aside, which
-    the next ``backward`` overwrites). ``net`` must be initialized on every device.
-    Use the result as ``device_weights``: slices then take about equally long everywhere.
+    After one untimed pass, at least ``repeats`` passes and ``min_seconds`` on each device.
+    BatchNorm's running statistics are restored afterwards. ``net`` is initialized on every
+    device. The result serves as ``device_weights``: slices then take about as long everywhere.
     """
     loss = gloss.SoftmaxCrossEntropyLoss() if loss is None else loss
     for d in devices:

@@ -78,25 +78,23 @@ def _waits_for_shapes(f):
 
 
 def call(device, f, *args):
-    """Return ``f(*args)``, issued from ``device``'s own thread (see the module's docstring).
+    """Return ``f(*args)``, issued from ``device``'s own thread.
 
     Parameters
     ----------
     device : mxnet.Context
-        The device whose work ``f`` issues: ``mx.cpu(1)``, ``mx.gpu(0)``, ...
+        The device whose work ``f`` issues.
     f : callable
-        Called with ``args`` under the caller's autograd state (``autograd.record()`` holds).
-        A Block whose parameters still wait for their shapes is called from the caller's
-        thread (see the module's docstring).
+        Called under the caller's autograd state; a Block whose parameters still wait for
+        their shapes is called from the caller's thread.
 
     Raises
     ------
     TypeError
         If ``device`` is not an ``mxnet.Context``.
     BaseException
-        Whatever ``f`` raised, as it raised it. A Ctrl-C (or SIGTERM's exception) while ``f``
-        runs is raised once ``f`` has returned, so the caller's next MXNet call cannot overlap
-        it.
+        Whatever ``f`` raised. A Ctrl-C while ``f`` runs is raised once ``f`` has returned, so
+        the caller's next MXNet call cannot overlap it.
     """
     if not isinstance(device, Context):
         raise TypeError('device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), got %r'
@@ -119,11 +117,9 @@ def call(device, f, *args):
 
 
 def train_batch(net, X, y, loss, trainer, devices, split_f):
-    """``training.train_batch``, with each device's calls issued from its own thread (``call``).
-
-    The same calls in the same order, so the same numbers; ``training.choose_step`` picks it
-    for simulated CPU devices. Returns the losses, outputs and labels per device.
-    """
+    """``training.train_batch`` (the same calls in the same order, so the same numbers), each
+    device's calls issued from its own thread; ``training.choose_step`` picks it for simulated
+    CPU devices."""
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
         outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]

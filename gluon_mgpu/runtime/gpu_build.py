@@ -1,7 +1,7 @@
 """The GPU build of MXNet on a machine that has nothing but the NVIDIA driver: load the CUDA
 libraries of NVIDIA's wheels before MXNet, or say in one line that the driver is missing. It
-imports only the standard library, since a ``.pth`` file loads it by path. docs/gpu.md explains
-it; as a script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
+imports only the standard library, since a ``.pth`` file loads it by path (docs/gpu.md); as a
+script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
 """
 import os
 import re
@@ -54,8 +54,7 @@ def gpu_build(path=None):
     Returns
     -------
     str or None
-        ``'mxnet-cu112 1.9.1'`` when the first ``mxnet`` on the path was installed by an
-        ``mxnet-cu*`` wheel; None for the CPU build or no MXNet at all.
+        ``'mxnet-cu112 1.9.1'`` for an ``mxnet-cu*`` wheel; None for the CPU build or no MXNet.
     """
     for folder in sys.path if path is None else path:
         folder = folder or os.curdir
@@ -70,11 +69,8 @@ def gpu_build(path=None):
 
 
 def library_paths(path=None):
-    """Return ``[(soname, file or None), ...]``: where the nvidia wheels put each library.
-
-    ``path`` is searched in order as in :func:`gpu_build`; None means no wheel has that
-    library (a system-wide CUDA may still provide it).
-    """
+    """``[(soname, file or None), ...]``: where on ``path`` (as in :func:`gpu_build`) the nvidia
+    wheels put each library; None when no wheel has it."""
     folders = sys.path if path is None else path
     found = []
     for package, soname in LIBRARIES:
@@ -92,24 +88,22 @@ def no_driver_message(build):
 
 
 def prepare(path=None):
-    """Make the GPU build of MXNet loadable; call before ``import mxnet``. Does nothing for the CPU build.
+    """Make the GPU build of MXNet loadable: call before ``import mxnet`` (docs/gpu.md).
 
-    Loads each library of :data:`LIBRARIES` from its wheel (or, without the wheel, from the
-    loader's usual places) with ``RTLD_GLOBAL``, then checks that ``libcuda.so.1`` loads.
-    Calling it again is cheap: a loaded library is only counted once more.
+    Loads each of :data:`LIBRARIES` with ``RTLD_GLOBAL``, from its wheel or else by soname,
+    then checks that the driver's ``libcuda.so.1`` loads.
 
     Returns
     -------
     list of str
-        The libraries loaded, as files (from a wheel) or sonames (found by the loader); empty
-        with the CPU build.
+        The libraries loaded (files or sonames); empty with the CPU build.
 
     Raises
     ------
     NoDriverError
-        ``libcuda.so.1`` cannot be loaded: no NVIDIA driver.
+        No NVIDIA driver.
     GPUBuildError
-        A CUDA library cannot be loaded; the message names it and the requirements file.
+        A CUDA library cannot be loaded.
     """
     build = gpu_build(path)
     if build is None:
@@ -148,11 +142,9 @@ def command_module(argv):
 
 
 def prepare_for_package(argv=None):
-    """:func:`prepare` for ``gluon_mgpu/__init__.py``: a command exits, an import raises.
-
-    Under ``python -m gluon_mgpu.<command>`` a :class:`GPUBuildError` becomes one line on
-    stderr, ``python -m gluon_mgpu.<command>: error: ...``, and exit code 2, with no
-    traceback. Anywhere else (``import gluon_mgpu`` in a notebook, a test) it is raised.
+    """:func:`prepare` for ``gluon_mgpu/__init__.py``: under ``python -m gluon_mgpu.<command>``
+    a :class:`GPUBuildError` becomes one line on stderr and exit code 2; anywhere else it is
+    raised.
 
     Parameters
     ----------
@@ -177,11 +169,8 @@ def prepare_for_package(argv=None):
 
 
 class _MXNetFinder:
-    """On ``sys.meta_path``: runs :func:`prepare` when ``mxnet`` is imported, then steps aside.
-
-    It finds nothing itself (the usual finders load MXNet). After a failure it stays, so that
-    a second ``import mxnet`` raises the same clear error rather than the loader's.
-    """
+    """On ``sys.meta_path``: runs :func:`prepare` when ``mxnet`` is imported, then steps aside
+    (after a failure it stays, so a second ``import mxnet`` raises the same error)."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
@@ -199,16 +188,13 @@ def install_finder():
 
 
 def install_hook(site_dir=None):
-    """Write ``gluon_mgpu_cuda.pth`` into ``site_dir`` so any ``import mxnet`` there prepares first.
-
-    A ``.pth`` line that starts with ``import`` runs when Python starts; this one loads this file
-    by its absolute path (not ``gluon_mgpu``, which would import MXNet at every start) and calls
-    :func:`install_finder`.
+    """Write ``gluon_mgpu_cuda.pth``, whose line loads this file by path at every start of Python
+    and calls :func:`install_finder`.
 
     Parameters
     ----------
     site_dir : str, optional
-        Default: this Python's ``site-packages`` (``sysconfig``'s ``purelib``).
+        Default: this Python's ``site-packages``.
 
     Returns
     -------

@@ -9,17 +9,13 @@ from .threads import thread_limit
 __all__ = ['THREAD_COUNTS', 'THREADS_PER_CORE', 'WHOLE_NUMBERS', 'FLAGS', 'NUMBERS', 'ENGINES',
            'check_environment', 'most_threads']
 
-# Measured with MXNet 1.9.1's CPU build: each variable set to 'abc' under the chapter's step on
-# two CPU contexts (a hybridized network, a Trainer step, an evaluation) ends the process, most
-# with an abort (134), the rest with MXNetError; MXNet named the type it expected.
-# Thread counts: whole numbers >= 1 (MXNET_CPU_WORKER_NTHREADS=0 hangs, MXNET_OMP_MAX_THREADS=-1
-# aborts), and no more than the machine can start (OMP_NUM_THREADS=100000 crashes).
+# Which variables MXNet 1.9.1 aborts on, and their types, was measured (docs/devices.md).
+# Thread counts: whole numbers from 1 to most_threads().
 THREAD_COUNTS = ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS', 'MXNET_CPU_WORKER_NTHREADS',
                  'MXNET_CPU_PRIORITY_NTHREADS', 'MXNET_GPU_WORKER_NTHREADS',
                  'MXNET_GPU_COPY_NTHREADS', 'MXNET_MP_WORKER_NTHREADS',
                  'MXNET_MP_OPENCV_NUM_THREADS')
-# Other whole numbers, with the least value MXNet survives where it matters (None: any):
-# MXNET_CPU_TEMP_COPY=0 ends in SIGFPE, -1 in bad_alloc.
+# Other whole numbers, with the least value MXNet survives (None: any).
 WHOLE_NUMBERS = {'MXNET_CPU_TEMP_COPY': 1, 'MXNET_GPU_TEMP_COPY': 1,
                  'MXNET_CPU_PARALLEL_RAND_COPY': 1, 'MXNET_GPU_PARALLEL_RAND_COPY': 1,
                  'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': None,
@@ -32,7 +28,7 @@ WHOLE_NUMBERS = {'MXNET_CPU_TEMP_COPY': 1, 'MXNET_GPU_TEMP_COPY': 1,
                  'MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM': None, 'MXNET_DISABLE_MKLDNN_CONV_OPT': None,
                  'MXNET_DISABLE_MKLDNN_FC_OPT': None, 'MXNET_PROFILER_MODE': None,
                  'MXNET_PROFILER_AUTOSTART': None, 'MXNET_USE_NUM_CORES_OPERATOR_TUNING': None}
-# Flags: 0, 1, true or false, in any case ('2' and 'yes' abort).
+# Flags: 0, 1, true or false, in any case.
 FLAGS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_MKLDNN_ENABLED', 'MXNET_ENGINE_INFO',
          'MXNET_KVSTORE_LOGTREE', 'MXNET_OUTPUT_TUNING_DATA', 'MXNET_VERBOSE_TUNING_INFO',
          'MXNET_DISABLE_MKLDNN_FUSE_FC_ELTWISE', 'MXNET_ELIMINATE_COMMON_EXPR',
@@ -40,22 +36,18 @@ FLAGS = ('MXNET_EXEC_BULK_EXEC_TRAIN', 'MXNET_MKLDNN_ENABLED', 'MXNET_ENGINE_INF
          'MXNET_MKLDNN_DEBUG', 'MXNET_MKLDNN_FORCE_FC_AB_FORMAT')
 # Numbers (double).
 NUMBERS = ('MXNET_TUNING_WEIGHT_SCALE',)
-# MXNET_ENGINE_TYPE: MXNet 1.9.1's engines (src/engine/engine.cc, names as written); another
-# name ends the first operator with "Cannot find Engine".
+# MXNET_ENGINE_TYPE: MXNet 1.9.1's engines (src/engine/engine.cc).
 ENGINES = ('ThreadedEnginePerDevice', 'ThreadedEngine', 'ThreadedEnginePooled', 'NaiveEngine')
 
-# MXNet's OpenMP threads spin while they wait for each other: the chapter's step on 2 cores took
-# 1.2x as long with 8 threads, 3.5x with 32, 17x with 128 (measured), never ended with 1000.
-THREADS_PER_CORE = 8
+THREADS_PER_CORE = 8  # more spin waiting for each other (docs/devices.md)
 _INT = re.compile(r'\s*[+-]?[0-9]+\s*')
 _NUMBER = re.compile(r'\s*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?\s*')
 _INT_MAX = 2 ** 31 - 1
 
 
 def most_threads(cores):
-    """Return ``(n, reason)``: the largest thread count the package lets MXNet use on ``cores``
-    usable cores: ``THREADS_PER_CORE`` per core, and at most half of what the tightest limit on
-    threads allows (``threads.thread_limit``)."""
+    """``(n, reason)``: the most threads the package lets MXNet use on ``cores`` usable cores,
+    ``THREADS_PER_CORE`` per core and at most half of ``threads.thread_limit()``."""
     most, reason = THREADS_PER_CORE * cores, (
         '%d per usable core (more spin waiting for each other: on 2 cores a step took 3.5x as '
         'long with 32, and never ended with 1000)' % THREADS_PER_CORE)
@@ -77,8 +69,8 @@ def _whole(name, value, least, example):
 
 
 def check_environment(environ, cores=1):
-    """Raise ``ValueError`` for the first MXNet variable in ``environ`` MXNet would abort or
-    crash on, naming it, its value and the fix.
+    """Raise ``ValueError`` for the first MXNet variable that MXNet would abort or crash on,
+    naming it, its value and the fix.
 
     Parameters
     ----------

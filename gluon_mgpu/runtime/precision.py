@@ -31,13 +31,12 @@ def check_dtype(dtype, devices, force=False, flags=None):
     force : bool, default False
         Train in bfloat16 on a CPU without bfloat16 instructions anyway (slower than float32).
     flags : set of str, optional
-        The CPU's feature flags; default ``devices.cpu_flags()`` (/proc/cpuinfo).
+        The CPU's feature flags; default ``devices.cpu_flags()``.
 
     Returns
     -------
     list of str
-        Empty for float32 and for a CPU with ``avx512_bf16`` or ``amx_bf16``; one line for a
-        GPU (never run here) or a forced CPU without them.
+        One line for a GPU (never run here), one for a forced CPU without ``BF16_CPU_FLAGS``.
 
     Raises
     ------
@@ -70,12 +69,9 @@ def active_dtype():
 
 
 def use_dtype(dtype):
-    """Make this process compute in ``dtype``; call it before building a network.
-
-    For bfloat16: ``amp.init(target_dtype='bfloat16')``, once per process. Raises
-    RuntimeError when the process already computes in the other dtype (MXNet 1.9.1 cannot
-    undo ``amp.init``), or when MXNet's AMP was started by someone else.
-    """
+    """Make this process compute in ``dtype`` (bfloat16: ``amp.init``, once); call it before
+    building a network. RuntimeError when it already computes in the other dtype (MXNet 1.9.1
+    cannot undo ``amp.init``), or when MXNet's AMP was started by someone else."""
     from mxnet.contrib import amp
     active = _state['dtype']
     if active is None and amp.amp._amp_initialized and _checked(dtype) == 'float32':

@@ -11,8 +11,7 @@ import sys
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
-           'thread_limit', 'usable_cores',
-           'simulated_devices_of_command', 'DEVICES_ENV']
+           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
@@ -48,17 +47,15 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
     """How many simulated CPU devices a starting ``python -m gluon_mgpu.train`` will use.
 
     Read from its arguments before MXNet is imported: ``--num-gpus N`` (default 1) with
-    ``--device cpu``, or with ``--device auto`` (the default) on a machine with no NVIDIA GPU.
-    With ``--resume``, what the flags do not give comes from the latest checkpoint in
-    ``--checkpoint-dir``, as the command takes it.
+    ``--device cpu``, or with ``--device auto`` on a machine with no NVIDIA GPU (``has_gpu``,
+    default: an NVIDIA device file in ``/dev``); with ``--resume``, what the flags do not give
+    comes from the latest checkpoint.
 
     Parameters
     ----------
     argv, orig_argv : list of str, optional
-        ``sys.argv`` (``['-m', ...]`` while ``python -m`` imports the package) and
-        ``sys.orig_argv``; default: this process's.
+        ``sys.argv`` and ``sys.orig_argv``; default: this process's.
     has_gpu : bool, optional
-        Whether the machine has a GPU (default: an NVIDIA device file in ``/dev``).
 
     Returns
     -------
@@ -97,8 +94,7 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
 
 def _recorded_devices(directory):
     """``--num-gpus`` and ``--device`` as the latest checkpoint in ``directory`` records them
-    (its JSON, regular files only, at most 1 MB read); ``{}`` when there is none or it cannot be
-    read: the command then says what is wrong with the checkpoint itself."""
+    (at most 1 MB of its JSON read); ``{}`` when it cannot be read (the command says why)."""
     import json
     from ..handlers.checkpoint_names import checkpoint_path, list_checkpoints
     from .files import InputError, open_input
@@ -144,10 +140,9 @@ def _cgroup_pids_max():
 
 
 def thread_limit():
-    """Return ``(n, source)``: the most threads this process could have, and which limit says
-    so (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
-    process id, ``'the cgroup\'s pids.max'``); ``(None, None)`` when nothing limits it. Reads
-    no MXNet: it is asked before MXNet starts."""
+    """``(n, source)``: the most threads this process could have, and which limit says so
+    (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
+    process id, or ``"the cgroup's pids.max"``); ``(None, None)`` when nothing limits it."""
     limits = []
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
@@ -184,23 +179,18 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     environ : dict, optional
         The environment to read and change (default ``os.environ``).
     mxnet_imported : bool, optional
-        Whether MXNet was imported before us (default: look in ``sys.modules``); then it is too
-        late to change anything, and the returned dict says so.
+        Whether MXNet was imported before us (default: look in ``sys.modules``): too late then.
     devices : int, optional
-        Simulated CPU devices this process will compute on. Default: ``GLUON_MGPU_CPU_DEVICES``
-        when set, else what a starting ``python -m gluon_mgpu.train`` asks for
-        (``simulated_devices_of_command``), else 1.
+        Simulated CPU devices this process will compute on. Default: ``GLUON_MGPU_CPU_DEVICES``,
+        else ``simulated_devices_of_command()``, else 1.
 
     Returns
     -------
     dict
-        ``omp_num_threads`` (the value in force, or None if MXNet picks), ``cores`` (usable
-        cores), ``source``: ``'gluon_mgpu'`` (set here), ``'user'`` (already set) or
-        ``'mxnet-imported-first'`` (MXNet had started with its own default,
-        ``mxnet_default_threads()``, which is then the count in force); ``devices`` (the
-        simulated devices the choice was made for) and ``cpu_temp_copy`` (the scratch-buffer
-        pool per issuing thread in force, None for MXNet's default of 4) with ``temp_copy_source``
-        (``'user'`` or ``'mxnet'``).
+        ``omp_num_threads`` (in force), ``cores`` (usable), ``source`` (``'gluon_mgpu'``,
+        ``'user'`` or ``'mxnet-imported-first'``: MXNet's default, ``mxnet_default_threads()``),
+        ``devices``, and ``cpu_temp_copy`` (the scratch-buffer pool per issuing thread, None
+        for MXNet's default of 4) with ``temp_copy_source`` (``'user'`` or ``'mxnet'``).
 
     Raises
     ------
@@ -252,8 +242,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
 
 
 def _local_processes(environ):
-    """The processes of a ``horovodrun`` job on this machine (``HOROVOD_LOCAL_SIZE``), which
-    share its cores; 1 outside such a job."""
+    """The processes of a ``horovodrun`` job sharing this machine's cores; 1 outside one."""
     value = environ.get('HOROVOD_LOCAL_SIZE', '')
     return int(value) if _whole(value) and int(value) >= 1 else 1
 
@@ -261,8 +250,7 @@ def _local_processes(environ):
 def mxnet_default_threads(cores=None, machine=None):
     """The OpenMP threads MXNet 1.9.1 computes with when ``OMP_NUM_THREADS`` was not set as it
     started: half the usable cores on x86 (``src/engine/openmp.cc``), at least 1; all of them
-    elsewhere. MXNet caps every engine worker at this count, so ``MXSetNumOMPThreads`` called
-    later changes the calling thread only (measured: docs/import-order.md)."""
+    elsewhere (docs/devices.md)."""
     cores = usable_cores() if cores is None else cores
     machine = platform.machine() if machine is None else machine
     x86 = machine.lower() in ('x86_64', 'amd64', 'i386', 'i686', 'x86')
@@ -291,7 +279,6 @@ def warn_if_imported_late():
 def thread_settings():
     """Return the settings chosen when ``gluon_mgpu`` was imported (see ``configure_threads``)."""
     return dict(_SETTINGS)
-
 
 
 def format_thread_settings(settings=None):

@@ -2,6 +2,7 @@
 (``guard_updates``) and the C++ stack trace in its messages (``one_line``). docs/events.md
 ("Inside trainer.step") explains it.
 """
+import functools
 import sys
 
 __all__ = ['UpdateError', 'UpdateGuard', 'guard_updates', 'one_line', 'callback_codes']
@@ -17,12 +18,8 @@ def callback_codes():
 
 
 class UpdateError(RuntimeError):
-    """The optimizer raised an exception while ``trainer.step`` updated a parameter.
-
-    The message names the parameter, its device and the original exception (also its
-    ``__cause__``); ``original`` is that exception. The updates of that step are incomplete,
-    so the run must stop; parameters saved before the step (checkpoints) are untouched.
-    """
+    """The optimizer raised ``original`` (also the ``__cause__``) while ``trainer.step`` updated
+    the parameter the message names: the step is incomplete, so the run must stop."""
 
     def __init__(self, message, original):
         super().__init__(message)
@@ -30,11 +27,8 @@ class UpdateError(RuntimeError):
 
 
 def one_line(e, limit=300):
-    """An exception's message as one line of at most ``limit`` characters.
-
-    MXNet's messages start with a C++ stack trace ("Traceback ...") and end with
-    ``MXNetError: message``: the message is kept, without its type prefix.
-    """
+    """An exception's message as one line of at most ``limit`` characters: of an MXNet error
+    (a C++ stack trace, then ``MXNetError: message``), the message without its prefix."""
     lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
     if not lines:
         return type(e).__name__
@@ -45,14 +39,9 @@ def one_line(e, limit=300):
     return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
-_GUARDED = []
-
-
+@functools.lru_cache(maxsize=None)
 def _updater_class():
-    """MXNet's ``Updater`` with a ``__call__`` that reports to its guard (made once, lazily:
-    importing this module does not import MXNet)."""
-    if _GUARDED:
-        return _GUARDED[0]
+    """MXNet's ``Updater`` reporting to its guard (made once, lazily: no MXNet at import)."""
     from mxnet.optimizer import Updater
 
     class GuardedUpdater(Updater):
@@ -71,20 +60,18 @@ def _updater_class():
                 if sys._getframe(1).f_code not in guard._callbacks:
                     guard.check()  # called from Python (no kvstore updater): raise now
             return None
-    _GUARDED.append(GuardedUpdater)
     return GuardedUpdater
 
 
 class UpdateGuard:
-    """Context manager that makes any exception of the optimizer stop ``trainer.step``.
+    """Context manager (``guard_updates(trainer)``) that makes any exception of the optimizer
+    stop ``trainer.step``.
 
-    Use ``guard_updates(trainer)``. Inside the ``with`` block, ``trainer.step`` (and
-    ``trainer.update``) raise ``UpdateError`` right after they return when the optimizer
-    raised during them, whichever way MXNet called it: from C as the kvstore's updater
-    (``update_on_kvstore``, where the exception would be printed and dropped), or from Python
-    (``trainer._updaters``: one device, or ``update_on_kvstore=False``). A ``KeyboardInterrupt``
-    raised there is re-raised as it is. ``check()`` raises a pending error as well; leaving the
-    block restores the Trainer.
+    Inside the ``with`` block, ``trainer.step`` and ``trainer.update`` raise ``UpdateError``
+    (a ``KeyboardInterrupt`` as it is) right after they return when the optimizer raised
+    during them, whether MXNet called it from C as the kvstore's updater, where the exception
+    would be dropped, or from Python (``trainer._updaters``). Leaving the block restores the
+    Trainer.
 
     Attributes
     ----------
@@ -193,11 +180,6 @@ class UpdateGuard:
 
 
 def guard_updates(trainer):
-    """Return an ``UpdateGuard`` for ``trainer``: use it as ``with guard_updates(trainer):``.
-
-    Examples
-    --------
-    >>> with guard_updates(trainer):
-    ...     trainer.step(batch_size)   # raises UpdateError if the optimizer failed
-    """
+    """Return an ``UpdateGuard`` for ``trainer``: ``with guard_updates(trainer):
+    trainer.step(batch_size)`` raises UpdateError if the optimizer failed."""
     return UpdateGuard(trainer)

@@ -22,16 +22,15 @@ def reestimate_running_stats(net, X, device):
     """Set every BatchNorm's running statistics on ``device`` to those of the batch ``X``.
 
     One forward and backward pass in training mode with momentum 0, so that MXNet's own update
-    (``running = momentum * running + (1 - momentum) * batch``) writes the batch's mean and
-    (biased) variance; no weight changes (no ``trainer.step``). The other devices' copies stay.
+    writes the batch's mean and (biased) variance; no weight changes, and the other devices'
+    copies stay.
 
     Parameters
     ----------
     net : mxnet.gluon.Block
-        Not hybridized (the momentum is read at every call; a hybridized graph holds its own);
-        initialized on ``device``. Hybridize it afterwards for a faster evaluation.
+        Initialized on ``device``, not hybridized (a hybridized graph holds its own momentum).
     X : mxnet.nd.NDArray
-        A batch of training images, e.g. 512 of shape (512, 1, 28, 28).
+        A batch of training images.
     device : mxnet.Context
 
     Raises

@@ -1,12 +1,13 @@
 """Inference copies of the chapter's networks: BatchNorm folded into the convolutions, for
-prediction only (docs/speed.md, "BatchNorm folded into the convolutions").
+prediction only (docs/speed.md, "BatchNorm folded into the convolutions"). Used by worker.py's
+``eval-1-fold`` rows; tests/test_inference.py checks it.
 """
 import numpy as np
 from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
-from ..model import Residual, relu
+from gluon_mgpu.model import Residual, relu
 
 __all__ = ['fold_batchnorm', 'FoldedResidual', 'FOLD_ATOL', 'FOLD_RTOL']
 
