@@ -224,6 +224,14 @@ def test_without_horovodrun_it_is_one_line_and_exit_2(capsys, data_dir, monkeypa
         'this process was not started by horovodrun; start the job with horovodrun -np 2 -H '
         'localhost:2 --gloo python -m gluon_mgpu.train --kvstore horovod ...\n')
 
+    # A digit to str.isdigit that int() refuses: the same line, not a traceback.
+    monkeypatch.setenv('HOROVOD_RANK', '\u00b2')
+    assert horovod.worker_rank() is None
+    assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir]) == 2
+    assert capsys.readouterr().err.startswith(
+        "python -m gluon_mgpu.train: error: --kvstore horovod: HOROVOD_RANK is '\u00b2', so "
+        'this process was not started by horovodrun; ')
+
 
 def test_without_horovod_installed_the_line_names_the_install(capsys, data_dir, monkeypatch):
     import importlib.util

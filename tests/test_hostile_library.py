@@ -1095,6 +1095,9 @@ _OTHER_NETWORK = ': the checkpoint was written for another network (None)'
     ('replicas', lambda r: r.update({'1.running_mean@00': r['1.running_mean@0']}),
      'holds "1.running_mean@00", which is not "<parameter>@<device>" for a parameter of this '
      'network' + _NOT_THIS_RUN),
+    ('replicas', lambda r: r.update({'1.running_mean@\u00b2': r['1.running_mean@0']}),
+     'holds "1.running_mean@\\u00b2", which is not "<parameter>@<device>" for a parameter of '
+     'this network' + _NOT_THIS_RUN),
     ('replicas', lambda r: r.update({'1.running_mean@0': nd.ones(5)}),
      'holds 1.running_mean@0 with shape (5,) (float32), but the parameter is (4,) (float32)'
      + _NOT_THIS_RUN),

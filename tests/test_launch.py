@@ -74,6 +74,9 @@ def test_hostfile_format(tmp_path):
     with pytest.raises(ValueError, match=r'line 2, \'node2:ssh\', is not "host" or '
                                          r'"host:port"'):
         launch.read_hostfile(str(path))
+    path.write_text('node1:\u00b2\n')  # a digit to str.isdigit, not to int()
+    with pytest.raises(ValueError, match='line 1, \'node1:\u00b2\', is not "host"'):
+        launch.read_hostfile(str(path))
     path.write_text('# nothing\n\n')
     with pytest.raises(ValueError, match='no hosts in the file'):
         launch.read_hostfile(str(path))

@@ -151,7 +151,7 @@ def read_hostfile(path):
                 continue
             host, _, port = line.partition(':')
             port = port or '22'
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
                 raise ValueError('line %d, %r, is not "host" or "host:port"' % (number, line))
             hosts.append((host, int(port)))
     if not hosts:

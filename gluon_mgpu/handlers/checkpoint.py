@@ -620,7 +620,8 @@ def _check_replicas(loaded, params, shapes, path, num_devices):
     seen = {}
     for key, value in loaded.items():
         name, at, index = key.rpartition('@')
-        if not at or not index.isdigit() or str(int(index)) != index or name not in params:
+        if not at or not (index.isascii() and index.isdigit()) or str(int(index)) != index \
+                or name not in params:
             raise _not_this_run(path, 'holds %s, which is not "<parameter>@<device>" for a '
                                 'parameter of this network' % _short(key))
         if int(index) >= num_devices:

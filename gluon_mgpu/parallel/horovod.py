@@ -89,7 +89,7 @@ def job_env(environ=None):
     values = {}
     for name in ('HOROVOD_RANK', 'HOROVOD_SIZE'):
         value = environ.get(name, '')
-        if not value.isdigit():
+        if not (value.isascii() and value.isdigit()):
             raise ValueError('%s is %s, so this process was not started by horovodrun; start '
                              'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
                              'gluon_mgpu.train --kvstore horovod ...'
@@ -101,7 +101,7 @@ def job_env(environ=None):
 def worker_rank(environ=None):
     """This process's rank in a ``horovodrun`` job, or None outside one."""
     value = (os.environ if environ is None else environ).get('HOROVOD_RANK', '')
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isascii() and value.isdigit() else None
 
 
 def shared_seed(kv, seed=None):
