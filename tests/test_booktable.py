@@ -148,3 +148,48 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path):
     # The checkpoints of every epoch stay in the work folder.
     names = os.listdir(os.path.join(work, '2dev-seed0-limit256x128'))
     assert {'epoch-0001.json', 'epoch-0002.json'} <= set(names)
+
+
+def test_bfloat16_runs_are_runs_of_their_own():
+    run = booktable.Run(2, 1, 0, 1, None, None, 'bfloat16')
+    assert run.name == '2dev-seed1-bf16'
+    assert booktable.train_argv(run, '/w', 1, resume=False)[-2:] == ['--dtype', 'bfloat16']
+    assert '--dtype' not in booktable.train_argv(run._replace(dtype='float32'), '/w', 1, False)
+    assert [r.name for r in booktable.plan_runs([0], dtype='bfloat16', epochs=1)] == [
+        '2dev-seed0-bf16', '1dev-seed0-bf16']
+    # A line without dtype (every line of the book's record) is float32.
+    assert booktable.record_key(_line())[-1] == 'float32'
+    assert booktable.record_key(_line(dtype='bfloat16')) != booktable.record_key(_line())
+    records = [_line(), _line(dtype='bfloat16', test_acc=0.3)]  # not the same epoch twice
+    assert booktable.recorded_epochs(records, run._replace(seed=0)) == [1]
+
+
+def test_a_record_line_with_another_dtype_is_refused(tmp_path):
+    path = str(tmp_path / 'rec.jsonl')
+    _write(path, _line(dtype='float16'))
+    with pytest.raises(booktable.RecordError, match=r'line 1: dtype is \'float16\', not '
+                                                    r'"float32" or "bfloat16"; fix or delete'):
+        booktable.read_records(path)
+
+
+@pytest.mark.slow
+def test_full_bfloat16_records_its_runs_apart_and_prints_their_table(tmp_path):
+    bf16, book = str(tmp_path / 'bf16.jsonl'), str(tmp_path / 'book.jsonl')
+    _write(book, _line(devices=1, acc_running=[0.2], test_limit=128, train_limit=256),
+           _line(devices=1, seed=1, acc_running=[0.3], test_limit=128, train_limit=256))
+    child = _compare('--full', '--dtype', 'bfloat16', '--seeds', '0', '--epochs', '1',
+                     '--train-limit', '256', '--test-limit', '128', '--record', book,
+                     '--bf16-record', bf16, '--work-dir', str(tmp_path / 'work'))
+    out, err = child.communicate(timeout=1200)
+    assert child.returncode == 0, err
+    records = booktable.read_records(bf16)
+    assert [(r['devices'], r['dtype']) for r in records] == [(2, 'bfloat16'), (1, 'bfloat16')]
+    assert len(open(book).read().splitlines()) == 2  # the float32 record is only read
+    one = records[1]['acc_running'][0]
+    assert records[1]['acc_running'] == [records[1]['test_acc']]
+    assert '1 device   1      mean 0.25 (0.20-0.30, 2 seeds)  mean %.2f (%.2f-%.2f, 1 seed)' % (
+        one, one, one) in out
+    assert '2 devices  1      not run' in out
+    # The train command ran in bfloat16: its checkpoint says so.
+    ck = json.load(open(tmp_path / 'work' / '1dev-seed0-limit256x128-bf16' / 'epoch-0001.json'))
+    assert ck['args']['dtype'] == 'bfloat16'

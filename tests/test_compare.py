@@ -225,3 +225,34 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
     assert result.stdout == ''
     assert len(result.stderr.splitlines()) == 1
     assert re.fullmatch(expected, result.stderr.strip()), result.stderr
+
+
+def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
+    def line(devices, seed, acc, dtype=None):
+        r = {'devices': devices, 'seed': seed, 'warmup_steps': 0, 'epoch': 1,
+             'acc_running': [acc] * devices}
+        return dict(r, dtype=dtype) if dtype else r
+    book = [line(2, 0, 0.49), line(2, 1, 0.57), line(2, 2, 0.53), line(1, 0, 0.76)]
+    bf16 = [line(2, 0, 0.51, 'bfloat16'), line(2, 1, 0.91, 'bfloat16'),
+            line(1, 0, 0.8, 'bfloat16')]
+    rows = compare.dtype_rows(book, bf16)
+    assert rows[1] == ['2 devices', '1', 'mean 0.53 (0.49-0.57, 3 seeds)',
+                       'mean 0.71 (0.51-0.91, 2 seeds)', '+0.180 (2 seeds)',
+                       # 0.53 +- t(2) 4.303 * s 0.04 * sqrt(1 + 1/3): 0.33 to 0.73
+                       "1 of 2 inside float32's 95% prediction interval 0.33 to 0.73"]
+    assert rows[2] == ['1 device', '1', 'mean 0.76 (0.76-0.76, 1 seed)',
+                       'mean 0.80 (0.80-0.80, 1 seed)', '+0.040 (1 seed)',
+                       'not judged: float32 has 1 seed so far']
+    assert compare.dtype_rows(book, []) == rows[:1]
+
+
+@pytest.mark.parametrize('argv,message', [
+    (['--dtype', 'bfloat16'], '--dtype bfloat16 chooses what --full trains'),
+    (['--full', '--dtype', 'bfloat16', '--output', 'x.md'],
+     '--dtype bfloat16 trains and prints the bfloat16 table only; leave out --output, '),
+])
+def test_bfloat16_is_only_for_full_runs(argv, message, capsys):
+    assert compare.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('python -m gluon_mgpu.compare: error: ' + message), err
+    assert len(err.splitlines()) == 1

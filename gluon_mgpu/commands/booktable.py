@@ -24,6 +24,8 @@ __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_
 # The repository: gluon_mgpu/commands/ is two folders below it.
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
+# The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
+DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 RUN_EPOCHS = 4
 # The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
@@ -33,9 +35,9 @@ BATCH_STATS_BATCH = 500
 
 
 class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_limit '
-                                        'test_limit')):
+                                        'test_limit dtype', defaults=('float32',))):
     """One run of the table, with the book's batch and learning rate for ``devices``;
-    ``warmup_steps`` 0 and limits None are the book's."""
+    ``warmup_steps`` 0, limits None and ``dtype`` float32 are the book's."""
 
     @property
     def name(self):
@@ -44,18 +46,20 @@ class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_
             name += '-warmup%d' % self.warmup_steps
         if self.train_limit or self.test_limit:
             name += '-limit%sx%s' % (self.train_limit or 'all', self.test_limit or 'all')
-        return name
+        return name + ('-bf16' if self.dtype == 'bfloat16' else '')
 
     def key(self):
         """The run in the record: everything but the number of epochs."""
-        return (self.devices, self.seed, self.warmup_steps, self.train_limit, self.test_limit)
+        return (self.devices, self.seed, self.warmup_steps, self.train_limit, self.test_limit,
+                self.dtype)
 
 
-def plan_runs(seeds, warmup_steps=0, epochs=RUN_EPOCHS, train_limit=None, test_limit=None):
+def plan_runs(seeds, warmup_steps=0, epochs=RUN_EPOCHS, train_limit=None, test_limit=None,
+              dtype='float32'):
     """The runs of the table in training order: 2 devices (where the book and we differ most),
     then with ``warmup_steps`` the warmup runs (2 devices, epoch 1 only), then 1 device."""
     def runs(devices, warmup, epochs):
-        return [Run(devices, s, warmup, epochs, train_limit, test_limit) for s in seeds]
+        return [Run(devices, s, warmup, epochs, train_limit, test_limit, dtype) for s in seeds]
     warmups = runs(2, warmup_steps, 1) if warmup_steps else []
     return runs(2, 0, epochs) + warmups + runs(1, 0, epochs)
 
@@ -103,12 +107,14 @@ def _check_line(record, path, number):
         value = record.get(name)
         if value is not None and not (_is_whole(value) and value >= 1):
             refuse('%s is %r, not a whole number or null' % (name, value))
+    if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
+        refuse('dtype is %r, not "float32" or "bfloat16"' % (record['dtype'],))
 
 
 def record_key(record):
     """The ``Run.key()`` of a record line."""
     return (record['devices'], record['seed'], record['warmup_steps'],
-            record.get('train_limit'), record.get('test_limit'))
+            record.get('train_limit'), record.get('test_limit'), record.get('dtype', 'float32'))
 
 
 def read_records(path):
@@ -194,6 +200,8 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
         argv.append('--resume')
     if run.warmup_steps:
         argv += ['--warmup-steps', str(run.warmup_steps)]
+    if run.dtype != 'float32':
+        argv += ['--dtype', run.dtype]
     for flag, value in (('--train-limit', run.train_limit), ('--test-limit', run.test_limit),
                         ('--data-dir', data_dir)):
         if value is not None:
@@ -202,10 +210,12 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 
 
 def _restored(directory, record, devices, hybridize):
-    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``."""
+    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in
+    the run's dtype."""
     from ..handlers import checkpoint
-    net = training.new_network('resnet18', hybridize=hybridize)
-    trainer = training.init_training(net, devices, record['args']['lr'])
+    dtype = record['args'].get('dtype', 'float32')
+    net = training.new_network('resnet18', hybridize=hybridize, dtype=dtype)
+    trainer = training.init_training(net, devices, record['args']['lr'], dtype=dtype)
     checkpoint.restore(directory, record, net, trainer, devices)
     return net
 
@@ -388,6 +398,8 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
                   commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))
+    if run.dtype != 'float32':  # the book's lines keep the fields they always had
+        record['dtype'] = run.dtype
     append_record(record_path, record)
     return record
 

@@ -317,12 +317,13 @@ def prediction_interval(values):
     return mean - half, mean + half
 
 
-def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None):
+def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None,
+                  dtype='float32'):
     """The records of one configuration, ``{epoch: [record per seed]}``."""
     by_epoch = {}
     for r in records:
         key = booktable.record_key(r)
-        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit):
+        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit, dtype):
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
 
@@ -427,6 +428,36 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
                 'batch': summarize([r['acc_batch_stats'] for r in rs]),
                 'train_acc': summarize([r['train_acc'] for r in rs])})
     return rows
+
+
+def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
+    """bfloat16 against float32 (docs/precision.md): per device count and epoch that
+    ``bf16_records`` hold, device 0's test accuracy (the book's measure) over seeds in both
+    dtypes, each bfloat16 seed judged against float32's 95% prediction interval; rows of cell
+    texts, headed by the titles."""
+    lines = [['setting', 'epoch', 'float32', 'bfloat16', 'same seeds: bfloat16 - float32',
+              'bfloat16 against float32\'s spread']]
+    for n in (2, 1):
+        ours = table_records(bf16_records, n, 0, train_limit, test_limit, 'bfloat16')
+        base = table_records(records, n, 0, train_limit, test_limit)
+        for e in sorted(ours):
+            new = {r['seed']: r['acc_running'][0] for r in ours[e]}
+            old = {r['seed']: r['acc_running'][0] for r in base.get(e, [])}
+            both = sorted(set(new) & set(old))
+            if len(old) < 2:
+                verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
+            else:
+                low, high = prediction_interval(list(old.values()))
+                inside = sum(low <= v <= high for v in new.values())
+                verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to %.2f' % (
+                    inside, len(new), max(low, 0.0), min(high, 1.0))
+            lines.append([plural(n, 'device'), str(e),
+                          _spread(list(old.values())) if old else 'not run',
+                          _spread(list(new.values())),
+                          '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
+                                          plural(len(both), 'seed')) if both else '-',
+                          verdict])
+    return lines
 
 
 def _cell_of(summary):
@@ -578,6 +609,14 @@ def format_markdown(report):
                   % (booktable.PRECISE_BN_IMAGES, booktable.BATCH_STATS_BATCH), '']
         lines += _markdown_table(format_diagnosis(report['diagnosis']))
         lines += [''] + ['- ' + t for t in explain(report['diagnosis'])]
+    if len(report.get('dtypes', ())) > 1:
+        lines += ['', '## bfloat16 beside float32 (not the book\'s)', '',
+                  'The same runs trained with `--dtype bfloat16` (MXNet\'s AMP, float32 '
+                  'master weights; docs/precision.md), recorded in `docs/bf16-table.jsonl` by '
+                  '`compare --full --dtype bfloat16`: device 0\'s test accuracy, mean '
+                  '(lowest-highest) over seeds, each bfloat16 seed judged against float32\'s '
+                  '95% prediction interval.', '']
+        lines += _markdown_table(report['dtypes'])
     lines += ['', '## What else differs from the book\'s platform', ''] + [
         '- ' + t for t in PLATFORM_NOTES]
     lines += ['', '## The printed values in full', '']
@@ -614,6 +653,14 @@ def build_parser():
     p.add_argument('--record', default=booktable.DEFAULT_RECORD, metavar='PATH',
                    help='the record of finished epochs, one JSON line each, read for the table '
                         'and appended to by --full (default: docs/book-table.jsonl in the '
+                        'repository)')
+    p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+                   help='with --full, what the runs compute in: bfloat16 trains the same runs '
+                        '(1 and 2 devices, each seed) beside the book\'s, into --bf16-record, '
+                        'to compare with float32\'s spread (default: float32, the book\'s)')
+    p.add_argument('--bf16-record', default=booktable.DEFAULT_BF16_RECORD, metavar='PATH',
+                   help='the record of the bfloat16 runs, read for their table and appended to '
+                        'by --full --dtype bfloat16 (default: docs/bf16-table.jsonl in the '
                         'repository)')
     p.add_argument('--work-dir', default=booktable.DEFAULT_WORK_DIR, metavar='DIR',
                    help='with --full, the runs\' checkpoints (45 MB per epoch) and logs '
@@ -660,11 +707,21 @@ def _compare(argv, args):
     if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
         raise UsageError('--output %s: folder %s does not exist; create it or pass another '
                          'path' % (args.output, os.path.dirname(args.output)))
-    for flag, path in (('--output', args.output), ('--record', args.record)):
+    bf16 = args.dtype == 'bfloat16'
+    if bf16 and not args.full:
+        raise UsageError('--dtype bfloat16 chooses what --full trains (the table shows both '
+                         'dtypes from their records); add --full, or leave --dtype out')
+    if bf16 and (args.output or args.warmup_steps):
+        raise UsageError('--dtype bfloat16 trains and prints the bfloat16 table only; leave out '
+                         '%s, and write the page with compare --output afterwards'
+                         % ('--output' if args.output else '--warmup-steps'))
+    for flag, path in (('--output', args.output), ('--record', args.record),
+                       ('--bf16-record', args.bf16_record)):
         problem = path and output_problem(path)
         if problem:
             raise UsageError('%s %s: %s' % (flag, path, problem))
     records = booktable.read_records(args.record)  # a bad record stops us before any run
+    bf16_records = booktable.read_records(args.bf16_record)
     if args.full:
         problem = booktable.work_dir_problem(args.work_dir)
         if problem:
@@ -679,16 +736,31 @@ def _compare(argv, args):
     except (DataError, DataNotFoundError) as e:
         raise UsageError(str(e)) from None
 
+    if bf16:
+        from ..runtime.precision import check_dtype
+        try:
+            for line in check_dtype(args.dtype, pair):
+                print('warning:', line, flush=True)
+        except ValueError as e:
+            raise UsageError('--dtype bfloat16: %s; leave out --dtype bfloat16'
+                             % str(e).split(';')[0]) from None
     if args.full:
         seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run
         runs = booktable.plan_runs(seeds, warmup_steps=args.warmup_steps or 0,
                                    epochs=args.epochs, train_limit=args.train_limit,
-                                   test_limit=args.test_limit)
+                                   test_limit=args.test_limit, dtype=args.dtype)
         print('running on:', format_devices(pair), flush=True)
         with DeferredInterrupt():
-            records = booktable.run_table(runs, args.work_dir, args.record, pair, args.device,
-                                          args.data_dir,
-                                          progress=lambda line: print(line, flush=True))
+            done = booktable.run_table(runs, args.work_dir,
+                                       args.bf16_record if bf16 else args.record, pair,
+                                       args.device, args.data_dir,
+                                       progress=lambda line: print(line, flush=True))
+        if bf16:
+            # This process computes in bfloat16 now (AMP): the float32 rows are not re-run.
+            print(format_table_lines(dtype_rows(records, done, args.train_limit,
+                                                args.test_limit)))
+            return 0
+        records = done
     cells = chapter_cells(pair)
     rows = deterministic_rows(cells)
     rows.append(step_row(pair, args.data_dir))
@@ -702,11 +774,15 @@ def _compare(argv, args):
         print(format_table_lines(format_diagnosis(diagnosis)))
         for line in explain(diagnosis):
             print('diagnosis:', line)
+    dtypes = dtype_rows(records, bf16_records, args.train_limit, args.test_limit)
+    if len(dtypes) > 1:
+        print()
+        print(format_table_lines(dtypes))
     print()
     for line in notes():
         print('note:', line)
     if args.output:
-        report = {'rows': rows, 'diagnosis': diagnosis, 'cells': cells,
+        report = {'rows': rows, 'diagnosis': diagnosis, 'cells': cells, 'dtypes': dtypes,
                   'record': os.path.relpath(args.record, booktable.ROOT)
                   if args.record == booktable.DEFAULT_RECORD else args.record,
                   'command': ' '.join([PROG] + argv), 'mxnet_version': cells['mxnet_version'],
