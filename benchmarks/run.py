@@ -68,6 +68,15 @@ TRAIN = {
                     dict(model='ours', mode='hybrid', loop='ours', loader='array',
                          threads='package', devices=2, dtype='bfloat16')),
 }
+# (i) A CPU without bfloat16 instructions (as Skylake to Cascade Lake), emulated by capping
+# oneDNN's instruction set at AVX-512 without them (DNNL_MAX_CPU_ISA). Capped at AVX2, bfloat16
+# does not run at all (docs/precision.md).
+for _dtype, _name in (('float32', 'ours-hyb-1-avx512_core'),
+                      ('bfloat16', 'ours-bf16-1-avx512_core')):
+    TRAIN[_name] = ('(i) ours, hybridized, %s, 1 device, oneDNN capped at AVX-512 without '
+                    'bfloat16 (DNNL_MAX_CPU_ISA=AVX512_CORE)' % _dtype,
+                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
+                         threads='package', devices=1, dtype=_dtype, isa='AVX512_CORE'))
 TORCH = {
     'torch-eager': ('(d) PyTorch edition resnet18, eager', dict(mode='eager')),
     'torch-cl': ('(d) PyTorch edition resnet18, eager, channels_last',

@@ -19,6 +19,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from measuring import Interval  # noqa: E402
 
 CONFIG = json.loads(sys.argv[1])
+if CONFIG.get('isa'):
+    # oneDNN's instruction-set cap, read when MXNet starts: a CPU without some instructions.
+    os.environ['DNNL_MAX_CPU_ISA'] = CONFIG['isa']
 if CONFIG.get('threads') == 'd2lzh-first':
     # The book's first cell: d2lzh imports MXNet, which starts with its own thread count; the
     # package comes after (and warns). With omp_after, MXNet's MXSetNumOMPThreads is asked for

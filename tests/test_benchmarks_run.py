@@ -68,3 +68,10 @@ def test_a_part_whose_settings_were_all_measured_again_leaves_the_report():
     assert run.current_parts(parts, ['ours-hyb-1', 'gemm', 'eval-1']) == [parts[2]]
     assert run.current_parts(parts, ['gemm']) == parts
     assert run.current_parts(parts, run.NAMES) == []
+
+
+def test_the_capped_instruction_set_changes_nothing_but_the_cap():
+    assert run.config('ours-bf16-1-avx512_core') == dict(run.config('ours-bf16-1'),
+                                                         isa='AVX512_CORE')
+    assert run.config('ours-hyb-1-avx512_core') == dict(run.config('ours-hyb-1'),
+                                                        isa='AVX512_CORE', dtype='float32')

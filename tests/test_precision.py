@@ -19,7 +19,7 @@ from gluon_mgpu.commands.train import main
 
 TINY = ['--num-gpus', '2', '--batch-size', '16', '--train-limit', '48', '--test-limit', '16',
         '--seed', '0']
-NO_BF16 = {'fpu', 'avx2', 'avx512f', 'avx512bw'}
+NO_BF16 = {'fpu', 'avx2', 'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'}  # Skylake-SP, say
 HAS_BF16 = bool(devices_mod.cpu_flags() & set(precision.BF16_CPU_FLAGS))
 
 
@@ -79,6 +79,19 @@ def test_a_process_that_built_float32_networks_refuses_bfloat16():
         precision.use_dtype('bfloat16')
     from mxnet.contrib import amp
     assert not amp.amp._amp_initialized
+
+
+def test_bfloat16_without_avx512_is_refused_even_when_forced():
+    # Measured with oneDNN capped at AVX2 (DNNL_MAX_CPU_ISA=AVX2): MXNetError 'could not
+    # create a primitive descriptor iterator' at the first convolution.
+    for flags in ({'fpu', 'avx2'}, NO_BF16 - {'avx512dq'}):
+        for force in (False, True):
+            with pytest.raises(ValueError, match=r'^this CPU has neither avx512_bf16 nor '
+                               r'amx_bf16 nor AVX-512 \(avx512f, avx512bw, avx512vl, avx512dq\) '
+                               r'in /proc/cpuinfo, and MXNet\'s oneDNN has no bfloat16 '
+                               r'convolution for it: training would stop at its first step; '
+                               r'train in float32$'):
+                precision.check_dtype('bfloat16', [mx.cpu(0)], force=force, flags=flags)
 
 
 def test_cli_refuses_bfloat16_on_a_cpu_without_it_in_one_line(monkeypatch, capsys, data_dir):

@@ -9,6 +9,8 @@ __all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'check_dtype', 'use_dtype', 'active_dtype
 
 DTYPES = ('float32', 'bfloat16')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
+# oneDNN's avx512_core: without it MXNet 1.9.1 has no bfloat16 convolution (docs/precision.md).
+AVX512_CORE_FLAGS = ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')
 
 # What this process computes in: None until a network is built through use_dtype.
 _state = {'dtype': None}
@@ -41,8 +43,8 @@ def check_dtype(dtype, devices, force=False, flags=None):
     Raises
     ------
     ValueError
-        For an unknown dtype, or bfloat16 on a CPU without bfloat16 instructions unless
-        ``force``.
+        For an unknown dtype; bfloat16 on a CPU without bfloat16 instructions unless
+        ``force``; bfloat16 on a CPU without AVX-512 even then.
     """
     if _checked(dtype) == 'float32':
         return []
@@ -52,6 +54,11 @@ def check_dtype(dtype, devices, force=False, flags=None):
                      'compare its accuracy with a float32 run before trusting it')
     if any(d.device_type == 'cpu' for d in devices):
         flags = cpu_flags() if flags is None else set(flags)
+        if not flags & set(BF16_CPU_FLAGS) and not set(AVX512_CORE_FLAGS) <= flags:
+            raise ValueError('this CPU has neither %s nor AVX-512 (%s) in /proc/cpuinfo, and '
+                             'MXNet\'s oneDNN has no bfloat16 convolution for it: training '
+                             'would stop at its first step; train in float32'
+                             % (' nor '.join(BF16_CPU_FLAGS), ', '.join(AVX512_CORE_FLAGS)))
         if not flags & set(BF16_CPU_FLAGS):
             why = ('this CPU has neither %s in /proc/cpuinfo, so oneDNN would emulate '
                    'bfloat16, slower than float32' % ' nor '.join(BF16_CPU_FLAGS))
