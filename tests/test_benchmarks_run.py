@@ -75,3 +75,9 @@ def test_the_capped_instruction_set_changes_nothing_but_the_cap():
                                                          isa='AVX512_CORE')
     assert run.config('ours-hyb-1-avx512_core') == dict(run.config('ours-hyb-1'),
                                                         isa='AVX512_CORE', dtype='float32')
+
+
+def test_the_emulated_bfloat16_row_compares_with_float32_under_the_same_cap():
+    med = {'ours-bf16-1-avx512_core': 29.35, 'ours-hyb-1-avx512_core': 80.6}
+    assert _row(run.targets(med, dict(med)), 'bfloat16 >= float32 on a CPU without')[1:] == (
+        '0.36x', '0.36x', False)
