@@ -651,9 +651,9 @@ def build_parser():
                         'linear learning-rate warmup of N steps, as rows of their own '
                         '(default: none)')
     p.add_argument('--record', default=booktable.DEFAULT_RECORD, metavar='PATH',
-                   help='the record of finished epochs, one JSON line each, read for the table '
-                        'and appended to by --full (default: docs/book-table.jsonl in the '
-                        'repository)')
+                   help='the record of finished float32 epochs (the book\'s), one JSON line '
+                        'each, read for the table and appended to by --full (default: '
+                        'docs/book-table.jsonl in the repository)')
     p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
                    help='with --full, what the runs compute in: bfloat16 trains the same runs '
                         '(1 and 2 devices, each seed) beside the book\'s, into --bf16-record, '
