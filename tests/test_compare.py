@@ -250,6 +250,9 @@ def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
     (['--dtype', 'bfloat16'], '--dtype bfloat16 chooses what --full trains'),
     (['--full', '--dtype', 'bfloat16', '--output', 'x.md'],
      '--dtype bfloat16 trains and prints the bfloat16 table only; leave out --output, '),
+    (['--record', 'r.jsonl', '--bf16-record', './r.jsonl'],
+     '--record and --bf16-record are the same file, r.jsonl; give the bfloat16 runs a record '
+     'of their own'),
 ])
 def test_bfloat16_is_only_for_full_runs(argv, message, capsys):
     assert compare.main(argv) == 2

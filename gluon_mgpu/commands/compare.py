@@ -720,6 +720,9 @@ def _compare(argv, args):
         problem = path and output_problem(path)
         if problem:
             raise UsageError('%s %s: %s' % (flag, path, problem))
+    if os.path.realpath(args.record) == os.path.realpath(args.bf16_record):
+        raise UsageError('--record and --bf16-record are the same file, %s; give the bfloat16 '
+                         'runs a record of their own' % args.record)
     records = booktable.read_records(args.record)  # a bad record stops us before any run
     bf16_records = booktable.read_records(args.bf16_record)
     if args.full:
