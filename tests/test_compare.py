@@ -259,3 +259,25 @@ def test_bfloat16_is_only_for_full_runs(argv, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith('python -m gluon_mgpu.compare: error: ' + message), err
     assert len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize('flags,line', [
+    ({'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'},
+     'this CPU has neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo, so oneDNN would emulate '
+     'bfloat16, slower than float32; leave out --dtype bfloat16'),
+    ({'avx2'},
+     'this CPU has neither avx512_bf16 nor amx_bf16 nor AVX-512 (avx512f, avx512bw, avx512vl, '
+     "avx512dq) in /proc/cpuinfo, and MXNet's oneDNN has no bfloat16 convolution for it: "
+     'training would stop at its first step; leave out --dtype bfloat16'),
+])
+def test_full_bfloat16_on_a_cpu_without_it_is_one_line_before_any_run(
+        flags, line, tmp_path, monkeypatch, capsys, data_dir):
+    from gluon_mgpu.runtime import precision
+    monkeypatch.setattr(precision, 'cpu_flags', lambda: flags)
+    work = tmp_path / 'work'
+    assert compare.main(['--full', '--dtype', 'bfloat16', '--data-dir', data_dir,
+                         '--bf16-record', str(tmp_path / 'b.jsonl'),
+                         '--work-dir', str(work)]) == 2
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.compare: error: --dtype bfloat16: %s\n' % line)
+    assert not (tmp_path / 'b.jsonl').exists() and os.listdir(work) == ['logs']

@@ -15,6 +15,7 @@ import time
 from .. import training
 from .env import cpu_model
 from ..handlers.checkpoint_names import list_checkpoints
+from ..runtime.precision import DTYPES
 
 __all__ = ['Run', 'RUN_EPOCHS', 'PRECISE_BN_IMAGES', 'BATCH_STATS_BATCH', 'plan_runs',
            'RecordError', 'RunFailed', 'read_records', 'append_record', 'record_key',
@@ -107,8 +108,8 @@ def _check_line(record, path, number):
         value = record.get(name)
         if value is not None and not (_is_whole(value) and value >= 1):
             refuse('%s is %r, not a whole number or null' % (name, value))
-    if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
-        refuse('dtype is %r, not "float32" or "bfloat16"' % (record['dtype'],))
+    if record.get('dtype', 'float32') not in DTYPES:
+        refuse('dtype is %r, not %s' % (record['dtype'], ' or '.join('"%s"' % d for d in DTYPES)))
 
 
 def record_key(record):

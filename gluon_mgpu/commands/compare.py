@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import training
 from ..devices import format_devices, plural
+from ..runtime.precision import DTYPES, check_dtype
 from . import booktable, cli
 from .booktable import summarize
 from .cli import UsageError
@@ -654,7 +655,7 @@ def build_parser():
                    help='the record of finished float32 epochs (the book\'s), one JSON line '
                         'each, read for the table and appended to by --full (default: '
                         'docs/book-table.jsonl in the repository)')
-    p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+    p.add_argument('--dtype', choices=DTYPES, default='float32',
                    help='with --full, what the runs compute in: bfloat16 trains the same runs '
                         '(1 and 2 devices, each seed) beside the book\'s, into --bf16-record, '
                         'to compare with float32\'s spread (default: float32, the book\'s)')
@@ -740,7 +741,6 @@ def _compare(argv, args):
         raise UsageError(str(e)) from None
 
     if bf16:
-        from ..runtime.precision import check_dtype
         try:
             for line in check_dtype(args.dtype, pair):
                 print('warning:', line, flush=True)
