@@ -52,6 +52,8 @@ def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():
                        r'train in float32, or force bfloat16 anyway \(--force-dtype, '
                        r'force_dtype=True\)$'):
         precision.check_dtype('bfloat16', cpus, flags=NO_BF16)
+    with pytest.raises(ValueError, match=r'slower than float32; leave it out$'):
+        precision.check_dtype('bfloat16', cpus, flags=NO_BF16, fix='leave it out')
     assert precision.check_dtype('bfloat16', cpus, force=True, flags=NO_BF16) == [
         'this CPU has neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo, so oneDNN would '
         'emulate bfloat16, slower than float32 (forced)']
@@ -92,6 +94,8 @@ def test_bfloat16_without_avx512_is_refused_even_when_forced():
                                r'convolution for it: training would stop at its first step; '
                                r'train in float32$'):
                 precision.check_dtype('bfloat16', [mx.cpu(0)], force=force, flags=flags)
+    with pytest.raises(ValueError, match=r'first step; leave it out$'):
+        precision.check_dtype('bfloat16', [mx.cpu(0)], flags={'avx2'}, fix='leave it out')
 
 
 def test_cli_refuses_bfloat16_on_a_cpu_without_it_in_one_line(monkeypatch, capsys, data_dir):

@@ -742,11 +742,10 @@ def _compare(argv, args):
 
     if bf16:
         try:
-            for line in check_dtype(args.dtype, pair):
+            for line in check_dtype(args.dtype, pair, fix='leave out --dtype bfloat16'):
                 print('warning:', line, flush=True)
         except ValueError as e:
-            raise UsageError('--dtype bfloat16: %s; leave out --dtype bfloat16'
-                             % str(e).split(';')[0]) from None
+            raise UsageError('--dtype bfloat16: %s' % e) from None
     if args.full:
         seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run
         runs = booktable.plan_runs(seeds, warmup_steps=args.warmup_steps or 0,

@@ -23,7 +23,7 @@ def _checked(dtype):
     return dtype
 
 
-def check_dtype(dtype, devices, force=False, flags=None):
+def check_dtype(dtype, devices, force=False, flags=None, fix=None):
     """Check that ``devices`` can train in ``dtype``; return the notes to show (lines).
 
     Parameters
@@ -34,6 +34,9 @@ def check_dtype(dtype, devices, force=False, flags=None):
         Train in bfloat16 on a CPU without bfloat16 instructions anyway (slower than float32).
     flags : set of str, optional
         The CPU's feature flags; default ``devices.cpu_flags()``.
+    fix : str, optional
+        What a refusal tells the caller to do, after its reason and a ';'; default: train in
+        float32 (or force, where forcing would run).
 
     Returns
     -------
@@ -57,14 +60,15 @@ def check_dtype(dtype, devices, force=False, flags=None):
         if not flags & set(BF16_CPU_FLAGS) and not set(AVX512_CORE_FLAGS) <= flags:
             raise ValueError('this CPU has neither %s nor AVX-512 (%s) in /proc/cpuinfo, and '
                              'MXNet\'s oneDNN has no bfloat16 convolution for it: training '
-                             'would stop at its first step; train in float32'
-                             % (' nor '.join(BF16_CPU_FLAGS), ', '.join(AVX512_CORE_FLAGS)))
+                             'would stop at its first step; %s'
+                             % (' nor '.join(BF16_CPU_FLAGS), ', '.join(AVX512_CORE_FLAGS),
+                                fix or 'train in float32'))
         if not flags & set(BF16_CPU_FLAGS):
             why = ('this CPU has neither %s in /proc/cpuinfo, so oneDNN would emulate '
                    'bfloat16, slower than float32' % ' nor '.join(BF16_CPU_FLAGS))
             if not force:
-                raise ValueError('%s; train in float32, or force bfloat16 anyway '
-                                 '(--force-dtype, force_dtype=True)' % why)
+                raise ValueError('%s; %s' % (why, fix or 'train in float32, or force bfloat16 '
+                                             'anyway (--force-dtype, force_dtype=True)'))
             notes.append('%s (forced)' % why)
     return notes
 
