@@ -247,3 +247,10 @@ def test_the_processes_of_a_horovod_job_share_the_cores():
                                     devices=1)
     assert alone['omp_num_threads'] == bad['omp_num_threads'] == cores
     assert shared['omp_num_threads'] == max(1, cores // 2)
+
+
+def test_is_digits_accepts_only_what_int_reads_as_a_plain_number():
+    assert [threads.is_digits(t) for t in ('0', '12', '007')] == [True] * 3
+    # '\u00b2' and '\u0663' are digits to str.isdigit(); int() refuses the first.
+    for text in ('', ' 1', '1 ', '-1', '+1', '1.0', '1_0', '\u00b2', '\u0663', '12\n'):
+        assert not threads.is_digits(text), repr(text)

@@ -12,7 +12,7 @@ import sys
 import time
 
 from .cli import Parser, UsageError, error_line, positive_float, whole
-from ..runtime.threads import thread_settings
+from ..runtime.threads import is_digits, thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
@@ -151,7 +151,7 @@ def read_hostfile(path):
                 continue
             host, _, port = line.partition(':')
             port = port or '22'
-            if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+            if not host or not is_digits(port) or not 0 < int(port) < 65536:
                 raise ValueError('line %d, %r, is not "host" or "host:port"' % (number, line))
             hosts.append((host, int(port)))
     if not hosts:

@@ -22,6 +22,7 @@ from .events import PRIORITY, EpochEnd, TrainBegin
 from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
 from ..runtime.files import InputError, atomic_path, open_input
+from ..runtime.threads import is_digits
 from ..runtime.updates import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_path',
@@ -620,7 +621,7 @@ def _check_replicas(loaded, params, shapes, path, num_devices):
     seen = {}
     for key, value in loaded.items():
         name, at, index = key.rpartition('@')
-        if not at or not (index.isascii() and index.isdigit()) or str(int(index)) != index \
+        if not at or not is_digits(index) or str(int(index)) != index \
                 or name not in params:
             raise _not_this_run(path, 'holds %s, which is not "<parameter>@<device>" for a '
                                 'parameter of this network' % _short(key))

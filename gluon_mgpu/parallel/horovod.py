@@ -6,6 +6,8 @@ import numpy as np
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
+from ..runtime.threads import is_digits
+
 __all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank', 'shared_seed']
 
 INSTALL = 'make horovod-install'
@@ -89,7 +91,7 @@ def job_env(environ=None):
     values = {}
     for name in ('HOROVOD_RANK', 'HOROVOD_SIZE'):
         value = environ.get(name, '')
-        if not (value.isascii() and value.isdigit()):
+        if not is_digits(value):
             raise ValueError('%s is %s, so this process was not started by horovodrun; start '
                              'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
                              'gluon_mgpu.train --kvstore horovod ...'
@@ -101,7 +103,7 @@ def job_env(environ=None):
 def worker_rank(environ=None):
     """This process's rank in a ``horovodrun`` job, or None outside one."""
     value = (os.environ if environ is None else environ).get('HOROVOD_RANK', '')
-    return int(value) if value.isascii() and value.isdigit() else None
+    return int(value) if is_digits(value) else None
 
 
 def shared_seed(kv, seed=None):

@@ -11,7 +11,8 @@ import sys
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
-           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV']
+           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV',
+           'is_digits']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
@@ -30,8 +31,9 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-def _whole(text):
-    # ASCII digits only: str.isdigit() also accepts '²', which int() refuses.
+def is_digits(text):
+    """Whether ``text`` is ASCII digits only, so ``int(text)`` reads it: ``str.isdigit()`` also
+    accepts '²', which ``int()`` refuses."""
     return re.fullmatch(r'[0-9]+', text) is not None
 
 
@@ -84,7 +86,7 @@ def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
         values.update(_recorded_devices(given['--checkpoint-dir']))
     values.update({k: v for k, v in given.items() if k in values})
     count, device = values['--num-gpus'], values['--device']
-    if not _whole(count) or int(count) < 1:
+    if not is_digits(count) or int(count) < 1:
         return None
     has_gpu = _has_gpu() if has_gpu is None else has_gpu
     if device == 'cpu' or (device == 'auto' and not has_gpu):
@@ -164,7 +166,7 @@ def _devices_from_environment(environ):
     value = environ.get(DEVICES_ENV, '')
     if value == '':
         return None
-    if not _whole(value) or int(value) < 1:
+    if not is_digits(value) or int(value) < 1:
         raise ValueError('%s=%r is not a whole number >= 1; set it to the number of simulated '
                          'CPU devices (for example %s=2) or unset it' % (DEVICES_ENV, value,
                                                                          DEVICES_ENV))
@@ -217,7 +219,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
             del environ[name]
     if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
         value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
-        settings = {'omp_num_threads': int(value) if _whole(str(value)) else value,
+        settings = {'omp_num_threads': int(value) if is_digits(str(value)) else value,
                     'cores': cores, 'source': 'user'}
     elif mxnet_imported:
         settings = {'omp_num_threads': mxnet_default_threads(cores), 'cores': cores,
@@ -229,7 +231,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     settings['devices'] = devices
     if 'MXNET_CPU_TEMP_COPY' in environ:
         value = environ['MXNET_CPU_TEMP_COPY']
-        settings.update(cpu_temp_copy=int(value) if _whole(value) else value,
+        settings.update(cpu_temp_copy=int(value) if is_digits(value) else value,
                         temp_copy_source='user')
     else:
         settings.update(cpu_temp_copy=None, temp_copy_source='mxnet')
@@ -244,7 +246,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
 def _local_processes(environ):
     """The processes of a ``horovodrun`` job sharing this machine's cores; 1 outside one."""
     value = environ.get('HOROVOD_LOCAL_SIZE', '')
-    return int(value) if _whole(value) and int(value) >= 1 else 1
+    return int(value) if is_digits(value) and int(value) >= 1 else 1
 
 
 def mxnet_default_threads(cores=None, machine=None):
