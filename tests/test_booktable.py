@@ -187,9 +187,12 @@ def test_full_bfloat16_records_its_runs_apart_and_prints_their_table(tmp_path):
     assert len(open(book).read().splitlines()) == 2  # the float32 record is only read
     one = records[1]['acc_running'][0]
     assert records[1]['acc_running'] == [records[1]['test_acc']]
-    assert '1 device   1      mean 0.25 (0.20-0.30, 2 seeds)  mean %.2f (%.2f-%.2f, 1 seed)' % (
-        one, one, one) in out
-    assert '2 devices  1      not run' in out
+    assert ("1 device   1      device 0 running stats (book's)  mean 0.25 (0.20-0.30, 2 seeds)  "
+            'mean %.2f (%.2f-%.2f, 1 seed)' % (one, one, one)) in out
+    assert "2 devices  1      device 0 running stats (book's)  not run" in out
+    # The measures a chaotic first epoch moves less: the float32 side is read from the record.
+    assert ('1 device   1      precise BatchNorm                mean 0.70 (0.70-0.70, 2 seeds)  '
+            'mean %.2f' % records[1]['acc_precise_bn']) in out
     # The train command ran in bfloat16: its checkpoint says so.
     ck = json.load(open(tmp_path / 'work' / '1dev-seed0-limit256x128-bf16' / 'epoch-0001.json'))
     assert ck['args']['dtype'] == 'bfloat16'

@@ -200,6 +200,13 @@ def test_committed_page_agrees_with_a_run_now(cells):
             'cell', 'what', 'book', 'ours')
         line = '| %s |' % ' | '.join(row[k] for k in keys)
         assert line in page, line
+    # The bfloat16 section: each row as the two records give it now, none before a first line.
+    bf16 = booktable.read_records(booktable.DEFAULT_BF16_RECORD)
+    dtypes = compare.dtype_rows(records, bf16)
+    assert ('## bfloat16 beside float32' in page) == bool(bf16)
+    for texts in dtypes if bf16 else []:
+        line = '| %s |' % ' | '.join(texts)
+        assert line in page, line
 
 
 @pytest.mark.parametrize('args,expected', [
@@ -229,20 +236,30 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
 
 def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
     def line(devices, seed, acc, dtype=None):
+        # precise BatchNorm 0.1 above the running statistics, train_acc 0.2 above
         r = {'devices': devices, 'seed': seed, 'warmup_steps': 0, 'epoch': 1,
-             'acc_running': [acc] * devices}
+             'acc_running': [acc] * devices, 'acc_precise_bn': acc + 0.1, 'train_acc': acc + 0.2}
         return dict(r, dtype=dtype) if dtype else r
     book = [line(2, 0, 0.49), line(2, 1, 0.57), line(2, 2, 0.53), line(1, 0, 0.76)]
     bf16 = [line(2, 0, 0.51, 'bfloat16'), line(2, 1, 0.91, 'bfloat16'),
-            line(1, 0, 0.8, 'bfloat16')]
+            line(1, 0, 0.6, 'bfloat16')]
     rows = compare.dtype_rows(book, bf16)
-    assert rows[1] == ['2 devices', '1', 'mean 0.53 (0.49-0.57, 3 seeds)',
-                       'mean 0.71 (0.51-0.91, 2 seeds)', '+0.180 (2 seeds)',
+    assert rows[0][2:4] == ['measure', 'float32']
+    assert rows[1] == ['2 devices', '1', "device 0 running stats (book's)",
+                       'mean 0.53 (0.49-0.57, 3 seeds)', 'mean 0.71 (0.51-0.91, 2 seeds)',
+                       '+0.180 (2 seeds)',
                        # 0.53 +- t(2) 4.303 * s 0.04 * sqrt(1 + 1/3): 0.33 to 0.73
                        "1 of 2 inside float32's 95% prediction interval 0.33 to 0.73"]
-    assert rows[2] == ['1 device', '1', 'mean 0.76 (0.76-0.76, 1 seed)',
-                       'mean 0.80 (0.80-0.80, 1 seed)', '+0.040 (1 seed)',
-                       'not judged: float32 has 1 seed so far']
+    assert rows[2] == ['2 devices', '1', 'precise BatchNorm', 'mean 0.63 (0.59-0.67, 3 seeds)',
+                       'mean 0.81 (0.61-1.01, 2 seeds)', '+0.180 (2 seeds)',
+                       "1 of 2 inside float32's 95% prediction interval 0.43 to 0.83"]
+    assert rows[3][2:4] == ['train_acc (epoch mean)', 'mean 0.73 (0.69-0.77, 3 seeds)']
+    assert rows[4:] == [
+        ['1 device', '1', name, 'mean %.2f (%.2f-%.2f, 1 seed)' % (v, v, v),
+         'mean %.2f (%.2f-%.2f, 1 seed)' % (v - 0.16, v - 0.16, v - 0.16), '-0.160 (1 seed)',
+         'not judged: float32 has 1 seed so far']
+        for name, v in (("device 0 running stats (book's)", 0.76), ('precise BatchNorm', 0.86),
+                        ('train_acc (epoch mean)', 0.96))]
     assert compare.dtype_rows(book, []) == rows[:1]
 
 

@@ -431,33 +431,41 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
     return rows
 
 
+# What the bfloat16 rows compare: the book's measure, then two that a chaotic first epoch moves
+# less (the running statistics lag the weights; docs/book-comparison.md's diagnosis).
+DTYPE_MEASURES = (("device 0 running stats (book's)", lambda r: r['acc_running'][0]),
+                  ('precise BatchNorm', lambda r: r['acc_precise_bn']),
+                  ('train_acc (epoch mean)', lambda r: r['train_acc']))
+
+
 def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
     """bfloat16 against float32 (docs/precision.md): per device count and epoch that
-    ``bf16_records`` hold, device 0's test accuracy (the book's measure) over seeds in both
+    ``bf16_records`` hold and per measure of ``DTYPE_MEASURES``, the values over seeds in both
     dtypes, each bfloat16 seed judged against float32's 95% prediction interval; rows of cell
     texts, headed by the titles."""
-    lines = [['setting', 'epoch', 'float32', 'bfloat16', 'same seeds: bfloat16 - float32',
-              'bfloat16 against float32\'s spread']]
+    lines = [['setting', 'epoch', 'measure', 'float32', 'bfloat16',
+              'same seeds: bfloat16 - float32', 'bfloat16 against float32\'s spread']]
     for n in (2, 1):
         ours = table_records(bf16_records, n, 0, train_limit, test_limit, 'bfloat16')
         base = table_records(records, n, 0, train_limit, test_limit)
         for e in sorted(ours):
-            new = {r['seed']: r['acc_running'][0] for r in ours[e]}
-            old = {r['seed']: r['acc_running'][0] for r in base.get(e, [])}
-            both = sorted(set(new) & set(old))
-            if len(old) < 2:
-                verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
-            else:
-                low, high = prediction_interval(list(old.values()))
-                inside = sum(low <= v <= high for v in new.values())
-                verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to %.2f' % (
-                    inside, len(new), max(low, 0.0), min(high, 1.0))
-            lines.append([plural(n, 'device'), str(e),
-                          _spread(list(old.values())) if old else 'not run',
-                          _spread(list(new.values())),
-                          '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
-                                          plural(len(both), 'seed')) if both else '-',
-                          verdict])
+            for name, measure in DTYPE_MEASURES:
+                new = {r['seed']: measure(r) for r in ours[e]}
+                old = {r['seed']: measure(r) for r in base.get(e, [])}
+                both = sorted(set(new) & set(old))
+                if len(old) < 2:
+                    verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
+                else:
+                    low, high = prediction_interval(list(old.values()))
+                    inside = sum(low <= v <= high for v in new.values())
+                    verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to ' \
+                              '%.2f' % (inside, len(new), max(low, 0.0), min(high, 1.0))
+                lines.append([plural(n, 'device'), str(e), name,
+                              _spread(list(old.values())) if old else 'not run',
+                              _spread(list(new.values())),
+                              '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
+                                              plural(len(both), 'seed')) if both else '-',
+                              verdict])
     return lines
 
 
@@ -614,9 +622,10 @@ def format_markdown(report):
         lines += ['', '## bfloat16 beside float32 (not the book\'s)', '',
                   'The same runs trained with `--dtype bfloat16` (MXNet\'s AMP, float32 '
                   'master weights; docs/precision.md), recorded in `docs/bf16-table.jsonl` by '
-                  '`compare --full --dtype bfloat16`: device 0\'s test accuracy, mean '
-                  '(lowest-highest) over seeds, each bfloat16 seed judged against float32\'s '
-                  '95% prediction interval.', '']
+                  '`compare --full --dtype bfloat16`: device 0\'s test accuracy (the book\'s '
+                  'measure), the test accuracy with precise BatchNorm and the epoch\'s mean '
+                  'train accuracy, each as mean (lowest-highest) over seeds, each bfloat16 '
+                  'seed judged against float32\'s 95% prediction interval.', '']
         lines += _markdown_table(report['dtypes'])
     lines += ['', '## What else differs from the book\'s platform', ''] + [
         '- ' + t for t in PLATFORM_NOTES]
