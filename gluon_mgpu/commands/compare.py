@@ -450,23 +450,27 @@ def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
         base = table_records(records, n, 0, train_limit, test_limit)
         for e in sorted(ours):
             for name, measure in DTYPE_MEASURES:
-                new = {r['seed']: measure(r) for r in ours[e]}
-                old = {r['seed']: measure(r) for r in base.get(e, [])}
-                both = sorted(set(new) & set(old))
-                if len(old) < 2:
-                    verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
-                else:
-                    low, high = prediction_interval(list(old.values()))
-                    inside = sum(low <= v <= high for v in new.values())
-                    verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to ' \
-                              '%.2f' % (inside, len(new), max(low, 0.0), min(high, 1.0))
-                lines.append([plural(n, 'device'), str(e), name,
-                              _spread(list(old.values())) if old else 'not run',
-                              _spread(list(new.values())),
-                              '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
-                                              plural(len(both), 'seed')) if both else '-',
-                              verdict])
+                lines.append([plural(n, 'device'), str(e), name] + _beside_float32(
+                    {r['seed']: measure(r) for r in base.get(e, [])},
+                    {r['seed']: measure(r) for r in ours[e]}))
     return lines
+
+
+def _beside_float32(old, new):
+    """The cells of one bfloat16 row: float32's values ``old`` and bfloat16's ``new`` (each
+    ``{seed: value}``), their same-seed difference and the verdict."""
+    both = sorted(set(new) & set(old))
+    if len(old) < 2:
+        verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
+    else:
+        low, high = prediction_interval(list(old.values()))
+        inside = sum(low <= v <= high for v in new.values())
+        verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to %.2f' % (
+            inside, len(new), max(low, 0.0), min(high, 1.0))
+    return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
+            '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
+                            plural(len(both), 'seed')) if both else '-',
+            verdict]
 
 
 def _cell_of(summary):

@@ -73,7 +73,7 @@ class DirectoryLock:
 def _holder(fd):
     os.lseek(fd, 0, os.SEEK_SET)
     text = os.read(fd, 32).decode('ascii', 'replace').strip()
-    return 'pid %s' % text if text.isdigit() else 'pid unknown'
+    return 'pid %s' % text if is_digits(text) else 'pid unknown'
 
 
 def lock_dir(directory):

@@ -118,7 +118,7 @@ def _read_int(path):
             text = f.read().strip()
     except OSError:
         return None
-    return int(text) if text.isdigit() else None
+    return int(text) if is_digits(text) else None
 
 
 def _cgroup_pids_max():
