@@ -257,3 +257,46 @@ def test_replica_inspector_cells(executed):
         r'differ by at most \S+ \(expected: each device updates its own BatchNorm running '
         r'statistics from its own slice of the batch, and the Trainer never reduces them\)\n',
         after_training), after_training
+
+
+# The accuracy table next to the training cells: every number it quotes is the committed
+# record's (docs/book-table.jsonl), so a new record line without the notebooks fails here.
+WARMUP_STEPS = 50  # the warmup rows' setting (docs/notebooks.md, compare --full)
+
+
+def _quoted_cell(summary):
+    if summary is None or summary['n'] < compare.MIN_SEEDS:
+        return '-'
+    return '%.2f (%.2f-%.2f)' % (summary['mean'], summary['low'], summary['high'])
+
+
+def _book_table_from_records():
+    """The table's cells after its first column: the book's row, then ours per measure."""
+    from gluon_mgpu.commands import booktable
+    records = booktable.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    rows = {(r['setting'], r['epoch']): r
+            for r in compare.diagnosis_rows(records, warmup_steps=(WARMUP_STEPS,))}
+    epochs = range(1, len(compare.BOOK['training'][1]['test_acc']) + 1)
+
+    def ours(setting, measure):
+        return [_quoted_cell(rows[setting, e][measure] if (setting, e) in rows else None)
+                for e in epochs]
+
+    table = []
+    for n, setting in ((1, '1 device'), (2, '2 devices')):
+        table.append(['%.2f' % a for a in compare.BOOK['training'][n]['test_acc']])
+        table += [ours(setting, 'running0'), ours(setting, 'precise')]
+    warmup = '2 devices, warmup %d steps' % WARMUP_STEPS
+    return table + [ours(warmup, 'running0'), ours(warmup, 'precise')]
+
+
+def _markdown_table(text):
+    lines = [line.strip() for line in text.splitlines() if line.strip().startswith('|')]
+    assert len(lines) > 2 and set(lines[1]) <= set('|-: '), lines[:2]
+    return [[cell.strip() for cell in line.strip('|').split('|')] for line in lines[2:]]
+
+
+@pytest.mark.parametrize('lang', sorted(NOTEBOOKS))
+def test_the_accuracy_table_beside_the_training_cells_is_the_records(lang):
+    table = _markdown_table(_cell(_read(NOTEBOOKS[lang]), 'book-table').source)
+    assert [row[1:] for row in table] == _book_table_from_records()
