@@ -114,7 +114,8 @@ def test_training_rows_judge_the_book_against_our_spread():
     # Epoch 1: 0.77 lies inside 0.427 +- 4.303 * 0.145 * 1.155 (a wide spread, 3 seeds).
     assert two[0]['ours'] == 'mean 0.43 (0.28-0.57, 3 seeds)'
     assert (two[0]['diff'], two[0]['status']) == ('-0.34', 'match')
-    assert two[0]['verdict'] == 'within our 95% prediction interval 0.00 to 1.00'
+    assert two[0]['verdict'] == ('within our 95% prediction interval 0.00 to 1.00, every '
+                                 'accuracy: the seeds spread too widely to tell')
     # Epoch 2: 0.86 +- 4.303 * 0.01 * 1.155.
     assert two[1]['status'] == 'match'
     assert two[1]['verdict'] == 'within our 95% prediction interval 0.81 to 0.91'
@@ -157,11 +158,32 @@ def test_diagnosis_rows_and_the_explanation_in_numbers():
                        're-estimating recovers 0.300 of the 0.320 gap (94%).')
     assert said[1].startswith('2 devices, warmup 50 steps, epoch 1 (1 seed): the book printed '
                               '0.77, ours gives 0.600')
+    # The warmup run beside the same seed without: 0.60 - 0.40, 0.70 - 0.70, 0.5 - 0.5.
+    assert said[2:] == ['2 devices, warmup 50 steps, epoch 1, against the same 1 seed without '
+                        'warmup: running statistics +0.200, precise BatchNorm +0.000, '
+                        'train_acc +0.000.']
     # Re-estimating can overshoot the book's value (1 device, epoch 1: 0.837 -> 0.863 vs 0.86).
     over = compare.diagnosis_rows([_record(1, 0, 1, 0.84, precise=0.87, batch=0.87)], [])
     assert compare.explain(over)[0].endswith(
         '; re-estimating gains 0.030, more than the 0.020 gap: with them the mean is 0.010 '
         'above the book\'s value.')
+
+
+def test_explain_judges_the_book_against_precise_batchnorm_too():
+    # Epoch 1: precise 0.60, 0.70, 0.80 (0.70 +- 0.497) holds 0.77; epoch 2: 0.79, 0.80, 0.81
+    # (0.80 +- 0.0497) does not hold 0.86; epoch 3 has 2 seeds and is not judged.
+    records = [_record(2, s, 1, 0.5, precise=p) for s, p in enumerate((0.60, 0.70, 0.80))]
+    records += [_record(2, s, 2, 0.5, precise=p) for s, p in enumerate((0.79, 0.80, 0.81))]
+    records += [_record(2, s, 3, 0.5, precise=0.9) for s in (0, 1)]
+    said = compare.explain(compare.diagnosis_rows(records))
+    assert said[1:] == ['2 devices, with precise BatchNorm: the book\'s value lies inside the '
+                        '95% prediction interval of our seeds in epoch 1, outside it in epoch 2 '
+                        '(0.86 against 0.750 to 0.850).']
+    # Epoch 4: 0.90, 0.91, 0.92 (0.91 +- 0.0497) holds 0.89.
+    records += [_record(2, s, 4, 0.5, precise=0.9 + s / 100) for s in (0, 1, 2)]
+    assert compare.explain(compare.diagnosis_rows(records))[1].startswith(
+        '2 devices, with precise BatchNorm: the book\'s value lies inside the 95% prediction '
+        'interval of our seeds in epochs 1 and 4, outside')
 
 
 def _run(*args):

@@ -318,6 +318,15 @@ def prediction_interval(values):
     return mean - half, mean + half
 
 
+def interval_text(low, high):
+    """``'95% prediction interval 0.40 to 0.90'``, clipped to accuracies; an interval that
+    holds every accuracy says that it cannot tell anything."""
+    text = '95%% prediction interval %.2f to %.2f' % (max(low, 0.0), min(high, 1.0))
+    if low <= 0.0 and high >= 1.0:
+        text += ', every accuracy: the seeds spread too widely to tell'
+    return text
+
+
 def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None,
                   dtype='float32'):
     """The records of one configuration, ``{epoch: [record per seed]}``."""
@@ -366,8 +375,8 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
             else:
                 low, high = prediction_interval(values)
                 ok = low <= book_acc <= high
-                verdict = '%s our 95%% prediction interval %.2f to %.2f' % (
-                    'within' if ok else 'OUTSIDE', max(low, 0.0), min(high, 1.0))
+                verdict = '%s our %s' % ('within' if ok else 'OUTSIDE',
+                                         interval_text(low, high))
                 status = 'match' if ok else 'mismatch'
             mean = sum(values) / len(values)
             rows.append(_row(*head, _spread(values), '%+.2f' % (mean - book_acc), verdict,
@@ -427,8 +436,16 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
                 'running_other': summarize([a for r in rs for a in r['acc_running'][1:]]),
                 'precise': summarize([r['acc_precise_bn'] for r in rs]),
                 'batch': summarize([r['acc_batch_stats'] for r in rs]),
-                'train_acc': summarize([r['train_acc'] for r in rs])})
+                'train_acc': summarize([r['train_acc'] for r in rs]),
+                'by_seed': {name: {r['seed']: measure(r) for r in rs}
+                            for name, measure in _PER_SEED}})
     return rows
+
+
+# The measures ``explain`` compares seed by seed (a warmup run against the same seed without).
+_PER_SEED = (('running statistics', lambda r: r['acc_running'][0]),
+             ('precise BatchNorm', lambda r: r['acc_precise_bn']),
+             ('train_acc', lambda r: r['train_acc']))
 
 
 # What the bfloat16 rows compare: the book's measure, then two that a chaotic first epoch moves
@@ -465,8 +482,8 @@ def _beside_float32(old, new):
     else:
         low, high = prediction_interval(list(old.values()))
         inside = sum(low <= v <= high for v in new.values())
-        verdict = '%d of %d inside float32\'s 95%% prediction interval %.2f to %.2f' % (
-            inside, len(new), max(low, 0.0), min(high, 1.0))
+        verdict = '%d of %d inside float32\'s %s' % (inside, len(new),
+                                                       interval_text(low, high))
     return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
             '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
                             plural(len(both), 'seed')) if both else '-',
@@ -515,6 +532,57 @@ def explain(rows):
             text += ('; re-estimating recovers %.3f of the %.3f gap (%.0f%%)'
                      % (gain, gap, 100 * gain / gap))
         said.append(text + '.')
+    return said + _precise_verdicts(rows) + _warmup_effects(rows)
+
+
+def _precise_verdicts(rows):
+    """Per setting without warmup: in which epochs the book's value lies inside the 95%
+    prediction interval of our precise-BatchNorm accuracies (epochs with 3 seeds or more)."""
+    said = []
+    for setting in sorted({r['setting'] for r in rows if 'warmup' not in r['setting']},
+                          reverse=True):
+        inside, outside = [], []
+        for r in rows:
+            values = list(r['by_seed']['precise BatchNorm'].values())
+            if r['setting'] != setting or r['book'] is None or len(values) < MIN_SEEDS:
+                continue
+            low, high = prediction_interval(values)
+            if low <= r['book'] <= high:
+                inside.append(r['epoch'])
+            else:
+                outside.append('epoch %d (%.2f against %.3f to %.3f)'
+                               % (r['epoch'], r['book'], max(low, 0.0), min(high, 1.0)))
+        if inside or outside:
+            said.append('%s, with precise BatchNorm: the book\'s value lies inside the 95%% '
+                        'prediction interval of our seeds in %s%s.'
+                        % (setting, _epochs(inside) if inside else 'no epoch',
+                           ', outside it in ' + ', '.join(outside) if outside else ''))
+    return said
+
+
+def _epochs(numbers):
+    words = [str(e) for e in numbers]
+    if len(words) == 1:
+        return 'epoch ' + words[0]
+    return 'epochs ' + ', '.join(words[:-1]) + ' and ' + words[-1]
+
+
+def _warmup_effects(rows):
+    """Per warmup setting and epoch: the mean same-seed change against no warmup."""
+    said = []
+    plain = {(r['setting'], r['epoch']): r for r in rows}
+    for r in rows:
+        base = plain.get((r['setting'].split(', warmup')[0], r['epoch']))
+        if 'warmup' not in r['setting'] or base is None:
+            continue
+        both = sorted(set(r['seeds']) & set(base['seeds']))
+        if not both:
+            continue
+        changes = ['%s %+.3f' % (name, sum(r['by_seed'][name][k] - base['by_seed'][name][k]
+                                           for k in both) / len(both))
+                   for name, _ in _PER_SEED]
+        said.append('%s, epoch %d, against the same %s without warmup: %s.'
+                    % (r['setting'], r['epoch'], plural(len(both), 'seed'), ', '.join(changes)))
     return said
 
 
@@ -616,7 +684,7 @@ def format_markdown(report):
     lines += _markdown_table(_table(report['rows']))
     lines += [''] + ['- ' + n for n in notes()]
     if report['diagnosis']:
-        lines += ['', '## Why the first epoch differs: BatchNorm statistics', '',
+        lines += ['', '## Where the gap comes from: BatchNorm statistics', '',
                   'The same checkpoints, the test set normalized three ways: with each device\'s '
                   'running statistics (device 0\'s is the book\'s measure, the table\'s value), '
                   'with the running statistics re-estimated on %d training images with the '
