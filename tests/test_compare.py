@@ -160,8 +160,8 @@ def test_diagnosis_rows_and_the_explanation_in_numbers():
                               '0.77, ours gives 0.600')
     # The warmup run beside the same seed without: 0.60 - 0.40, 0.70 - 0.70, 0.5 - 0.5.
     assert said[2:] == ['2 devices, warmup 50 steps, epoch 1, against the same 1 seed without '
-                        'warmup: running statistics +0.200, precise BatchNorm +0.000, '
-                        'train_acc +0.000.']
+                        'warmup: device 0 running stats (book\'s) +0.200, precise BatchNorm '
+                        '+0.000, train_acc (epoch mean) +0.000.']
     # Re-estimating can overshoot the book's value (1 device, epoch 1: 0.837 -> 0.863 vs 0.86).
     over = compare.diagnosis_rows([_record(1, 0, 1, 0.84, precise=0.87, batch=0.87)], [])
     assert compare.explain(over)[0].endswith(

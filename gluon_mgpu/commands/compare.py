@@ -420,8 +420,9 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
 
 def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
     """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
-    ``setting``, ``epoch``, ``seeds``, ``book`` (the book's value or None) and a ``summarize``
-    of each of ``_SUMMARIES`` (the columns of ``format_diagnosis``)."""
+    ``setting``, ``epoch``, ``seeds``, ``book`` (the book's value or None), a ``summarize``
+    of each of ``_SUMMARIES`` (the columns of ``format_diagnosis``) and ``by_seed``, each of
+    ``DTYPE_MEASURES`` as ``{seed: value}`` (what ``explain`` compares seed by seed)."""
     rows = []
     for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
         by_epoch = table_records(records, n, w, train_limit, test_limit)
@@ -438,18 +439,14 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
                 'batch': summarize([r['acc_batch_stats'] for r in rs]),
                 'train_acc': summarize([r['train_acc'] for r in rs]),
                 'by_seed': {name: {r['seed']: measure(r) for r in rs}
-                            for name, measure in _PER_SEED}})
+                            for name, measure in DTYPE_MEASURES}})
     return rows
 
 
-# The measures ``explain`` compares seed by seed (a warmup run against the same seed without).
-_PER_SEED = (('running statistics', lambda r: r['acc_running'][0]),
-             ('precise BatchNorm', lambda r: r['acc_precise_bn']),
-             ('train_acc', lambda r: r['train_acc']))
 
-
-# What the bfloat16 rows compare: the book's measure, then two that a chaotic first epoch moves
-# less (the running statistics lag the weights; docs/book-comparison.md's diagnosis).
+# What the bfloat16 rows and a warmup run's sentence compare, seed by seed: the book's measure,
+# then two that a chaotic first epoch moves less (the running statistics lag the weights;
+# docs/book-comparison.md's diagnosis).
 DTYPE_MEASURES = (("device 0 running stats (book's)", lambda r: r['acc_running'][0]),
                   ('precise BatchNorm', lambda r: r['acc_precise_bn']),
                   ('train_acc (epoch mean)', lambda r: r['train_acc']))
@@ -580,7 +577,7 @@ def _warmup_effects(rows):
             continue
         changes = ['%s %+.3f' % (name, sum(r['by_seed'][name][k] - base['by_seed'][name][k]
                                            for k in both) / len(both))
-                   for name, _ in _PER_SEED]
+                   for name, _ in DTYPE_MEASURES]
         said.append('%s, epoch %d, against the same %s without warmup: %s.'
                     % (r['setting'], r['epoch'], plural(len(both), 'seed'), ', '.join(changes)))
     return said
