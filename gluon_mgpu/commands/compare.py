@@ -420,9 +420,10 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
 
 def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
     """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
-    ``setting``, ``epoch``, ``seeds``, ``book`` (the book's value or None), a ``summarize``
-    of each of ``_SUMMARIES`` (the columns of ``format_diagnosis``) and ``by_seed``, each of
-    ``DTYPE_MEASURES`` as ``{seed: value}`` (what ``explain`` compares seed by seed)."""
+    ``setting`` (its words), ``devices``, ``warmup_steps``, ``epoch``, ``seeds``, ``book`` (the
+    book's value or None), a ``summarize`` of each of ``_SUMMARIES`` (the columns of
+    ``format_diagnosis``) and ``by_seed``, each of ``DTYPE_MEASURES`` as ``{seed: value}``
+    (what ``explain`` compares seed by seed)."""
     rows = []
     for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
         by_epoch = table_records(records, n, w, train_limit, test_limit)
@@ -431,6 +432,7 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
             rs = by_epoch[e]
             rows.append({
                 'setting': plural(n, 'device') + (', warmup %d steps' % w if w else ''),
+                'devices': n, 'warmup_steps': w,
                 'epoch': e, 'seeds': sorted(r['seed'] for r in rs),
                 'book': book[e - 1] if e <= len(book) else None,
                 'running0': summarize([r['acc_running'][0] for r in rs]),
@@ -441,7 +443,6 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
                 'by_seed': {name: {r['seed']: measure(r) for r in rs}
                             for name, measure in DTYPE_MEASURES}})
     return rows
-
 
 
 # What the bfloat16 rows and a warmup run's sentence compare, seed by seed: the book's measure,
@@ -473,7 +474,6 @@ def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
 def _beside_float32(old, new):
     """The cells of one bfloat16 row: float32's values ``old`` and bfloat16's ``new`` (each
     ``{seed: value}``), their same-seed difference and the verdict."""
-    both = sorted(set(new) & set(old))
     if len(old) < 2:
         verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
     else:
@@ -481,10 +481,16 @@ def _beside_float32(old, new):
         inside = sum(low <= v <= high for v in new.values())
         verdict = '%d of %d inside float32\'s %s' % (inside, len(new),
                                                        interval_text(low, high))
+    change, seeds = _same_seed_change(old, new)
     return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
-            '%+.3f (%s)' % (sum(new[k] - old[k] for k in both) / len(both),
-                            plural(len(both), 'seed')) if both else '-',
-            verdict]
+            '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-', verdict]
+
+
+def _same_seed_change(old, new):
+    """The mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}`` hold, and
+    how many those are (``None, 0`` for none)."""
+    both = set(new) & set(old)
+    return (sum(new[k] - old[k] for k in both) / len(both) if both else None), len(both)
 
 
 def _cell_of(summary):
@@ -536,8 +542,7 @@ def _precise_verdicts(rows):
     """Per setting without warmup: in which epochs the book's value lies inside the 95%
     prediction interval of our precise-BatchNorm accuracies (epochs with 3 seeds or more)."""
     said = []
-    for setting in sorted({r['setting'] for r in rows if 'warmup' not in r['setting']},
-                          reverse=True):
+    for setting in sorted({r['setting'] for r in rows if not r['warmup_steps']}, reverse=True):
         inside, outside = [], []
         for r in rows:
             values = list(r['by_seed']['precise BatchNorm'].values())
@@ -567,19 +572,17 @@ def _epochs(numbers):
 def _warmup_effects(rows):
     """Per warmup setting and epoch: the mean same-seed change against no warmup."""
     said = []
-    plain = {(r['setting'], r['epoch']): r for r in rows}
+    plain = {(r['devices'], r['epoch']): r for r in rows if not r['warmup_steps']}
     for r in rows:
-        base = plain.get((r['setting'].split(', warmup')[0], r['epoch']))
-        if 'warmup' not in r['setting'] or base is None:
+        base = plain.get((r['devices'], r['epoch'])) if r['warmup_steps'] else None
+        if base is None or not set(r['seeds']) & set(base['seeds']):
             continue
-        both = sorted(set(r['seeds']) & set(base['seeds']))
-        if not both:
-            continue
-        changes = ['%s %+.3f' % (name, sum(r['by_seed'][name][k] - base['by_seed'][name][k]
-                                           for k in both) / len(both))
-                   for name, _ in DTYPE_MEASURES]
+        changes = []
+        for name, _ in DTYPE_MEASURES:
+            change, seeds = _same_seed_change(base['by_seed'][name], r['by_seed'][name])
+            changes.append('%s %+.3f' % (name, change))
         said.append('%s, epoch %d, against the same %s without warmup: %s.'
-                    % (r['setting'], r['epoch'], plural(len(both), 'seed'), ', '.join(changes)))
+                    % (r['setting'], r['epoch'], plural(seeds, 'seed'), ', '.join(changes)))
     return said
 
 
