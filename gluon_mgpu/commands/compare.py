@@ -651,6 +651,13 @@ PLATFORM_NOTES = (
     'GPUs sum in another order, so a GPU run is another draw from the same chaotic start, as '
     'another seed is here: that is what the spread over seeds stands for. The book printed one '
     'draw, and the verdict asks whether it could be one more of ours.',
+    'What precise BatchNorm leaves: where the book\'s value lies outside the prediction interval '
+    'of our precise-BatchNorm accuracies (the verdicts above), neither the lag of the running '
+    'statistics nor the seeds explain the rest. What this machine cannot re-run is the rest of '
+    'the book\'s platform: GPU kernels (cuDNN\'s convolutions and BatchNorm) in the MXNet 1.2/1.3 '
+    'GPU builds. oneDNN\'s CPU kernels here sum in yet another order, which makes another draw '
+    'rather than a shifted mean; a run with `MXNET_MKLDNN_ENABLED=0` (several times slower) would '
+    'test even that, and was not made.',
     'Evaluation: the book tests with device 0\'s parameters and running statistics '
     '(`evaluate_accuracy(test_iter, net, ctx[0])`), as the table does. `gluon_mgpu.train` and the '
     'per-epoch line of the train command split the test set over all devices, each with its own '
