@@ -1,6 +1,7 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
 epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md).
 """
+import numbers
 import time
 import weakref
 
@@ -16,10 +17,11 @@ from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision
 from .runtime.updates import UpdateError, guard_updates
 
-__all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'book_setting',
-           'new_network', 'network_name', 'init_training', 'split_batch', 'train_batch',
+__all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
+           'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch', 'train_batch',
            'choose_step', 'check_batch', 'run_epoch', 'train_epoch', 'evaluate_accuracy',
-           'run_epochs', 'train', 'format_epoch', 'LossNotFiniteError', 'UpdateError']
+           'run_epochs', 'train', 'check_batch_size', 'format_epoch', 'LossNotFiniteError',
+           'UpdateError']
 
 # The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
 # train(num_gpus=2, batch_size=512, lr=0.2); weights drawn from Normal(sigma=0.01).
@@ -27,6 +29,12 @@ BATCH_SIZE_PER_DEVICE = 256
 LR_PER_DEVICE = 0.1
 INIT_SIGMA = 0.01
 MODELS = ('resnet18', 'lenet')
+# The update every epoch loop here makes, as the chapter's: the gradients' sum divided by the
+# nominal batch size, also for an epoch's short last batch. Checkpoints and the book table's
+# record name it; up to commit 03b47ec the loop divided by each batch's own size.
+STEP = 'trainer.step(batch_size)'
+OLD_STEP = 'trainer.step(X.shape[0])'
+
 
 
 def split_batch(X, y, devices):
@@ -40,20 +48,24 @@ def split_batch(X, y, devices):
             gutils.split_and_load(y, devices, even_split=False))
 
 
-def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch):
+def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch, batch_size=None):
     """The chapter's step on one batch; return the losses, outputs and labels per device.
 
-    ``trainer.step`` sums the gradients of all devices, divides by the batch size and updates
-    every replica the same way. A network's first batch is checked (``check_batch``).
+    ``trainer.step(batch_size)`` sums the gradients of all devices, divides by ``batch_size``
+    and updates every replica the same way. ``batch_size`` defaults to this batch's size; the
+    epoch loop passes the nominal one, as the chapter does, so a short last batch moves the
+    weights by its share of a step (``train_epoch``). A network's first batch is checked
+    (``check_batch``).
     """
     _check_once(X, y, net, 'the batch given to train_batch', devices)
+    batch_size = X.shape[0] if batch_size is None else batch_size
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
         outs = [net(X_d) for X_d in Xs]
         ls = [loss(out, y_d) for out, y_d in zip(outs, ys)]
     for l in ls:
         l.backward()
-    trainer.step(X.shape[0])
+    trainer.step(batch_size)
     return ls, outs, ys
 
 
@@ -310,17 +322,27 @@ def run_epoch(step, train_iter, events=None, check=None):
 
 
 def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
-                step=None):
+                step=None, batch_size=None):
     """Run ``step`` (default ``choose_step(devices)``) over ``train_iter``, as ``run_epoch``
-    does and with its result; the first batch is checked (``check_batch``)."""
+    does and with its result; the first batch is checked (``check_batch``).
+
+    Every step ends with ``trainer.step(batch_size)``, as in the chapter's loop: ``batch_size``
+    defaults to the size of the epoch's first batch, the nominal one, so the short last batch
+    of an epoch (60,000 = 234 x 256 + 96) moves the weights by its share of a full step.
+    """
     step = choose_step(devices) if step is None else step
 
     def check(X, y):
         check_batch(X, y, net, 'the first batch of train_iter')
         _CHECKED.add(net)
 
-    return run_epoch(lambda X, y: step(net, X, y, loss, trainer, devices, split_f), train_iter,
-                     events, check)
+    def one_step(X, y):
+        nonlocal batch_size
+        if batch_size is None:
+            batch_size = X.shape[0]
+        return step(net, X, y, loss, trainer, devices, split_f, batch_size)
+
+    return run_epoch(one_step, train_iter, events, check)
 
 
 def run_epochs(state, events, train_one_epoch, evaluate):
@@ -346,6 +368,14 @@ def run_epochs(state, events, train_one_epoch, evaluate):
     return state.history
 
 
+def check_batch_size(batch_size, name='batch_size'):
+    """``ValueError`` unless ``batch_size`` is None or a whole number >= 1."""
+    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
+            batch_size, numbers.Integral) or batch_size < 1):
+        raise ValueError('%s must be a whole number >= 1, got %r; for example %s=256, the '
+                         'nominal batch size trainer.step divides by' % (name, batch_size, name))
+
+
 def _checked_devices(devices, num_epochs, lr, trainer):
     devices = try_all_gpus() if devices is None else list(devices)
     if not devices:
@@ -366,7 +396,7 @@ def _checked_devices(devices, num_epochs, lr, trainer):
 
 
 def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, trainer=None,
-          split_f=split_batch, event_handlers=None):
+          split_f=split_batch, event_handlers=None, batch_size=None):
     """Train ``net`` data-parallel on ``devices``; print the book's line per epoch; return
     the history.
 
@@ -388,6 +418,12 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     event_handlers : list, optional
         Default ``[EpochLine(), LossGuard()]``: the book's line after each epoch, and a stop
         when the loss is not finite (docs/events.md).
+    batch_size : int, optional
+        What ``trainer.step`` divides the gradients' sum by after every batch, as the chapter's
+        ``trainer.step(batch_size)``. Default: the size of each epoch's first batch, the
+        nominal one, so a short last batch moves the weights by its share of a full step.
+        Pass it when the first batch is not of the nominal size (an iterator of your own), or
+        when several processes share each batch (``train_iter.set_part``: each worker's share).
 
     Returns
     -------
@@ -405,6 +441,7 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         When the optimizer raised inside ``trainer.step``.
     """
     devices = _checked_devices(devices, num_epochs, lr, trainer)
+    check_batch_size(batch_size)
     if trainer is None:
         trainer = init_training(net, devices, LR_PER_DEVICE if lr is None else lr)
     if hasattr(train_iter, 'set_min_batch'):
@@ -418,5 +455,6 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     with guard_updates(trainer):
         return run_epochs(
             state, events,
-            lambda: train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step),
+            lambda: train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step,
+                                batch_size),
             lambda: evaluate_accuracy(test_iter, net, devices))

@@ -27,6 +27,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
 DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
+# The runs trained with the old step (training.OLD_STEP), up to commit 03b47ec: kept apart.
+OLD_STEP_RECORD = os.path.join(ROOT, 'docs', 'book-table-old-step.jsonl')
+OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 RUN_EPOCHS = 4
 # The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
@@ -85,12 +88,17 @@ _FIELDS = {'devices': _WHOLE, 'seed': _WHOLE, 'warmup_steps': _WHOLE, 'epoch': _
            'acc_precise_bn': _NUMBER, 'acc_batch_stats': _NUMBER}
 
 
-def _check_line(record, path, number):
+def _check_line(record, path, number, step):
     def refuse(what):
         raise RecordError('%s, line %d: %s; fix or delete that line (the epoch is then trained '
                           'again)' % (path, number, what))
     if not isinstance(record, dict):
         refuse('not a JSON object')
+    if record.get('step', training.OLD_STEP) != step:
+        raise RecordError('%s, line %d: trained with %s, not %s; a record holds the runs of one '
+                          'step only: keep the line in a record of its own (the old step\'s are '
+                          'in %s)' % (path, number, record.get('step', training.OLD_STEP), step,
+                                      os.path.relpath(OLD_STEP_RECORD, ROOT)))
     for name, (test, kind) in _FIELDS.items():
         if name not in record:
             refuse('it lacks %s' % name)
@@ -118,10 +126,11 @@ def record_key(record):
             record.get('train_limit'), record.get('test_limit'), record.get('dtype', 'float32'))
 
 
-def read_records(path):
+def read_records(path, step=training.STEP):
     """Read the record file (JSON, one epoch per line; none if it does not exist); return the
     checked lines as dicts, in order. An epoch recorded twice must carry the same accuracies (a
-    retrained run repeats itself bit for bit) and counts once.
+    retrained run repeats itself bit for bit) and counts once. Every line must have been
+    trained with ``step`` (a line without ``step`` was trained with ``training.OLD_STEP``).
 
     Raises
     ------
@@ -148,7 +157,7 @@ def read_records(path):
         except ValueError as e:
             raise RecordError('%s, line %d: not JSON (%s); fix or delete that line'
                               % (path, number, e)) from None
-        _check_line(record, path, number)
+        _check_line(record, path, number, step)
         key = record_key(record)
         first = seen.setdefault((key, record['epoch']), record)
         if first is record:
@@ -390,7 +399,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
     batch_size, lr = training.book_setting(run.devices)
-    record = dict(found, devices=run.devices, seed=run.seed,
+    record = dict(found, devices=run.devices, seed=run.seed, step=training.STEP,
                   warmup_steps=run.warmup_steps, train_limit=run.train_limit,
                   test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
                   **{k: stats[k] for k in ('seconds', 'train_loss', 'train_acc', 'test_acc',

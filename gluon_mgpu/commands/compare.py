@@ -22,7 +22,7 @@ from .cli import UsageError
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
            'format_like_book', 'run_chapter_cells', 'chapter_cells', 'deterministic_rows',
-           'book_loop_steps', 'port_equality', 'step_row', 'prediction_interval',
+           'book_loop_steps', 'book_train', 'port_equality', 'step_row', 'prediction_interval',
            'table_records', 'training_rows', 'diagnosis_rows', 'format_diagnosis', 'explain',
            'is_simulated', 'notes', 'describe_devices', 'format_table', 'format_table_lines',
            'format_markdown', 'main']
@@ -166,6 +166,54 @@ def book_loop_steps(net, batches, devices, batch_size, lr):
         losses.append([l.asnumpy() for l in ls])
     nd.waitall()
     return losses
+
+
+def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step=None):
+    """The chapter's ``train`` (``In [6]``) as printed, changed only where it cannot run here:
+    ``ctx`` is ``devices[:num_gpus]`` (the book: ``[mx.gpu(i) for i in range(num_gpus)]``),
+    ``range(4)`` is ``range(num_epochs)``, ``gb`` is passed in (d2lzh, or an object with its
+    ``load_data_fashion_mnist`` and ``evaluate_accuracy``) and so is ``net`` (a global there).
+    ``on_step(ls)``, when given, sees each step's losses after ``trainer.step``. The oracle of
+    the whole-epoch equality: never used to train the package's runs.
+
+    Returns
+    -------
+    list of float
+        Each epoch's ``test_acc`` (device 0's parameters, as the book evaluates).
+    """
+    import time
+
+    from mxnet import autograd, gluon, init, nd
+    from mxnet.gluon import loss as gloss, utils as gutils
+
+    accuracies = []
+    train_iter, test_iter = gb.load_data_fashion_mnist(batch_size)
+    ctx = list(devices[:num_gpus])
+    print('running on:', ctx)
+    net.initialize(init=init.Normal(sigma=0.01), ctx=ctx, force_reinit=True)
+    trainer = gluon.Trainer(
+        net.collect_params(), 'sgd', {'learning_rate': lr})
+    loss = gloss.SoftmaxCrossEntropyLoss()
+    for epoch in range(num_epochs):
+        start = time.time()
+        for X, y in train_iter:
+            gpu_Xs = gutils.split_and_load(X, ctx)
+            gpu_ys = gutils.split_and_load(y, ctx)
+            with autograd.record():
+                ls = [loss(net(gpu_X), gpu_y)
+                      for gpu_X, gpu_y in zip(gpu_Xs, gpu_ys)]
+            for l in ls:
+                l.backward()
+            trainer.step(batch_size)
+            if on_step is not None:
+                on_step(ls)
+        nd.waitall()
+        train_time = time.time() - start
+        test_acc = gb.evaluate_accuracy(test_iter, net, ctx[0])
+        print('epoch %d, training time: %.1f sec, test_acc %.2f' % (
+            epoch + 1, train_time, test_acc))
+        accuracies.append(test_acc)
+    return accuracies
 
 
 def port_equality(devices, batches, test_batches, lr, seed=0):

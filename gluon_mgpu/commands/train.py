@@ -575,8 +575,10 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
         handlers.append(replicas.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
 
     def fit(train_iter, test_iter, handlers):
+        # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
         return training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
-                              trainer=trainer, split_f=split_f, event_handlers=handlers)
+                              trainer=trainer, split_f=split_f, event_handlers=handlers,
+                              batch_size=args.batch_size // args.num_workers)
     return net, None, fit
 
 
@@ -617,7 +619,8 @@ def _split_parallel(args, devices, mode, handlers, test_iter):
         handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
 
     def fit(train_iter, test_iter, handlers):
-        return parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs, handlers)
+        return parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs, handlers,
+                                    batch_size=args.batch_size)
     return split, placement, fit
 
 

@@ -30,9 +30,14 @@ __all__ = ['CheckpointError', 'FORMAT', 'RUN_SETTINGS', 'KINDS', 'checkpoint_pat
            'save_checkpoint', 'read_checkpoint', 'validate_record', 'restore', 'resume_settings',
            'Resume', 'CheckpointHandler']
 
-FORMAT = 'gluon_mgpu checkpoint 2'
-# Format 1 kept the optimizer as a pickle (Trainer.save_states); the last commit that resumes it.
-_FORMAT_1, _FORMAT_1_COMMIT = 'gluon_mgpu checkpoint 1', '84e04e4'
+FORMAT = 'gluon_mgpu checkpoint 3'
+# Older formats, with the last commit that resumes them: format 1 kept the optimizer as a pickle
+# (Trainer.save_states); format 2 was trained with the old step, which divided an epoch's short
+# last batch by its own size (training.OLD_STEP).
+_OLDER = {'gluon_mgpu checkpoint 1': ('84e04e4', 'format 1, whose optimizer state is a pickle'),
+          'gluon_mgpu checkpoint 2': ('03b47ec', 'format 2, trained with the old step %s, '
+                                      'which divides a short last batch by its own size'
+                                      % training.OLD_STEP)}
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
@@ -252,7 +257,8 @@ def save_checkpoint(directory, epoch, net, trainer, info):
                                lambda tmp: nd.save(tmp, replicas))
     files['states'] = _write(checkpoint_path(directory, epoch, 'states'),
                              lambda tmp: optimizer.update(_save_states(trainer, tmp)))
-    record = dict(info, format=FORMAT, epoch=epoch, optimizer=optimizer, files=files)
+    record = dict(info, format=FORMAT, step=training.STEP, epoch=epoch, optimizer=optimizer,
+                  files=files)
     text = json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + '\n'
 
     def write_json(tmp):
@@ -317,14 +323,14 @@ def read_checkpoint(directory, epoch=None):
         epoch = epochs[-1]
     path = checkpoint_path(directory, epoch, 'json')
     record = _read_json(path, directory, epoch)
-    if isinstance(record, dict) and record.get('format') == _FORMAT_1:
-        raise CheckpointError('%s was written by an older gluon_mgpu (format 1, whose optimizer '
-                              'state is a pickle); start a new run with another '
-                              '--checkpoint-dir, or resume it with gluon_mgpu at commit %s'
-                              % (path, _FORMAT_1_COMMIT))
+    if isinstance(record, dict) and record.get('format') in _OLDER:
+        commit, what = _OLDER[record['format']]
+        raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
+                              'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
+                              '%s' % (path, what, commit))
     if not isinstance(record, dict) or record.get('format') != FORMAT \
-            or record.get('epoch') != epoch or not isinstance(record.get('files'), dict) \
-            or set(record['files']) != set(KINDS):
+            or record.get('step') != training.STEP or record.get('epoch') != epoch \
+            or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s'
                               % (path, FORMAT, epoch, _fix(directory, epoch)))
     for kind in KINDS:

@@ -170,13 +170,14 @@ def split_channels(net, devices, copy=_as_in_context):
     return found
 
 
-def train_batch(X, y, net, trainers, devices, loss):
-    """One step: the one-device step, with one Trainer per device. Returns the losses."""
+def train_batch(X, y, net, trainers, devices, loss, batch_size=None):
+    """One step: the one-device step, with one Trainer per device, divided by ``batch_size``
+    (default ``X``'s size). Returns the losses."""
     X, y = X.as_in_context(devices[0]), y.as_in_context(devices[0])
     with autograd.record():
         l = loss(net(X), y)
     l.backward()
-    step_all(trainers, X.shape[0])
+    step_all(trainers, X.shape[0] if batch_size is None else batch_size)
     return l
 
 
@@ -233,9 +234,11 @@ class ChannelSplitNet(SplitNet):
         """Logits for ``X`` (moved to the first device, where they come out)."""
         return self.net(X.as_in_context(self.devices[0]))
 
-    def train_batch(self, X, y):
-        """One training step on ``(X, y)``; returns the sum of the losses (on the first device)."""
-        return train_batch(X, y, self.net, self.trainers, self.devices, self.loss).sum()
+    def train_batch(self, X, y, batch_size=None):
+        """One training step on ``(X, y)``, divided by ``batch_size`` (default ``X``'s size);
+        returns the sum of the losses (on the first device)."""
+        return train_batch(X, y, self.net, self.trainers, self.devices, self.loss,
+                           batch_size).sum()
 
     def whole_parameters(self):
         """``{name: NDArray on the CPU}`` with the names and shapes of the one-device network."""

@@ -187,13 +187,15 @@ def forward(parts, X, devices, copy=_as_in_context):
     return X
 
 
-def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context):
+def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context,
+                batch_size=None):
     """One step of the layer split: forward every micro-batch (at most one per example), one
     backward over all their losses, one update. Returns the micro-batches' losses (on the last
     device).
 
     (A backward per micro-batch fails with BatchNorm: the first frees the graph of the running
-    statistics that all micro-batches share.)
+    statistics that all micro-batches share.) The update divides by ``batch_size`` (default
+    ``X``'s size), as ``training.train_batch``.
     """
     m = min(micro_batches, X.shape[0])
     X_micros = gutils.split_data(X.as_in_context(devices[0]), m, even_split=False)
@@ -202,7 +204,7 @@ def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_
         ls = [loss(forward(parts, X_m, devices, copy), y_m)
               for X_m, y_m in zip(X_micros, y_micros)]
     autograd.backward(ls)
-    step_all(trainers, X.shape[0])
+    step_all(trainers, X.shape[0] if batch_size is None else batch_size)
     return ls
 
 
@@ -255,10 +257,11 @@ class LayerSplit(SplitNet):
         return forward(self.parts, X.as_in_context(self.devices[0]), self.devices,
                        self.copies.copy)
 
-    def train_batch(self, X, y):
-        """One training step on ``(X, y)``; returns the sum of the losses (on the last device)."""
+    def train_batch(self, X, y, batch_size=None):
+        """One training step on ``(X, y)``, divided by ``batch_size`` (default ``X``'s size);
+        returns the sum of the losses (on the last device)."""
         ls = train_batch(X, y, self.parts, self.trainers, self.devices, self.loss,
-                         self.micro_batches, self.copies.copy)
+                         self.micro_batches, self.copies.copy, batch_size)
         return nd.add_n(*[l.sum() for l in ls])
 
     def save_parameters(self, filename):

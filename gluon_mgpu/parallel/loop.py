@@ -5,18 +5,22 @@ splitting (docs/three-ways.md).
 from types import SimpleNamespace
 
 from ..handlers.events import EpochLine, Events, LossGuard, TrainingState
-from ..training import run_epoch, run_epochs
+from ..training import check_batch_size, run_epoch, run_epochs
 
 __all__ = ['train_split']
 
 
-def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=None):
+def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=None,
+                batch_size=None):
     """Train ``split`` for ``num_epochs`` epochs; print the book's line per epoch; return the
     history (as ``train()``'s, with ``train_acc`` None: a split network returns only its loss).
 
     ``event_handlers`` as in ``train()`` (default ``[EpochLine(), LossGuard()]``); they see the
     split network as ``estimator.net`` and ``lr`` as ``estimator.trainer.learning_rate``.
+    Every step divides by ``batch_size`` as ``train()`` does (default: the size of each epoch's
+    first batch, the nominal one).
     """
+    check_batch_size(batch_size)
     if hasattr(train_iter, 'set_min_batch'):
         train_iter.set_min_batch(len(split.devices))
     # What handlers read of a Trainer (a split has one per part): the learning rate.
@@ -26,7 +30,11 @@ def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=N
                     state)
 
     def step(X, y):
-        return [split.train_batch(X, y)], None, None  # the sum over the batch, on one device
+        nonlocal batch_size
+        if batch_size is None:
+            batch_size = X.shape[0]
+        # The sum over the batch, on one device.
+        return [split.train_batch(X, y, batch_size)], None, None
 
     return run_epochs(state, events, lambda: run_epoch(step, train_iter, events),
                       lambda: split.evaluate_accuracy(test_iter))

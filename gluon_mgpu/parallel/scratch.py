@@ -80,8 +80,9 @@ def sgd(params, lr, batch_size):
         param[:] = param - lr * param.grad / batch_size
 
 
-def train_batch(X, y, device_params, devices, lr):
-    """One step of data parallelism from scratch; returns each device's losses."""
+def train_batch(X, y, device_params, devices, lr, batch_size=None):
+    """One step of data parallelism from scratch, divided by ``batch_size`` (default ``X``'s
+    size, the book's ``sgd(params, lr, X.shape[0])``); returns each device's losses."""
     X_shards, y_shards = split_batch(X, y, devices)
     with autograd.record():  # each device computes the loss of its own slice
         ls = [loss(lenet(X_shard, params), y_shard)
@@ -91,8 +92,8 @@ def train_batch(X, y, device_params, devices, lr):
     # Sum the gradients of all devices and give every device the sum.
     for i in range(len(device_params[0])):
         allreduce([params[i].grad for params in device_params])
-    for params in device_params:  # every device takes the same step (the whole batch's size)
-        sgd(params, lr, X.shape[0])
+    for params in device_params:  # every device takes the same step
+        sgd(params, lr, X.shape[0] if batch_size is None else batch_size)
     return ls
 
 
@@ -158,9 +159,10 @@ class ScratchDataParallel(SplitNet):
         """Logits for ``X``, computed on the first device."""
         return lenet(X.as_in_context(self.devices[0]), self.device_params[0])
 
-    def train_batch(self, X, y):
-        """One training step on ``(X, y)``; returns the sum of the losses (on the first device)."""
-        ls = train_batch(X, y, self.device_params, self.devices, self.lr)
+    def train_batch(self, X, y, batch_size=None):
+        """One training step on ``(X, y)``, divided by ``batch_size`` (default ``X``'s size);
+        returns the sum of the losses (on the first device)."""
+        ls = train_batch(X, y, self.device_params, self.devices, self.lr, batch_size)
         return nd.add_n(*[l.sum().as_in_context(self.devices[0]) for l in ls])
 
     def save_parameters(self, filename):

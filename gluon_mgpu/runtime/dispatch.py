@@ -116,17 +116,18 @@ def call(device, f, *args):
     return job.result
 
 
-def train_batch(net, X, y, loss, trainer, devices, split_f):
+def train_batch(net, X, y, loss, trainer, devices, split_f, batch_size=None):
     """``training.train_batch`` (the same calls in the same order, so the same numbers), each
     device's calls issued from its own thread; ``training.choose_step`` picks it for simulated
     CPU devices."""
+    batch_size = X.shape[0] if batch_size is None else batch_size
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
         outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
         ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
     for d, l in zip(devices, ls):
         call(d, l.backward)
-    trainer.step(X.shape[0])
+    trainer.step(batch_size)
     return ls, outs, ys
 
 
