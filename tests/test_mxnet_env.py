@@ -111,3 +111,112 @@ def test_an_empty_thread_count_is_unset_for_mxnet_so_the_package_chooses():
     env = {'OMP_NUM_THREADS': ''}
     settings = threads.configure_threads(env, mxnet_imported=False)
     assert (settings['source'], env['OMP_NUM_THREADS']) == ('gluon_mgpu', str(CORES))
+
+
+# Hostile input, round four: what MXNet's own parsers take, and every variable they read.
+def _mxnet_package():
+    import importlib.util
+    return os.path.dirname(importlib.util.find_spec('mxnet').origin)
+
+
+@pytest.mark.parametrize('value,accepted', [
+    ('2\xa0', False), ('2\u2003', False), ('\u20032', False), ('2\x1c', False), ('2\v', False),
+    ('\u0662', False), ('2_0', False), ('\v2', True), (' \t2\n\r\f', True), ('+2', True),
+])
+def test_blanks_and_digits_are_ascii_as_dmlc_reads_them(value, accepted):
+    # Python's \s and int() take a no-break space, U+2003, U+001C, Arabic digits and '2_0';
+    # dmlc::GetEnv (std::istringstream, then dmlc::isspace) does not, nor a trailing \v.
+    for name in ('OMP_NUM_THREADS', 'MXNET_CPU_WORKER_NTHREADS', 'MXNET_CPU_TEMP_COPY'):
+        if accepted:
+            mxnet_env.check_environment({name: value}, 2)
+        else:
+            assert _message(**{name: value}) == (
+                '%s=%r is not a whole number, and MXNet aborts on it; set it to a whole number, '
+                'for example %s=%d, or unset it' % (name, value, name,
+                                                    2 if name.endswith('THREADS') else 1))
+
+
+def test_a_unicode_blank_is_named_with_its_variable_by_the_command():
+    run = _run(['-m', 'gluon_mgpu.env'], MXNET_CPU_WORKER_NTHREADS='2\x1c')
+    assert (run.returncode, run.stdout) == (2, '')
+    assert run.stderr == (
+        "python -m gluon_mgpu.env: error: MXNET_CPU_WORKER_NTHREADS='2\\x1c' is not a whole "
+        "number, and MXNet aborts on it; set it to a whole number, for example "
+        "MXNET_CPU_WORKER_NTHREADS=%d, or unset it\n" % CORES)
+
+
+def test_doubles_flags_and_zeros_are_read_as_mxnet_reads_them():
+    # dmlc::stod: blanks before (not \v), none after, nothing beyond a double's normal range.
+    mxnet_env.check_environment({'MXNET_TUNING_WEIGHT_SCALE': ' \t1.5'}, 2)
+    for value in ('1 ', '\v1', '1\xa0', '1e-310', '2e308'):
+        assert _message(MXNET_TUNING_WEIGHT_SCALE=value).startswith(
+            'MXNET_TUNING_WEIGHT_SCALE=%r is %s, and MXNet aborts on it'
+            % (value, 'out of the range of a double' if 'e' in value else 'not a number'))
+    for value in (' 1', '1 ', '1\n', 'tru\u0435'):  # a blank, a Cyrillic e
+        assert _message(MXNET_SAFE_ACCUMULATION=value) == (
+            "MXNET_SAFE_ACCUMULATION=%r is not a flag, and MXNet aborts on it; set it to 1 or 0, "
+            "or unset it" % value)
+    assert _message(MXNET_KVSTORE_BIGARRAY_BOUND='0') == (
+        "MXNET_KVSTORE_BIGARRAY_BOUND='0' ends MXNet with SIGFPE (it divides by it); set it to 1 "
+        "or more, or unset it")
+    mxnet_env.check_environment({'MXNET_KVSTORE_BIGARRAY_BOUND': '-1'}, 2)
+    assert _message(MXNET_USE_NUM_CORES_OPERATOR_TUNING='-1').startswith(
+        "MXNET_USE_NUM_CORES_OPERATOR_TUNING='-1' is below 0, and MXNet fails on it")
+    assert _message(MXNET_KVSTORE_REDUCTION_NTHREADS='100000').startswith(
+        'MXNET_KVSTORE_REDUCTION_NTHREADS=100000 is more threads than MXNet can use here')
+
+
+def test_what_mxnets_python_code_reads_with_int_is_read_with_int():
+    # An empty value is not unset there: os.getenv gives '' and int('') fails.
+    for name in ('MXNET_UPDATE_ON_KVSTORE', 'MXNET_OPTIMIZER_AGGREGATION_SIZE',
+                 'MXNET_ENABLE_CYTHON'):
+        for value in ('', 'abc', '1.5'):
+            assert _message(**{name: value}) == (
+                "%s=%r is not a whole number, and MXNet's Python code fails on it (int()); set "
+                "it to a whole number, for example %s=1, or unset it" % (name, value, name))
+        mxnet_env.check_environment({name: ' 1\v'}, 2)  # int() takes what it takes
+    assert _message(MXNET_UPDATE_AGGREGATION_SIZE='0').startswith(
+        "MXNET_UPDATE_AGGREGATION_SIZE='0' is below 1")  # its loop would never end
+
+
+def test_every_variable_libmxnet_names_has_its_type_here():
+    import re
+    data = open(os.path.join(_mxnet_package(), 'libmxnet.so'), 'rb').read()
+    named = {m.decode() for m in re.findall(rb'MXNET_[A-Z0-9_]*[A-Z0-9]', data)}
+    typed = (set(mxnet_env.THREAD_COUNTS) | set(mxnet_env.WHOLE_NUMBERS) |
+             set(mxnet_env.FLAGS) | set(mxnet_env.NUMBERS) | set(mxnet_env.NOT_NUMBERS))
+    assert named - typed == set()
+    assert len(named) > 70
+
+
+def test_every_int_of_mxnets_python_code_is_checked():
+    import re
+    found = set()
+    for folder, _, names in os.walk(_mxnet_package()):
+        for name in names:
+            if name.endswith('.py'):
+                text = open(os.path.join(folder, name), encoding='utf-8').read()
+                found |= set(re.findall(r'int\(\s*_?os\.(?:getenv|environ\.get)\(\s*[\'"]'
+                                        r'(MXNET_[A-Z0-9_]+)', text))
+    assert found == set(mxnet_env.PYTHON_WHOLE_NUMBERS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('name,value', [
+    ('OMP_NUM_THREADS', '2\xa0'), ('OMP_NUM_THREADS', '2\v'), ('OMP_NUM_THREADS', '\v2'),
+    ('MXNET_CPU_WORKER_NTHREADS', '2\x1c'), ('MXNET_CPU_WORKER_NTHREADS', ' 2\t'),
+    ('MXNET_MKLDNN_ENABLED', ' 1'), ('MXNET_TUNING_WEIGHT_SCALE', ' 1'),
+    ('MXNET_TUNING_WEIGHT_SCALE', '1 '), ('MXNET_ENABLE_CYTHON', ''),
+])
+def test_mxnet_itself_fails_on_exactly_what_the_check_refuses(name, value):
+    run = _run(['-c', 'import mxnet as mx; mx.nd.Convolution(mx.nd.ones((1, 1, 3, 3)), '
+                      'mx.nd.ones((1, 1, 3, 3)), kernel=(3, 3), num_filter=1, '
+                      'no_bias=True).wait_to_read()'], **{name: value})
+    try:
+        mxnet_env.check_environment({name: value}, CORES)
+        refused = False
+    except ValueError:
+        refused = True
+    assert (run.returncode != 0) == refused, run.stderr[-500:]
+    if refused and name != 'MXNET_ENABLE_CYTHON':
+        assert run.returncode == -6  # SIGABRT
