@@ -17,7 +17,8 @@ def _line(**changes):
     record = {'devices': 2, 'seed': 0, 'warmup_steps': 0, 'epoch': 1, 'batch_size': 512,
               'lr': 0.2, 'seconds': 900.5, 'train_loss': 1.2, 'train_acc': 0.55,
               'test_acc': 0.49, 'acc_running': [0.49, 0.5], 'acc_precise_bn': 0.7,
-              'acc_batch_stats': 0.72, 'train_limit': None, 'test_limit': None}
+              'acc_batch_stats': 0.72, 'train_limit': None, 'test_limit': None,
+              'step': 'trainer.step(batch_size)'}
     record.update(changes)
     return record
 
@@ -73,7 +74,7 @@ def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
      r'line 2: epoch 1 of run 2dev-seed0 is recorded twice with different accuracies '
      r'\(0.49, then 0.3\); keep one of the two lines'),
     (['[1, 2]'], r'line 1: not a JSON object'),
-    (['{"seed": 0}'], r'line 1: it lacks devices; fix or delete that line \(the epoch is then '
+    (['{"seed": 0, "step": "trainer.step(batch_size)"}'], r'line 1: it lacks devices; fix or delete that line \(the epoch is then '
                       r'trained again\)'),
 ])
 def test_a_bad_record_line_is_one_error_naming_the_line(tmp_path, lines, message):
@@ -81,6 +82,26 @@ def test_a_bad_record_line_is_one_error_naming_the_line(tmp_path, lines, message
     _write(path, raw=lines)
     with pytest.raises(booktable.RecordError, match=message):
         booktable.read_records(path)
+
+
+def test_a_record_holds_the_runs_of_one_step(tmp_path):
+    path = str(tmp_path / 'rec.jsonl')
+    old = _line()
+    del old['step']  # written before the book's step: trainer.step(X.shape[0])
+    _write(path, _line(), old)
+    with pytest.raises(booktable.RecordError) as e:
+        booktable.read_records(path)
+    assert str(e.value) == (
+        '%s, line 2: trained with trainer.step(X.shape[0]), not trainer.step(batch_size); a '
+        'record holds the runs of one step only: keep the line in a record of its own (the old '
+        "step's are in docs/book-table-old-step.jsonl)" % path)
+    _write(path, old, old)
+    assert booktable.read_records(path, step='trainer.step(X.shape[0])') == [old]
+    # The committed records: the old step's 27 epochs apart from the book's step's.
+    assert len(booktable.read_records(booktable.OLD_STEP_RECORD,
+                                      step='trainer.step(X.shape[0])')) == 27
+    assert all(r['step'] == 'trainer.step(batch_size)'
+               for r in booktable.read_records(booktable.DEFAULT_RECORD))
 
 
 def test_the_record_is_never_written_through_a_link_or_to_a_fifo(tmp_path):

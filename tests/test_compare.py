@@ -7,6 +7,7 @@ import mxnet as mx
 import pytest
 from mxnet import nd
 
+from gluon_mgpu import training
 from gluon_mgpu.commands import booktable, compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -67,11 +68,11 @@ def test_reading_outside_the_devices_prints_the_books_line():
 
 def test_training_rows_say_not_run_without_records():
     rows = compare.training_rows([mx.cpu(0), mx.cpu(1)], [])
-    assert len(rows) == 11
+    assert len(rows) == 3
     assert {r['ours'] for r in rows} == {'not run'}
     assert {r['status'] for r in rows} == {'not run'}
-    assert [r['book'] for r in _by(rows, 'In [7]')] == ['0.86', '0.91', '0.91', '0.93', '61.6']
-    assert [r['book'] for r in _by(rows, 'In [8]')] == ['0.77', '0.86', '0.88', '0.89', '31.6']
+    assert [r['book'] for r in _by(rows, 'In [7]')] == ['61.6']
+    assert [r['book'] for r in _by(rows, 'In [8]')] == ['31.6']
     [speedup] = _by(rows, 'In [7]/[8]')
     assert speedup['book'] == '1.95x (PyTorch ed. 1.53x)'
     assert speedup['verdict'].startswith('not run (compare --full); cpu(0), cpu(1) are '
@@ -93,50 +94,83 @@ def _record(devices, seed, epoch, acc, seconds=100.0, warmup=0, precise=None, ba
             'device_names': ['cpu(%d)' % i for i in range(devices)]}
 
 
-def test_prediction_interval_is_students_for_one_more_draw():
-    low, high = compare.prediction_interval([0.5, 0.6, 0.7])
-    # mean 0.6, s 0.1, t(2) 4.303, sqrt(1 + 1/3): half-width 0.49687
-    assert (low, high) == pytest.approx((0.6 - 0.496867, 0.6 + 0.496867), abs=1e-6)
-    assert compare.prediction_interval([0.8, 0.8, 0.8, 0.8]) == pytest.approx((0.8, 0.8))
-    with pytest.raises(ValueError, match='at least 2 values, got 1'):
-        compare.prediction_interval([0.5])
+def test_the_gpu_runs_are_the_shared_files():
+    """docs/book-gpu-runs.csv is the copy its page names, and gives that page's medians."""
+    import hashlib
+    with open(compare.GPU_RUNS, 'rb') as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    with open(os.path.join(ROOT, 'docs', 'book-gpu-runs.md')) as f:
+        assert 'sha256 `%s`' % digest in f.read()
+    runs = compare.read_gpu_runs()
+    same = [compare.gpu_summary(runs['same', 1, e]) for e in (1, 2, 3, 4)]
+    # docs/book-gpu-runs.md: same code, 1 GPU, 0.880 (0.868-0.882) ... 0.920 (0.910-0.930).
+    assert [s['n'] for s in same] == [9] * 4
+    assert [(s['median'], round(s['p10'], 3), round(s['p90'], 3)) for s in same] == [
+        (0.88, 0.868, 0.882), (0.91, 0.908, 0.912), (0.92, 0.896, 0.922), (0.92, 0.91, 0.93)]
+    later = compare.gpu_summary(runs['later', 2, 1])
+    assert (later['n'], later['median'], round(later['p10'], 3), round(later['p90'], 3)) == (
+        107, 0.778, 0.702, 0.817)
+    assert (later["low"], later["high"]) == (0.587, 0.838)  # read off plots: three digits
 
 
-def test_training_rows_judge_the_book_against_our_spread():
-    records = [_record(2, s, 1, acc) for s, acc in enumerate((0.28, 0.43, 0.57))]
-    records += [_record(2, s, 2, acc) for s, acc in enumerate((0.85, 0.86, 0.87))]
-    records += [_record(2, 0, 3, 0.80), _record(2, 1, 3, 0.81)]
-    records += [_record(1, 0, 1, 0.80, seconds=200.0)]
-    # Other settings never enter the book's rows.
-    records += [_record(2, 5, 1, 0.99, warmup=50), _record(2, 6, 1, 0.01, limits=(256, 128))]
-    rows = compare.training_rows([mx.cpu(0), mx.cpu(1)], records)
-    two = _by(rows, 'In [8]')
-    # Epoch 1: 0.77 lies inside 0.427 +- 4.303 * 0.145 * 1.155 (a wide spread, 3 seeds).
-    assert two[0]['ours'] == 'mean 0.43 (0.28-0.57, 3 seeds)'
-    assert (two[0]['diff'], two[0]['status']) == ('-0.34', 'match')
-    assert two[0]['verdict'] == ('within our 95% prediction interval 0.00 to 1.00, every '
-                                 'accuracy: the seeds spread too widely to tell')
-    # Epoch 2: 0.86 +- 4.303 * 0.01 * 1.155.
-    assert two[1]['status'] == 'match'
-    assert two[1]['verdict'] == 'within our 95% prediction interval 0.81 to 0.91'
-    assert (two[2]['ours'], two[2]['status']) == ('mean 0.81 (0.80-0.81, 2 seeds)', 'not judged')
-    assert two[2]['verdict'] == 'not judged: 2 seeds so far, 3 needed'
-    assert (two[3]['ours'], two[3]['status']) == ('not run', 'not run')
-    assert two[4]['ours'] == '100.0 on cpu(0), cpu(1) (8 epochs)'
-    [speedup] = _by(rows, 'In [7]/[8]')
-    assert speedup['ours'] == '2.00x (200.0 / 100.0 s)'
-    assert speedup['status'] == 'not comparable'
+def test_gpu_runs_refuse_a_value_that_is_not_an_accuracy(tmp_path):
+    path = tmp_path / 'runs.csv'
+    path.write_text('edition,gpus,acc_e1\n"d2l-zh 1.x (d2lzh, MXNet nd)",1,1.5\n')
+    with pytest.raises(ValueError, match=r'runs.csv, line 2: acc_e1 is \'1.5\' with gpus \'1\', '
+                                         r'not an accuracy from 0 to 1 on 1 or 2 GPUs'):
+        compare.read_gpu_runs(str(path))
 
 
-def test_training_rows_say_when_the_book_lies_outside():
-    records = [_record(1, s, 1, acc) for s, acc in enumerate((0.70, 0.71, 0.72))]
-    [row] = _by(compare.training_rows([mx.cpu(0), mx.cpu(1)], records), 'In [7]')[:1]
-    assert row['status'] == 'mismatch'
-    assert row['verdict'] == 'OUTSIDE our 95% prediction interval 0.66 to 0.76'
-    assert row['diff'] == '-0.15'
+def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
+    runs = compare.read_gpu_runs()
+    records = [_record(1, s, 1, acc, precise=0.9) for s, acc in enumerate((0.85, 0.86, 0.87))]
+    records += [_record(1, s, 2, acc) for s, acc in enumerate((0.80, 0.81, 0.82))]
+    records += [_record(1, s, 4, acc) for s, acc in enumerate((0.91, 0.915, 0.92))]
+    records += [_record(2, s, 4, acc) for s, acc in enumerate((0.86, 0.88, 0.92))]
+    records += [_record(2, 0, 1, 0.79)]
+    # Other settings never enter the book's cells.
+    records += [_record(1, 5, 3, 0.99, warmup=50), _record(1, 6, 3, 0.01, limits=(256, 128))]
+    cells = {(c['devices'], c['epoch']): c for c in compare.accuracy_cells(records, runs)}
+    one = cells[1, 1]
+    assert one['ours'] == {'n': 3, 'mean': pytest.approx(0.86), 'low': 0.85, 'high': 0.87}
+    assert (one['verdict'], one['status']) == (
+        "inside the same-code GPU runs' range (0.86-0.89)", 'match')
+    assert (cells[1, 2]['verdict'], cells[1, 2]['status']) == (
+        "BELOW the same-code GPU runs' range (0.90-0.92)", 'mismatch')
+    assert (cells[1, 3]['verdict'], cells[1, 3]['status']) == (
+        'not run (compare --full)', 'not run')
+    # Epoch 4: 0.915 is within 0.01 of the median 0.920; 0.8867 (printed 0.89) is not of 0.900.
+    assert cells[1, 4]['verdict'] == ("inside the same-code GPU runs' range (0.91-0.93); within "
+                                      '0.01 of their median 0.920')
+    assert cells[2, 4]['verdict'] == ("inside the same-code GPU runs' range (0.88-0.92); NOT "
+                                      'within 0.01 of their median 0.900')
+    assert cells[2, 4]['status'] == 'mismatch'
+    assert (cells[2, 1]['verdict'], cells[2, 1]['status']) == (
+        'not judged: 1 seed so far, 3 needed', 'not judged')
+    lines = compare.format_accuracy_cells(compare.accuracy_cells(records, runs))
+    assert lines[0] == compare.ACCURACY_TITLES
+    assert lines[1] == ['1 device', '1', '0.86', '0.88 (0.86-0.89)', '0.880 (0.864-0.892)',
+                        '0.86 (0.85-0.87)', '3', '0.900 (0.900-0.900)',
+                        "inside the same-code GPU runs' range (0.86-0.89)"]
+    table = compare.notebook_table(compare.accuracy_cells(records, runs))
+    assert table[0] == ['0.86', '0.91', '0.91', '0.93']
+    assert table[3] == ['0.86 (0.85-0.87)', '0.81 (0.80-0.82)', '-', '0.92 (0.91-0.92)']
+    assert table[4] == ['inside', 'BELOW', '-', 'inside']
+    assert table[9] == ['-', '-', '-', 'inside']
 
 
-def test_diagnosis_rows_and_the_explanation_in_numbers():
+def test_old_step_cells_put_each_seed_beside_its_old_run():
+    old = [_record(2, s, 1, acc, precise=0.6) for s, acc in enumerate((0.28, 0.49, 0.57))]
+    new = [_record(2, s, 1, acc, precise=0.7) for s, acc in enumerate((0.78, 0.79))]
+    lines = compare.old_step_cells(new, old)
+    assert lines[0][:3] == ['setting', 'epoch', "old step: device 0 (book's measure)"]
+    # Seeds 0 and 1 in both: (0.78 - 0.28 + 0.79 - 0.49) / 2.
+    assert lines[1:] == [['2 devices', '1', '0.447 (0.280-0.570)', '0.785 (0.780-0.790)',
+                          '+0.400 (2 seeds)', '0.600 (0.600-0.600)', '0.700 (0.700-0.700)',
+                          '+0.100 (2 seeds)']]
+
+
+def test_diagnosis_rows_normalize_the_test_accuracy_three_ways():
     records = [_record(2, s, 1, acc, precise=acc + 0.3, batch=acc + 0.31)
                for s, acc in enumerate((0.40, 0.50))]
     records += [_record(2, 0, 1, 0.60, warmup=50, precise=0.70, batch=0.72)]
@@ -151,39 +185,21 @@ def test_diagnosis_rows_and_the_explanation_in_numbers():
     assert table[1] == ['2 devices', '1', '0 1', '0.77', '0.450 (0.400-0.500)',
                         '0.460 (0.410-0.510)', '0.750 (0.700-0.800)', '0.760 (0.710-0.810)',
                         '0.500 (0.500-0.500)']
-    said = compare.explain(rows)
-    assert said[0] == ('2 devices, epoch 1 (2 seeds): the book printed 0.77, ours gives 0.450 '
-                       'with the running statistics (the book\'s measure), 0.750 with them '
-                       're-estimated for the final weights and 0.760 with batch statistics; '
-                       're-estimating recovers 0.300 of the 0.320 gap (94%).')
-    assert said[1].startswith('2 devices, warmup 50 steps, epoch 1 (1 seed): the book printed '
-                              '0.77, ours gives 0.600')
-    # The warmup run beside the same seed without: 0.60 - 0.40, 0.70 - 0.70, 0.5 - 0.5.
-    assert said[2:] == ['2 devices, warmup 50 steps, epoch 1, against the same 1 seed without '
-                        'warmup: device 0 running stats (book\'s) +0.200, precise BatchNorm '
-                        '+0.000, train_acc (epoch mean) +0.000.']
-    # Re-estimating can overshoot the book's value (1 device, epoch 1: 0.837 -> 0.863 vs 0.86).
-    over = compare.diagnosis_rows([_record(1, 0, 1, 0.84, precise=0.87, batch=0.87)], [])
-    assert compare.explain(over)[0].endswith(
-        '; re-estimating gains 0.030, more than the 0.020 gap: with them the mean is 0.010 '
-        'above the book\'s value.')
 
 
-def test_explain_judges_the_book_against_precise_batchnorm_too():
-    # Epoch 1: precise 0.60, 0.70, 0.80 (0.70 +- 0.497) holds 0.77; epoch 2: 0.79, 0.80, 0.81
-    # (0.80 +- 0.0497) does not hold 0.86; epoch 3 has 2 seeds and is not judged.
-    records = [_record(2, s, 1, 0.5, precise=p) for s, p in enumerate((0.60, 0.70, 0.80))]
-    records += [_record(2, s, 2, 0.5, precise=p) for s, p in enumerate((0.79, 0.80, 0.81))]
-    records += [_record(2, s, 3, 0.5, precise=0.9) for s in (0, 1)]
-    said = compare.explain(compare.diagnosis_rows(records))
-    assert said[1:] == ['2 devices, with precise BatchNorm: the book\'s value lies inside the '
-                        '95% prediction interval of our seeds in epoch 1, outside it in epoch 2 '
-                        '(0.86 against 0.750 to 0.850).']
-    # Epoch 4: 0.90, 0.91, 0.92 (0.91 +- 0.0497) holds 0.89.
-    records += [_record(2, s, 4, 0.5, precise=0.9 + s / 100) for s in (0, 1, 2)]
-    assert compare.explain(compare.diagnosis_rows(records))[1].startswith(
-        '2 devices, with precise BatchNorm: the book\'s value lies inside the 95% prediction '
-        'interval of our seeds in epochs 1 and 4, outside')
+def test_update_page_fills_the_blocks_and_keeps_the_prose():
+    page = ('# Title\n\nprose\n<!-- begin compare: a -->\nold\n<!-- end compare: a -->\n'
+            'more prose\n<!-- begin compare: b -->\n<!-- end compare: b -->\n')
+    new = compare.update_page(page, {'a': '| x |', 'b': 'B\nB', 'c': 'unused'})
+    assert new == ('# Title\n\nprose\n<!-- begin compare: a -->\n| x |\n<!-- end compare: a '
+                   '-->\nmore prose\n<!-- begin compare: b -->\nB\nB\n<!-- end compare: b -->\n')
+    assert compare.read_blocks(new) == {'a': '| x |', 'b': 'B\nB'}
+    assert compare.update_page(new, {}) == new
+    fresh = compare.update_page(None, {'a': 'A'})
+    assert fresh == ('# The book, side by side\n\n## a\n\n<!-- begin compare: a -->\nA\n'
+                     '<!-- end compare: a -->\n')
+    with pytest.raises(ValueError, match='holds no "<!-- begin compare: NAME -->" block'):
+        compare.update_page('# a page of mine\n', {'a': 'A'})
 
 
 def _run(*args):
@@ -195,7 +211,8 @@ def _run(*args):
 
 def test_cli_prints_the_table_and_writes_the_page(tmp_path):
     out = tmp_path / 'comparison.md'
-    result = _run('--output', str(out), '--record', str(tmp_path / 'none.jsonl'))
+    result = _run('--output', str(out), '--record', str(tmp_path / 'none.jsonl'),
+                  '--old-record', '')
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == ('devices: the book [gpu(0), gpu(1)]; ours [cpu(0), cpu(1)], simulated '
@@ -205,35 +222,56 @@ def test_cli_prints_the_table_and_writes_the_page(tmp_path):
     out5 = [l for l in lines if l.startswith('Out[5]')]
     assert len(out5) == 3 and all(l.endswith('match (every printed digit)') or
                                   l.endswith('match') for l in out5)
-    assert sum(l.endswith('not run (compare --full)') for l in lines) == 10
-    [step] = [l for l in lines if 'the step, 4 steps of 64 on 2 devices' in l]
+    # 3 rows of seconds and 8 accuracy cells.
+    assert sum('not run (compare --full)' in l for l in lines) == 11
+    [step] = [l for l in lines if "the book's train, 2 epochs of 5 batches (64, ..., 16) on 2 "
+              'devices' in l]
     assert step.endswith('match (bit for bit)')
     assert 'max abs 0.0e+00 (losses, 76 + 34 arrays per device)' in step
     assert lines[-1] == 'wrote %s' % out
     page = out.read_text()
     assert '| Out[5] | first conv weight, device 0 | 1x3x3: -0.01473444 ... -0.00601594 |' in page
     assert compare.BOOK['out5'] in page
+    assert page.startswith('# The book, side by side\n\n## generated\n\n<!-- begin compare: '
+                           'generated -->\nGenerated by `python -m gluon_mgpu.compare --output ')
+    # A second run fills the same page again, and refuses a page that is not one.
+    mine = tmp_path / 'mine.md'
+    mine.write_text('# my notes\n')
+    result = _run('--output', str(mine), '--record', str(tmp_path / 'none.jsonl'))
+    assert result.returncode == 2
+    assert result.stderr.strip().endswith('mine.md: it holds no "<!-- begin compare: NAME -->" '
+                                          'block, so it is not the page this command writes; '
+                                          'pass --output with a new file or '
+                                          'docs/book-comparison.md')
+    assert mine.read_text() == '# my notes\n'
 
 
 def test_committed_page_agrees_with_a_run_now(cells):
     records = booktable.read_records(booktable.DEFAULT_RECORD)
+    old = booktable.read_records(booktable.OLD_STEP_RECORD, step=training.OLD_STEP)
+    bf16 = booktable.read_records(booktable.DEFAULT_BF16_RECORD)
     rows = compare.deterministic_rows(cells) + compare.training_rows([mx.cpu(0), mx.cpu(1)],
                                                                      records)
-    page = open(DOC).read()
-    assert 'python -m gluon_mgpu.compare --output docs/book-comparison.md' in page
+    with open(DOC) as f:
+        blocks = compare.read_blocks(f.read())
+    assert blocks['generated'].startswith(
+        'Generated by `python -m gluon_mgpu.compare --output docs/book-comparison.md` on ')
     for row in rows:
         # Out[4]'s last digits depend on the machine's arithmetic: only the book's side is fixed.
         keys = ('cell', 'what', 'book') if row['cell'] == 'Out[4]' else (
             'cell', 'what', 'book', 'ours')
         line = '| %s |' % ' | '.join(row[k] for k in keys)
-        assert line in page, line
-    # The bfloat16 section: each row as the two records give it now, none before a first line.
-    bf16 = booktable.read_records(booktable.DEFAULT_BF16_RECORD)
-    dtypes = compare.dtype_rows(records, bf16)
-    assert ('## bfloat16 beside float32' in page) == bool(bf16)
-    for texts in dtypes if bf16 else []:
-        line = '| %s |' % ' | '.join(texts)
-        assert line in page, line
+        assert line in blocks['rows'], line
+    # The blocks computed from the records alone: exactly the committed ones.
+    report = {'accuracy': compare.accuracy_cells(records, compare.read_gpu_runs()),
+              'old_step': compare.old_step_cells(records, old),
+              'diagnosis': compare.diagnosis_rows(records, sorted(
+                  {r['warmup_steps'] for r in records if r['warmup_steps']})),
+              'dtypes': compare.dtype_rows(records, bf16), 'rows': rows, 'cells': cells,
+              'command': '', 'date': '', 'mxnet_version': '', 'record': ''}
+    now = compare.page_blocks(report)
+    for name in ('accuracy', 'old-step', 'diagnosis', 'bf16'):
+        assert blocks[name] == now[name], name
 
 
 @pytest.mark.parametrize('args,expected', [

@@ -3,7 +3,9 @@ cells whose output does not depend on the hardware, runs its step beside ours an
 accuracy table against the recorded runs. Library functions return rows; only ``main`` prints.
 docs/notebooks.md explains each row; docs/book-comparison.md is the page it writes.
 """
+import contextlib
 import datetime
+import io
 import json
 import math
 import os
@@ -22,10 +24,12 @@ from .cli import UsageError
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
            'format_like_book', 'run_chapter_cells', 'chapter_cells', 'deterministic_rows',
-           'book_loop_steps', 'book_train', 'port_equality', 'step_row', 'prediction_interval',
-           'table_records', 'training_rows', 'diagnosis_rows', 'format_diagnosis', 'explain',
-           'is_simulated', 'notes', 'describe_devices', 'format_table', 'format_table_lines',
-           'format_markdown', 'main']
+           'book_train', 'equality_slice', 'epoch_equality', 'step_row', 'prediction_interval',
+           'table_records', 'old_step_cells', 'GPU_RUNS', 'read_gpu_runs', 'gpu_summary',
+           'accuracy_cells', 'ACCURACY_TITLES', 'format_accuracy_cells', 'notebook_table',
+           'training_rows', 'diagnosis_rows', 'format_diagnosis', 'dtype_rows', 'is_simulated',
+           'notes', 'describe_devices', 'format_table', 'format_table_lines', 'page_blocks',
+           'read_blocks', 'update_page', 'main']
 
 # What the book prints, copied as data from the rendered English MXNet page (d2l.ai, "Gluon
 # Implementation for Multi-GPU Computation"), run on two GPUs.
@@ -143,31 +147,6 @@ def chapter_cells(devices, fresh_process=True):
     return json.loads(result.stdout.splitlines()[-1])
 
 
-def book_loop_steps(net, batches, devices, batch_size, lr):
-    """Train ``net``, initialized on ``devices``, on ``batches`` with the chapter's ``In [7]``
-    loop body as the book writes it; return each step's losses (an array per device). The
-    oracle of ``port_equality``: our step is measured against it, never used inside it."""
-    from mxnet import autograd, gluon, nd
-    from mxnet.gluon import loss as gloss, utils as gutils
-
-    ctx = devices
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': lr})
-    loss = gloss.SoftmaxCrossEntropyLoss()
-    losses = []
-    for X, y in batches:
-        gpu_Xs = gutils.split_and_load(X, ctx)
-        gpu_ys = gutils.split_and_load(y, ctx)
-        with autograd.record():
-            ls = [loss(net(gpu_X), gpu_y)
-                  for gpu_X, gpu_y in zip(gpu_Xs, gpu_ys)]
-        for l in ls:
-            l.backward()
-        trainer.step(batch_size)
-        losses.append([l.asnumpy() for l in ls])
-    nd.waitall()
-    return losses
-
-
 def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step=None):
     """The chapter's ``train`` (``In [6]``) as printed, changed only where it cannot run here:
     ``ctx`` is ``devices[:num_gpus]`` (the book: ``[mx.gpu(i) for i in range(num_gpus)]``),
@@ -216,67 +195,111 @@ def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step
     return accuracies
 
 
-def port_equality(devices, batches, test_batches, lr, seed=0):
-    """Train the book's network with the book's loop and ours with ``train_batch``; compare.
+# The equality of whole epochs: 4 batches of 32 per device and a short last one of 16, twice.
+EQUALITY_EPOCHS, EQUALITY_SEED, EQUALITY_TEST_LIMIT = 2, 7, 200
 
-    Both start from the same weights (``d2lzh.resnet18(10)`` initialized as the book does, the
-    values copied into our hybridized ``resnet18``) and see the same ``batches``: ``(X, y)``
-    pairs whose sizes are multiples of ``len(devices)``, as ``split_and_load`` needs.
+
+def equality_slice(num_devices):
+    """``(batch_size, lr, train_limit)`` of ``epoch_equality`` on ``num_devices`` devices: the
+    book's lr per device, 4 full batches and a short one of 16 per epoch."""
+    batch_size = 32 * num_devices
+    return batch_size, training.LR_PER_DEVICE * num_devices, 4 * batch_size + 16
+
+
+def _arrays(net, devices):
+    """Every parameter and running statistic of ``net`` on every device, in order."""
+    return [p.data(d).asnumpy() for p in net.collect_params().values() for d in devices]
+
+
+def _most(pairs):
+    return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs), default=0.0)
+
+
+def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY_SEED,
+                   test_limit=EQUALITY_TEST_LIMIT):
+    """Train with the chapter's ``train`` as printed (``book_train``, d2lzh's network) and with
+    ``gluon_mgpu.train`` (ours, hybridized) from ``mx.random.seed(seed)``, on the same batches
+    (``equality_slice``: each epoch ends with a short batch); compare them after every step
+    and epoch.
 
     Returns
     -------
     dict
-        ``steps``; the largest difference of any step's ``loss``, of the ``trained``
-        parameters and of the ``running`` statistics on any device; ``arrays``: (trained,
-        running) arrays per device; ``test_acc``: ``(book, ours)`` with device 0's parameters,
-        as the book evaluates.
+        ``sizes``: our batch sizes in order; ``steps``; ``loss``, ``trained``, ``running``: the
+        largest difference of any step's losses, of any trained array and of any running
+        statistic after any epoch, on any device; ``arrays``: (trained, running) arrays per
+        device; ``test_acc``: per epoch ``(book, ours)``, both with device 0's parameters as
+        the book evaluates; ``history``: ours; ``ours_arrays``: our arrays after each epoch
+        (``_arrays`` order); ``book_printed``: the lines the book's ``train`` printed;
+        ``batch_size``, ``lr``, ``train_limit``, ``test_limit``.
     """
+    from types import SimpleNamespace
+
     import d2lzh
     import mxnet as mx
-    from mxnet import gluon, init
 
-    from ..training import evaluate_accuracy, train_batch
+    from ..data import load_data_fashion_mnist
+    from ..handlers.events import BatchEnd, EpochEnd
 
-    batch_size = batches[0][0].shape[0]
-    if any(X.shape[0] % len(devices) for X, _ in batches):
-        raise ValueError('the book\'s split_and_load needs every batch to be a multiple of the '
-                         '%d devices; got batches of %s' % (len(devices),
-                                                            [X.shape[0] for X, _ in batches]))
-    mx.random.seed(seed)
+    batch_size, lr, train_limit = equality_slice(len(devices))
+
+    def load(size):
+        return load_data_fashion_mnist(size, data_dir=data_dir, train_limit=train_limit,
+                                       test_limit=test_limit, seed=seed)
+
     theirs = d2lzh.resnet18(10)
-    theirs.initialize(init=init.Normal(sigma=training.INIT_SIGMA), ctx=devices)
-    ours = training.new_network('resnet18')
-    ours.initialize(ctx=devices)
-    first = batches[0][0][:len(devices)]
-    for net in (theirs, ours):  # shapes are known after a first call on every device
-        for i, d in enumerate(devices):
-            net(first[i:i + 1].as_in_context(d))
-    # A new network holds the same values on every device: one copy serves them all.
-    pairs = list(zip(theirs.collect_params().values(), ours.collect_params().values()))
-    for t, o in pairs:
-        o.set_data(t.data(devices[0]))
+    book = {'losses': [], 'arrays': []}
+    per_epoch = len(load(batch_size)[0])
 
-    book_losses = book_loop_steps(theirs, batches, devices, batch_size, lr)
-    trainer = gluon.Trainer(ours.collect_params(), 'sgd', {'learning_rate': lr})
-    loss = gluon.loss.SoftmaxCrossEntropyLoss()
-    our_losses = [[l.asnumpy() for l in train_batch(ours, X, y, loss, trainer, devices)[0]]
-                  for X, y in batches]
+    def book_step(ls):
+        book['losses'].append([l.asnumpy() for l in ls])
+        if len(book['losses']) % per_epoch == 0:
+            book['arrays'].append(_arrays(theirs, devices))
 
-    def most(pairs):
-        return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs),
-                   default=0.0)
+    gb = SimpleNamespace(load_data_fashion_mnist=load, evaluate_accuracy=d2lzh.evaluate_accuracy)
+    mx.random.seed(seed)
+    with contextlib.redirect_stdout(io.StringIO()) as printed:  # the book's lines, kept
+        book_acc = book_train(len(devices), batch_size, lr, theirs, gb, devices, epochs,
+                              book_step)
 
-    diffs = {'trained': [], 'running': []}
-    for t, o in pairs:
-        diffs['running' if o.grad_req == 'null' else 'trained'] += [
-            (t.data(d).asnumpy(), o.data(d).asnumpy()) for d in devices]
-    return {'steps': len(batches),
-            'loss': most((a, b) for s, t in zip(book_losses, our_losses) for a, b in zip(s, t)),
-            'trained': most(diffs['trained']), 'running': most(diffs['running']),
-            'arrays': (len(diffs['trained']) // len(devices),
-                       len(diffs['running']) // len(devices)),
-            'test_acc': (d2lzh.evaluate_accuracy(test_batches, theirs, devices[0]),
-                         evaluate_accuracy(test_batches, ours, devices[:1]))}
+    class Watch(BatchEnd, EpochEnd):
+        def __init__(self):
+            self.losses, self.arrays, self.device0_acc, self.sizes = [], [], [], []
+
+        def batch_end(self, estimator, *args, **kwargs):
+            self.losses.append([l.asnumpy() for l in kwargs['loss']])
+            self.sizes.append(kwargs['batch'][0].shape[0])
+            return False
+
+        def epoch_end(self, estimator, *args, **kwargs):
+            self.arrays.append(_arrays(estimator.net, devices))
+            self.device0_acc.append(training.evaluate_accuracy(estimator.test_iter,
+                                                               estimator.net, devices[:1]))
+            return False
+
+    ours, watch = training.new_network('resnet18'), Watch()
+    train_iter, test_iter = load(batch_size)
+    mx.random.seed(seed)
+    history = training.train(ours, train_iter, test_iter, devices, lr=lr, num_epochs=epochs,
+                             event_handlers=[watch])
+    grads = [p.grad_req != 'null' for p in ours.collect_params().values() for _ in devices]
+
+    def by_kind(trained):
+        return [(t, o) for b, w in zip(book['arrays'], watch.arrays)
+                for t, o, g in zip(b, w, grads) if g == trained]
+
+    same = len(book['losses']) == len(watch.losses) and all(
+        len(t) == len(o) for t, o in zip(book['arrays'], watch.arrays))
+    return {'sizes': watch.sizes, 'steps': len(watch.losses),
+            'loss': _most((a, b) for s, t in zip(book['losses'], watch.losses)
+                          for a, b in zip(s, t)) if same else float('inf'),
+            'trained': _most(by_kind(True)) if same else float('inf'),
+            'running': _most(by_kind(False)) if same else float('inf'),
+            'arrays': (sum(grads) // len(devices), (len(grads) - sum(grads)) // len(devices)),
+            'test_acc': list(zip(book_acc, watch.device0_acc)), 'history': history,
+            'ours_arrays': watch.arrays, 'book_printed': printed.getvalue().splitlines(),
+            'batch_size': batch_size, 'lr': lr,
+            'train_limit': train_limit, 'test_limit': test_limit}
 
 
 def is_simulated(devices):
@@ -391,11 +414,152 @@ def _spread(values):
     return 'mean %.2f (%.2f-%.2f, %s)' % (s['mean'], s['low'], s['high'], plural(s['n'], 'seed'))
 
 
+# Published GPU runs of the chapter's training cells (docs/book-gpu-runs.md): the spread the
+# book's printed table and ours are judged against.
+GPU_RUNS = os.path.join(booktable.ROOT, 'docs', 'book-gpu-runs.csv')
+SAME_CODE = 'd2l-zh 1.x (d2lzh, MXNet nd)'  # the chapter's exact code, 4 epochs
+LATER = '(MXNet np)'  # the later MXNet editions of the same experiment (10 epochs)
+
+
+def read_gpu_runs(path=GPU_RUNS):
+    """The GPU runs' test accuracies: ``{('same', gpus, epoch): [...], ('later', gpus, epoch):
+    [...]}`` for gpus 1, 2 and epochs 1-4 (the PyTorch edition's runs are left out).
+
+    Raises
+    ------
+    ValueError
+        Naming the file and line of a value that is not an accuracy.
+    """
+    import csv
+    from ..runtime.files import open_input
+    with open_input(path) as f:
+        lines = f.read().decode('utf-8').splitlines()
+    runs = {}
+    for number, row in enumerate(csv.DictReader(lines), 2):
+        edition = row.get('edition') or ''
+        group = 'same' if edition == SAME_CODE else 'later' if edition.endswith(LATER) else None
+        if group is None:
+            continue
+        for e in range(1, booktable.RUN_EPOCHS + 1):
+            text = row.get('acc_e%d' % e) or ''
+            if not text:
+                continue  # a run of fewer epochs
+            try:
+                value = float(text)
+            except ValueError:
+                value = float('nan')
+            if not 0 <= value <= 1 or row.get('gpus') not in ('1', '2'):
+                raise ValueError('%s, line %d: acc_e%d is %r with gpus %r, not an accuracy '
+                                 'from 0 to 1 on 1 or 2 GPUs' % (path, number, e, text,
+                                                                 row.get('gpus')))
+            runs.setdefault((group, int(row['gpus']), e), []).append(value)
+    return runs
+
+
+def gpu_summary(values):
+    """``{'n', 'median', 'p10', 'p90', 'low', 'high'}`` of a list of accuracies."""
+    v = np.asarray(values, dtype=np.float64)
+    return {'n': len(v), 'median': float(np.median(v)), 'p10': float(np.percentile(v, 10)),
+            'p90': float(np.percentile(v, 90)), 'low': float(v.min()), 'high': float(v.max())}
+
+
+def accuracy_cells(records, runs, train_limit=None, test_limit=None):
+    """The book's table judged against the GPU runs: one dict per setting (1, 2 devices) and
+    epoch, with ``devices``, ``epoch``, ``book`` (its printed value), ``same`` and ``later``
+    (``gpu_summary`` of the same-code runs and the later editions), ``ours`` and ``precise``
+    (``summarize`` over seeds of device 0's test accuracy, the book's measure, and of precise
+    BatchNorm's; None when not run), ``verdict`` and ``status``.
+
+    A cell is judged with ``MIN_SEEDS`` seeds or more: our mean, printed to two digits as the
+    runs are, must lie in the same-code runs' range (lowest-highest); at the last epoch it is
+    also compared with their median.
+    """
+    cells = []
+    for n in (1, 2):
+        by_epoch = table_records(records, n, 0, train_limit, test_limit)
+        for e, book in enumerate(BOOK['training'][n]['test_acc'], 1):
+            rs = by_epoch.get(e, [])
+            cell = {'devices': n, 'epoch': e, 'book': book,
+                    'same': gpu_summary(runs['same', n, e]),
+                    'later': gpu_summary(runs['later', n, e]),
+                    'ours': summarize([r['acc_running'][0] for r in rs]),
+                    'precise': summarize([r['acc_precise_bn'] for r in rs])}
+            cell['verdict'], cell['status'] = _gpu_verdict(cell, e == len(
+                BOOK['training'][n]['test_acc']))
+            cells.append(cell)
+    return cells
+
+
+def _gpu_verdict(cell, last):
+    ours, same = cell['ours'], cell['same']
+    if ours is None:
+        return 'not run (compare --full)', 'not run'
+    if ours['n'] < MIN_SEEDS:
+        return ('not judged: %s so far, %d needed' % (plural(ours['n'], 'seed'), MIN_SEEDS),
+                'not judged')
+    mean = round(ours['mean'], 2)
+    where = ('inside' if same['low'] <= mean <= same['high'] else
+             'BELOW' if mean < same['low'] else 'ABOVE')
+    verdict = '%s the same-code GPU runs\' range (%.2f-%.2f)' % (where, same['low'],
+                                                                 same['high'])
+    near = abs(ours['mean'] - same['median']) <= 0.01 + 1e-9
+    if last:
+        verdict += '; %s 0.01 of their median %.3f' % ('within' if near else 'NOT within',
+                                                      same['median'])
+    return verdict, 'match' if where == 'inside' and (near or not last) else 'mismatch'
+
+
+def _median_range(s):
+    return '%.2f (%.2f-%.2f)' % (s['median'], s['low'], s['high'])
+
+
+def _median_p10_p90(s):
+    return '%.3f (%.3f-%.3f)' % (s['median'], s['p10'], s['p90'])
+
+
+def _mean_low_high(s, digits=2):
+    if s is None:
+        return '-'
+    return '%.*f (%.*f-%.*f)' % (digits, s['mean'], digits, s['low'], digits, s['high'])
+
+
+ACCURACY_TITLES = ['setting', 'epoch', 'book', 'same code on GPUs: median (range)',
+                   'later MXNet editions on GPUs: median (10th-90th pct.)',
+                   'ours: mean (lowest-highest)', 'seeds', 'ours, precise BatchNorm',
+                   'verdict']
+
+
+def format_accuracy_cells(cells):
+    """``accuracy_cells`` as lists of cell texts, headed by ``ACCURACY_TITLES``."""
+    return [ACCURACY_TITLES] + [
+        [plural(c['devices'], 'device'), str(c['epoch']), '%.2f' % c['book'],
+         _median_range(c['same']), _median_p10_p90(c['later']), _mean_low_high(c['ours']),
+         str(c['ours']['n'] if c['ours'] else 0), _mean_low_high(c['precise'], 3),
+         c['verdict']] for c in cells]
+
+
+def notebook_table(cells):
+    """The notebooks' table: per device count, the rows book, same-code GPU runs, later
+    editions, ours and the verdict, one column per epoch (the row titles are the notebook's
+    own, in its language)."""
+    rows = []
+    for n in (1, 2):
+        mine = [c for c in cells if c['devices'] == n]
+        rows += [['%.2f' % c['book'] for c in mine],
+                 [_median_range(c['same']) for c in mine],
+                 [_median_p10_p90(c['later']) for c in mine],
+                 [_mean_low_high(c['ours']) for c in mine],
+                 [c['verdict'].split(' ')[0] if c['status'] in ('match', 'mismatch') else '-'
+                  for c in mine]]
+    return rows
+
+
 _NOT_RUN = ('not run', '', 'not run (compare --full)', 'not run')
 
 
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
-    """Compare the recorded runs with the book's ``In [7]`` and ``In [8]``; return rows.
+    """The seconds per epoch of the recorded runs beside the book's ``In [7]`` and ``In [8]``,
+    and the speed-up; return rows (the test accuracies are ``accuracy_cells``).
 
     Parameters
     ----------
@@ -404,31 +568,13 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         none is expected.
     records : list of dict
         The record's lines (``booktable.read_records``); those with the book's settings, no
-        warmup and these data limits make the rows. ``notes()`` says how each row is judged.
+        warmup and these data limits make the rows.
     """
     rows, seconds, book_sec = [], {}, {}
     for n in (1, 2):
         book = BOOK['training'][n]
         by_epoch = table_records(records, n, 0, train_limit, test_limit)
         setting = plural(n, 'device')
-        for e, book_acc in enumerate(book['test_acc'], 1):
-            head = (book['cell'], 'test_acc epoch %d, %s' % (e, setting), '%.2f' % book_acc)
-            values = [r['acc_running'][0] for r in by_epoch.get(e, [])]
-            if not values:
-                rows.append(_row(*head, *_NOT_RUN))
-                continue
-            if len(values) < MIN_SEEDS:
-                verdict, status = ('not judged: %s so far, %d needed'
-                                   % (plural(len(values), 'seed'), MIN_SEEDS), 'not judged')
-            else:
-                low, high = prediction_interval(values)
-                ok = low <= book_acc <= high
-                verdict = '%s our %s' % ('within' if ok else 'OUTSIDE',
-                                         interval_text(low, high))
-                status = 'match' if ok else 'mismatch'
-            mean = sum(values) / len(values)
-            rows.append(_row(*head, _spread(values), '%+.2f' % (mean - book_acc), verdict,
-                             status))
         book_sec[n] = float(np.mean(book['seconds']))
         head = (book['cell'], 'sec/epoch (mean), %s' % setting, '%.1f' % book_sec[n])
         per_epoch = [r['seconds'] for rs in by_epoch.values() for r in rs]
@@ -563,75 +709,28 @@ def format_diagnosis(rows):
         for r in rows]
 
 
-def explain(rows):
-    """Sentences that put the epoch-1 gap to the book in numbers, from the diagnosis rows."""
-    said = []
-    for r in rows:
-        if r['epoch'] != 1 or r['book'] is None or r['running0'] is None:
-            continue
-        gap = r['book'] - r['running0']['mean']
-        gain = r['precise']['mean'] - r['running0']['mean']
-        text = ('%s, epoch 1 (%s): the book printed %.2f, ours gives %.3f with the running '
-                'statistics (the book\'s measure), %.3f with them re-estimated for the final '
-                'weights and %.3f with batch statistics'
-                % (r['setting'], plural(len(r['seeds']), 'seed'), r['book'],
-                   r['running0']['mean'], r['precise']['mean'], r['batch']['mean']))
-        if gap > 0 and gain > gap:
-            text += ('; re-estimating gains %.3f, more than the %.3f gap: with them the mean is '
-                     '%.3f above the book\'s value' % (gain, gap, gain - gap))
-        elif gap > 0:
-            text += ('; re-estimating recovers %.3f of the %.3f gap (%.0f%%)'
-                     % (gain, gap, 100 * gain / gap))
-        said.append(text + '.')
-    return said + _precise_verdicts(rows) + _warmup_effects(rows)
-
-
-def _precise_verdicts(rows):
-    """Per setting without warmup: in which epochs the book's value lies inside the 95%
-    prediction interval of our precise-BatchNorm accuracies (epochs with 3 seeds or more)."""
-    said = []
-    for setting in sorted({r['setting'] for r in rows if not r['warmup_steps']}, reverse=True):
-        inside, outside = [], []
-        for r in rows:
-            values = list(r['by_seed']['precise BatchNorm'].values())
-            if r['setting'] != setting or r['book'] is None or len(values) < MIN_SEEDS:
-                continue
-            low, high = prediction_interval(values)
-            if low <= r['book'] <= high:
-                inside.append(r['epoch'])
-            else:
-                outside.append('epoch %d (%.2f against %.3f to %.3f)'
-                               % (r['epoch'], r['book'], max(low, 0.0), min(high, 1.0)))
-        if inside or outside:
-            said.append('%s, with precise BatchNorm: the book\'s value lies inside the 95%% '
-                        'prediction interval of our seeds in %s%s.'
-                        % (setting, _epochs(inside) if inside else 'no epoch',
-                           ', outside it in ' + ', '.join(outside) if outside else ''))
-    return said
-
-
-def _epochs(numbers):
-    words = [str(e) for e in numbers]
-    if len(words) == 1:
-        return 'epoch ' + words[0]
-    return 'epochs ' + ', '.join(words[:-1]) + ' and ' + words[-1]
-
-
-def _warmup_effects(rows):
-    """Per warmup setting and epoch: the mean same-seed change against no warmup."""
-    said = []
-    plain = {(r['devices'], r['epoch']): r for r in rows if not r['warmup_steps']}
-    for r in rows:
-        base = plain.get((r['devices'], r['epoch'])) if r['warmup_steps'] else None
-        if base is None or not set(r['seeds']) & set(base['seeds']):
-            continue
-        changes = []
-        for name, _ in DTYPE_MEASURES:
-            change, seeds = _same_seed_change(base['by_seed'][name], r['by_seed'][name])
-            changes.append('%s %+.3f' % (name, change))
-        said.append('%s, epoch %d, against the same %s without warmup: %s.'
-                    % (r['setting'], r['epoch'], plural(seeds, 'seed'), ', '.join(changes)))
-    return said
+def old_step_cells(records, old_records, train_limit=None, test_limit=None):
+    """The runs of the book's step beside those of the old one (``training.OLD_STEP``), which
+    divided an epoch's short last batch by its own size: per setting and epoch, cell texts
+    headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
+    run, so epoch 1's change is what one short step taken right before the test does."""
+    lines = [['setting', 'epoch', 'old step: device 0 (book\'s measure)', 'book\'s step',
+              'same seeds: book\'s - old', 'old step: precise BatchNorm', 'book\'s step',
+              'same seeds: book\'s - old']]
+    for n in (1, 2):
+        new = table_records(records, n, 0, train_limit, test_limit)
+        old = table_records(old_records, n, 0, train_limit, test_limit)
+        for e in sorted(set(new) | set(old)):
+            line = [plural(n, 'device'), str(e)]
+            for measure in (lambda r: r['acc_running'][0], lambda r: r['acc_precise_bn']):
+                before = {r['seed']: measure(r) for r in old.get(e, [])}
+                after = {r['seed']: measure(r) for r in new.get(e, [])}
+                change, seeds = _same_seed_change(before, after)
+                line += [_mean_low_high(summarize(list(before.values())), 3),
+                         _mean_low_high(summarize(list(after.values())), 3),
+                         '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-']
+            lines.append(line)
+    return lines
 
 
 _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours', 'ours'),
@@ -656,15 +755,17 @@ def notes():
         'random seed and in the book\'s order; Out[4] must agree within rtol %.0e per element '
         '(another machine sums in another order), Out[5] to every printed digit (the weights '
         'are drawn on the CPU, also when the devices are GPUs).' % OUT4_RTOL,
-        'The step: the chapter\'s loop with its own network (d2lzh.resnet18) beside '
-        'gluon_mgpu.train_batch with ours, hybridized, from the same weights and batches: every '
-        'loss, parameter and running statistic on every device, and the test accuracy, must be '
-        'equal bit for bit.',
+        'The step: the chapter\'s train as printed, with its own network (d2lzh.resnet18), '
+        'beside gluon_mgpu.train with ours, hybridized, from the same seed and batches over '
+        'whole epochs, each ending with a short batch (trainer.step(batch_size) divides it by '
+        'the nominal size): every loss, parameter and running statistic on every device, and '
+        'each epoch\'s test accuracy, must be equal bit for bit.',
         'test_acc: the book\'s measure (device 0\'s parameters and running statistics, '
         'evaluate_accuracy(test_iter, net, ctx[0])); ours is the mean over seeds with '
-        'lowest-highest. With %d seeds or more a cell is judged: the book\'s value, one draw, '
-        'must lie in the 95%% prediction interval of one more of our runs (Student\'s t).'
-        % MIN_SEEDS,
+        'lowest-highest, beside the published GPU runs of the same code and of the later MXNet '
+        'editions (docs/book-gpu-runs.md). With %d seeds or more a cell is judged: our mean, '
+        'printed to two digits as the runs are, must lie in the same-code runs\' range, and '
+        'at the last epoch within 0.01 of their median.' % MIN_SEEDS,
         'sec/epoch: depends on the hardware, shown only. The speed-up (mean seconds per epoch '
         'on 1 device over 2 devices) is judged: ours / book within %.2f to %.2f.' % SPEEDUP_BAND,
         'PyTorch ed.: the newer edition prints %.1f and %.1f s per epoch on 1 and 2 GPUs '
@@ -681,94 +782,73 @@ def describe_devices(devices):
         ', simulated on the CPU (no GPU used)' if is_simulated(devices) else '')
 
 
-# Measured once, on this project's machine (issue 20); each names what it can and cannot
-# explain. The numbers that change with the runs are in the tables above them.
-PLATFORM_NOTES = (
-    'The step is not a difference: the row "the step" runs the chapter\'s own loop and network '
-    'beside ours from the same weights and batches, and every loss, parameter, running '
-    'statistic and the test accuracy are equal bit for bit (`tests/test_book_port.py`, 30 steps '
-    'of 512 when it was first measured).',
-    'The MXNet version is not one either: MXNet 1.3.1, the book\'s era (`pip install --no-deps '
-    'mxnet==1.3.1`), from the same weights and batches, gives the losses 2.299, 2.491, 3.541, '
-    '3.299, 4.289, 6.533 where 1.9.1 gives 2.299, 2.486, 3.494, 3.500, 5.406, 6.525: the book\'s '
-    'learning rate blows the loss up in the first steps on both, and the two runs then part as '
-    'chaotic runs do. Both update the running statistics the same way (momentum 0.9, biased '
-    'batch variance).',
-    'cuDNN, on the book\'s GPUs, keeps the unbiased batch variance in the running variance: a '
-    'relative difference of about 4e-4 at these batch sizes, far too small for a gap of tenths.',
-    'GPUs sum in another order, so a GPU run is another draw from the same chaotic start, as '
-    'another seed is here: that is what the spread over seeds stands for. The book printed one '
-    'draw, and the verdict asks whether it could be one more of ours.',
-    'What precise BatchNorm leaves: where the book\'s value lies outside the prediction interval '
-    'of our precise-BatchNorm accuracies (the verdicts above), neither the lag of the running '
-    'statistics nor the seeds explain the rest. What this machine cannot re-run is the rest of '
-    'the book\'s platform: GPU kernels (cuDNN\'s convolutions and BatchNorm) in the MXNet 1.2/1.3 '
-    'GPU builds. oneDNN\'s CPU kernels here sum in yet another order, which makes another draw '
-    'rather than a shifted mean; a run with `MXNET_MKLDNN_ENABLED=0` (several times slower) would '
-    'test even that, and was not made.',
-    'Evaluation: the book tests with device 0\'s parameters and running statistics '
-    '(`evaluate_accuracy(test_iter, net, ctx[0])`), as the table does. `gluon_mgpu.train` and the '
-    'per-epoch line of the train command split the test set over all devices, each with its own '
-    'running statistics: the column "other devices\' running stats" is the other half of that '
-    'mix.',
-    'A learning-rate warmup (Goyal et al. 2017, `--warmup-steps N`) is the usual remedy for a '
-    'large batch\'s blow-up in the first steps; its rows train the first epoch of the same '
-    'seeds with it, to measure what it changes here. The book did not use one.',
-)
-
-
 def _markdown_table(lines):
     def row(cells):
         return '| ' + ' | '.join(str(c).replace('|', '\\|') for c in cells) + ' |'
     return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
 
 
-def format_markdown(report):
-    """Format a report as the page ``docs/book-comparison.md``: ``rows``, ``diagnosis``
-    (``diagnosis_rows``), ``cells`` (``chapter_cells``), ``record`` (the record file's name),
-    ``command``, ``date`` and ``mxnet_version``."""
+def page_blocks(report):
+    """The generated parts of ``docs/book-comparison.md``, ``{name: Markdown text}``, from a
+    report: ``rows``, ``accuracy`` (``accuracy_cells``), ``old_step`` (``old_step_cells``'
+    lines), ``diagnosis`` (``diagnosis_rows``), ``dtypes``, ``cells`` (``chapter_cells``),
+    ``record``, ``command``, ``date`` and ``mxnet_version``. The page's prose is written by
+    hand around them (``update_page``)."""
     cells = report['cells']
-    lines = ['# The book, side by side', '',
-             'Generated by `%s` on %s with MXNet %s; %s.'
-             % (report['command'], report['date'], report['mxnet_version'],
-                describe_devices(cells['devices'])), '',
-             'The training rows come from the runs recorded in `%s` (the book\'s settings, full '
-             'data, one line per finished epoch; `python -m gluon_mgpu.compare --full` trains '
-             'the epochs still missing and resumes where it was stopped).' % report['record'],
-             '']
-    lines += _markdown_table(_table(report['rows']))
-    lines += [''] + ['- ' + n for n in notes()]
-    if report['diagnosis']:
-        lines += ['', '## Where the gap comes from: BatchNorm statistics', '',
-                  'The same checkpoints, the test set normalized three ways: with each device\'s '
-                  'running statistics (device 0\'s is the book\'s measure, the table\'s value), '
-                  'with the running statistics re-estimated on %d training images with the '
-                  'final weights ("precise BatchNorm"), and with the statistics of each test '
-                  'batch of %d (training-mode BatchNorm). Mean (lowest-highest) over seeds.'
-                  % (booktable.PRECISE_BN_IMAGES, booktable.BATCH_STATS_BATCH), '']
-        lines += _markdown_table(format_diagnosis(report['diagnosis']))
-        lines += [''] + ['- ' + t for t in explain(report['diagnosis'])]
-    if len(report.get('dtypes', ())) > 1:
-        lines += ['', '## bfloat16 beside float32 (not the book\'s)', '',
-                  'The same runs trained with `--dtype bfloat16` (MXNet\'s AMP, float32 '
-                  'master weights; docs/precision.md), recorded in `docs/bf16-table.jsonl` by '
-                  '`compare --full --dtype bfloat16`: device 0\'s test accuracy (the book\'s '
-                  'measure), the test accuracy with precise BatchNorm and the epoch\'s mean '
-                  'train accuracy, each as mean (lowest-highest) over seeds, each bfloat16 '
-                  'seed judged against float32\'s 95% prediction interval.', '']
-        lines += _markdown_table(report['dtypes'])
-    lines += ['', '## What else differs from the book\'s platform', ''] + [
-        '- ' + t for t in PLATFORM_NOTES]
-    lines += ['', '## The printed values in full', '']
+    blocks = {'generated': 'Generated by `%s` on %s with MXNet %s; %s; the runs are recorded '
+                           'in `%s`.' % (report['command'], report['date'],
+                                         report['mxnet_version'],
+                                         describe_devices(cells['devices']), report['record'])}
+    blocks['rows'] = '\n'.join(_markdown_table(_table(report['rows'])) + [''] +
+                               ['- ' + n for n in notes()])
+    blocks['accuracy'] = '\n'.join(_markdown_table(format_accuracy_cells(report['accuracy'])))
+    blocks['old-step'] = '\n'.join(_markdown_table(report['old_step']))
+    blocks['diagnosis'] = '\n'.join(_markdown_table(format_diagnosis(report['diagnosis'])))
+    blocks['bf16'] = '\n'.join(_markdown_table(report['dtypes']))
+    printed = []
     for i in range(2):
-        lines += ['Out[4], device %d: the book (%s)' % (i, BOOK['devices'][i]), '', '```',
-                  BOOK['out4'][i], '```', '', 'ours (%s)' % cells['devices'][i], '', '```',
-                  format_like_book(cells['outputs'][i]), '```', '']
-    lines += ['Out[5], both devices: the book', '', '```', BOOK['out5'], '```', '']
+        printed += ['Out[4], device %d: the book (%s)' % (i, BOOK['devices'][i]), '', '```',
+                    BOOK['out4'][i], '```', '', 'ours (%s)' % cells['devices'][i], '', '```',
+                    format_like_book(cells['outputs'][i]), '```', '']
+    printed += ['Out[5], both devices: the book', '', '```', BOOK['out5'], '```', '']
     for i in range(2):
-        lines += ['ours (%s)' % cells['devices'][i], '', '```',
-                  format_like_book(cells['weights'][i]), '```', '']
-    return '\n'.join(lines).rstrip() + '\n'
+        printed += ['ours (%s)' % cells['devices'][i], '', '```',
+                    format_like_book(cells['weights'][i]), '```', '']
+    blocks['printed'] = '\n'.join(printed).rstrip()
+    return blocks
+
+
+_BLOCK = re.compile(r'(<!-- begin compare: ([\w-]+) -->\n)(.*?)(<!-- end compare: \2 -->)',
+                    re.S)
+
+
+def read_blocks(text):
+    """The generated blocks of a page, ``{name: text}``."""
+    return {m.group(2): m.group(3).rstrip('\n') for m in _BLOCK.finditer(text)}
+
+
+def update_page(text, blocks):
+    """``text`` (the page, or None for a new one) with each generated block replaced by
+    ``blocks[name]``; a new page is the blocks alone, one heading each.
+
+    Raises
+    ------
+    ValueError
+        When the page holds none of the blocks (it is not a page this command writes).
+    """
+    if text is None:
+        text = '# The book, side by side\n' + ''.join(
+            '\n## %s\n\n<!-- begin compare: %s -->\n<!-- end compare: %s -->\n'
+            % (name, name, name) for name in blocks)
+    found = read_blocks(text)
+    if not found:
+        raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
+                         'page this command writes; pass --output with a new file or '
+                         'docs/book-comparison.md')
+    def fill(m):
+        new = blocks.get(m.group(2))
+        return m.group(0) if new is None else m.group(1) + new + '\n' + m.group(4)
+    return _BLOCK.sub(fill, text)
 
 
 PROG = 'python -m gluon_mgpu.compare'
@@ -794,6 +874,10 @@ def build_parser():
                    help='the record of finished float32 epochs (the book\'s), one JSON line '
                         'each, read for the table and appended to by --full (default: '
                         'docs/book-table.jsonl in the repository)')
+    p.add_argument('--old-record', default=booktable.OLD_STEP_RECORD, metavar='PATH',
+                   help='the record of the runs made with the old step (%s), shown beside the '
+                        'book\'s step\'s; an empty value shows none (default: '
+                        'docs/book-table-old-step.jsonl in the repository)' % training.OLD_STEP)
     p.add_argument('--dtype', choices=DTYPES, default='float32',
                    help='with --full, what the runs compute in: bfloat16 trains the same runs '
                         '(1 and 2 devices, each seed) beside the book\'s, into --bf16-record, '
@@ -865,6 +949,22 @@ def _compare(argv, args):
                          'runs a record of their own' % args.record)
     records = booktable.read_records(args.record)  # a bad record stops us before any run
     bf16_records = booktable.read_records(args.bf16_record)
+    old_records = booktable.read_records(args.old_record, step=training.OLD_STEP) \
+        if args.old_record else []
+    try:
+        gpu_runs = read_gpu_runs()
+    except (OSError, ValueError) as e:
+        raise booktable.RecordError('the GPU runs %s cannot be read: %s; restore the file from '
+                                    'the repository' % (GPU_RUNS, e)) from None
+    existing_page = None
+    if args.output and os.path.exists(args.output):
+        from ..runtime.files import InputError, open_input
+        try:
+            with open_input(args.output) as f:
+                existing_page = f.read().decode('utf-8')
+            update_page(existing_page, {})
+        except (InputError, OSError, UnicodeDecodeError, ValueError) as e:
+            raise UsageError('--output %s: %s' % (args.output, e)) from None
     if args.full:
         problem = booktable.work_dir_problem(args.work_dir)
         if problem:
@@ -906,53 +1006,50 @@ def _compare(argv, args):
     rows = deterministic_rows(cells)
     rows.append(step_row(pair, args.data_dir))
     rows += training_rows(pair, records, args.train_limit, args.test_limit)
+    accuracy = accuracy_cells(records, gpu_runs, args.train_limit, args.test_limit)
+    old_step = old_step_cells(records, old_records, args.train_limit, args.test_limit)
     warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
     diagnosis = diagnosis_rows(records, warmups, args.train_limit, args.test_limit)
+    dtypes = dtype_rows(records, bf16_records, args.train_limit, args.test_limit)
     print(describe_devices(pair))
     print(format_table(rows))
-    if diagnosis:
-        print()
-        print(format_table_lines(format_diagnosis(diagnosis)))
-        for line in explain(diagnosis):
-            print('diagnosis:', line)
-    dtypes = dtype_rows(records, bf16_records, args.train_limit, args.test_limit)
-    if len(dtypes) > 1:
-        print()
-        print(format_table_lines(dtypes))
+    for lines in (format_accuracy_cells(accuracy), old_step, format_diagnosis(diagnosis),
+                  dtypes):
+        if len(lines) > 1:
+            print()
+            print(format_table_lines(lines))
     print()
     for line in notes():
         print('note:', line)
     if args.output:
-        report = {'rows': rows, 'diagnosis': diagnosis, 'cells': cells, 'dtypes': dtypes,
+        report = {'rows': rows, 'accuracy': accuracy, 'old_step': old_step,
+                  'diagnosis': diagnosis, 'cells': cells, 'dtypes': dtypes,
                   'record': os.path.relpath(args.record, booktable.ROOT)
                   if args.record == booktable.DEFAULT_RECORD else args.record,
                   'command': ' '.join([PROG] + argv), 'mxnet_version': cells['mxnet_version'],
                   'date': datetime.date.today().isoformat()}
+        page = update_page(existing_page, page_blocks(report))
         with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
-            f.write(format_markdown(report))
+            f.write(page)
         print('wrote', args.output)
+    # The exit code says whether the port is the book's (the rows above); the accuracy
+    # table's verdicts are measurements, printed.
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0
 
 
-# The step row's size: cheap enough for every run of the command.
-STEP_ROW_BATCHES = (4, 64)
-
-
 def step_row(devices, data_dir=None):
-    """Run ``port_equality`` on a few real batches and return its row of the table."""
-    from ..data import load_data_fashion_mnist
-    steps, size = STEP_ROW_BATCHES
-    train_iter, test_iter = load_data_fashion_mnist(size, data_dir=data_dir,
-                                                    train_limit=steps * size, test_limit=256,
-                                                    seed=0)
-    found = port_equality(devices, list(train_iter), list(test_iter), lr=0.2)
+    """Run ``epoch_equality`` on ``devices`` and return its row of the table."""
+    found = epoch_equality(devices, data_dir)
     biggest = max(found['loss'], found['trained'], found['running'])
-    what = 'the step, %d steps of %d on %d devices' % (steps, size, len(devices))
-    return _judged('In [7]', what,
-                   "d2lzh.resnet18, the book's loop", 'gluon_mgpu.train_batch, hybridized',
-                   'max abs %.1e (losses, %d + %d arrays per device); test_acc %.4f vs %.4f'
-                   % (biggest, found['arrays'][0], found['arrays'][1], *found['test_acc']),
-                   biggest == 0.0 and found['test_acc'][0] == found['test_acc'][1],
+    sizes = found['sizes'][:found['steps'] // EQUALITY_EPOCHS]
+    what = ('the book\'s train, %d epochs of %d batches (%d, ..., %d) on %d devices'
+            % (EQUALITY_EPOCHS, len(sizes), sizes[0], sizes[-1], len(devices)))
+    return _judged('In [6]', what,
+                   "d2lzh.resnet18, the book's train", 'gluon_mgpu.train, hybridized',
+                   'max abs %.1e (losses, %d + %d arrays per device); test_acc %s'
+                   % (biggest, found['arrays'][0], found['arrays'][1], ', '.join(
+                       '%.3f vs %.3f' % pair for pair in found['test_acc'])),
+                   biggest == 0.0 and all(b == o for b, o in found['test_acc']),
                    ' (bit for bit)', '')
 
 
