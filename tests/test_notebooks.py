@@ -260,34 +260,12 @@ def test_replica_inspector_cells(executed):
 
 
 # The accuracy table next to the training cells: every number it quotes is the committed
-# record's (docs/book-table.jsonl), so a new record line without the notebooks fails here.
-WARMUP_STEPS = 50  # the warmup rows' setting (docs/notebooks.md, compare --full)
-
-
-def _quoted_cell(summary):
-    if summary is None or summary['n'] < compare.MIN_SEEDS:
-        return '-'
-    return '%.2f (%.2f-%.2f)' % (summary['mean'], summary['low'], summary['high'])
-
-
-def _book_table_from_records():
-    """The table's cells after its first column: the book's row, then ours per measure."""
+# record's (docs/book-table.jsonl) or the GPU runs' (docs/book-gpu-runs.csv), so a new record
+# line without the notebooks fails here (benchmarks/book_tables.py refreshes them).
+def _book_table_from_records(lang):
     from gluon_mgpu.commands import booktable
     records = booktable.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
-    rows = {(r['setting'], r['epoch']): r
-            for r in compare.diagnosis_rows(records, warmup_steps=(WARMUP_STEPS,))}
-    epochs = range(1, len(compare.BOOK['training'][1]['test_acc']) + 1)
-
-    def ours(setting, measure):
-        return [_quoted_cell(rows[setting, e][measure] if (setting, e) in rows else None)
-                for e in epochs]
-
-    table = []
-    for n, setting in ((1, '1 device'), (2, '2 devices')):
-        table.append(['%.2f' % a for a in compare.BOOK['training'][n]['test_acc']])
-        table += [ours(setting, 'running0'), ours(setting, 'precise')]
-    warmup = '2 devices, warmup %d steps' % WARMUP_STEPS
-    return table + [ours(warmup, 'running0'), ours(warmup, 'precise')]
+    return compare.notebook_table(compare.accuracy_cells(records, compare.read_gpu_runs()), lang)
 
 
 def _markdown_table(text):
@@ -299,4 +277,7 @@ def _markdown_table(text):
 @pytest.mark.parametrize('lang', sorted(NOTEBOOKS))
 def test_the_accuracy_table_beside_the_training_cells_is_the_records(lang):
     table = _markdown_table(_cell(_read(NOTEBOOKS[lang]), 'book-table').source)
-    assert [row[1:] for row in table] == _book_table_from_records()
+    assert [row[1:] for row in table] == _book_table_from_records(lang)
+    # The rows' titles say what each row is, in the notebook's language.
+    assert table[1][0] == {'en': 'same code on GPUs, 9 runs: median (range)',
+                           'zh': '原样代码在 GPU 上，9 次运行：中位数（范围）'}[lang]

@@ -26,7 +26,8 @@ __all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
            'format_like_book', 'run_chapter_cells', 'chapter_cells', 'deterministic_rows',
            'book_train', 'equality_slice', 'epoch_equality', 'step_row', 'prediction_interval',
            'table_records', 'old_step_cells', 'GPU_RUNS', 'read_gpu_runs', 'gpu_summary',
-           'accuracy_cells', 'ACCURACY_TITLES', 'format_accuracy_cells', 'notebook_table',
+           'accuracy_cells', 'ACCURACY_TITLES', 'format_accuracy_cells', 'VERDICT_WORDS',
+           'notebook_table', 'record_report',
            'training_rows', 'diagnosis_rows', 'format_diagnosis', 'dtype_rows', 'is_simulated',
            'notes', 'describe_devices', 'format_table', 'format_table_lines', 'page_blocks',
            'read_blocks', 'update_page', 'main']
@@ -538,10 +539,16 @@ def format_accuracy_cells(cells):
          c['verdict']] for c in cells]
 
 
-def notebook_table(cells):
+# The notebooks' verdict words (the rows' titles are each notebook's own).
+VERDICT_WORDS = {'en': {'inside': 'inside', 'BELOW': 'BELOW', 'ABOVE': 'ABOVE'},
+                 'zh': {'inside': '范围内', 'BELOW': '低于范围', 'ABOVE': '高于范围'}}
+
+
+def notebook_table(cells, lang='en'):
     """The notebooks' table: per device count, the rows book, same-code GPU runs, later
-    editions, ours and the verdict, one column per epoch (the row titles are the notebook's
-    own, in its language)."""
+    editions, ours and the verdict, one column per epoch, without the rows' titles (each
+    notebook has its own, in its language; ``lang`` picks the verdict's words)."""
+    words = VERDICT_WORDS[lang]
     rows = []
     for n in (1, 2):
         mine = [c for c in cells if c['devices'] == n]
@@ -549,8 +556,8 @@ def notebook_table(cells):
                  [_median_range(c['same']) for c in mine],
                  [_median_p10_p90(c['later']) for c in mine],
                  [_mean_low_high(c['ours']) for c in mine],
-                 [c['verdict'].split(' ')[0] if c['status'] in ('match', 'mismatch') else '-'
-                  for c in mine]]
+                 [words[c['verdict'].split(' ')[0]] if c['status'] in ('match', 'mismatch')
+                  else '-' for c in mine]]
     return rows
 
 
@@ -788,6 +795,16 @@ def _markdown_table(lines):
     return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
 
 
+def record_report(records, old_records, bf16_records, train_limit=None, test_limit=None):
+    """The parts of a report that come from the records alone: ``accuracy``, ``old_step``,
+    ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
+    warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
+    return {'accuracy': accuracy_cells(records, read_gpu_runs(), train_limit, test_limit),
+            'old_step': old_step_cells(records, old_records, train_limit, test_limit),
+            'diagnosis': diagnosis_rows(records, warmups, train_limit, test_limit),
+            'dtypes': dtype_rows(records, bf16_records, train_limit, test_limit)}
+
+
 def page_blocks(report):
     """The generated parts of ``docs/book-comparison.md``, ``{name: Markdown text}``, from a
     report: ``rows``, ``accuracy`` (``accuracy_cells``), ``old_step`` (``old_step_cells``'
@@ -801,10 +818,12 @@ def page_blocks(report):
                                          describe_devices(cells['devices']), report['record'])}
     blocks['rows'] = '\n'.join(_markdown_table(_table(report['rows'])) + [''] +
                                ['- ' + n for n in notes()])
-    blocks['accuracy'] = '\n'.join(_markdown_table(format_accuracy_cells(report['accuracy'])))
-    blocks['old-step'] = '\n'.join(_markdown_table(report['old_step']))
-    blocks['diagnosis'] = '\n'.join(_markdown_table(format_diagnosis(report['diagnosis'])))
-    blocks['bf16'] = '\n'.join(_markdown_table(report['dtypes']))
+    blocks.update({'accuracy': format_accuracy_cells(report['accuracy']),
+                   'old-step': report['old_step'],
+                   'diagnosis': format_diagnosis(report['diagnosis']),
+                   'bf16': report['dtypes']})
+    for name in ('accuracy', 'old-step', 'diagnosis', 'bf16'):
+        blocks[name] = '\n'.join(_markdown_table(blocks[name]))
     printed = []
     for i in range(2):
         printed += ['Out[4], device %d: the book (%s)' % (i, BOOK['devices'][i]), '', '```',
@@ -952,7 +971,7 @@ def _compare(argv, args):
     old_records = booktable.read_records(args.old_record, step=training.OLD_STEP) \
         if args.old_record else []
     try:
-        gpu_runs = read_gpu_runs()
+        read_gpu_runs()
     except (OSError, ValueError) as e:
         raise booktable.RecordError('the GPU runs %s cannot be read: %s; restore the file from '
                                     'the repository' % (GPU_RUNS, e)) from None
@@ -1006,11 +1025,10 @@ def _compare(argv, args):
     rows = deterministic_rows(cells)
     rows.append(step_row(pair, args.data_dir))
     rows += training_rows(pair, records, args.train_limit, args.test_limit)
-    accuracy = accuracy_cells(records, gpu_runs, args.train_limit, args.test_limit)
-    old_step = old_step_cells(records, old_records, args.train_limit, args.test_limit)
-    warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
-    diagnosis = diagnosis_rows(records, warmups, args.train_limit, args.test_limit)
-    dtypes = dtype_rows(records, bf16_records, args.train_limit, args.test_limit)
+    report = record_report(records, old_records, bf16_records, args.train_limit,
+                           args.test_limit)
+    accuracy, old_step = report['accuracy'], report['old_step']
+    diagnosis, dtypes = report['diagnosis'], report['dtypes']
     print(describe_devices(pair))
     print(format_table(rows))
     for lines in (format_accuracy_cells(accuracy), old_step, format_diagnosis(diagnosis),
@@ -1022,12 +1040,11 @@ def _compare(argv, args):
     for line in notes():
         print('note:', line)
     if args.output:
-        report = {'rows': rows, 'accuracy': accuracy, 'old_step': old_step,
-                  'diagnosis': diagnosis, 'cells': cells, 'dtypes': dtypes,
-                  'record': os.path.relpath(args.record, booktable.ROOT)
+        report.update({'rows': rows, 'cells': cells, 'record': os.path.relpath(args.record, booktable.ROOT)
                   if args.record == booktable.DEFAULT_RECORD else args.record,
-                  'command': ' '.join([PROG] + argv), 'mxnet_version': cells['mxnet_version'],
-                  'date': datetime.date.today().isoformat()}
+                       'command': ' '.join([PROG] + argv),
+                       'mxnet_version': cells['mxnet_version'],
+                       'date': datetime.date.today().isoformat()})
         page = update_page(existing_page, page_blocks(report))
         with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
             f.write(page)
