@@ -8,7 +8,7 @@ import pytest
 from mxnet import nd
 
 from gluon_mgpu import training
-from gluon_mgpu.commands import booktable, compare
+from gluon_mgpu.commands import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(ROOT, 'docs', 'book-comparison.md')
@@ -75,11 +75,11 @@ def test_training_rows_say_not_run_without_records():
     assert [r['book'] for r in _by(rows, 'In [8]')] == ['31.6']
     [speedup] = _by(rows, 'In [7]/[8]')
     assert speedup['book'] == '1.95x (PyTorch ed. 1.53x)'
-    assert speedup['verdict'].startswith('not run (compare --full); cpu(0), cpu(1) are '
+    assert speedup['verdict'].startswith('not run (benchmarks/book_table.py); cpu(0), cpu(1) are '
                                          'simulated devices: they share the same CPU cores')
     assert speedup['verdict'].endswith('so no speed-up is expected')
     [on_gpus] = _by(compare.training_rows([mx.gpu(0), mx.gpu(1)], []), 'In [7]/[8]')
-    assert on_gpus['verdict'] == 'not run (compare --full)'
+    assert on_gpus['verdict'] == 'not run (benchmarks/book_table.py)'
 
 
 def _record(devices, seed, epoch, acc, seconds=100.0, warmup=0, precise=None, batch=None,
@@ -138,7 +138,7 @@ def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
     assert (cells[1, 2]['verdict'], cells[1, 2]['status']) == (
         "BELOW the same-code GPU runs' range (0.90-0.92)", 'mismatch')
     assert (cells[1, 3]['verdict'], cells[1, 3]['status']) == (
-        'not run (compare --full)', 'not run')
+        'not run (benchmarks/book_table.py)', 'not run')
     # Epoch 4: 0.915 is within 0.01 of the median 0.920; 0.8867 (printed 0.89) is not of 0.900.
     assert cells[1, 4]['verdict'] == ("inside the same-code GPU runs' range (0.91-0.93); within "
                                       '0.01 of their median 0.920')
@@ -159,49 +159,6 @@ def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
     assert table[9] == ['-', '-', '-', 'inside']
 
 
-def test_old_step_cells_put_each_seed_beside_its_old_run():
-    old = [_record(2, s, 1, acc, precise=0.6) for s, acc in enumerate((0.28, 0.49, 0.57))]
-    new = [_record(2, s, 1, acc, precise=0.7) for s, acc in enumerate((0.78, 0.79))]
-    lines = compare.old_step_cells(new, old)
-    assert lines[0][:3] == ['setting', 'epoch', "old step: device 0 (book's measure)"]
-    # Seeds 0 and 1 in both: (0.78 - 0.28 + 0.79 - 0.49) / 2.
-    assert lines[1:] == [['2 devices', '1', '0.447 (0.280-0.570)', '0.785 (0.780-0.790)',
-                          '+0.400 (2 seeds)', '0.600 (0.600-0.600)', '0.700 (0.700-0.700)',
-                          '+0.100 (2 seeds)']]
-
-
-def test_diagnosis_rows_normalize_the_test_accuracy_three_ways():
-    records = [_record(2, s, 1, acc, precise=acc + 0.3, batch=acc + 0.31)
-               for s, acc in enumerate((0.40, 0.50))]
-    records += [_record(2, 0, 1, 0.60, warmup=50, precise=0.70, batch=0.72)]
-    rows = compare.diagnosis_rows(records, warmup_steps=[50])
-    assert [(r['setting'], r['epoch'], r['seeds']) for r in rows] == [
-        ('2 devices', 1, [0, 1]), ('2 devices, warmup 50 steps', 1, [0])]
-    assert rows[0]['running0'] == {'n': 2, 'mean': pytest.approx(0.45), 'low': 0.40,
-                                   'high': 0.50}
-    assert rows[0]['running_other']['mean'] == pytest.approx(0.46)
-    assert rows[0]['precise']['mean'] == pytest.approx(0.75)
-    table = compare.format_diagnosis(rows)
-    assert table[1] == ['2 devices', '1', '0 1', '0.77', '0.450 (0.400-0.500)',
-                        '0.460 (0.410-0.510)', '0.750 (0.700-0.800)', '0.760 (0.710-0.810)',
-                        '0.500 (0.500-0.500)']
-
-
-def test_update_page_fills_the_blocks_and_keeps_the_prose():
-    page = ('# Title\n\nprose\n<!-- begin compare: a -->\nold\n<!-- end compare: a -->\n'
-            'more prose\n<!-- begin compare: b -->\n<!-- end compare: b -->\n')
-    new = compare.update_page(page, {'a': '| x |', 'b': 'B\nB', 'c': 'unused'})
-    assert new == ('# Title\n\nprose\n<!-- begin compare: a -->\n| x |\n<!-- end compare: a '
-                   '-->\nmore prose\n<!-- begin compare: b -->\nB\nB\n<!-- end compare: b -->\n')
-    assert compare.read_blocks(new) == {'a': '| x |', 'b': 'B\nB'}
-    assert compare.update_page(new, {}) == new
-    fresh = compare.update_page(None, {'a': 'A'})
-    assert fresh == ('# The book, side by side\n\n## a\n\n<!-- begin compare: a -->\nA\n'
-                     '<!-- end compare: a -->\n')
-    with pytest.raises(ValueError, match='holds no "<!-- begin compare: NAME -->" block'):
-        compare.update_page('# a page of mine\n', {'a': 'A'})
-
-
 def _run(*args):
     return subprocess.run([sys.executable, '-m', 'gluon_mgpu.compare', *args],
                           capture_output=True, text=True, timeout=600,
@@ -209,10 +166,8 @@ def _run(*args):
                               p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)))
 
 
-def test_cli_prints_the_table_and_writes_the_page(tmp_path):
-    out = tmp_path / 'comparison.md'
-    result = _run('--output', str(out), '--record', str(tmp_path / 'none.jsonl'),
-                  '--old-record', '')
+def test_cli_prints_the_table(tmp_path):
+    result = _run('--record', str(tmp_path / 'none.jsonl'))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == ('devices: the book [gpu(0), gpu(1)]; ours [cpu(0), cpu(1)], simulated '
@@ -223,39 +178,25 @@ def test_cli_prints_the_table_and_writes_the_page(tmp_path):
     assert len(out5) == 3 and all(l.endswith('match (every printed digit)') or
                                   l.endswith('match') for l in out5)
     # 3 rows of seconds and 8 accuracy cells.
-    assert sum('not run (compare --full)' in l for l in lines) == 11
+    assert sum('not run (benchmarks/book_table.py)' in l for l in lines) == 11
     [step] = [l for l in lines if "the book's train, 2 epochs of 5 batches (64, ..., 16) on 2 "
               'devices' in l]
     assert step.endswith('match (bit for bit)')
     assert 'max abs 0.0e+00 (losses, 76 + 34 arrays per device)' in step
-    assert lines[-1] == 'wrote %s' % out
-    page = out.read_text()
-    assert '| Out[5] | first conv weight, device 0 | 1x3x3: -0.01473444 ... -0.00601594 |' in page
-    assert compare.BOOK['out5'] in page
-    assert page.startswith('# The book, side by side\n\n## generated\n\n<!-- begin compare: '
-                           'generated -->\nGenerated by `python -m gluon_mgpu.compare --output ')
-    # A second run fills the same page again, and refuses a page that is not one.
-    mine = tmp_path / 'mine.md'
-    mine.write_text('# my notes\n')
-    result = _run('--output', str(mine), '--record', str(tmp_path / 'none.jsonl'))
-    assert result.returncode == 2
-    assert result.stderr.strip().endswith('mine.md: it holds no "<!-- begin compare: NAME -->" '
-                                          'block, so it is not the page this command writes; '
-                                          'pass --output with a new file or '
-                                          'docs/book-comparison.md')
-    assert mine.read_text() == '# my notes\n'
+    assert lines[-1].startswith('note: PyTorch ed.: the newer edition prints 14.1 and 9.2 s')
 
 
 def test_committed_page_agrees_with_a_run_now(cells):
-    records = booktable.read_records(booktable.DEFAULT_RECORD)
-    old = booktable.read_records(booktable.OLD_STEP_RECORD, step=training.OLD_STEP)
-    bf16 = booktable.read_records(booktable.DEFAULT_BF16_RECORD)
+    sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+    import book_table
+    records = compare.read_records(compare.DEFAULT_RECORD)
+    old = compare.read_records(compare.OLD_STEP_RECORD, step=training.OLD_STEP)
+    bf16 = compare.read_records(book_table.DEFAULT_BF16_RECORD)
     rows = compare.deterministic_rows(cells) + compare.training_rows([mx.cpu(0), mx.cpu(1)],
                                                                      records)
     with open(DOC) as f:
-        blocks = compare.read_blocks(f.read())
-    assert blocks['generated'].startswith(
-        'Generated by `python -m gluon_mgpu.compare --output docs/book-comparison.md` on ')
+        blocks = book_table.read_blocks(f.read())
+    assert blocks['generated'].startswith('Generated by `benchmarks/book_table.py --page` on ')
     for row in rows:
         # Out[4]'s last digits depend on the machine's arithmetic: only the book's side is fixed.
         keys = ('cell', 'what', 'book') if row['cell'] == 'Out[4]' else (
@@ -263,13 +204,9 @@ def test_committed_page_agrees_with_a_run_now(cells):
         line = '| %s |' % ' | '.join(row[k] for k in keys)
         assert line in blocks['rows'], line
     # The blocks computed from the records alone: exactly the committed ones.
-    report = {'accuracy': compare.accuracy_cells(records, compare.read_gpu_runs()),
-              'old_step': compare.old_step_cells(records, old),
-              'diagnosis': compare.diagnosis_rows(records, sorted(
-                  {r['warmup_steps'] for r in records if r['warmup_steps']})),
-              'dtypes': compare.dtype_rows(records, bf16), 'rows': rows, 'cells': cells,
-              'command': '', 'date': '', 'mxnet_version': '', 'record': ''}
-    now = compare.page_blocks(report)
+    report = dict(book_table.record_report(records, old, bf16), rows=rows, cells=cells,
+                  date='', mxnet_version='', record='')
+    now = book_table.page_blocks(report)
     for name in ('accuracy', 'old-step', 'diagnosis', 'bf16'):
         assert blocks[name] == now[name], name
 
@@ -277,19 +214,12 @@ def test_committed_page_agrees_with_a_run_now(cells):
 @pytest.mark.parametrize('args,expected', [
     (['--device', 'tpu'], r"python -m gluon_mgpu.compare: error: argument --device: invalid "
                           r"choice: 'tpu' \(choose from '?auto'?, '?gpu'?, '?cpu'?\) \(see --help\)"),
-    (['--output', '/no/such/folder/x.md'], r'python -m gluon_mgpu.compare: error: --output '
-                                           r'/no/such/folder/x.md: folder /no/such/folder does '
-                                           r'not exist; create it or pass another path'),
-    (['--record', '/'], r'python -m gluon_mgpu.compare: error: --record /: it is a folder; '
-                        r'name a file in it'),
+    (['--record', '/'], r'python -m gluon_mgpu.compare: error: / is a folder; pass --record with '
+                        r'a regular file'),
     (['--record', os.path.join(ROOT, 'README.md')],
      r'python -m gluon_mgpu.compare: error: .*README.md, line 1: not JSON \(.*\); fix or '
      r'delete that line'),
-    (['--full', '--work-dir', '/proc/version/x'], r'python -m gluon_mgpu.compare: error: '
-                                                  r'--work-dir /proc/version/x: Not a directory; '
-                                                  r'pass a folder you can write to'),
-    (['--seeds', 'x'], r"python -m gluon_mgpu.compare: error: argument --seeds: --seed expects a "
-                       r"whole number, got 'x'; for example --seed 0 \(see --help\)"),
+    (['--full'], r'python -m gluon_mgpu.compare: error: unrecognized arguments: --full'),
 ])
 def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
     result = _run(*args)
@@ -297,69 +227,3 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
     assert result.stdout == ''
     assert len(result.stderr.splitlines()) == 1
     assert re.fullmatch(expected, result.stderr.strip()), result.stderr
-
-
-def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
-    def line(devices, seed, acc, dtype=None):
-        # precise BatchNorm 0.1 above the running statistics, train_acc 0.2 above
-        r = {'devices': devices, 'seed': seed, 'warmup_steps': 0, 'epoch': 1,
-             'acc_running': [acc] * devices, 'acc_precise_bn': acc + 0.1, 'train_acc': acc + 0.2}
-        return dict(r, dtype=dtype) if dtype else r
-    book = [line(2, 0, 0.49), line(2, 1, 0.57), line(2, 2, 0.53), line(1, 0, 0.76)]
-    bf16 = [line(2, 0, 0.51, 'bfloat16'), line(2, 1, 0.91, 'bfloat16'),
-            line(1, 0, 0.6, 'bfloat16')]
-    rows = compare.dtype_rows(book, bf16)
-    assert rows[0][2:4] == ['measure', 'float32']
-    assert rows[1] == ['2 devices', '1', "device 0 running stats (book's)",
-                       'mean 0.53 (0.49-0.57, 3 seeds)', 'mean 0.71 (0.51-0.91, 2 seeds)',
-                       '+0.180 (2 seeds)',
-                       # 0.53 +- t(2) 4.303 * s 0.04 * sqrt(1 + 1/3): 0.33 to 0.73
-                       "1 of 2 inside float32's 95% prediction interval 0.33 to 0.73"]
-    assert rows[2] == ['2 devices', '1', 'precise BatchNorm', 'mean 0.63 (0.59-0.67, 3 seeds)',
-                       'mean 0.81 (0.61-1.01, 2 seeds)', '+0.180 (2 seeds)',
-                       "1 of 2 inside float32's 95% prediction interval 0.43 to 0.83"]
-    assert rows[3][2:4] == ['train_acc (epoch mean)', 'mean 0.73 (0.69-0.77, 3 seeds)']
-    assert rows[4:] == [
-        ['1 device', '1', name, 'mean %.2f (%.2f-%.2f, 1 seed)' % (v, v, v),
-         'mean %.2f (%.2f-%.2f, 1 seed)' % (v - 0.16, v - 0.16, v - 0.16), '-0.160 (1 seed)',
-         'not judged: float32 has 1 seed so far']
-        for name, v in (("device 0 running stats (book's)", 0.76), ('precise BatchNorm', 0.86),
-                        ('train_acc (epoch mean)', 0.96))]
-    assert compare.dtype_rows(book, []) == rows[:1]
-
-
-@pytest.mark.parametrize('argv,message', [
-    (['--dtype', 'bfloat16'], '--dtype bfloat16 chooses what --full trains'),
-    (['--full', '--dtype', 'bfloat16', '--output', 'x.md'],
-     '--dtype bfloat16 trains and prints the bfloat16 table only; leave out --output, '),
-    (['--record', 'r.jsonl', '--bf16-record', './r.jsonl'],
-     '--record and --bf16-record are the same file, r.jsonl; give the bfloat16 runs a record '
-     'of their own'),
-])
-def test_bfloat16_is_only_for_full_runs(argv, message, capsys):
-    assert compare.main(argv) == 2
-    err = capsys.readouterr().err
-    assert err.startswith('python -m gluon_mgpu.compare: error: ' + message), err
-    assert len(err.splitlines()) == 1
-
-
-@pytest.mark.parametrize('flags,line', [
-    ({'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'},
-     'this CPU has neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo, so oneDNN would emulate '
-     'bfloat16, slower than float32; leave out --dtype bfloat16'),
-    ({'avx2'},
-     'this CPU has neither avx512_bf16 nor amx_bf16 nor AVX-512 (avx512f, avx512bw, avx512vl, '
-     "avx512dq) in /proc/cpuinfo, and MXNet's oneDNN has no bfloat16 convolution for it: "
-     'training would stop at its first step; leave out --dtype bfloat16'),
-])
-def test_full_bfloat16_on_a_cpu_without_it_is_one_line_before_any_run(
-        flags, line, tmp_path, monkeypatch, capsys, data_dir):
-    from gluon_mgpu.runtime import precision
-    monkeypatch.setattr(precision, 'cpu_flags', lambda: flags)
-    work = tmp_path / 'work'
-    assert compare.main(['--full', '--dtype', 'bfloat16', '--data-dir', data_dir,
-                         '--bf16-record', str(tmp_path / 'b.jsonl'),
-                         '--work-dir', str(work)]) == 2
-    assert capsys.readouterr().err == (
-        'python -m gluon_mgpu.compare: error: --dtype bfloat16: %s\n' % line)
-    assert not (tmp_path / 'b.jsonl').exists() and os.listdir(work) == ['logs']

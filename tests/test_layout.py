@@ -79,7 +79,7 @@ def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
     top = sorted(f for f in os.listdir(PACKAGE) if not f.startswith(('_', '.')))
     assert top == ['commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',
                    'launch.py', 'model.py', 'parallel', 'replicas', 'runtime', 'sweep.py',
-                   'tools', 'train.py', 'training.py']
+                   'train.py', 'training.py']
     # The command names at the top are entry files that only start their command.
     for command in ('train', 'sweep', 'compare', 'env', 'launch'):
         source = open(os.path.join(PACKAGE, command + '.py')).read()

@@ -263,8 +263,7 @@ def test_replica_inspector_cells(executed):
 # record's (docs/book-table.jsonl) or the GPU runs' (docs/book-gpu-runs.csv), so a new record
 # line without the notebooks fails here (benchmarks/book_tables.py refreshes them).
 def _book_table_from_records(lang):
-    from gluon_mgpu.commands import booktable
-    records = booktable.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    records = compare.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
     return compare.notebook_table(compare.accuracy_cells(records, compare.read_gpu_runs()), lang)
 
 

@@ -1,13 +1,12 @@
 """The book's printed outputs next to ours: ``python -m gluon_mgpu.compare`` re-runs the chapter's
-cells whose output does not depend on the hardware, runs its step beside ours and judges its
-accuracy table against the recorded runs. Library functions return rows; only ``main`` prints.
-docs/notebooks.md explains each row; docs/book-comparison.md is the page it writes.
+cells whose output does not depend on the hardware, runs its ``train`` beside ours over whole
+epochs, and puts its accuracy table beside the published GPU runs and our recorded runs (made by
+``benchmarks/book_table.py``). Library functions return rows; only ``main`` prints.
+docs/notebooks.md explains each row; docs/book-comparison.md is the page.
 """
 import contextlib
-import datetime
 import io
 import json
-import math
 import os
 import re
 import subprocess
@@ -17,20 +16,18 @@ import numpy as np
 
 from .. import training
 from ..devices import format_devices, plural
-from ..runtime.precision import DTYPES, check_dtype
-from . import booktable, cli
-from .booktable import summarize
-from .cli import UsageError
+from ..handlers.metrics import epoch_problem
+from . import cli
 
-__all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'printed_numbers',
-           'format_like_book', 'run_chapter_cells', 'chapter_cells', 'deterministic_rows',
-           'book_train', 'equality_slice', 'epoch_equality', 'step_row', 'prediction_interval',
-           'table_records', 'old_step_cells', 'GPU_RUNS', 'read_gpu_runs', 'gpu_summary',
-           'accuracy_cells', 'ACCURACY_TITLES', 'format_accuracy_cells', 'VERDICT_WORDS',
-           'notebook_table', 'record_report',
-           'training_rows', 'diagnosis_rows', 'format_diagnosis', 'dtype_rows', 'is_simulated',
-           'notes', 'describe_devices', 'format_table', 'format_table_lines', 'page_blocks',
-           'read_blocks', 'update_page', 'main']
+__all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'RUN_EPOCHS', 'ROOT',
+           'DEFAULT_RECORD', 'OLD_STEP_RECORD', 'printed_numbers', 'format_like_book',
+           'run_chapter_cells', 'chapter_cells', 'deterministic_rows', 'book_train',
+           'equality_slice', 'epoch_equality', 'step_row', 'RecordError', 'read_records',
+           'record_key', 'table_records', 'summarize', 'GPU_RUNS', 'read_gpu_runs',
+           'gpu_summary', 'accuracy_cells', 'ACCURACY_TITLES', 'format_accuracy_cells',
+           'VERDICT_WORDS', 'notebook_table', 'training_rows', 'is_simulated', 'notes',
+           'describe_devices', 'format_table', 'format_table_lines', 'child_env', 'main']
+
 
 # What the book prints, copied as data from the rendered English MXNet page (d2l.ai, "Gluon
 # Implementation for Multi-GPU Computation"), run on two GPUs.
@@ -67,9 +64,13 @@ BOOK = {
                       2: {'sec_per_epoch': 9.2, 'test_acc': 0.87}},
 }
 
+
 OUT4_RTOL = 1e-4
+
+
 # Our 2-device speed-up divided by the book's 1.95x must fall in this range (1.46x to 2.15x).
 SPEEDUP_BAND = (0.75, 1.10)
+
 
 _NUMBER = re.compile(r'[-+]?\d+\.\d+(?:e[-+]\d+)?')
 
@@ -140,7 +141,7 @@ def chapter_cells(devices, fresh_process=True):
     code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
             '_cells_child(sys.argv[1])')
     result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
-                            capture_output=True, text=True, env=booktable.child_env(),
+                            capture_output=True, text=True, env=child_env(),
                             timeout=600)
     if result.returncode != 0:
         raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): %s'
@@ -371,54 +372,161 @@ def deterministic_rows(cells):
 
 # A verdict needs a spread: with fewer seeds a row shows our values and is not judged.
 MIN_SEEDS = 3
-# Student's t at 97.5% by degrees of freedom, for the 95% prediction interval of one more draw.
-_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
-         9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
 
 
-def prediction_interval(values):
-    """The 95% prediction interval of one more draw from the distribution of ``values`` (at
-    least 2): ``mean +- t(n-1) * s * sqrt(1 + 1/n)``, ``s`` the sample standard deviation."""
-    n = len(values)
-    if n < 2:
-        raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
-    mean = sum(values) / n
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
-    # Between the table's rows, the smaller row's t: the wider, cautious interval.
-    t = _T975[max(k for k in _T975 if k <= n - 1)]
-    half = t * s * math.sqrt(1 + 1 / n)
-    return mean - half, mean + half
+# The records of the full runs (benchmarks/book_table.py writes them): one JSON line per epoch.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
+# The runs made with the old step (training.OLD_STEP), up to commit 03b47ec: kept apart.
+OLD_STEP_RECORD = os.path.join(ROOT, 'docs', 'book-table-old-step.jsonl')
+RUN_EPOCHS = 4  # the book's
+RECORD_LIMIT = 16 << 20  # bytes; a line is about 700
 
 
-def interval_text(low, high):
-    """``'95% prediction interval 0.40 to 0.90'``, clipped to accuracies; an interval that
-    holds every accuracy says that it cannot tell anything."""
-    text = '95%% prediction interval %.2f to %.2f' % (max(low, 0.0), min(high, 1.0))
-    if low <= 0.0 and high >= 1.0:
-        text += ', every accuracy: the seeds spread too widely to tell'
-    return text
+class RecordError(ValueError):
+    """The record file cannot be used: the message names the file, the line and the fix."""
+
+
+def _whole(low, high):
+    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
+            'a whole number from %d to %d' % (low, high))
+
+
+def _number(low, high):
+    return (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+            and low <= v <= high, 'a number from %g to %g' % (low, high))
+
+
+_ACCURACY = _number(0, 1)
+# The setting and diagnosis of a line, as strict as the flags that made it (cli.seed, ...); the
+# epoch's own numbers are the one epoch record (handlers.metrics.epoch_problem).
+_FIELDS = {'devices': _whole(1, 1024), 'seed': _whole(0, 2 ** 31 - 1),
+           'warmup_steps': _whole(0, 10 ** 9), 'batch_size': _whole(1, 10 ** 9),
+           'lr': _number(1e-30, 1e30), 'acc_precise_bn': _ACCURACY, 'acc_batch_stats': _ACCURACY,
+           'acc_running': (lambda v: isinstance(v, list) and all(_ACCURACY[0](a) for a in v),
+                           'a list of accuracies')}
+_LIMITS = {'train_limit': _whole(1, 10 ** 9), 'test_limit': _whole(1, 10 ** 9)}
+
+
+def _check_line(record, path, number, step):
+    def refuse(what):
+        raise RecordError('%s, line %d: %s; fix or delete that line (the epoch is then trained '
+                          'again)' % (path, number, what))
+    if not isinstance(record, dict):
+        refuse('not a JSON object')
+    if record.get('step', training.OLD_STEP) != step:
+        raise RecordError('%s, line %d: trained with %s, not %s; a record holds the runs of one '
+                          'step only: keep the line in a record of its own (the old step\'s are '
+                          'in %s)' % (path, number, str(record.get('step', training.OLD_STEP))[:40],
+                                      step, os.path.relpath(OLD_STEP_RECORD, ROOT)))
+    for name, (test, kind) in list(_FIELDS.items()) + list(_LIMITS.items()):
+        if name not in record and name not in _LIMITS:
+            refuse('it lacks %s' % name)
+        value = record.get(name)
+        if not (value is None and name in _LIMITS) and not test(value):
+            refuse('%s is %s, not %s' % (name, _shown(value), kind))
+    problem = epoch_problem(record)
+    if problem:
+        refuse(problem)
+    if len(record['acc_running']) != record['devices']:
+        refuse('acc_running holds %d accuracies for %d devices'
+               % (len(record['acc_running']), record['devices']))
+    if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
+        refuse('dtype is %s, not "float32" or "bfloat16"' % _shown(record['dtype']))
+
+
+def _shown(value):
+    if isinstance(value, int) and abs(value) >= 2 ** 63:
+        return 'a whole number of %d digits' % len(str(abs(value)))
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + '...'
+
+
+def record_key(record):
+    """What makes a run of the table, everything but the epoch: ``(devices, seed,
+    warmup_steps, train_limit, test_limit, dtype)``."""
+    return (record['devices'], record['seed'], record['warmup_steps'],
+            record.get('train_limit'), record.get('test_limit'), record.get('dtype', 'float32'))
+
+
+def read_records(path, step=training.STEP):
+    """Read a record file (JSON, one epoch per line; none if it does not exist); return the
+    checked lines as dicts, in order. An epoch recorded twice must carry the same accuracies (a
+    retrained run repeats itself bit for bit) and counts once. Every line must have been
+    trained with ``step`` (a line without ``step`` was trained with ``training.OLD_STEP``).
+
+    Raises
+    ------
+    RecordError
+        Naming the file, the line and what is wrong.
+    """
+    from ..runtime.files import InputError, open_input
+    try:
+        with open_input(path) as f:
+            data = f.read(RECORD_LIMIT + 1)
+        if len(data) > RECORD_LIMIT:
+            raise RecordError('%s holds more than %d MB; pass --record with a record of the '
+                              'book table' % (path, RECORD_LIMIT >> 20))
+        text = data.decode('utf-8')
+    except InputError as e:
+        if e.reason == 'does not exist':
+            return []
+        raise RecordError('%s %s; pass --record with a regular file' % (path, e.reason)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise RecordError('%s cannot be read (%s); pass --record with a readable file'
+                          % (path, getattr(e, 'strerror', None) or e)) from None
+    records, seen = [], {}
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line, parse_constant=lambda c: float('nan'))
+        except (ValueError, RecursionError) as e:
+            raise RecordError('%s, line %d: not JSON (%s); fix or delete that line'
+                              % (path, number, str(e)[:80] or 'nested too deep')) from None
+        _check_line(record, path, number, step)
+        first = seen.setdefault((record_key(record), record['epoch']), record)
+        if first is record:
+            records.append(record)
+        elif (first['test_acc'], first['acc_running']) != (record['test_acc'],
+                                                            record['acc_running']):
+            raise RecordError('%s, line %d: epoch %d of this run is recorded twice with '
+                              'different accuracies (%s, then %s); keep one of the two lines'
+                              % (path, number, record['epoch'], first['test_acc'],
+                                 record['test_acc']))
+    return records
 
 
 def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None,
-                  dtype='float32'):
-    """The records of one configuration, ``{epoch: [record per seed]}``."""
+                  dtype='float32', epochs=RUN_EPOCHS):
+    """The records of one configuration, ``{epoch: [record per seed]}``, epochs 1 to
+    ``epochs`` (a line beyond the run's epochs is no cell of the table)."""
     by_epoch = {}
     for r in records:
-        key = booktable.record_key(r)
-        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit, dtype):
+        key = record_key(r)
+        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit, dtype) \
+                and r['epoch'] <= epochs:
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
 
 
-def _spread(values):
-    s = summarize(values)
-    return 'mean %.2f (%.2f-%.2f, %s)' % (s['mean'], s['low'], s['high'], plural(s['n'], 'seed'))
+def summarize(values):
+    """``{'n', 'mean', 'low', 'high'}`` of a list of numbers (None for an empty list)."""
+    if not values:
+        return None
+    return {'n': len(values), 'mean': sum(values) / len(values), 'low': min(values),
+            'high': max(values)}
+
 
 
 # Published GPU runs of the chapter's training cells (docs/book-gpu-runs.md): the spread the
 # book's printed table and ours are judged against.
-GPU_RUNS = os.path.join(booktable.ROOT, 'docs', 'book-gpu-runs.csv')
+GPU_RUNS = os.path.join(ROOT, 'docs', 'book-gpu-runs.csv')
+
+
 SAME_CODE = 'd2l-zh 1.x (d2lzh, MXNet nd)'  # the chapter's exact code, 4 epochs
+
+
 LATER = '(MXNet np)'  # the later MXNet editions of the same experiment (10 epochs)
 
 
@@ -441,7 +549,7 @@ def read_gpu_runs(path=GPU_RUNS):
         group = 'same' if edition == SAME_CODE else 'later' if edition.endswith(LATER) else None
         if group is None:
             continue
-        for e in range(1, booktable.RUN_EPOCHS + 1):
+        for e in range(1, RUN_EPOCHS + 1):
             text = row.get('acc_e%d' % e) or ''
             if not text:
                 continue  # a run of fewer epochs
@@ -494,7 +602,7 @@ def accuracy_cells(records, runs, train_limit=None, test_limit=None):
 def _gpu_verdict(cell, last):
     ours, same = cell['ours'], cell['same']
     if ours is None:
-        return 'not run (compare --full)', 'not run'
+        return 'not run (benchmarks/book_table.py)', 'not run'
     if ours['n'] < MIN_SEEDS:
         return ('not judged: %s so far, %d needed' % (plural(ours['n'], 'seed'), MIN_SEEDS),
                 'not judged')
@@ -561,7 +669,7 @@ def notebook_table(cells, lang='en'):
     return rows
 
 
-_NOT_RUN = ('not run', '', 'not run (compare --full)', 'not run')
+_NOT_RUN = ('not run', '', 'not run (benchmarks/book_table.py)', 'not run')
 
 
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
@@ -574,7 +682,7 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         The two devices of the 2-device runs: on simulated devices the speed-up row says why
         none is expected.
     records : list of dict
-        The record's lines (``booktable.read_records``); those with the book's settings, no
+        The record's lines (``read_records``); those with the book's settings, no
         warmup and these data limits make the rows.
     """
     rows, seconds, book_sec = [], {}, {}
@@ -604,7 +712,7 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
            % ', '.join(str(d) for d in devices)) if is_simulated(devices) else None
     if len(seconds) < 2:
-        verdict = 'not run (compare --full)' + ('; ' + why if why else '')
+        verdict = 'not run (benchmarks/book_table.py)' + ('; ' + why if why else '')
         return rows + [_row(*head, 'not run', '', verdict, 'not run')]
     speedup = seconds[1] / seconds[2]
     ratio = speedup / book_speedup
@@ -617,127 +725,6 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         status = 'match' if ok else 'mismatch'
     return rows + [_row(*head, '%.2fx (%.1f / %.1f s)' % (speedup, seconds[1], seconds[2]),
                         'ours / book %.2f' % ratio, verdict, status)]
-
-
-def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
-    """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
-    ``setting`` (its words), ``devices``, ``warmup_steps``, ``epoch``, ``seeds``, ``book`` (the
-    book's value or None), a ``summarize`` of each of ``_SUMMARIES`` (the columns of
-    ``format_diagnosis``) and ``by_seed``, each of ``DTYPE_MEASURES`` as ``{seed: value}``
-    (what ``explain`` compares seed by seed)."""
-    rows = []
-    for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
-        by_epoch = table_records(records, n, w, train_limit, test_limit)
-        book = BOOK['training'][n]['test_acc']
-        for e in sorted(by_epoch):
-            rs = by_epoch[e]
-            rows.append({
-                'setting': plural(n, 'device') + (', warmup %d steps' % w if w else ''),
-                'devices': n, 'warmup_steps': w,
-                'epoch': e, 'seeds': sorted(r['seed'] for r in rs),
-                'book': book[e - 1] if e <= len(book) else None,
-                'running0': summarize([r['acc_running'][0] for r in rs]),
-                'running_other': summarize([a for r in rs for a in r['acc_running'][1:]]),
-                'precise': summarize([r['acc_precise_bn'] for r in rs]),
-                'batch': summarize([r['acc_batch_stats'] for r in rs]),
-                'train_acc': summarize([r['train_acc'] for r in rs]),
-                'by_seed': {name: {r['seed']: measure(r) for r in rs}
-                            for name, measure in DTYPE_MEASURES}})
-    return rows
-
-
-# What the bfloat16 rows and a warmup run's sentence compare, seed by seed: the book's measure,
-# then two that a chaotic first epoch moves less (the running statistics lag the weights;
-# docs/book-comparison.md's diagnosis).
-DTYPE_MEASURES = (("device 0 running stats (book's)", lambda r: r['acc_running'][0]),
-                  ('precise BatchNorm', lambda r: r['acc_precise_bn']),
-                  ('train_acc (epoch mean)', lambda r: r['train_acc']))
-
-
-def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
-    """bfloat16 against float32 (docs/precision.md): per device count and epoch that
-    ``bf16_records`` hold and per measure of ``DTYPE_MEASURES``, the values over seeds in both
-    dtypes, each bfloat16 seed judged against float32's 95% prediction interval; rows of cell
-    texts, headed by the titles."""
-    lines = [['setting', 'epoch', 'measure', 'float32', 'bfloat16',
-              'same seeds: bfloat16 - float32', 'bfloat16 against float32\'s spread']]
-    for n in (2, 1):
-        ours = table_records(bf16_records, n, 0, train_limit, test_limit, 'bfloat16')
-        base = table_records(records, n, 0, train_limit, test_limit)
-        for e in sorted(ours):
-            for name, measure in DTYPE_MEASURES:
-                lines.append([plural(n, 'device'), str(e), name] + _beside_float32(
-                    {r['seed']: measure(r) for r in base.get(e, [])},
-                    {r['seed']: measure(r) for r in ours[e]}))
-    return lines
-
-
-def _beside_float32(old, new):
-    """The cells of one bfloat16 row: float32's values ``old`` and bfloat16's ``new`` (each
-    ``{seed: value}``), their same-seed difference and the verdict."""
-    if len(old) < 2:
-        verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
-    else:
-        low, high = prediction_interval(list(old.values()))
-        inside = sum(low <= v <= high for v in new.values())
-        verdict = '%d of %d inside float32\'s %s' % (inside, len(new),
-                                                       interval_text(low, high))
-    change, seeds = _same_seed_change(old, new)
-    return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
-            '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-', verdict]
-
-
-def _same_seed_change(old, new):
-    """The mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}`` hold, and
-    how many those are (``None, 0`` for none)."""
-    both = set(new) & set(old)
-    return (sum(new[k] - old[k] for k in both) / len(both) if both else None), len(both)
-
-
-def _cell_of(summary):
-    if summary is None:
-        return '-'
-    if summary['n'] == 1:
-        return '%.3f' % summary['mean']
-    return '%.3f (%.3f-%.3f)' % (summary['mean'], summary['low'], summary['high'])
-
-
-_SUMMARIES = ('running0', 'running_other', 'precise', 'batch', 'train_acc')
-_DIAGNOSIS_TITLES = ['setting', 'epoch', 'seeds', "book's test_acc",
-                     'device 0 running stats (book\'s measure)', 'other devices\' running stats',
-                     'precise BatchNorm', 'batch statistics', 'train_acc (epoch mean)']
-
-
-def format_diagnosis(rows):
-    """The diagnosis rows as lists of cell texts, headed by the column titles."""
-    return [_DIAGNOSIS_TITLES] + [
-        [r['setting'], str(r['epoch']), ' '.join(map(str, r['seeds'])),
-         '-' if r['book'] is None else '%.2f' % r['book']] + [_cell_of(r[k]) for k in _SUMMARIES]
-        for r in rows]
-
-
-def old_step_cells(records, old_records, train_limit=None, test_limit=None):
-    """The runs of the book's step beside those of the old one (``training.OLD_STEP``), which
-    divided an epoch's short last batch by its own size: per setting and epoch, cell texts
-    headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
-    run, so epoch 1's change is what one short step taken right before the test does."""
-    lines = [['setting', 'epoch', 'old step: device 0 (book\'s measure)', 'book\'s step',
-              'same seeds: book\'s - old', 'old step: precise BatchNorm', 'book\'s step',
-              'same seeds: book\'s - old']]
-    for n in (1, 2):
-        new = table_records(records, n, 0, train_limit, test_limit)
-        old = table_records(old_records, n, 0, train_limit, test_limit)
-        for e in sorted(set(new) | set(old)):
-            line = [plural(n, 'device'), str(e)]
-            for measure in (lambda r: r['acc_running'][0], lambda r: r['acc_precise_bn']):
-                before = {r['seed']: measure(r) for r in old.get(e, [])}
-                after = {r['seed']: measure(r) for r in new.get(e, [])}
-                change, seeds = _same_seed_change(before, after)
-                line += [_mean_low_high(summarize(list(before.values())), 3),
-                         _mean_low_high(summarize(list(after.values())), 3),
-                         '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-']
-            lines.append(line)
-    return lines
 
 
 _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours', 'ours'),
@@ -789,268 +776,72 @@ def describe_devices(devices):
         ', simulated on the CPU (no GPU used)' if is_simulated(devices) else '')
 
 
-def _markdown_table(lines):
-    def row(cells):
-        return '| ' + ' | '.join(str(c).replace('|', '\\|') for c in cells) + ' |'
-    return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
-
-
-def record_report(records, old_records, bf16_records, train_limit=None, test_limit=None):
-    """The parts of a report that come from the records alone: ``accuracy``, ``old_step``,
-    ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
-    warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
-    return {'accuracy': accuracy_cells(records, read_gpu_runs(), train_limit, test_limit),
-            'old_step': old_step_cells(records, old_records, train_limit, test_limit),
-            'diagnosis': diagnosis_rows(records, warmups, train_limit, test_limit),
-            'dtypes': dtype_rows(records, bf16_records, train_limit, test_limit)}
-
-
-def page_blocks(report):
-    """The generated parts of ``docs/book-comparison.md``, ``{name: Markdown text}``, from a
-    report: ``rows``, ``accuracy`` (``accuracy_cells``), ``old_step`` (``old_step_cells``'
-    lines), ``diagnosis`` (``diagnosis_rows``), ``dtypes``, ``cells`` (``chapter_cells``),
-    ``record``, ``command``, ``date`` and ``mxnet_version``. The page's prose is written by
-    hand around them (``update_page``)."""
-    cells = report['cells']
-    blocks = {'generated': 'Generated by `%s` on %s with MXNet %s; %s; the runs are recorded '
-                           'in `%s`.' % (report['command'], report['date'],
-                                         report['mxnet_version'],
-                                         describe_devices(cells['devices']), report['record'])}
-    blocks['rows'] = '\n'.join(_markdown_table(_table(report['rows'])) + [''] +
-                               ['- ' + n for n in notes()])
-    blocks.update({'accuracy': format_accuracy_cells(report['accuracy']),
-                   'old-step': report['old_step'],
-                   'diagnosis': format_diagnosis(report['diagnosis']),
-                   'bf16': report['dtypes']})
-    for name in ('accuracy', 'old-step', 'diagnosis', 'bf16'):
-        blocks[name] = '\n'.join(_markdown_table(blocks[name]))
-    printed = []
-    for i in range(2):
-        printed += ['Out[4], device %d: the book (%s)' % (i, BOOK['devices'][i]), '', '```',
-                    BOOK['out4'][i], '```', '', 'ours (%s)' % cells['devices'][i], '', '```',
-                    format_like_book(cells['outputs'][i]), '```', '']
-    printed += ['Out[5], both devices: the book', '', '```', BOOK['out5'], '```', '']
-    for i in range(2):
-        printed += ['ours (%s)' % cells['devices'][i], '', '```',
-                    format_like_book(cells['weights'][i]), '```', '']
-    blocks['printed'] = '\n'.join(printed).rstrip()
-    return blocks
-
-
-_BLOCK = re.compile(r'(<!-- begin compare: ([\w-]+) -->\n)(.*?)(<!-- end compare: \2 -->)',
-                    re.S)
-
-
-def read_blocks(text):
-    """The generated blocks of a page, ``{name: text}``."""
-    return {m.group(2): m.group(3).rstrip('\n') for m in _BLOCK.finditer(text)}
-
-
-def update_page(text, blocks):
-    """``text`` (the page, or None for a new one) with each generated block replaced by
-    ``blocks[name]``; a new page is the blocks alone, one heading each.
-
-    Raises
-    ------
-    ValueError
-        When the page holds none of the blocks (it is not a page this command writes).
-    """
-    if text is None:
-        text = '# The book, side by side\n' + ''.join(
-            '\n## %s\n\n<!-- begin compare: %s -->\n<!-- end compare: %s -->\n'
-            % (name, name, name) for name in blocks)
-    found = read_blocks(text)
-    if not found:
-        raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
-                         'page this command writes; pass --output with a new file or '
-                         'docs/book-comparison.md')
-    def fill(m):
-        new = blocks.get(m.group(2))
-        return m.group(0) if new is None else m.group(1) + new + '\n' + m.group(4)
-    return _BLOCK.sub(fill, text)
+def child_env():
+    """This environment, with the repository first on ``PYTHONPATH`` (for a child process)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
 
 
 PROG = 'python -m gluon_mgpu.compare'
 
 
 def build_parser():
-    p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its step, and print '
-                   'a table: the book\'s printed values, ours, the difference, a verdict. The '
-                   'training rows come from the record of full runs (--full makes them).')
-    p.add_argument('--full', action='store_true',
-                   help='first train every run of the book\'s table not yet recorded (1 and 2 '
-                        'devices, 4 epochs, full data, each seed; hours on a CPU), one epoch '
-                        'at a time, resumable: give the same command again after a stop '
-                        '(default: off, the table shows what is recorded)')
-    p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
-                   help='the seeds of the runs, for --full (default: 0 1 2)')
-    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
-                   metavar='N',
-                   help='with --full, also train epoch 1 of each seed on 2 devices with a '
-                        'linear learning-rate warmup of N steps, as rows of their own '
-                        '(default: none)')
-    p.add_argument('--record', default=booktable.DEFAULT_RECORD, metavar='PATH',
-                   help='the record of finished float32 epochs (the book\'s), one JSON line '
-                        'each, read for the table and appended to by --full (default: '
+    p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its train, and print '
+                   'a table: the book\'s printed values, ours, the difference, a verdict; then '
+                   'the book\'s accuracy table beside the published GPU runs and the recorded '
+                   'runs of this package (benchmarks/book_table.py trains them).')
+    p.add_argument('--record', default=DEFAULT_RECORD, metavar='PATH',
+                   help='the record of the full runs, one JSON line per epoch (default: '
                         'docs/book-table.jsonl in the repository)')
-    p.add_argument('--old-record', default=booktable.OLD_STEP_RECORD, metavar='PATH',
-                   help='the record of the runs made with the old step (%s), shown beside the '
-                        'book\'s step\'s; an empty value shows none (default: '
-                        'docs/book-table-old-step.jsonl in the repository)' % training.OLD_STEP)
-    p.add_argument('--dtype', choices=DTYPES, default='float32',
-                   help='with --full, what the runs compute in: bfloat16 trains the same runs '
-                        '(1 and 2 devices, each seed) beside the book\'s, into --bf16-record, '
-                        'to compare with float32\'s spread (default: float32, the book\'s)')
-    p.add_argument('--bf16-record', default=booktable.DEFAULT_BF16_RECORD, metavar='PATH',
-                   help='the record of the bfloat16 runs, read for their table and appended to '
-                        'by --full --dtype bfloat16 (default: docs/bf16-table.jsonl in the '
-                        'repository)')
-    p.add_argument('--work-dir', default=booktable.DEFAULT_WORK_DIR, metavar='DIR',
-                   help='with --full, the runs\' checkpoints (45 MB per epoch) and logs '
-                        '(default: %s)' % booktable.DEFAULT_WORK_DIR.replace(
-                            os.path.expanduser('~'), '~'))
-    p.add_argument('--epochs', type=cli.whole('--epochs'), default=booktable.RUN_EPOCHS,
-                   help='epochs per run, for --full (default: %d, the book\'s)'
-                        % booktable.RUN_EPOCHS)
     cli.add_device_flag(p)
-    cli.add_data_flags(p)
-    p.add_argument('--output', default=None, metavar='PATH',
-                   help='also write the table as Markdown to PATH, e.g. '
-                        'docs/book-comparison.md (default: print only)')
+    p.add_argument('--data-dir', metavar='DIR',
+                   help='the folder of the four Fashion-MNIST files (default: searched; '
+                        'docs/testing.md)')
     cli.add_debug_flag(p)
     return p
 
 
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code."""
+    """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code: 1 when a row of
+    the port is a mismatch (the accuracy table's verdicts are measurements), 2 for bad input."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _compare(argv, build_parser().parse_args(argv)),
+    return cli.run_command(PROG, argv, lambda: _compare(build_parser().parse_args(argv)),
                            explain=_explain_failure)
 
 
 def _explain_failure(e):
-    from ..handlers.checkpoint import CheckpointError
-    from ..runtime.files import OutputError
-    if isinstance(e, (booktable.RunFailed, OutputError)):
-        return 1, cli.error_line(PROG, e)
-    if isinstance(e, (booktable.RecordError, CheckpointError)):
+    if isinstance(e, RecordError):
         return 2, cli.error_line(PROG, e)
-    if isinstance(e, KeyboardInterrupt):
-        return (getattr(e, 'exit_code', 130),
-                '%s: %s; the finished epochs are recorded, give the same command again to '
-                'continue' % (PROG, cli.stopped_by(e)))
     return None
 
 
-def _compare(argv, args):
+def _compare(args):
     from ..data import DataError, DataNotFoundError, find_data_dir
     from ..devices import get_devices
-    from ..runtime.files import atomic_path, output_problem
-    from ..handlers.interrupts import DeferredInterrupt
-    if args.output and not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
-        raise UsageError('--output %s: folder %s does not exist; create it or pass another '
-                         'path' % (args.output, os.path.dirname(args.output)))
-    bf16 = args.dtype == 'bfloat16'
-    if bf16 and not args.full:
-        raise UsageError('--dtype bfloat16 chooses what --full trains (the table shows both '
-                         'dtypes from their records); add --full, or leave --dtype out')
-    if bf16 and (args.output or args.warmup_steps):
-        raise UsageError('--dtype bfloat16 trains and prints the bfloat16 table only; leave out '
-                         '%s, and write the page with compare --output afterwards'
-                         % ('--output' if args.output else '--warmup-steps'))
-    for flag, path in (('--output', args.output), ('--record', args.record),
-                       ('--bf16-record', args.bf16_record)):
-        problem = path and output_problem(path)
-        if problem:
-            raise UsageError('%s %s: %s' % (flag, path, problem))
-    if os.path.realpath(args.record) == os.path.realpath(args.bf16_record):
-        raise UsageError('--record and --bf16-record are the same file, %s; give the bfloat16 '
-                         'runs a record of their own' % args.record)
-    records = booktable.read_records(args.record)  # a bad record stops us before any run
-    bf16_records = booktable.read_records(args.bf16_record)
-    old_records = booktable.read_records(args.old_record, step=training.OLD_STEP) \
-        if args.old_record else []
+    records = read_records(args.record)
     try:
-        read_gpu_runs()
+        runs = read_gpu_runs()
     except (OSError, ValueError) as e:
-        raise booktable.RecordError('the GPU runs %s cannot be read: %s; restore the file from '
-                                    'the repository' % (GPU_RUNS, e)) from None
-    existing_page = None
-    if args.output and os.path.exists(args.output):
-        from ..runtime.files import InputError, open_input
-        try:
-            with open_input(args.output) as f:
-                existing_page = f.read().decode('utf-8')
-            update_page(existing_page, {})
-        except (InputError, OSError, UnicodeDecodeError, ValueError) as e:
-            raise UsageError('--output %s: %s' % (args.output, e)) from None
-    if args.full:
-        problem = booktable.work_dir_problem(args.work_dir)
-        if problem:
-            raise UsageError('--work-dir %s: %s; pass a folder you can write to'
-                             % (args.work_dir, problem))
+        raise RecordError('the GPU runs %s cannot be read: %s; restore the file from the '
+                          'repository' % (GPU_RUNS, e)) from None
     try:
         pair = get_devices(2, args.device)
     except ValueError as e:
-        raise UsageError('--device %s: %s' % (args.device, e)) from None
+        raise cli.UsageError('--device %s: %s' % (args.device, e)) from None
     try:
         find_data_dir(args.data_dir)
     except (DataError, DataNotFoundError) as e:
-        raise UsageError(str(e)) from None
-
-    if bf16:
-        try:
-            for line in check_dtype(args.dtype, pair, fix='leave out --dtype bfloat16'):
-                print('warning:', line, flush=True)
-        except ValueError as e:
-            raise UsageError('--dtype bfloat16: %s' % e) from None
-    if args.full:
-        seeds = list(dict.fromkeys(args.seeds))  # a seed given twice is one run
-        runs = booktable.plan_runs(seeds, warmup_steps=args.warmup_steps or 0,
-                                   epochs=args.epochs, train_limit=args.train_limit,
-                                   test_limit=args.test_limit, dtype=args.dtype)
-        print('running on:', format_devices(pair), flush=True)
-        with DeferredInterrupt():
-            done = booktable.run_table(runs, args.work_dir,
-                                       args.bf16_record if bf16 else args.record, pair,
-                                       args.device, args.data_dir,
-                                       progress=lambda line: print(line, flush=True))
-        if bf16:
-            # This process computes in bfloat16 now (AMP): the float32 rows are not re-run.
-            print(format_table_lines(dtype_rows(records, done, args.train_limit,
-                                                args.test_limit)))
-            return 0
-        records = done
-    cells = chapter_cells(pair)
-    rows = deterministic_rows(cells)
+        raise cli.UsageError(str(e)) from None
+    rows = deterministic_rows(chapter_cells(pair))
     rows.append(step_row(pair, args.data_dir))
-    rows += training_rows(pair, records, args.train_limit, args.test_limit)
-    report = record_report(records, old_records, bf16_records, args.train_limit,
-                           args.test_limit)
-    accuracy, old_step = report['accuracy'], report['old_step']
-    diagnosis, dtypes = report['diagnosis'], report['dtypes']
+    rows += training_rows(pair, records)
     print(describe_devices(pair))
     print(format_table(rows))
-    for lines in (format_accuracy_cells(accuracy), old_step, format_diagnosis(diagnosis),
-                  dtypes):
-        if len(lines) > 1:
-            print()
-            print(format_table_lines(lines))
+    print()
+    print(format_table_lines(format_accuracy_cells(accuracy_cells(records, runs))))
     print()
     for line in notes():
         print('note:', line)
-    if args.output:
-        report.update({'rows': rows, 'cells': cells, 'record': os.path.relpath(args.record, booktable.ROOT)
-                  if args.record == booktable.DEFAULT_RECORD else args.record,
-                       'command': ' '.join([PROG] + argv),
-                       'mxnet_version': cells['mxnet_version'],
-                       'date': datetime.date.today().isoformat()})
-        page = update_page(existing_page, page_blocks(report))
-        with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
-            f.write(page)
-        print('wrote', args.output)
-    # The exit code says whether the port is the book's (the rows above); the accuracy
-    # table's verdicts are measurements, printed.
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0
 
 

@@ -10,7 +10,7 @@ from ..devices import format_devices
 from .events import PRIORITY, EpochEnd, TrainBegin, TrainEnd
 from ..runtime.files import atomic_path
 
-__all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'summarize', 'format_summary',
+__all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'epoch_problem', 'summarize', 'format_summary',
            'write_json_atomic', 'MetricsFile', 'schema_markdown']
 
 FORMAT = 'gluon_mgpu-metrics/1'
@@ -177,6 +177,35 @@ SCHEMA = {
         },
     },
 }
+
+
+_JSON_TYPES = {'number': (int, float), 'integer': (int,), 'null': (type(None),)}
+
+
+def epoch_problem(entry):
+    """What is wrong with one epoch record (``SCHEMA``'s ``history`` item: what ``train()``
+    returns per epoch, what a checkpoint and the book table record), or None. The one check of
+    an epoch record: bounds as the schema gives them, finite numbers, no bool for a number."""
+    if not isinstance(entry, dict):
+        return 'an epoch record is %s, not an object' % type(entry).__name__
+    for name, rule in SCHEMA['properties']['history']['items']['properties'].items():
+        if name not in entry:
+            return 'it lacks %s' % name
+        value, types = entry[name], rule['type']
+        types = types if isinstance(types, list) else [types]
+        kinds = tuple(k for t in types for k in _JSON_TYPES[t])
+        ok = isinstance(value, kinds) and not isinstance(value, bool) and (
+            value is None or (abs(value) < 2 ** 63 and math.isfinite(value)
+                              and value >= rule.get('minimum', value)
+                              and value <= rule.get('maximum', value)
+                              and value > rule.get('exclusiveMinimum', value - 1)))
+        if not ok:
+            text = json.dumps(value) if isinstance(value, (float, str, bool)) else \
+                'a whole number of %d digits' % len(str(abs(value))) if isinstance(value, int) \
+                and abs(value) >= 2 ** 63 else str(value) if isinstance(value, int) else \
+                type(value).__name__
+            return '%s is %s, not %s' % (name, text[:40], _type_text(rule))
+    return None
 
 
 def _finite_or_none(x):

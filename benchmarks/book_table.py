@@ -1,0 +1,768 @@
+"""The book's accuracy table at full scale, over several seeds, resumable: this project measuring
+itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one checkpoint
+folder per run), diagnosed (the test accuracy with each device's running statistics, with
+precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
+docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
+notebooks from the records. docs/notebooks.md ("The book, side by side") explains it.
+
+    .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # ~10 h, 2 cores
+    .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
+    .venv/bin/python benchmarks/book_table.py --page       # after new record lines (minutes)
+
+Stopped by Ctrl-C, SIGTERM or a reboot, the same command continues where it was: an epoch
+counts once its line is in the record; only the epoch in progress is lost.
+"""
+import collections
+import datetime
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import gluon_mgpu  # noqa: E402,F401  (first: it sets the threads MXNet starts with)
+from gluon_mgpu import training  # noqa: E402
+from gluon_mgpu.training import evaluate_accuracy  # noqa: E402
+from mxnet import autograd, nd  # noqa: E402
+from mxnet.gluon import nn  # noqa: E402
+from gluon_mgpu.commands import cli, compare  # noqa: E402
+from gluon_mgpu.commands.compare import (RUN_EPOCHS, RecordError, record_key,  # noqa: E402
+                                         summarize, table_records)
+from gluon_mgpu.commands.env import cpu_model  # noqa: E402
+from gluon_mgpu.devices import plural  # noqa: E402
+from gluon_mgpu.handlers.checkpoint_names import list_checkpoints  # noqa: E402
+from gluon_mgpu.runtime.files import OutputError, atomic_path, output_problem  # noqa: E402
+
+PROG = 'benchmarks/book_table.py'
+DEFAULT_RECORD = compare.DEFAULT_RECORD
+# The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
+DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
+OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
+DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
+PAGE = os.path.join(ROOT, 'docs', 'book-comparison.md')
+NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
+             'zh': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.zh.ipynb')}
+# The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
+# statistics are taken over test batches of 500.
+PRECISE_BN_IMAGES = 512
+BATCH_STATS_BATCH = 500
+
+
+class Run(collections.namedtuple('Run', 'devices seed warmup_steps epochs train_limit '
+                                        'test_limit dtype', defaults=('float32',))):
+    """One run of the table, with the book's batch and learning rate for ``devices``;
+    ``warmup_steps`` 0, limits None and ``dtype`` float32 are the book's."""
+
+    @property
+    def name(self):
+        name = '%ddev-seed%d' % (self.devices, self.seed)
+        if self.warmup_steps:
+            name += '-warmup%d' % self.warmup_steps
+        if self.train_limit or self.test_limit:
+            name += '-limit%sx%s' % (self.train_limit or 'all', self.test_limit or 'all')
+        return name + ('-bf16' if self.dtype == 'bfloat16' else '')
+
+    def key(self):
+        """The run in the record: everything but the number of epochs."""
+        return (self.devices, self.seed, self.warmup_steps, self.train_limit, self.test_limit,
+                self.dtype)
+
+
+def plan_runs(seeds, warmup_steps=0, epochs=RUN_EPOCHS, train_limit=None, test_limit=None,
+              dtype='float32'):
+    """The runs of the table in training order: 2 devices (where the book and we differ most),
+    then with ``warmup_steps`` the warmup runs (2 devices, epoch 1 only), then 1 device."""
+    def runs(devices, warmup, epochs):
+        return [Run(devices, s, warmup, epochs, train_limit, test_limit, dtype) for s in seeds]
+    warmups = runs(2, warmup_steps, 1) if warmup_steps else []
+    return runs(2, 0, epochs) + warmups + runs(1, 0, epochs)
+
+
+def append_record(path, record):
+    """Append one line to the record file and flush it to disk.
+
+    Raises
+    ------
+    files.OutputError
+        When the path is not a regular file of ours or the disk refuses the write.
+    """
+    problem = output_problem(path)
+    if problem:
+        raise OutputError(path, 'cannot append to the record %s: %s' % (path, problem))
+    line = json.dumps(record, sort_keys=True, allow_nan=False) + '\n'
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, line.encode('utf-8'))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as e:
+        raise OutputError(path, 'cannot append to the record %s: %s' % (
+            path, e.strerror or e), e.errno) from None
+
+
+def recorded(records, run, epoch):
+    """Whether epoch ``epoch`` of ``run`` has its line in ``records``."""
+    return any(record_key(r) == run.key() and r['epoch'] == epoch for r in records)
+
+
+def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None,
+              progress=None, wait_seconds=60):
+    """Train and diagnose every epoch of ``runs`` that has no line in the record; return the
+    records.
+
+    Resumable at any point: each (run, epoch) is looked up in ``record_path``, so a line
+    deleted (as a record error advises) is made again; a checkpoint found in a run's folder
+    (``work_dir/<run name>``) is diagnosed or resumed from; one whose later epochs exist
+    without it is trained again from the start in ``<run name>-again``; a folder another
+    process holds is waited for. ``devices`` diagnose (as many as the largest run has);
+    ``progress`` gets a line before each epoch and after each diagnosis.
+
+    Raises
+    ------
+    RunFailed
+        When a train command fails; KeyboardInterrupt when stopped.
+    """
+    say = progress or (lambda line: None)
+    os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
+    records = compare.read_records(record_path)
+    plan = [(run, e) for run in runs for e in range(1, run.epochs + 1)]
+    spent = []  # wall seconds of the epochs this call trained: train command and diagnosis
+    waiting_for = None
+    for run, epoch in plan:
+        directory = os.path.join(work_dir, run.name)
+        while not recorded(records, run, epoch):
+            saved = list_checkpoints(directory)
+            if epoch not in saved and saved and saved[-1] > epoch:
+                directory = os.path.join(work_dir, run.name + '-again')
+                continue
+            holder = _is_locked(directory)
+            if holder:  # one training at a time: a run another process holds is waited for
+                if holder != waiting_for:
+                    say('waiting: %s' % holder)
+                waiting_for = holder
+                time.sleep(wait_seconds)
+                continue
+            waiting_for, start = None, time.time()
+            trained = epoch not in saved
+            if trained:
+                done = sum(recorded(records, r, e) for r, e in plan)
+                per_epoch = _seconds_per_epoch(spent, records)
+                say('book table: %d of %d epochs recorded; training %s epoch %d%s'
+                    % (done, len(plan), run.name, epoch, '' if per_epoch is None else
+                       ', about %.1f h left at %.0f min per epoch'
+                       % ((len(plan) - done) * per_epoch / 3600, per_epoch / 60)))
+                _train(run, directory, epoch, work_dir, device, data_dir)
+            records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
+            if trained:  # an epoch found trained says nothing of the time left
+                spent.append(time.time() - start)
+            say(_diagnosis_line(run, records[-1]))
+    return records
+
+
+def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
+    """The command that trains ``run`` up to epoch ``epochs`` in checkpoint folder ``directory``."""
+    argv = [sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', str(run.devices),
+            '--seed', str(run.seed), '--epochs', str(epochs), '--checkpoint-dir', directory,
+            '--device', device]
+    if resume:
+        argv.append('--resume')
+    if run.warmup_steps:
+        argv += ['--warmup-steps', str(run.warmup_steps)]
+    if run.dtype != 'float32':
+        argv += ['--dtype', run.dtype]
+    for flag, value in (('--train-limit', run.train_limit), ('--test-limit', run.test_limit),
+                        ('--data-dir', data_dir)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _restored(directory, record, devices, hybridize):
+    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in
+    the run's dtype."""
+    from gluon_mgpu.handlers import checkpoint
+    dtype = record['args'].get('dtype', 'float32')
+    net = training.new_network('resnet18', hybridize=hybridize, dtype=dtype)
+    trainer = training.init_training(net, devices, record['args']['lr'], dtype=dtype)
+    checkpoint.restore(directory, record, net, trainer, devices)
+    return net
+
+
+def batch_norm_layers(net):
+    """Every ``nn.BatchNorm`` inside ``net``, in order (17 in the chapter's ResNet-18)."""
+    found = [net] if isinstance(net, nn.BatchNorm) else []
+    for child in net._children.values():
+        found += batch_norm_layers(child)
+    return found
+
+
+def reestimate_running_stats(net, X, device):
+    """Set every BatchNorm's running statistics on ``device`` to those of the batch ``X``.
+
+    One forward and backward pass in training mode with momentum 0, so that MXNet's own update
+    writes the batch's mean and (biased) variance; no weight changes, and the other devices'
+    copies stay.
+
+    Parameters
+    ----------
+    net : mxnet.gluon.Block
+        Initialized on ``device``, not hybridized (a hybridized graph holds its own momentum).
+    X : mxnet.nd.NDArray
+        A batch of training images.
+    device : mxnet.Context
+
+    Raises
+    ------
+    ValueError
+        If ``net`` is hybridized or holds no BatchNorm.
+    """
+    if getattr(net, '_active', False):
+        raise ValueError('%s is hybridized, so its BatchNorm momentum cannot change; pass a '
+                         'network that is not (new_network(..., hybridize=False)) and '
+                         'hybridize it afterwards' % type(net).__name__)
+    layers = batch_norm_layers(net)
+    if not layers:
+        raise ValueError('%s holds no nn.BatchNorm, so there are no running statistics to '
+                         're-estimate' % type(net).__name__)
+    saved = [layer._kwargs['momentum'] for layer in layers]
+    try:
+        for layer in layers:
+            layer._kwargs['momentum'] = 0.0
+        with autograd.record():
+            out = net(X.as_in_context(device))
+        out.backward()
+        nd.waitall()
+    finally:
+        for layer, momentum in zip(layers, saved):
+            layer._kwargs['momentum'] = momentum
+
+
+def evaluate_with_batch_stats(data_iter, net, device):
+    """Accuracy of ``net`` on ``data_iter`` with BatchNorm normalizing by each batch's own
+    statistics (training mode, no gradients), on one ``device``.
+
+    The result depends on the batch size: the issue's and docs' numbers use batches of 500.
+    Running statistics may change on ``device`` (MXNet updates them in training mode), so use
+    a copy of the network that is not needed afterwards.
+    """
+    def in_train_mode(X):
+        with autograd.train_mode():
+            return net(X)
+
+    return evaluate_accuracy(data_iter, in_train_mode, [device])
+
+
+def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
+    """Test accuracy of checkpoint ``epoch`` in ``directory``, normalized three ways.
+
+    Returns
+    -------
+    dict
+        ``stats``: the epoch's history entry; ``acc_running``: one accuracy per device with
+        its running statistics; ``acc_precise_bn``: device 0's weights with the running
+        statistics re-estimated on the first ``PRECISE_BN_IMAGES`` training images;
+        ``acc_batch_stats``: batch statistics over test batches of ``BATCH_STATS_BATCH``.
+    """
+    from gluon_mgpu import data
+    from gluon_mgpu.handlers import checkpoint
+
+    record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
+                                        checkpoint.checkpoint_path(directory, epoch, 'json'))
+    test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
+    test_iter = data.ArrayBatches(test_x, test_y, record['args']['batch_size'])
+    stats_iter = data.ArrayBatches(test_x, test_y, BATCH_STATS_BATCH)
+    images, _ = data.load_fashion_mnist_arrays('train', data_dir)
+
+    net = _restored(directory, record, devices, hybridize=True)
+    acc_running = [evaluate_accuracy(test_iter, net, [d]) for d in devices]
+    plain = _restored(directory, record, devices, hybridize=False)
+    X = nd.array(data.to_tensor(images[:PRECISE_BN_IMAGES]), dtype='float32')
+    reestimate_running_stats(plain, X, devices[0])
+    plain.hybridize(static_alloc=True)
+    acc_precise = evaluate_accuracy(test_iter, plain, devices[:1])
+    acc_batch = evaluate_with_batch_stats(stats_iter, net, devices[0])
+    return {'stats': record['history'][epoch - 1], 'acc_running': acc_running,
+            'acc_precise_bn': acc_precise, 'acc_batch_stats': acc_batch,
+            'precise_bn_images': PRECISE_BN_IMAGES, 'batch_stats_batch': BATCH_STATS_BATCH}
+
+
+def _commit():
+    try:
+        # The commit that trained, marked -dirty when the working tree held changes.
+        out = subprocess.run(['git', '-C', ROOT, 'describe', '--always', '--abbrev=40',
+                              '--dirty'], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+class RunFailed(RuntimeError):
+    """A run's train command failed; ``exit_code`` is its exit code, the message its log."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _is_locked(directory):
+    """The refusal of checkpoint folder ``directory``'s lock if another process holds it."""
+    from gluon_mgpu.handlers.checkpoint import CheckpointError, lock_dir
+    if os.path.isdir(directory):
+        try:
+            lock_dir(directory).release()
+        except CheckpointError as e:
+            return str(e)
+    return None
+
+
+def work_dir_problem(work_dir):
+    """Why ``work_dir`` cannot hold the runs' checkpoints and logs (created if needed), or None."""
+    try:
+        os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
+        with tempfile.TemporaryFile(dir=work_dir):
+            pass
+    except OSError as e:
+        return e.strerror or str(e)
+    return None
+
+
+def _train(run, directory, epoch, work_dir, device, data_dir):
+    """Train ``run`` up to ``epoch`` with the train command, from its last checkpoint; its
+    output goes to the end of the run's log."""
+    argv = train_argv(run, directory, epoch, bool(list_checkpoints(directory)), device, data_dir)
+    log_path = os.path.join(work_dir, 'logs', run.name + '.log')
+    with open(log_path, 'ab') as log:
+        log.write(('\n$ %s\n' % ' '.join(argv)).encode())
+        log.flush()
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=compare.child_env(),
+                                 cwd=ROOT)
+        try:
+            code = child.wait()
+        except BaseException:
+            # Ctrl-C or SIGTERM of this process: the child stops too (it keeps its finished
+            # epochs), then the reason goes on.
+            child.terminate()
+            child.wait()
+            raise
+    if code in (129, 130, 143):
+        raise KeyboardInterrupt('the train command of %s was stopped (exit %d)'
+                                % (run.name, code))
+    if code != 0:
+        raise RunFailed('the train command of %s exited with %d; its output is in %s'
+                        % (run.name, code, log_path), code)
+
+
+def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
+    """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it."""
+    import mxnet
+    found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
+    stats = found.pop('stats')
+    batch_size, lr = training.book_setting(run.devices)
+    record = dict(found, devices=run.devices, seed=run.seed, step=training.STEP,
+                  warmup_steps=run.warmup_steps, train_limit=run.train_limit,
+                  test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
+                  **{k: stats[k] for k in ('seconds', 'train_loss', 'train_acc', 'test_acc',
+                                           'images_per_sec')},
+                  device_names=[str(d) for d in devices[:run.devices]],
+                  commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
+                  recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
+                      '%Y-%m-%dT%H:%M:%SZ'))
+    if run.dtype != 'float32':  # the book's lines keep the fields they always had
+        record['dtype'] = run.dtype
+    append_record(record_path, record)
+    return record
+
+
+def _diagnosis_line(run, record):
+    return ('%s epoch %d: test_acc %.4f (device 0: %.4f), precise BatchNorm %.4f, batch '
+            'statistics %.4f' % (run.name, record['epoch'], record['test_acc'],
+                                 record['acc_running'][0], record['acc_precise_bn'],
+                                 record['acc_batch_stats']))
+
+
+def _seconds_per_epoch(spent, records):
+    seconds = spent or [r['seconds'] for r in records]
+    return sum(seconds) / len(seconds) if seconds else None
+
+
+# The page's tables beside the accuracy table: the runs seen three ways, the old step, bfloat16.
+
+
+# Student's t at 97.5% by degrees of freedom, for the 95% prediction interval of one more draw.
+_T975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306,
+         9: 2.262, 10: 2.228, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+def prediction_interval(values):
+    """The 95% prediction interval of one more draw from the distribution of ``values`` (at
+    least 2): ``mean +- t(n-1) * s * sqrt(1 + 1/n)``, ``s`` the sample standard deviation."""
+    n = len(values)
+    if n < 2:
+        raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
+    mean = sum(values) / n
+    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    # Between the table's rows, the smaller row's t: the wider, cautious interval.
+    t = _T975[max(k for k in _T975 if k <= n - 1)]
+    half = t * s * math.sqrt(1 + 1 / n)
+    return mean - half, mean + half
+
+
+def interval_text(low, high):
+    """``'95% prediction interval 0.40 to 0.90'``, clipped to accuracies; an interval that
+    holds every accuracy says that it cannot tell anything."""
+    text = '95%% prediction interval %.2f to %.2f' % (max(low, 0.0), min(high, 1.0))
+    if low <= 0.0 and high >= 1.0:
+        text += ', every accuracy: the seeds spread too widely to tell'
+    return text
+
+
+def _spread(values):
+    s = summarize(values)
+    return 'mean %.2f (%.2f-%.2f, %s)' % (s['mean'], s['low'], s['high'], plural(s['n'], 'seed'))
+
+
+def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
+    """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
+    ``setting`` (its words), ``devices``, ``warmup_steps``, ``epoch``, ``seeds``, ``book`` (the
+    book's value or None), a ``summarize`` of each of ``_SUMMARIES`` (the columns of
+    ``format_diagnosis``) and ``by_seed``, each of ``DTYPE_MEASURES`` as ``{seed: value}``
+    (what ``explain`` compares seed by seed)."""
+    rows = []
+    for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
+        by_epoch = table_records(records, n, w, train_limit, test_limit)
+        book = compare.BOOK['training'][n]['test_acc']
+        for e in sorted(by_epoch):
+            rs = by_epoch[e]
+            rows.append({
+                'setting': plural(n, 'device') + (', warmup %d steps' % w if w else ''),
+                'devices': n, 'warmup_steps': w,
+                'epoch': e, 'seeds': sorted(r['seed'] for r in rs),
+                'book': book[e - 1] if e <= len(book) else None,
+                'running0': summarize([r['acc_running'][0] for r in rs]),
+                'running_other': summarize([a for r in rs for a in r['acc_running'][1:]]),
+                'precise': summarize([r['acc_precise_bn'] for r in rs]),
+                'batch': summarize([r['acc_batch_stats'] for r in rs]),
+                'train_acc': summarize([r['train_acc'] for r in rs]),
+                'by_seed': {name: {r['seed']: measure(r) for r in rs}
+                            for name, measure in DTYPE_MEASURES}})
+    return rows
+
+
+# What the bfloat16 rows and a warmup run's sentence compare, seed by seed: the book's measure,
+# then two that a chaotic first epoch moves less (the running statistics lag the weights;
+# docs/book-comparison.md's diagnosis).
+DTYPE_MEASURES = (("device 0 running stats (book's)", lambda r: r['acc_running'][0]),
+                  ('precise BatchNorm', lambda r: r['acc_precise_bn']),
+                  ('train_acc (epoch mean)', lambda r: r['train_acc']))
+
+
+def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
+    """bfloat16 against float32 (docs/precision.md): per device count and epoch that
+    ``bf16_records`` hold and per measure of ``DTYPE_MEASURES``, the values over seeds in both
+    dtypes, each bfloat16 seed judged against float32's 95% prediction interval; rows of cell
+    texts, headed by the titles."""
+    lines = [['setting', 'epoch', 'measure', 'float32', 'bfloat16',
+              'same seeds: bfloat16 - float32', 'bfloat16 against float32\'s spread']]
+    for n in (2, 1):
+        ours = table_records(bf16_records, n, 0, train_limit, test_limit, 'bfloat16')
+        base = table_records(records, n, 0, train_limit, test_limit)
+        for e in sorted(ours):
+            for name, measure in DTYPE_MEASURES:
+                lines.append([plural(n, 'device'), str(e), name] + _beside_float32(
+                    {r['seed']: measure(r) for r in base.get(e, [])},
+                    {r['seed']: measure(r) for r in ours[e]}))
+    return lines
+
+
+def _beside_float32(old, new):
+    """The cells of one bfloat16 row: float32's values ``old`` and bfloat16's ``new`` (each
+    ``{seed: value}``), their same-seed difference and the verdict."""
+    if len(old) < 2:
+        verdict = 'not judged: float32 has %s so far' % plural(len(old), 'seed')
+    else:
+        low, high = prediction_interval(list(old.values()))
+        inside = sum(low <= v <= high for v in new.values())
+        verdict = '%d of %d inside float32\'s %s' % (inside, len(new),
+                                                       interval_text(low, high))
+    change, seeds = _same_seed_change(old, new)
+    return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
+            '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-', verdict]
+
+
+def _same_seed_change(old, new):
+    """The mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}`` hold, and
+    how many those are (``None, 0`` for none)."""
+    both = set(new) & set(old)
+    return (sum(new[k] - old[k] for k in both) / len(both) if both else None), len(both)
+
+
+def _cell_of(summary):
+    if summary is None:
+        return '-'
+    if summary['n'] == 1:
+        return '%.3f' % summary['mean']
+    return '%.3f (%.3f-%.3f)' % (summary['mean'], summary['low'], summary['high'])
+
+
+_SUMMARIES = ('running0', 'running_other', 'precise', 'batch', 'train_acc')
+
+
+_DIAGNOSIS_TITLES = ['setting', 'epoch', 'seeds', "book's test_acc",
+                     'device 0 running stats (book\'s measure)', 'other devices\' running stats',
+                     'precise BatchNorm', 'batch statistics', 'train_acc (epoch mean)']
+
+
+def format_diagnosis(rows):
+    """The diagnosis rows as lists of cell texts, headed by the column titles."""
+    return [_DIAGNOSIS_TITLES] + [
+        [r['setting'], str(r['epoch']), ' '.join(map(str, r['seeds'])),
+         '-' if r['book'] is None else '%.2f' % r['book']] + [_cell_of(r[k]) for k in _SUMMARIES]
+        for r in rows]
+
+
+def old_step_cells(records, old_records, train_limit=None, test_limit=None):
+    """The runs of the book's step beside those of the old one (``training.OLD_STEP``), which
+    divided an epoch's short last batch by its own size: per setting and epoch, cell texts
+    headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
+    run, so epoch 1's change is what one short step taken right before the test does."""
+    lines = [['setting', 'epoch', 'old step: device 0 (book\'s measure)', 'book\'s step',
+              'same seeds: book\'s - old', 'old step: precise BatchNorm', 'book\'s step',
+              'same seeds: book\'s - old']]
+    for n in (1, 2):
+        new = table_records(records, n, 0, train_limit, test_limit)
+        old = table_records(old_records, n, 0, train_limit, test_limit)
+        for e in sorted(set(new) | set(old)):
+            line = [plural(n, 'device'), str(e)]
+            for measure in (lambda r: r['acc_running'][0], lambda r: r['acc_precise_bn']):
+                before = {r['seed']: measure(r) for r in old.get(e, [])}
+                after = {r['seed']: measure(r) for r in new.get(e, [])}
+                change, seeds = _same_seed_change(before, after)
+                line += [compare._mean_low_high(summarize(list(before.values())), 3),
+                         compare._mean_low_high(summarize(list(after.values())), 3),
+                         '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-']
+            lines.append(line)
+    return lines
+
+
+def _markdown_table(lines):
+    def row(cells):
+        return '| ' + ' | '.join(str(c).replace('|', '\\|') for c in cells) + ' |'
+    return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
+
+
+def record_report(records, old_records, bf16_records):
+    """The parts of a report that come from the records alone: ``accuracy``, ``old_step``,
+    ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
+    warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
+    return {'accuracy': compare.accuracy_cells(records, compare.read_gpu_runs()),
+            'old_step': old_step_cells(records, old_records),
+            'diagnosis': diagnosis_rows(records, warmups),
+            'dtypes': dtype_rows(records, bf16_records)}
+
+
+def page_blocks(report):
+    """The generated parts of ``docs/book-comparison.md``, ``{name: Markdown text}``, from a
+    report: ``rows`` (``compare``'s), ``accuracy``, ``old_step``, ``diagnosis``, ``dtypes``,
+    ``cells`` (``compare.chapter_cells``), ``record``, ``date`` and ``mxnet_version``. The
+    page's prose is written by hand around them (``update_page``)."""
+    cells = report['cells']
+    blocks = {'generated': 'Generated by `%s --page` on %s with MXNet %s; %s; the runs are '
+                           'recorded in `%s`.' % (PROG, report['date'], report['mxnet_version'],
+                                                  compare.describe_devices(cells['devices']),
+                                                  report['record'])}
+    blocks['rows'] = '\n'.join(_markdown_table(compare._table(report['rows'])) + [''] +
+                               ['- ' + n for n in compare.notes()])
+    blocks.update({'accuracy': compare.format_accuracy_cells(report['accuracy']),
+                   'old-step': report['old_step'],
+                   'diagnosis': format_diagnosis(report['diagnosis']),
+                   'bf16': report['dtypes']})
+    for name in ('accuracy', 'old-step', 'diagnosis', 'bf16'):
+        blocks[name] = '\n'.join(_markdown_table(blocks[name]))
+    printed = []
+    for i in range(2):
+        printed += ['Out[4], device %d: the book (%s)' % (i, compare.BOOK['devices'][i]), '',
+                    '```', compare.BOOK['out4'][i], '```', '', 'ours (%s)' % cells['devices'][i],
+                    '', '```', compare.format_like_book(cells['outputs'][i]), '```', '']
+    printed += ['Out[5], both devices: the book', '', '```', compare.BOOK['out5'], '```', '']
+    for i in range(2):
+        printed += ['ours (%s)' % cells['devices'][i], '', '```',
+                    compare.format_like_book(cells['weights'][i]), '```', '']
+    blocks['printed'] = '\n'.join(printed).rstrip()
+    return blocks
+
+
+_BLOCK = re.compile(r'(<!-- begin compare: ([\w-]+) -->\n)(.*?)(<!-- end compare: \2 -->)',
+                    re.S)
+
+
+def read_blocks(text):
+    """The generated blocks of a page, ``{name: text}``."""
+    return {m.group(2): m.group(3).rstrip('\n') for m in _BLOCK.finditer(text)}
+
+
+def update_page(text, blocks):
+    """``text`` (the page, or None for a new one) with each generated block replaced by
+    ``blocks[name]``; a new page is the blocks alone, one heading each.
+
+    Raises
+    ------
+    ValueError
+        When the page holds none of the blocks (it is not a page this command writes).
+    """
+    if text is None:
+        text = '# The book, side by side\n' + ''.join(
+            '\n## %s\n\n<!-- begin compare: %s -->\n<!-- end compare: %s -->\n'
+            % (name, name, name) for name in blocks)
+    found = read_blocks(text)
+    if not found:
+        raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
+                         'page whose tables this script fills')
+    def fill(m):
+        new = blocks.get(m.group(2))
+        return m.group(0) if new is None else m.group(1) + new + '\n' + m.group(4)
+    return _BLOCK.sub(fill, text)
+
+
+def fill_notebook_table(source, cells):
+    """``source`` (a Markdown cell) with its table's cells after the first column replaced by
+    ``cells`` (``compare.notebook_table``); the rows' titles stay the notebook's."""
+    lines = source.split('\n')
+    rows = [i for i, line in enumerate(lines) if line.startswith('|')][2:]
+    if len(rows) != len(cells):
+        raise ValueError('the notebook\'s table has %d rows, the records give %d: edit the '
+                         'cell\'s rows first' % (len(rows), len(cells)))
+    for i, values in zip(rows, cells):
+        title = lines[i].strip('|').split('|')[0].strip()
+        lines[i] = '| %s | %s |' % (title, ' | '.join(values))
+    return '\n'.join(lines)
+
+
+def write_page(devices, data_dir=None):
+    """Fill docs/book-comparison.md's tables and the notebooks' from the records; the chapter's
+    cells and the step run again (a few minutes)."""
+    import mxnet as mx
+    import nbformat
+    records = compare.read_records(DEFAULT_RECORD)
+    report = record_report(records, compare.read_records(compare.OLD_STEP_RECORD,
+                                                         step=training.OLD_STEP),
+                           compare.read_records(DEFAULT_BF16_RECORD))
+    cells = compare.chapter_cells(devices)
+    rows = compare.deterministic_rows(cells) + [compare.step_row(devices, data_dir)]
+    report.update(rows=rows + compare.training_rows(devices, records), cells=cells,
+                  record=os.path.relpath(DEFAULT_RECORD, ROOT), mxnet_version=mx.__version__,
+                  date=datetime.date.today().isoformat())
+    with open(PAGE, encoding='utf-8') as f:
+        page = update_page(f.read(), page_blocks(report))
+    with atomic_path(PAGE) as tmp, open(tmp, 'w', encoding='utf-8') as f:
+        f.write(page)
+    for lang, path in NOTEBOOKS.items():
+        nb = nbformat.read(path, as_version=4)
+        [cell] = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
+        cell.source = fill_notebook_table(cell.source,
+                                          compare.notebook_table(report['accuracy'], lang))
+        with atomic_path(path) as tmp:
+            nbformat.write(nb, tmp)
+    return [PAGE] + list(NOTEBOOKS.values())
+
+
+def build_parser():
+    p = cli.Parser(prog=PROG, description='Train the runs of the book\'s accuracy table that '
+                   'are not yet recorded (1 and 2 devices, the book\'s settings, full data, each '
+                   'seed), one epoch at a time, resumable; or, with --page, fill the tables of '
+                   'docs/book-comparison.md and the notebooks from the records.')
+    p.add_argument('--page', action='store_true',
+                   help='train nothing: fill docs/book-comparison.md\'s tables and the '
+                        'notebooks\' accuracy table from the records (default: off)')
+    p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
+                   help='the seeds of the runs (default: 0 1 2)')
+    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
+                   metavar='N',
+                   help='also train epoch 1 of each seed on 2 devices with a linear '
+                        'learning-rate warmup of N steps, as rows of their own (default: none)')
+    p.add_argument('--epochs', type=cli.whole('--epochs'), default=RUN_EPOCHS,
+                   help='epochs per run (default: %d, the book\'s)' % RUN_EPOCHS)
+    p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+                   help='what the runs compute in; bfloat16 runs go to a record of their own '
+                        '(default: float32, the book\'s)')
+    p.add_argument('--record', metavar='PATH',
+                   help='the record to append to (default: docs/book-table.jsonl, or '
+                        'docs/bf16-table.jsonl for bfloat16)')
+    p.add_argument('--work-dir', default=DEFAULT_WORK_DIR, metavar='DIR',
+                   help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
+                        % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))
+    cli.add_device_flag(p)
+    cli.add_data_flags(p)
+    cli.add_debug_flag(p)
+    return p
+
+
+def main(argv=None):
+    """Entry point; returns the exit code (2 for bad input, 1 when a run failed)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
+                           explain=_explain_failure)
+
+
+def _explain_failure(e):
+    from gluon_mgpu.handlers.checkpoint import CheckpointError
+    if isinstance(e, (RunFailed, OutputError)):
+        return 1, cli.error_line(PROG, e)
+    if isinstance(e, (RecordError, CheckpointError)):
+        return 2, cli.error_line(PROG, e)
+    if isinstance(e, KeyboardInterrupt):
+        return (getattr(e, 'exit_code', 130),
+                '%s: %s; the finished epochs are recorded, give the same command again to '
+                'continue' % (PROG, cli.stopped_by(e)))
+    return None
+
+
+def _main(args):
+    from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
+    from gluon_mgpu.devices import format_devices, get_devices
+    from gluon_mgpu.handlers.interrupts import DeferredInterrupt
+    from gluon_mgpu.runtime.precision import check_dtype
+    try:
+        pair = get_devices(2, args.device)
+        find_data_dir(args.data_dir)
+    except (ValueError, DataError, DataNotFoundError) as e:
+        raise cli.UsageError(str(e)) from None
+    if args.page:
+        for path in write_page(pair, args.data_dir):
+            print('wrote', os.path.relpath(path, ROOT))
+        return 0
+    record = args.record or (DEFAULT_BF16_RECORD if args.dtype == 'bfloat16' else DEFAULT_RECORD)
+    problem = output_problem(record)
+    if problem:
+        raise cli.UsageError('--record %s: %s' % (record, problem))
+    compare.read_records(record)  # a bad record stops us before any run
+    problem = work_dir_problem(args.work_dir)
+    if problem:
+        raise cli.UsageError('--work-dir %s: %s; pass a folder you can write to'
+                             % (args.work_dir, problem))
+    if args.dtype == 'bfloat16':
+        try:
+            for line in check_dtype(args.dtype, pair, fix='leave out --dtype bfloat16'):
+                print('warning:', line, flush=True)
+        except ValueError as e:
+            raise cli.UsageError('--dtype bfloat16: %s' % e) from None
+    runs = plan_runs(list(dict.fromkeys(args.seeds)), args.warmup_steps or 0, args.epochs,
+                     args.train_limit, args.test_limit, args.dtype)
+    print('running on:', format_devices(pair), flush=True)
+    with DeferredInterrupt():
+        run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,
+                  progress=lambda line: print(line, flush=True))
+    print('all %d epochs recorded in %s; %s --page fills the page\'s tables'
+          % (sum(r.epochs for r in runs), os.path.relpath(record, ROOT), PROG))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

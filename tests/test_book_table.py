@@ -1,0 +1,415 @@
+"""The book table's runs, records, resumption and page tables (benchmarks/book_table.py, and the
+records' reader in gluon_mgpu.commands.compare)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import mxnet as mx
+import numpy as np
+import pytest
+from mxnet import autograd, init, nd
+
+from gluon_mgpu import data, training
+from gluon_mgpu.commands import compare
+from gluon_mgpu.model import lenet
+from conftest import max_abs_diff
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import book_table  # noqa: E402
+
+
+def _line(**changes):
+    record = {'devices': 2, 'seed': 0, 'warmup_steps': 0, 'epoch': 1, 'batch_size': 512,
+              'lr': 0.2, 'seconds': 900.5, 'images_per_sec': 66.6, 'train_loss': 1.2,
+              'train_acc': 0.55, 'test_acc': 0.49, 'acc_running': [0.49, 0.5],
+              'acc_precise_bn': 0.7, 'acc_batch_stats': 0.72, 'train_limit': None,
+              'test_limit': None, 'step': 'trainer.step(batch_size)'}
+    record.update(changes)
+    return record
+
+
+def _write(path, *records, raw=()):
+    with open(path, 'w') as f:
+        for r in records:
+            f.write(json.dumps(r) + '\n')
+        for line in raw:
+            f.write(line + '\n')
+
+
+def test_plan_runs_orders_the_books_table():
+    runs = book_table.plan_runs([0, 1, 2], warmup_steps=50)
+    assert [r.name for r in runs] == [
+        '2dev-seed0', '2dev-seed1', '2dev-seed2', '2dev-seed0-warmup50', '2dev-seed1-warmup50',
+        '2dev-seed2-warmup50', '1dev-seed0', '1dev-seed1', '1dev-seed2']
+    assert [r.epochs for r in runs] == [4] * 3 + [1] * 3 + [4] * 3
+    assert book_table.plan_runs([7], train_limit=256)[0].name == '2dev-seed7-limit256xall'
+    assert [r.name for r in book_table.plan_runs([0], dtype='bfloat16', epochs=1)] == [
+        '2dev-seed0-bf16', '1dev-seed0-bf16']
+
+
+def test_train_argv_is_the_train_command_with_the_books_defaults():
+    run = book_table.Run(2, 1, 50, 1, 256, None)
+    argv = book_table.train_argv(run, '/w/2dev', 1, resume=True, device='cpu', data_dir='/d')
+    assert argv[0] == sys.executable
+    assert argv[1:] == ['-m', 'gluon_mgpu.train', '--num-gpus', '2', '--seed', '1',
+                        '--epochs', '1', '--checkpoint-dir', '/w/2dev', '--device', 'cpu',
+                        '--resume', '--warmup-steps', '50', '--train-limit', '256',
+                        '--data-dir', '/d']
+    bf16 = run._replace(dtype='bfloat16', warmup_steps=0, train_limit=None)
+    assert book_table.train_argv(bf16, '/w', 1, resume=False)[-2:] == ['--dtype', 'bfloat16']
+
+
+def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
+    path = str(tmp_path / 'rec.jsonl')
+    assert compare.read_records(path) == []
+    book_table.append_record(path, _line())
+    book_table.append_record(path, _line(epoch=2, test_acc=0.6, acc_running=[0.6, 0.61]))
+    book_table.append_record(path, _line())  # retrained from scratch: the same numbers
+    records = compare.read_records(path)
+    assert [r['epoch'] for r in records] == [1, 2]
+    assert records[0] == _line()
+    run = book_table.Run(2, 0, 0, 4, None, None)
+    assert [book_table.recorded(records, run, e) for e in (1, 2, 3)] == [True, True, False]
+    assert not book_table.recorded(records, run._replace(seed=1), 1)
+    # A line without dtype (every line of the book's record) is float32, another run than
+    # bfloat16's.
+    assert compare.record_key(_line())[-1] == 'float32'
+    assert not book_table.recorded([_line(dtype='bfloat16')], run, 1)
+
+
+FIX = r'; fix or delete that line \(the epoch is then trained again\)$'
+
+
+@pytest.mark.parametrize('lines,message', [
+    (['{"devices": 2'], r'rec.jsonl, line 1: not JSON \(.*\); fix or delete that line$'),
+    (['[' * 100000 + ']' * 100000], r'line 1: not JSON \(.*\); fix or delete that line$'),
+    ([json.dumps(_line(test_acc=1.5))], r'line 1: test_acc is 1.5, not number \(>= 0, <= 1\)'
+                                        + FIX),
+    ([json.dumps(_line(seed='0'))], r'line 1: seed is "0", not a whole number from 0 to '
+                                    r'2147483647' + FIX),
+    ([json.dumps(_line(seed=-5))], r'line 1: seed is -5, not a whole number from 0' ),
+    ([json.dumps(_line(epoch=1.0))], r'line 1: epoch is 1.0, not integer \(>= 1\)' + FIX),
+    ([json.dumps(_line(devices=10 ** 400))], r'line 1: devices is a whole number of 401 digits, '
+                                             r'not a whole number from 1 to 1024'),
+    ([json.dumps(_line(acc_running=[0.5]))], r'acc_running holds 1 accuracies for 2 devices'),
+    ([json.dumps(_line(seconds=float('nan')))], r'line 1: seconds is NaN, not number \(> 0\)'),
+    ([json.dumps(_line(dtype='float16'))], r'line 1: dtype is "float16", not "float32" or '
+                                           r'"bfloat16"' + FIX),
+    ([json.dumps(_line()), json.dumps(_line(test_acc=0.3))],
+     r'line 2: epoch 1 of this run is recorded twice with different accuracies \(0.49, then '
+     r'0.3\); keep one of the two lines'),
+    (['[1, 2]'], r'line 1: not a JSON object' + FIX),
+    (['{"seed": 0, "step": "trainer.step(batch_size)"}'], r'line 1: it lacks devices' + FIX),
+])
+def test_a_bad_record_line_is_one_error_naming_the_line(tmp_path, lines, message):
+    path = str(tmp_path / 'rec.jsonl')
+    _write(path, raw=lines)
+    with pytest.raises(compare.RecordError, match=message):
+        compare.read_records(path)
+
+
+def test_a_record_holds_the_runs_of_one_step(tmp_path):
+    path = str(tmp_path / 'rec.jsonl')
+    old = _line()
+    del old['step']  # written before the book's step: trainer.step(X.shape[0])
+    _write(path, _line(), old)
+    with pytest.raises(compare.RecordError) as e:
+        compare.read_records(path)
+    assert str(e.value) == (
+        '%s, line 2: trained with trainer.step(X.shape[0]), not trainer.step(batch_size); a '
+        'record holds the runs of one step only: keep the line in a record of its own (the old '
+        "step's are in docs/book-table-old-step.jsonl)" % path)
+    _write(path, old, old)
+    assert compare.read_records(path, step='trainer.step(X.shape[0])') == [old]
+    # The committed records: the old step's 27 epochs apart from the book's step's.
+    assert len(compare.read_records(compare.OLD_STEP_RECORD,
+                                    step='trainer.step(X.shape[0])')) == 27
+    assert all(r['step'] == 'trainer.step(batch_size)'
+               for r in compare.read_records(compare.DEFAULT_RECORD))
+
+
+def test_the_record_is_never_written_through_a_link_or_to_a_fifo(tmp_path):
+    target = tmp_path / 'not-ours.txt'
+    target.write_text('keep\n')
+    link = tmp_path / 'rec.jsonl'
+    link.symlink_to(target)
+    with pytest.raises(OSError, match='cannot append to the record .*rec.jsonl: .*symbolic link'):
+        book_table.append_record(str(link), _line())
+    assert target.read_text() == 'keep\n'
+    fifo = tmp_path / 'fifo.jsonl'
+    os.mkfifo(fifo)
+    with pytest.raises(compare.RecordError, match='fifo.jsonl is a FIFO'):
+        compare.read_records(str(fifo))
+
+
+def test_summarize():
+    assert compare.summarize([]) is None
+    assert compare.summarize([0.5, 0.25, 1.0]) == {'n': 3, 'mean': 0.5833333333333334,
+                                                   'low': 0.25, 'high': 1.0}
+
+
+def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path,
+                                                                         monkeypatch):
+    """The repair a record error advises (delete the line) trains that epoch again, once."""
+    trained = []
+
+    def train(run, directory, epoch, work_dir, device, data_dir):
+        os.makedirs(directory, exist_ok=True)
+        for e in range(1, epoch + 1):  # the train command leaves a checkpoint per epoch
+            open(os.path.join(directory, 'epoch-%04d.json' % e), 'w').close()
+        trained.append((os.path.basename(directory), epoch))
+
+    def diagnosed(run, directory, epoch, record_path, devices, data_dir):
+        line = _line(devices=run.devices, seed=run.seed, epoch=epoch,
+                     acc_running=[0.5] * run.devices, test_acc=0.5 + epoch / 100)
+        book_table.append_record(record_path, line)
+        return line
+
+    monkeypatch.setattr(book_table, '_train', train)
+    monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
+    record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
+    runs = [book_table.Run(2, 0, 0, 3, None, None)]
+    book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
+    assert trained == [('2dev-seed0', 1), ('2dev-seed0', 2), ('2dev-seed0', 3)]
+    lines = open(record).read().splitlines()
+    # The advised repair: the line of epoch 2 deleted, and a stray line beyond the run's epochs.
+    _write(record, raw=[lines[0], lines[2], json.dumps(_line(epoch=9, acc_running=[0.5, 0.5]))])
+    book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
+    assert trained[3:] == []  # epoch 2's checkpoint is there: diagnosed, not trained
+    epochs = [r['epoch'] for r in compare.read_records(record)]
+    assert sorted(epochs) == [1, 2, 3, 9] and len(epochs) == 4
+    # Without its checkpoint, an epoch whose later ones exist is trained again from the start.
+    os.remove(os.path.join(work, '2dev-seed0', 'epoch-0002.json'))
+    _write(record, raw=open(record).read().splitlines()[:2])  # epochs 1 and 3
+    book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
+    assert trained[3:] == [('2dev-seed0-again', 2)]
+    assert sorted(r['epoch'] for r in compare.read_records(record)) == [1, 2, 3]
+    # The seconds' mean and the table see epochs 1-4 only.
+    table = compare.table_records([_line(epoch=9)], 2)
+    assert table == {}
+
+
+def _script(*args, **kwargs):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'benchmarks', 'book_table.py'),
+                             *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            **kwargs)
+
+
+@pytest.mark.slow
+def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data_dir):
+    """A stopped run keeps its finished epochs and continues where it was."""
+    record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
+    args = ('--seeds', '0', '--epochs', '2', '--train-limit', '256', '--test-limit', '128',
+            '--record', record, '--work-dir', work, '--data-dir', data_dir)
+    first = _script(*args)
+    deadline = time.time() + 600
+    while not (os.path.exists(record) and open(record).read().count('\n') == 1):
+        assert first.poll() is None, first.communicate()
+        assert time.time() < deadline
+        time.sleep(1)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 143, err
+    assert err.splitlines()[-1] == (
+        'benchmarks/book_table.py: terminated (SIGTERM); the finished epochs are recorded, '
+        'give the same command again to continue')
+    [kept] = open(record).read().splitlines()
+
+    second = _script(*args)
+    out, err = second.communicate(timeout=1200)
+    assert second.returncode == 0, err
+    lines = open(record).read().splitlines()
+    assert lines[0] == kept
+    records = compare.read_records(record)
+    assert [(r['devices'], r['epoch']) for r in records] == [(2, 1), (2, 2), (1, 1), (1, 2)]
+    for r in records:
+        assert r['train_limit'] == 256 and r['test_limit'] == 128
+        assert r['step'] == 'trainer.step(batch_size)'
+        assert r['test_acc'] in {k / 128 for k in range(129)}
+        assert len(r['acc_running']) == r['devices']
+        if r['devices'] == 1:
+            # One device: the train command's accuracy is the book's measure.
+            assert r['acc_running'] == [r['test_acc']]
+    assert 'book table: 3 of 4 epochs recorded; training 1dev-seed0-limit256x128 epoch 2' in out
+    assert out.splitlines()[-1] == ('all 4 epochs recorded in %s; benchmarks/book_table.py '
+                                    "--page fills the page's tables"
+                                    % os.path.relpath(record, ROOT))
+    names = os.listdir(os.path.join(work, '2dev-seed0-limit256x128'))
+    assert {'epoch-0001.json', 'epoch-0002.json'} <= set(names)
+
+
+def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, capsys,
+                                                         data_dir):
+    from gluon_mgpu.runtime import precision
+
+    def refuse(dtype, devices, force=False, fix=None):
+        raise ValueError('this CPU cannot; %s' % fix)
+    monkeypatch.setattr(precision, 'check_dtype', refuse)
+    work = tmp_path / 'work'
+    argv = ['--data-dir', data_dir, '--work-dir', str(work)]
+    assert book_table.main(argv + ['--dtype', 'bfloat16', '--record',
+                                   str(tmp_path / 'b.jsonl')]) == 2
+    assert capsys.readouterr().err == ('benchmarks/book_table.py: error: --dtype bfloat16: this '
+                                       'CPU cannot; leave out --dtype bfloat16\n')
+    assert not (tmp_path / 'b.jsonl').exists() and os.listdir(work) == ['logs']
+    bad = tmp_path / 'bad.jsonl'
+    bad.write_text('{"seed": -5}\n')
+    assert book_table.main(argv + ['--record', str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('benchmarks/book_table.py: error: %s, line 1: ' % bad)
+    assert len(err.splitlines()) == 1
+    assert book_table.main(argv + ['--seeds', '-1']) == 2
+    assert 'argument --seeds: --seed must be between 0 and 2147483647, got -1' in \
+        capsys.readouterr().err
+
+
+# The diagnosis: BatchNorm statistics at test time.
+
+@pytest.fixture(scope='module')
+def real_batch():
+    images, labels = data.load_fashion_mnist_arrays('train')
+    return nd.array(data.to_tensor(images[:32])), nd.array(labels[:32], dtype='int32')
+
+
+@pytest.fixture
+def net_and_batch(two_cpus, real_batch):
+    mx.random.seed(4)
+    net = training.new_network('resnet18', hybridize=False)
+    net.initialize(init.Normal(sigma=0.01), ctx=two_cpus)
+    X = real_batch[0][:32]
+    for d in two_cpus:
+        net(X[:1].as_in_context(d))
+    return net, X
+
+
+def test_the_chapters_resnet18_has_17_batch_norm_layers(net_and_batch):
+    assert len(book_table.batch_norm_layers(net_and_batch[0])) == 17
+
+
+def test_reestimated_statistics_are_the_batchs_own(net_and_batch, two_cpus):
+    net, X = net_and_batch
+    with autograd.train_mode():
+        batch_mode = net(X.as_in_context(two_cpus[0]))
+    before = net(X.as_in_context(two_cpus[0]))
+    assert max_abs_diff(before, batch_mode) > 0.1  # fresh running statistics: 0 and 1
+    layers = book_table.batch_norm_layers(net)
+    other = [l.running_mean.data(two_cpus[1]).copy() for l in layers]
+    weights = [p.data(two_cpus[0]).copy() for p in net.collect_params().values()
+               if p.grad_req != 'null']
+    book_table.reestimate_running_stats(net, X, two_cpus[0])
+    # Predict mode now normalizes with the batch's statistics: the same outputs as train mode.
+    assert max_abs_diff(net(X.as_in_context(two_cpus[0])), batch_mode) <= 1e-5
+    assert [l._kwargs['momentum'] for l in layers] == [0.9] * 17
+    first = layers[0].running_mean.data(two_cpus[0]).asnumpy()
+    stem = net[0](X.as_in_context(two_cpus[0])).asnumpy()
+    assert np.allclose(first, stem.mean(axis=(0, 2, 3)), atol=1e-6)
+    # Device 1's copies and every weight stay as they were.
+    for layer, kept in zip(layers, other):
+        assert max_abs_diff(layer.running_mean.data(two_cpus[1]), kept) == 0.0
+    trained = [p for p in net.collect_params().values() if p.grad_req != 'null']
+    assert all(max_abs_diff(p.data(two_cpus[0]), w) == 0.0 for p, w in zip(trained, weights))
+
+
+def test_reestimating_refuses_a_hybridized_network_or_one_without_batch_norm(two_cpus):
+    net = training.new_network('resnet18')
+    with pytest.raises(ValueError, match='is hybridized, so its BatchNorm momentum cannot '
+                                         'change; pass a network that is not'):
+        book_table.reestimate_running_stats(net, nd.zeros((2, 1, 28, 28)), two_cpus[0])
+    with pytest.raises(ValueError, match='holds no nn.BatchNorm'):
+        book_table.reestimate_running_stats(lenet(10), nd.zeros((2, 1, 28, 28)), two_cpus[0])
+
+
+def test_batch_statistics_accuracy_counts_train_mode_predictions(net_and_batch, two_cpus,
+                                                                  real_batch):
+    net, _ = net_and_batch
+    X, y = real_batch[0][:20], real_batch[1][:20]
+    batches = [(X[:10], y[:10]), (X[10:], y[10:])]
+    expected = 0
+    for Xb, yb in batches:
+        with autograd.train_mode():
+            out = net(Xb.as_in_context(two_cpus[0]))
+        expected += int((out.argmax(axis=1).asnumpy() == yb.asnumpy()).sum())
+    assert book_table.evaluate_with_batch_stats(batches, net, two_cpus[0]) == expected / 20
+    with pytest.raises(ValueError, match='yielded no examples'):
+        book_table.evaluate_with_batch_stats([], net, two_cpus[0])
+
+
+# The page's tables.
+
+def _record(devices, seed, epoch, acc, warmup=0, precise=None, batch=None):
+    return _line(devices=devices, seed=seed, epoch=epoch, warmup_steps=warmup, test_acc=acc,
+                 acc_running=[acc] + [acc + 0.01] * (devices - 1),
+                 acc_precise_bn=acc + 0.2 if precise is None else precise,
+                 acc_batch_stats=acc + 0.25 if batch is None else batch, train_acc=0.5)
+
+
+def test_diagnosis_rows_normalize_the_test_accuracy_three_ways():
+    records = [_record(2, s, 1, acc, precise=acc + 0.3, batch=acc + 0.31)
+               for s, acc in enumerate((0.40, 0.50))]
+    records += [_record(2, 0, 1, 0.60, warmup=50, precise=0.70, batch=0.72)]
+    rows = book_table.diagnosis_rows(records, warmup_steps=[50])
+    assert [(r['setting'], r['epoch'], r['seeds']) for r in rows] == [
+        ('2 devices', 1, [0, 1]), ('2 devices, warmup 50 steps', 1, [0])]
+    assert rows[0]['running0'] == {'n': 2, 'mean': pytest.approx(0.45), 'low': 0.40,
+                                   'high': 0.50}
+    assert rows[0]['running_other']['mean'] == pytest.approx(0.46)
+    assert rows[0]['precise']['mean'] == pytest.approx(0.75)
+    assert book_table.format_diagnosis(rows)[1] == [
+        '2 devices', '1', '0 1', '0.77', '0.450 (0.400-0.500)', '0.460 (0.410-0.510)',
+        '0.750 (0.700-0.800)', '0.760 (0.710-0.810)', '0.500 (0.500-0.500)']
+
+
+def test_old_step_cells_put_each_seed_beside_its_old_run():
+    old = [_record(2, s, 1, acc, precise=0.6) for s, acc in enumerate((0.28, 0.49, 0.57))]
+    new = [_record(2, s, 1, acc, precise=0.7) for s, acc in enumerate((0.78, 0.79))]
+    lines = book_table.old_step_cells(new, old)
+    assert lines[0][:3] == ['setting', 'epoch', "old step: device 0 (book's measure)"]
+    # Seeds 0 and 1 in both: (0.78 - 0.28 + 0.79 - 0.49) / 2.
+    assert lines[1:] == [['2 devices', '1', '0.447 (0.280-0.570)', '0.785 (0.780-0.790)',
+                          '+0.400 (2 seeds)', '0.600 (0.600-0.600)', '0.700 (0.700-0.700)',
+                          '+0.100 (2 seeds)']]
+
+
+def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
+    def line(devices, seed, acc, dtype=None):
+        # precise BatchNorm 0.1 above the running statistics, train_acc 0.2 above
+        r = _line(devices=devices, seed=seed, acc_running=[acc] * devices,
+                  acc_precise_bn=acc + 0.1, train_acc=acc + 0.2)
+        return dict(r, dtype=dtype) if dtype else r
+    book = [line(2, 0, 0.49), line(2, 1, 0.57), line(2, 2, 0.53), line(1, 0, 0.76)]
+    bf16 = [line(2, 0, 0.51, 'bfloat16'), line(2, 1, 0.91, 'bfloat16'),
+            line(1, 0, 0.6, 'bfloat16')]
+    rows = book_table.dtype_rows(book, bf16)
+    assert rows[0][2:4] == ['measure', 'float32']
+    assert rows[1] == ['2 devices', '1', "device 0 running stats (book's)",
+                       'mean 0.53 (0.49-0.57, 3 seeds)', 'mean 0.71 (0.51-0.91, 2 seeds)',
+                       '+0.180 (2 seeds)',
+                       # 0.53 +- t(2) 4.303 * s 0.04 * sqrt(1 + 1/3): 0.33 to 0.73
+                       "1 of 2 inside float32's 95% prediction interval 0.33 to 0.73"]
+    assert rows[4][-1] == 'not judged: float32 has 1 seed so far'
+    assert book_table.dtype_rows(book, []) == rows[:1]
+
+
+def test_update_page_fills_the_blocks_and_keeps_the_prose():
+    page = ('# Title\n\nprose\n<!-- begin compare: a -->\nold\n<!-- end compare: a -->\n'
+            'more prose\n<!-- begin compare: b -->\n<!-- end compare: b -->\n')
+    new = book_table.update_page(page, {'a': '| x |', 'b': 'B\nB', 'c': 'unused'})
+    assert new == ('# Title\n\nprose\n<!-- begin compare: a -->\n| x |\n<!-- end compare: a '
+                   '-->\nmore prose\n<!-- begin compare: b -->\nB\nB\n<!-- end compare: b -->\n')
+    assert book_table.read_blocks(new) == {'a': '| x |', 'b': 'B\nB'}
+    assert book_table.update_page(new, {}) == new
+    with pytest.raises(ValueError, match='holds no "<!-- begin compare: NAME -->" block'):
+        book_table.update_page('# a page of mine\n', {'a': 'A'})
+
+
+def test_fill_notebook_table_keeps_the_rows_titles():
+    source = 'text\n\n| | e1 | e2 |\n|---|---|---|\n| book | | |\n| ours | x | y |\nmore'
+    assert book_table.fill_notebook_table(source, [['0.86', '0.91'], ['-', '0.90 (0.89-0.91)']]) \
+        == ('text\n\n| | e1 | e2 |\n|---|---|---|\n| book | 0.86 | 0.91 |\n| ours | - | 0.90 '
+            '(0.89-0.91) |\nmore')
+    with pytest.raises(ValueError, match="the notebook's table has 2 rows, the records give 1"):
+        book_table.fill_notebook_table(source, [['a', 'b']])
