@@ -151,3 +151,70 @@ def test_balance_auto_measures_and_prints_the_split(capsys, data_dir):
     speeds = [float(match.group(1)), float(match.group(2))]
     assert [int(match.group(3)), int(match.group(4))] == \
         gluon_mgpu.parallel.weighted.slice_sizes(16, speeds)
+
+
+# Output that cannot be written (hostile input, round four): cli.run_command.
+
+class _Unwritable:
+    """A stdout whose writes fail as a closed pipe's or a full disk's do, once buffered."""
+
+    def __init__(self, code):
+        self.code, self.buffered = code, ''
+
+    def write(self, text):
+        self.buffered += text
+        if len(self.buffered) > 64:
+            self.flush()
+        return len(text)
+
+    def flush(self):
+        if self.buffered:
+            raise OSError(self.code, os.strerror(self.code))
+
+
+@pytest.mark.parametrize('body', [
+    lambda: print('epoch 1'),                                  # failing at the final flush
+    lambda: [print('x' * 10) for _ in range(20)],              # failing within the body
+    lambda: (print('usage: ...'), sys.exit(0)),                # argparse's --help
+])
+def test_a_closed_pipe_on_stdout_ends_quietly_with_141(body, monkeypatch, capsys):
+    import errno
+    from gluon_mgpu.commands import cli
+    monkeypatch.setattr(sys, 'stdout', _Unwritable(errno.EPIPE))
+    assert cli.run_command('python -m gluon_mgpu.x', [], body) == 141
+    assert capsys.readouterr().err == ''
+
+
+def test_a_full_disk_on_stdout_is_one_line_naming_stdout(monkeypatch, capsys):
+    import errno
+    from gluon_mgpu.commands import cli
+    monkeypatch.setattr(sys, 'stdout', _Unwritable(errno.ENOSPC))
+    assert cli.run_command('python -m gluon_mgpu.x', [], lambda: print('line')) == 1
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.x: error: cannot write to stdout (No space left on device); free '
+        'some space on that disk or write somewhere else\n')
+
+
+def test_what_a_failure_prints_on_a_closed_stdout_ends_quietly_too(monkeypatch, capsys):
+    import errno
+    from gluon_mgpu.commands import cli
+    monkeypatch.setattr(sys, 'stdout', _Unwritable(errno.EPIPE))
+
+    def body():
+        raise cli.UsageError('bad')
+
+    def explain(e):
+        print('the finished rows')  # as the sweep's explain does
+        return 2, 'python -m gluon_mgpu.x: error: bad'
+    assert cli.run_command('python -m gluon_mgpu.x', [], body, explain) == 141
+    assert capsys.readouterr().err == ''
+
+
+def test_a_broken_pipe_elsewhere_is_still_an_unexpected_error(capsys):
+    from gluon_mgpu.commands import cli
+
+    def body():
+        raise BrokenPipeError(32, 'Broken pipe')  # a socket of its own, not stdout
+    assert cli.run_command('python -m gluon_mgpu.x', [], body) == 1
+    assert capsys.readouterr().err.startswith(
+        'python -m gluon_mgpu.x: error: unexpected BrokenPipeError: [Errno 32] Broken pipe')

@@ -3,8 +3,10 @@ flags, value checks and ``run_command``, one stderr line and an exit code for ev
 (docs/outputs.md, "When a command fails").
 """
 import argparse
+import errno
 import math
 import os
+import signal
 import sys
 import traceback
 
@@ -225,16 +227,70 @@ def stopped_by(e):
     return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
 
 
-def run_command(prog, argv, body, explain=None):
-    """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
+class StdoutError(Exception):
+    """Standard output cannot be written: its reader is gone (``errno.EPIPE``, ``head -1``) or
+    the operating system refused the write (``errno.ENOSPC`` for ``>/dev/full``). Not an
+    ``OSError``, so that nothing on the way (argparse's ``--help``) takes it for its own."""
 
-    ``explain(e)``, if given, returns ``(code, line)`` for an exception the command words
-    itself, or None for the default: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1.
-    ``argv`` is read for ``--debug``.
-    """
-    debug = debug_requested(argv)
+    def __init__(self, error):
+        self.errno = error.errno
+        self.strerror = error.strerror or str(error)
+        super().__init__(self.strerror)
+
+
+class _WatchedStdout:
+    """``sys.stdout`` while a command runs: a write or flush that fails raises ``StdoutError``."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        try:
+            return self._stream.write(text)
+        except OSError as e:
+            raise StdoutError(e) from None
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        try:
+            self._stream.flush()
+        except OSError as e:
+            raise StdoutError(e) from None
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _stdout_failed(prog, e, stream, debug):
+    """The exit code for ``StdoutError`` ``e``: a broken pipe ends quietly with 141 (128 +
+    SIGPIPE, what a shell shows for a Unix tool killed by it); any other error is one line."""
+    try:  # what is still buffered goes nowhere, so that Python's flush at exit is quiet too
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, stream.fileno())
+        os.close(fd)
+    except (AttributeError, OSError, ValueError):  # not a file (a test's stream)
+        pass
+    if e.errno == errno.EPIPE:
+        return 128 + signal.SIGPIPE
+    _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
+        e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)
+    return 1
+
+
+def _run_body(prog, body, explain, debug):
     try:
-        return body() or 0
+        try:
+            code = body() or 0
+        except SystemExit:  # argparse's --help: its text reaches stdout, or this says why
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
+    except StdoutError:
+        raise
     except (Exception, KeyboardInterrupt) as e:
         words = explain and explain(e)
         if words is None:
@@ -245,5 +301,27 @@ def run_command(prog, argv, body, explain=None):
             else:
                 words = 1, unexpected(prog, e, debug)
         code, line = words
+        sys.stdout.flush()  # what explain printed (a sweep's finished rows) comes first
         _say(e, line, debug)
         return code
+
+
+def run_command(prog, argv, body, explain=None):
+    """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
+
+    ``explain(e)``, if given, returns ``(code, line)`` for an exception the command words
+    itself, or None for the default: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1.
+    ``argv`` is read for ``--debug``. Standard output that cannot be written ends the command
+    as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``), else with
+    one line naming stdout and 1 (``>/dev/full``), never with a traceback.
+    """
+    debug = debug_requested(argv)
+    stream = sys.stdout
+    sys.stdout = _WatchedStdout(stream)
+    try:
+        return _run_body(prog, body, explain, debug)
+    except StdoutError as e:
+        return _stdout_failed(prog, e, stream, debug)
+    finally:
+        if isinstance(sys.stdout, _WatchedStdout):
+            sys.stdout = stream

@@ -10,7 +10,7 @@ import stat
 import tempfile
 
 __all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
-           'input_problem', 'file_kind']
+           'input_problem', 'file_kind', 'write_hint']
 
 _PROBE_BYTES = 1 << 20
 
@@ -111,6 +111,12 @@ def output_problem(path):
     if not os.access(folder, os.W_OK | os.X_OK):
         return 'folder %s is not writable; choose another folder' % folder
     return None
+
+
+def write_hint(code, default='write somewhere else'):
+    """What to do when a write failed with ``errno`` ``code`` (``'free some space on that
+    disk or write somewhere else'`` for ``errno.ENOSPC``), or ``default``."""
+    return _HINTS.get(code, default)
 
 
 def _os_failure(path, error):
