@@ -1,3 +1,5 @@
+import re
+
 import mxnet as mx
 import pytest
 
@@ -46,3 +48,46 @@ def test_without_a_seed_every_worker_takes_rank_0s():
 
 def test_a_given_seed_is_used_as_it_is():
     assert dist.shared_seed(None, 7) == 7
+
+
+@pytest.mark.parametrize('change,message', [
+    ({'DMLC_PS_ROOT_PORT': '99999'}, "DMLC_PS_ROOT_PORT='99999' is not a TCP port (1 to 65535), "
+                                     "and MXNet would wait for the scheduler on it forever"),
+    ({'DMLC_PS_ROOT_PORT': '0'}, "DMLC_PS_ROOT_PORT='0' is not a TCP port"),
+    ({'DMLC_PS_ROOT_PORT': '9100 '}, "DMLC_PS_ROOT_PORT='9100 ' is not a TCP port"),
+    ({'DMLC_PS_ROOT_PORT': '\u0669\u0661\u0660\u0660'}, 'DMLC_PS_ROOT_PORT=.* is not a TCP port'),
+    ({'DMLC_ROLE': 'boss'}, "DMLC_ROLE='boss' is not one of worker, server, scheduler"),
+    ({'DMLC_ROLE': ''}, "DMLC_ROLE='' is not one of worker, server, scheduler"),
+    ({'DMLC_PS_ROOT_URI': 'a b'}, "DMLC_PS_ROOT_URI='a b' is not a host name or an IP address"),
+    ({'DMLC_PS_ROOT_URI': '-oProxyCommand=x'}, "DMLC_PS_ROOT_URI='-oProxyCommand=x' is not a "
+                                               "host name"),
+    ({'DMLC_PS_ROOT_URI': '10.0.0.256'}, "DMLC_PS_ROOT_URI='10.0.0.256' is not an IPv4 address"),
+    ({'DMLC_NODE_HOST': 'x;y'}, "DMLC_NODE_HOST='x;y' is not a host name"),
+    ({'DMLC_NUM_WORKER': '0'}, "DMLC_NUM_WORKER='0' is not a whole number of 1 or more"),
+    ({'DMLC_NUM_SERVER': '-1'}, "DMLC_NUM_SERVER='-1' is not a whole number of 1 or more"),
+])
+def test_job_env_refuses_ports_hosts_roles_and_counts_mxnet_would_wait_on(change, message):
+    with pytest.raises(ValueError) as e:
+        dist.job_env(dict(JOB, **change))
+    assert re.match(message.replace('(', r'\(').replace(')', r'\)'), str(e.value)), str(e.value)
+    assert str(e.value).endswith('; start the job with python -m gluon_mgpu.launch -n WORKERS '
+                                 '-s SERVERS -- python -m gluon_mgpu.train ..., which sets them')
+
+
+def test_job_env_takes_every_kind_of_host():
+    for uri in ('node-1.example.com', 'node1.', 'fe80::1', '::1', '192.168.0.10', 'n_1'):
+        assert dist.job_env(dict(JOB, DMLC_PS_ROOT_URI=uri))['root'] == '%s:9100' % uri
+    assert dist.job_env(dict(JOB, DMLC_PS_ROOT_PORT='65535'))['root'] == '10.0.0.5:65535'
+
+
+def test_host_and_port_forms():
+    from gluon_mgpu.runtime.hosts import parse_host_port
+    assert parse_host_port('node1', 22) == ('node1', 22)
+    assert parse_host_port('node1:2222', 22) == ('node1', 2222)
+    assert parse_host_port('[fe80::1]:2200', 22) == ('fe80::1', 2200)
+    assert parse_host_port('[fe80::1]', 22) == ('fe80::1', 22)
+    assert parse_host_port('fe80::1', 22) == ('fe80::1', 22)
+    for text in ('a b', '-oProxyCommand=x', '-p', 'user@node', 'node:', 'node:0', 'node:65536',
+                 '[10.0.0.1]:22', '[::1', '[::1]x', 'node:22:33', 'nöde', '-node', 'node-',
+                 'a..b', '.', '', 'x' * 64):
+        assert parse_host_port(text, 22) is None, text

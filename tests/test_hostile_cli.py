@@ -381,3 +381,123 @@ def test_a_params_file_of_random_bytes_is_one_line_without_mxnets_trace(cli_dir,
     line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
     assert line.startswith('%s: error: --resume: %s is not an MXNet parameters file'
                            % (PROG, params)), line
+
+
+# H. Nothing waits forever (round four).
+
+def _job_env(role, port):
+    env = {k: v for k, v in os.environ.items() if not k.startswith('DMLC_')}
+    env.update(DMLC_ROLE=role, DMLC_PS_ROOT_URI='127.0.0.1', DMLC_PS_ROOT_PORT=str(port),
+               DMLC_NUM_SERVER='1', DMLC_NUM_WORKER='1', OMP_NUM_THREADS='1')
+    return env
+
+
+@pytest.mark.parametrize('role', ['worker', 'server', 'scheduler'])
+def test_a_dist_port_out_of_range_is_refused_before_mxnet_waits_on_it(role, data_dir):
+    # MXNet's ps-lite waited forever for port 99999, deaf to Ctrl-C; a server or scheduler
+    # already inside `import mxnet`.
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *TINY, '--data-dir',
+                          data_dir, '--num-gpus', '1', '--kvstore', 'dist_sync'],
+                         capture_output=True, text=True, timeout=120, env=_job_env(role, 99999))
+    assert (run.returncode, run.stdout) == (2, '')
+    assert run.stderr.splitlines()[-1] == (
+        "%s: error: %sDMLC_PS_ROOT_PORT='99999' is not a TCP port (1 to 65535), and MXNet would "
+        "wait for the scheduler on it forever; start the job with python -m gluon_mgpu.launch "
+        "-n WORKERS -s SERVERS -- python -m gluon_mgpu.train ..., which sets them"
+        % (PROG, '--kvstore dist_sync: ' if role == 'worker' else ''))
+    assert 'Traceback' not in run.stderr
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM])
+def test_a_worker_waiting_for_a_scheduler_that_never_answers_stops_on_a_signal(signum,
+                                                                              data_dir):
+    import socket
+    with socket.socket() as scheduler:  # takes the connection, never says a word
+        scheduler.bind(('127.0.0.1', 0))
+        scheduler.listen()
+        scheduler.settimeout(240)
+        port = scheduler.getsockname()[1]
+        run = subprocess.Popen([sys.executable, '-m', 'gluon_mgpu.train', *TINY, '--data-dir',
+                                data_dir, '--num-gpus', '1', '--kvstore', 'dist_sync'],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env=_job_env('worker', port), preexec_fn=_default_signals)
+        try:
+            connection, _ = scheduler.accept()  # the worker is inside MXNet, joining the job
+            time.sleep(1)
+            run.send_signal(signum)
+            out, err = run.communicate(timeout=60)
+            connection.close()
+        finally:
+            run.kill()
+            run.wait()
+    assert run.returncode == 128 + signum
+    what = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'terminated (SIGTERM)'
+    assert _one_line(err) == ('%s: %s while waiting for the other processes of the dist_sync job '
+                              '(its scheduler at 127.0.0.1:%d); nothing was trained'
+                              % (PROG, what, port))
+
+
+def test_a_server_whose_job_never_comes_stops_on_ctrl_c():
+    import socket
+    with socket.socket() as scheduler:  # takes the connection, never says a word
+        scheduler.bind(('127.0.0.1', 0))
+        scheduler.listen()
+        scheduler.settimeout(240)
+        run = subprocess.Popen([sys.executable, '-m', 'gluon_mgpu.train', '--kvstore',
+                                'dist_sync'], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=_job_env('server', scheduler.getsockname()[1]),
+                               preexec_fn=_default_signals)
+        try:
+            connection, _ = scheduler.accept()  # inside `import mxnet`, serving the job
+            time.sleep(1)
+            run.send_signal(signal.SIGINT)
+            out, err = run.communicate(timeout=60)
+            connection.close()
+        finally:
+            run.kill()
+            run.wait()
+    assert (run.returncode, out) == (130, '')
+    assert _one_line(err) == ('%s: interrupted (Ctrl-C) while running as the server of a dist '
+                              'job (DMLC_ROLE=server)' % PROG)
+
+
+# I. Output that cannot be written (round four): as a Unix tool, never a traceback.
+
+# compare's page takes minutes (it reruns the book's step): its --help stands for it.
+COMMANDS = [('train', TINY + ['--epochs', '2']), ('env', []), ('replicas', ['--num-gpus', '2']),
+            ('sweep', ['--num-gpus', '1', '--epochs', '1', '--device', 'cpu',
+                       '--batch-size-per-device', '8', '--train-limit', '16',
+                       '--test-limit', '8']),
+            ('compare', ['--help']), ('launch', ['--help'])]
+
+
+def _command(name, args, data_dir, tmp_path, stdout):
+    extra = ['--data-dir', data_dir] if name in ('train', 'sweep') else []
+    if name == 'sweep':
+        extra += ['--output-dir', str(tmp_path)]
+    return subprocess.run([sys.executable, '-m', 'gluon_mgpu.%s' % name, *args, *extra],
+                          stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=600,
+                          cwd=str(tmp_path))
+
+
+@pytest.mark.parametrize('name,args', COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_stdout_on_a_full_disk_is_one_line_naming_stdout(name, args, data_dir, tmp_path):
+    with open('/dev/full', 'w') as full:
+        run = _command(name, args, data_dir, tmp_path, full)
+    assert run.returncode == 1
+    assert run.stderr.splitlines()[-1] == (
+        'python -m gluon_mgpu.%s: error: cannot write to stdout (No space left on device); free '
+        'some space on that disk or write somewhere else' % name), run.stderr
+    assert 'Traceback' not in run.stderr and 'unexpected' not in run.stderr
+
+
+@pytest.mark.parametrize('name,args', COMMANDS, ids=[c[0] for c in COMMANDS])
+def test_stdout_whose_reader_is_gone_ends_quietly_with_141(name, args, data_dir, tmp_path):
+    read, write = os.pipe()
+    os.close(read)  # `| head -1` after its line: every write is EPIPE
+    try:
+        run = _command(name, args, data_dir, tmp_path, write)
+    finally:
+        os.close(write)
+    assert run.returncode == 141  # 128 + SIGPIPE, as a shell shows for a Unix tool
+    assert 'Traceback' not in run.stderr and 'error' not in run.stderr, run.stderr

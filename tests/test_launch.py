@@ -51,7 +51,10 @@ def _pids(log):
     (['-n', '2', '--host-ip', '10.0.0.1', '--', 'python'],
      r'--host-ip is for jobs over several hosts; add --hostfile FILE, or drop --host-ip'),
     (['-n', '2', '--hostfile', '/nonexistent/hosts', '--', 'python'],
-     r"--hostfile /nonexistent/hosts: \[Errno 2\] No such file or directory"),
+     r"--hostfile /nonexistent/hosts does not exist; name a regular file with one host per "
+     r"line$"),
+    (['-n', '2', '--hostfile', '/dev/null', '--', 'python'],
+     r"--hostfile /dev/null is a character device, not a regular file; name a regular file"),
     (['-n', '2', '--env', 'A-B', '--', 'python'], r"--env A-B: 'A-B' is not a variable name"),
     (['-n', '2', '--port', '70000', '--', 'python'], r'--port 70000 is not a TCP port'),
     (['-n', '2', '--grace', '0', '--', 'python'], r'--grace expects a number of seconds above '
@@ -71,15 +74,92 @@ def test_hostfile_format(tmp_path):
     assert launch.read_hostfile(str(path)) == [('node1', 22), ('10.0.0.2', 2222),
                                                ('node3', 22)]
     path.write_text('node1\nnode2:ssh\n')
-    with pytest.raises(ValueError, match=r'line 2, \'node2:ssh\', is not "host" or '
-                                         r'"host:port"'):
+    with pytest.raises(ValueError, match=r'^line 2, \'node2:ssh\', is not a host name or '
+                                         r'address with an optional :port; write one per line, '
+                                         r'for example node1, node1:2222, 10.0.0.2 or '
+                                         r'\[fe80::1\]:22$'):
         launch.read_hostfile(str(path))
     path.write_text('node1:\u00b2\n')  # a digit to str.isdigit, not to int()
-    with pytest.raises(ValueError, match='line 1, \'node1:\u00b2\', is not "host"'):
+    with pytest.raises(ValueError, match='line 1, \'node1:\u00b2\', is not a host name'):
         launch.read_hostfile(str(path))
     path.write_text('# nothing\n\n')
     with pytest.raises(ValueError, match='no hosts in the file'):
         launch.read_hostfile(str(path))
+
+
+@pytest.mark.parametrize('line', [
+    'a b c', '-oProxyCommand=true', '-p', 'user@node1', 'node1:0', 'node1:65536',
+    'node1:22:33', '[10.0.0.1]:22', '[::1', '10.0.0.256', 'n\u00f6de', 'node1\v', 'node1;id',
+])
+def test_a_hostfile_line_that_is_not_a_host_is_refused_with_file_and_line(line, tmp_path,
+                                                                          capsys):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('node0  # fine\n%s\n' % line)
+    assert launch.main(['-n', '1', '-H', str(hostfile), '--', 'python']) == 2
+    out, err = capsys.readouterr()
+    assert out == ''
+    assert err == ('python -m gluon_mgpu.launch: error: --hostfile %s: line 2, %r, is not a host '
+                   'name or address with an optional :port; write one per line, for example '
+                   'node1, node1:2222, 10.0.0.2 or [fe80::1]:22\n' % (hostfile, line))
+
+
+def test_hosts_and_addresses_with_ports_are_read(tmp_path):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('node-1.example.com.\n[fe80::1]:2200\nfe80::2\n10.0.0.2:22\r\n')
+    assert launch.read_hostfile(str(hostfile)) == [
+        ('node-1.example.com.', 22), ('fe80::1', 2200), ('fe80::2', 22), ('10.0.0.2', 22)]
+    hostfile.write_bytes(b'node1\nnode\xff2\n')
+    with pytest.raises(ValueError, match=r'^line 2 is not UTF-8 text; write one host name or '
+                                         r'address per line$'):
+        launch.read_hostfile(str(hostfile))
+
+
+def test_ssh_reads_the_host_after_double_dash_never_as_an_option():
+    argv = launch.ssh_command('-oProxyCommand=x', 22, {}, '/', ['true'])
+    assert argv[argv.index('--') + 1] == '-oProxyCommand=x'
+    # OpenSSH itself (ssh -G prints its configuration and connects nowhere): before --, such
+    # a host is an option that runs a command; after it, a host name it refuses.
+    if launch.command_problem(['ssh']) is None:
+        def config(*argv):
+            return subprocess.run(['ssh', '-G', '-p', '2222', *argv], capture_output=True,
+                                  text=True, timeout=60)
+        assert 'proxycommand touch x' in config('-oProxyCommand=touch x', 'node').stdout
+        after = config('--', '-oProxyCommand=touch x', 'true')
+        assert 'touch x' not in after.stdout and 'hostname' in after.stderr, after
+
+
+def test_a_fifo_as_hostfile_is_refused_at_once_not_waited_on(tmp_path):
+    fifo = tmp_path / 'hosts'
+    os.mkfifo(fifo)
+    start = time.monotonic()
+    run = subprocess.run([PY, '-m', 'gluon_mgpu.launch', '-n', '1', '-H', str(fifo), '--',
+                          'python'], capture_output=True, text=True, timeout=120)
+    assert (run.returncode, run.stdout) == (2, '')
+    assert run.stderr == ('python -m gluon_mgpu.launch: error: --hostfile %s is a FIFO (named '
+                          'pipe), not a regular file; name a regular file with one host per '
+                          'line\n' % fifo)
+    assert time.monotonic() - start < 100
+
+
+@pytest.mark.parametrize('host_ip,why', [('-oProxyCommand=x', 'is not a host name or an IP '
+                                          'address'), ('10.0.0.999', 'is not an IPv4 address'),
+                                         ('', 'is empty')])
+def test_host_ip_must_be_a_host(host_ip, why, tmp_path, capsys):
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('node1\n')
+    assert launch.main(['-n', '1', '-H', str(hostfile), '--host-ip=%s' % host_ip, '--',
+                        'python']) == 2
+    assert capsys.readouterr().err == (
+        "python -m gluon_mgpu.launch: error: --host-ip %r %s; give this machine's address as "
+        "the other hosts reach it, for example --host-ip 10.0.0.5\n" % (host_ip, why))
+
+
+def test_ctrl_c_before_the_job_starts_is_one_line(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(launch, 'check_job', interrupted)
+    assert launch.main(['-n', '1', '--', 'python']) == 130
+    assert capsys.readouterr() == ('', 'python -m gluon_mgpu.launch: interrupted (Ctrl-C)\n')
 
 
 def test_local_plan_runs_every_role_on_loopback():
@@ -130,10 +210,10 @@ def test_ssh_plan_follows_mxnets_launcher(tmp_path, monkeypatch):
     assert scheduler[2]['DMLC_PS_ROOT_URI'] == '10.0.0.5'
     name, argv, env, host = processes[2]
     assert env is None
-    assert argv[:9] == ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
-                        '-p', '2222', 'beta', argv[8]]
-    assert len(argv) == 9 and argv[8].startswith('sh -c ')
-    script = shlex.split(argv[8])[2]
+    assert argv[:10] == ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes',
+                         '-p', '2222', '--', 'beta', argv[9]]
+    assert len(argv) == 10 and argv[9].startswith('sh -c ')
+    script = shlex.split(argv[9])[2]
     assert script == launch.remote_script(
         {'PYTHONPATH': '/src/my code', 'MXNET_HOME': '/data', 'EXTRA': 'a b',
          'DMLC_NODE_HOST': 'beta', 'DMLC_ROLE': 'server', 'DMLC_PS_ROOT_URI': '10.0.0.5',

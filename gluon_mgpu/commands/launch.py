@@ -11,8 +11,10 @@ import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, error_line, positive_float, whole
-from ..runtime.threads import is_digits, thread_settings
+from .cli import Parser, UsageError, positive_float, run_command, whole
+from ..runtime import files
+from ..runtime.hosts import host_problem, parse_host_port
+from ..runtime.threads import thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
@@ -33,8 +35,9 @@ def build_parser():
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile',
-                   help='file with one ssh host per line, "host" or "host:port" (ssh port, '
-                        'default 22); blank lines and # comments are skipped. Servers and '
+                   help='file with one ssh host per line: a host name or address, with an '
+                        'optional :port (ssh port, default 22; [IPv6]:port); blank lines and '
+                        '# comments are skipped. Servers and '
                         'workers are spread over the hosts round-robin, the scheduler runs '
                         'here (default: everything here, on 127.0.0.1)')
     p.add_argument('--port', type=whole('--port'),
@@ -57,6 +60,8 @@ def parse_args(argv=None):
     """Parse ``OPTIONS -- COMMAND ...``; ``args.command`` is the list after ``--``."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if '--' not in argv:
+        if {'-h', '--help'} & set(argv):
+            build_parser().parse_args(argv)  # prints the help and exits
         raise UsageError('no command: put it after --, for example %s -n 2 -s 1 -- python -m '
                          'gluon_mgpu.train --kvstore dist_sync' % PROG)
     cut = argv.index('--')
@@ -73,13 +78,20 @@ def parse_args(argv=None):
     if args.hostfile is not None:
         try:
             args.hosts = read_hostfile(args.hostfile)
-        except (OSError, ValueError) as e:
+        except files.InputError as e:
+            raise UsageError('--hostfile %s %s; name a regular file with one host per line'
+                             % (args.hostfile, e.reason)) from None
+        except ValueError as e:
             raise UsageError('--hostfile %s: %s' % (args.hostfile, e)) from None
     else:
         args.hosts = None
         if args.host_ip is not None:
             raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, '
                              'or drop --host-ip')
+    if args.host_ip is not None and host_problem(args.host_ip):
+        raise UsageError('--host-ip %r %s; give this machine\'s address as the other hosts '
+                         'reach it, for example --host-ip 10.0.0.5'
+                         % (args.host_ip, host_problem(args.host_ip)))
     for item in args.env:
         name = item.split('=', 1)[0]
         if not name.isidentifier():
@@ -142,18 +154,36 @@ def check_job(args):
 
 
 def read_hostfile(path):
-    """Return ``[(host, ssh_port), ...]`` from a hostfile: ``host`` or ``host:port`` per line."""
+    """Return ``[(host, ssh_port), ...]`` from a hostfile: per line a host name or an address,
+    with an optional ``:port`` (``[IPv6]:port``); blank lines and ``#`` comments are skipped.
+
+    Raises
+    ------
+    files.InputError
+        For a path that is not a readable regular file (a FIFO is refused, not waited on).
+    ValueError
+        For a line that is anything else (a blank inside, a leading ``-``, which ssh would
+        take for an option), naming its number; for a file that is not UTF-8 text or has no
+        host.
+    """
+    with files.open_input(path) as f:
+        data = f.read()
     hosts = []
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            line = line.split('#', 1)[0].strip()
-            if not line:
-                continue
-            host, _, port = line.partition(':')
-            port = port or '22'
-            if not host or not is_digits(port) or not 0 < int(port) < 65536:
-                raise ValueError('line %d, %r, is not "host" or "host:port"' % (number, line))
-            hosts.append((host, int(port)))
+    for number, raw in enumerate(data.split(b'\n'), 1):
+        try:
+            line = raw.decode('utf-8')
+        except UnicodeDecodeError:
+            raise ValueError('line %d is not UTF-8 text; write one host name or address per '
+                             'line' % number) from None
+        line = line.split('#', 1)[0].strip(' \t\r')
+        if not line:
+            continue
+        host = parse_host_port(line, 22)
+        if host is None:
+            raise ValueError('line %d, %r, is not a host name or address with an optional '
+                             ':port; write one per line, for example node1, node1:2222, '
+                             '10.0.0.2 or [fe80::1]:22' % (number, line))
+        hosts.append(host)
     if not hosts:
         raise ValueError('no hosts in the file; write one host (or host:port) per line')
     return hosts
@@ -199,8 +229,9 @@ def remote_script(variables, workdir, command):
 
 
 def ssh_command(host, port, variables, workdir, command):
-    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``)."""
-    return (['ssh'] + list(SSH_OPTIONS) + ['-p', str(port), host,
+    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``); ``--`` ends
+    ssh's options, so that no host is ever read as one."""
+    return (['ssh'] + list(SSH_OPTIONS) + ['-p', str(port), '--', host,
             'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))])
 
 
@@ -250,10 +281,15 @@ def plan(args, environ=None, workdir=None):
     return processes
 
 
-class _Interrupted(Exception):
+class _Interrupted(KeyboardInterrupt):
+    """SIGINT, SIGTERM or SIGHUP while the launcher runs: ``run_job`` stops the job; before it
+    starts, ``run_command`` says so in one line (``signal_name``, ``exit_code``)."""
+
     def __init__(self, signum):
         super().__init__(signum)
         self.signum = signum
+        self.signal_name = signal.Signals(signum).name
+        self.exit_code = 128 + signum
 
 
 def _describe_exit(code):
@@ -364,17 +400,18 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.launch``; returns the exit code."""
-    try:
-        args = parse_args(argv)
-        check_job(args)
-    except UsageError as e:
-        print(error_line(PROG, e), file=sys.stderr)
-        return 2
+    argv = list(sys.argv[1:] if argv is None else argv)
 
     def interrupt(signum, frame):
         raise _Interrupted(signum)
 
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
-            signal.signal(signum, interrupt)  # not under nohup: it ignores SIGHUP on purpose
-    return run_job(plan(args), grace=args.grace)
+    def body():
+        args = parse_args(argv)
+        check_job(args)
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
+                signal.signal(signum, interrupt)  # not under nohup: it ignores SIGHUP on purpose
+        return run_job(plan(args), grace=args.grace)
+
+    # --debug after -- belongs to the command, not to the launcher.
+    return run_command(PROG, argv[:argv.index('--')] if '--' in argv else argv, body)

@@ -5,11 +5,12 @@ import os
 
 import numpy as np
 
-__all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'shared_seed', 'rank_path']
+from ..runtime import startup
+from ..runtime.hosts import JOB_VARIABLES, job_problem
+
+__all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'join', 'shared_seed', 'rank_path']
 
 DIST_KVSTORES = ('dist_sync', 'dist_device_sync')
-JOB_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
-                 'DMLC_NUM_WORKER')
 
 # kvstore key of the shared seed; the Trainer uses keys 0, 1, ... (one per parameter).
 _SEED_KEY = 2 ** 30
@@ -29,23 +30,28 @@ def job_env(environ=None):
     Raises
     ------
     ValueError
-        Naming the missing or malformed variables, and how to start a job.
+        Naming the missing or malformed variable (a role, a host, a port outside 1 to 65535, a
+        count below 1: ``hosts.job_problem``), and how to start a job.
     """
     environ = os.environ if environ is None else environ
-    missing = [v for v in JOB_VARIABLES if not environ.get(v)]
-    if missing:
-        raise ValueError('a dist kvstore needs the job variables %s, which are not set; start '
-                         'the job with python -m gluon_mgpu.launch -n WORKERS -s SERVERS -- '
-                         'python -m gluon_mgpu.train ...' % ', '.join(missing))
-    counts = {}
-    for name in ('DMLC_NUM_WORKER', 'DMLC_NUM_SERVER', 'DMLC_PS_ROOT_PORT'):
-        try:
-            counts[name] = int(environ[name])
-        except ValueError:
-            raise ValueError('%s=%r is not a whole number' % (name, environ[name])) from None
-    return {'role': environ['DMLC_ROLE'], 'num_workers': counts['DMLC_NUM_WORKER'],
-            'num_servers': counts['DMLC_NUM_SERVER'],
-            'root': '%s:%d' % (environ['DMLC_PS_ROOT_URI'], counts['DMLC_PS_ROOT_PORT'])}
+    problem = job_problem(environ)
+    if problem:
+        raise ValueError(problem)
+    return {'role': environ['DMLC_ROLE'], 'num_workers': int(environ['DMLC_NUM_WORKER']),
+            'num_servers': int(environ['DMLC_NUM_SERVER']),
+            'root': '%s:%d' % (environ['DMLC_PS_ROOT_URI'], int(environ['DMLC_PS_ROOT_PORT']))}
+
+
+def join(kvstore, command='gluon_mgpu'):
+    """``mx.kv.create(kvstore)`` for a dist kvstore: join the job, which waits for every other
+    process of it inside MXNet, where Python sees no Ctrl-C. Here SIGINT, SIGTERM and SIGHUP
+    end that wait at once, ``command`` saying so in one line (``startup.interruptible``)."""
+    import mxnet as mx
+    root = job_env()['root']
+    with startup.interruptible(command, 'while waiting for the other processes of the %s job '
+                                        '(its scheduler at %s); nothing was trained'
+                               % (kvstore, root)):
+        return mx.kv.create(kvstore)
 
 
 def shared_seed(kv, seed=None):

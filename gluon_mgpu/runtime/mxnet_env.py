@@ -4,6 +4,7 @@ the fix (docs/devices.md, "Values MXNet would abort on").
 """
 import re
 
+from .hosts import job_problem
 from .threads import thread_limit
 
 __all__ = ['THREAD_COUNTS', 'THREADS_PER_CORE', 'WHOLE_NUMBERS', 'ZERO_CRASHES', 'FLAGS',
@@ -129,7 +130,8 @@ def check_environment(environ, cores=1):
 
     Each value is read as MXNet reads it: by ``dmlc::GetEnv`` in C++ (ASCII digits and blanks
     only; an empty value is unset) or by ``int()`` in its Python code (``PYTHON_WHOLE_NUMBERS``,
-    where an empty value fails).
+    where an empty value fails). For a dist job's server or scheduler, whose ``import mxnet``
+    joins the job, the ``DMLC_*`` variables too (``hosts.job_problem``).
 
     Parameters
     ----------
@@ -175,3 +177,9 @@ def check_environment(environ, cores=1):
         raise ValueError('MXNET_ENGINE_TYPE=%r is not an engine of MXNet 1.9.1, and MXNet fails '
                          'on it; set it to one of %s (names as written), or unset it for the '
                          'default, ThreadedEnginePerDevice' % (engine, ', '.join(ENGINES)))
+    # Any DMLC_ROLE but worker (even an empty one) makes MXNet's import start a dist server or
+    # scheduler, which waits for the job inside C++: a port it cannot reach, forever.
+    if environ.get('DMLC_ROLE', 'worker') != 'worker':
+        problem = job_problem(environ)
+        if problem:
+            raise ValueError(problem)

@@ -1,0 +1,96 @@
+"""Host names, addresses and ports as a ``dist_sync`` job reads them: from a hostfile, from
+``--host-ip`` and from the ``DMLC_*`` variables MXNet's ps-lite reads. ps-lite checks none of
+them (it waits forever for port 99999), and ssh takes a host ``-oProxyCommand=...`` for an
+option, so they are checked here first (docs/distributed.md, "Refused before anything starts").
+Nothing here imports MXNet: a server's ``import mxnet`` already joins the job.
+"""
+import ipaddress
+import re
+
+__all__ = ['JOB_VARIABLES', 'ROLES', 'host_problem', 'port_number', 'parse_host_port',
+           'job_problem']
+
+JOB_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
+                 'DMLC_NUM_WORKER')
+ROLES = ('worker', 'server', 'scheduler')
+
+# RFC 1123 labels (letters, digits, inner hyphens; an inner underscore, as /etc/hosts allows).
+_LABEL = r'[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?'
+_NAME = re.compile(r'%s(?:\.%s)*\.?' % (_LABEL, _LABEL))
+_DIGITS = re.compile(r'[0-9]+')
+
+
+def host_problem(host):
+    """Why ``host`` is not a host name, an IPv4 or an IPv6 address (the phrase after it: ``is
+    not a host name or an IP address``), or None."""
+    if not host:
+        return 'is empty'
+    try:
+        ipaddress.ip_address(host)
+        return None
+    except ValueError:
+        pass
+    if len(host) > 253 or not _NAME.fullmatch(host):
+        return 'is not a host name or an IP address'
+    if re.fullmatch(r'[0-9.]+', host):  # a top-level name is never all digits
+        return 'is not an IPv4 address'
+    return None
+
+
+def port_number(text):
+    """``text`` as a TCP port (ASCII digits, 1 to 65535), or None."""
+    if not _DIGITS.fullmatch(text) or not 0 < int(text) < 65536:
+        return None
+    return int(text)
+
+
+def parse_host_port(text, default_port):
+    """``(host, port)`` from ``host``, ``host:port``, ``[IPv6]``, ``[IPv6]:port`` or a bare IPv6
+    address; None when ``text`` is anything else (a blank inside, a leading ``-``, ...)."""
+    if text.startswith('['):
+        host, bracket, rest = text[1:].partition(']')
+        if not bracket or (rest and not rest.startswith(':')):
+            return None
+        try:
+            if ipaddress.ip_address(host).version != 6:
+                return None
+        except ValueError:
+            return None
+        port = port_number(rest[1:]) if rest else default_port
+        return None if port is None else (host, port)
+    if text.count(':') > 1:  # a bare IPv6 address, no port
+        return (text, default_port) if host_problem(text) is None else None
+    host, colon, port = text.partition(':')
+    port = port_number(port) if colon else default_port
+    if port is None or host_problem(host):
+        return None
+    return host, port
+
+
+def job_problem(environ):
+    """Why the ``DMLC_*`` variables in ``environ`` cannot start a job, as one sentence with the
+    fix, or None: a missing variable, a role that is not one of ``ROLES``, a root that is not
+    a host, a port outside 1 to 65535, a count that is not a whole number from 1."""
+    launch = ('start the job with python -m gluon_mgpu.launch -n WORKERS -s SERVERS -- python '
+              '-m gluon_mgpu.train ..., which sets them')
+    role = environ.get('DMLC_ROLE')
+    if role is not None and role not in ROLES:
+        return 'DMLC_ROLE=%r is not one of %s; %s' % (role, ', '.join(ROLES), launch)
+    missing = [v for v in JOB_VARIABLES if not environ.get(v)]
+    if missing:
+        return ('a dist kvstore needs the job variables %s, which are not set; %s'
+                % (', '.join(missing), launch))
+    for name in ('DMLC_NUM_WORKER', 'DMLC_NUM_SERVER'):
+        value = environ[name]
+        if not _DIGITS.fullmatch(value) or int(value) < 1:
+            return '%s=%r is not a whole number of 1 or more; %s' % (name, value, launch)
+    for name in ('DMLC_PS_ROOT_URI', 'DMLC_NODE_HOST'):
+        value = environ.get(name)
+        problem = value is not None and host_problem(value)
+        if problem:
+            return '%s=%r %s; %s' % (name, value, problem, launch)
+    port = environ['DMLC_PS_ROOT_PORT']
+    if port_number(port) is None:
+        return ('DMLC_PS_ROOT_PORT=%r is not a TCP port (1 to 65535), and MXNet would wait for '
+                'the scheduler on it forever; %s' % (port, launch))
+    return None
