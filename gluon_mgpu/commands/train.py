@@ -397,7 +397,6 @@ def _devices(args):
 def _join_job(args, devices, train_iter):
     """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
     worker's shard and the shared seed; return the kvstore."""
-    import mxnet as mx
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
         share = max(workers * len(devices), args.batch_size // workers * workers)
@@ -414,7 +413,7 @@ def _join_job(args, devices, train_iter):
         kv = horovod.HorovodKVStore()  # joins the job
         shared_seed = horovod.shared_seed
     else:
-        kv = mx.kv.create(args.kvstore)  # joins the job: waits for every process
+        kv = dist.join(args.kvstore, PROG)  # joins the job: waits for every process
         shared_seed = dist.shared_seed
     # From here on, leaving normally would wait for the other workers (see main).
     args.joined = True
