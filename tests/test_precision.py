@@ -20,6 +20,12 @@ from gluon_mgpu.commands.train import main
 TINY = ['--num-gpus', '2', '--batch-size', '16', '--train-limit', '48', '--test-limit', '16',
         '--seed', '0']
 NO_BF16 = {'fpu', 'avx2', 'avx512f', 'avx512bw', 'avx512vl', 'avx512dq'}  # Skylake-SP, say
+BF16 = NO_BF16 | {'avx512_bf16'}  # Cooper Lake, say
+# What oneDNN 2.4 says (DNNL_VERBOSE) on such CPUs.
+NATIVE = {'ok': True, 'error': None,
+          'isa': 'Intel AVX-512 with Intel DL Boost and bfloat16 support'}
+EMULATED = {'ok': True, 'error': None,
+            'isa': 'Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions'}
 HAS_BF16 = bool(devices_mod.cpu_flags() & set(precision.BF16_CPU_FLAGS))
 
 
@@ -46,7 +52,8 @@ def test_cpu_flags_reads_the_flags_line(tmp_path):
 def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():
     cpus = [mx.cpu(0), mx.cpu(1)]
     assert precision.check_dtype('float32', cpus, flags=NO_BF16) == []
-    assert precision.check_dtype('bfloat16', cpus, flags=NO_BF16 | {'amx_bf16'}) == []
+    assert precision.check_dtype('bfloat16', cpus, flags=NO_BF16 | {'amx_bf16'},
+                                 onednn=NATIVE) == []
     with pytest.raises(ValueError, match=r'^this CPU has neither avx512_bf16 nor amx_bf16 in '
                        r'/proc/cpuinfo, so oneDNN would emulate bfloat16, slower than float32; '
                        r'train in float32, or force bfloat16 anyway \(--force-dtype, '
@@ -54,7 +61,8 @@ def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():
         precision.check_dtype('bfloat16', cpus, flags=NO_BF16)
     with pytest.raises(ValueError, match=r'slower than float32; leave it out$'):
         precision.check_dtype('bfloat16', cpus, flags=NO_BF16, fix='leave it out')
-    assert precision.check_dtype('bfloat16', cpus, force=True, flags=NO_BF16) == [
+    assert precision.check_dtype('bfloat16', cpus, force=True, flags=NO_BF16,
+                                 onednn=EMULATED) == [
         'this CPU has neither avx512_bf16 nor amx_bf16 in /proc/cpuinfo, so oneDNN would '
         'emulate bfloat16, slower than float32 (forced)']
     assert precision.check_dtype('bfloat16', [mx.gpu(0)], flags=set()) == [
@@ -63,6 +71,111 @@ def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():
     with pytest.raises(ValueError, match=r"dtype must be one of float32, bfloat16, got "
                                          r"'float16'"):
         precision.check_dtype('float16', cpus)
+
+
+def test_the_probe_reads_what_onednn_and_mxnet_said():
+    out = ('dnnl_verbose,info,oneDNN v2.4.4 (commit 5818c40)\n'
+           'dnnl_verbose,info,cpu,isa:Intel AVX2\n'
+           'dnnl_verbose,exec,cpu,reorder,simple:any,undef,src_f32 dst_bf16,,,2x1x5x5,0.01\n')
+    err = ('Traceback (most recent call last):\n  File "<string>", line 12\n'
+           'mxnet.base.MXNetError: MXNetError: could not create a primitive descriptor '
+           'iterator\n')
+    assert precision.read_probe(1, out, err) == {
+        'ok': False, 'isa': 'Intel AVX2',
+        'error': 'could not create a primitive descriptor iterator'}
+    assert precision.read_probe(0, out + 'gluon_mgpu: bfloat16 ran\n', '') == {
+        'ok': True, 'isa': 'Intel AVX2', 'error': None}
+    assert precision.read_probe(-9, '', '') == {'ok': False, 'isa': None,
+                                                'error': 'exit code -9'}
+
+
+def test_onednn_emulating_bfloat16_is_refused_though_proc_cpuinfo_has_it(monkeypatch):
+    # DNNL_MAX_CPU_ISA=AVX512_CORE on a CPU with avx512_bf16: /proc/cpuinfo says bfloat16,
+    # oneDNN emulates it (docs/bf16.md row (i): 0.36x float32's speed).
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX512_CORE')
+    emulated = ('oneDNN runs with Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions '
+                'here, capped by DNNL_MAX_CPU_ISA=AVX512_CORE, without bfloat16 instructions, '
+                'so it would emulate bfloat16, slower than float32')
+    with pytest.raises(ValueError) as e:
+        precision.check_dtype('bfloat16', [mx.cpu(0)], flags=BF16, onednn=EMULATED)
+    assert str(e.value) == ('%s; unset DNNL_MAX_CPU_ISA, or train in float32, or force bfloat16 '
+                            'anyway (--force-dtype, force_dtype=True)' % emulated)
+    assert precision.check_dtype('bfloat16', [mx.cpu(0)], force=True, flags=BF16,
+                                 onednn=EMULATED) == [emulated + ' (forced)']
+    assert precision.check_dtype('bfloat16', [mx.cpu(0)], flags=BF16, onednn=NATIVE) == []
+
+
+@pytest.mark.parametrize('env,error,why,undo', [
+    ({'DNNL_MAX_CPU_ISA': 'AVX2'}, 'could not create a primitive descriptor iterator',
+     "oneDNN runs with Intel AVX2 here, capped by DNNL_MAX_CPU_ISA=AVX2, and MXNet's oneDNN "
+     'has no bfloat16 convolution below AVX-512', 'unset DNNL_MAX_CPU_ISA, or '),
+    ({'MXNET_MKLDNN_ENABLED': '0'}, 'Unknown type enum 12',
+     'MXNET_MKLDNN_ENABLED=0 turns oneDNN off, and MXNet 1.9.1 has no bfloat16 convolution '
+     'without it', 'unset MXNET_MKLDNN_ENABLED, or '),
+])
+def test_a_step_onednn_cannot_run_is_refused_even_when_forced(env, error, why, undo,
+                                                              monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    isa = 'Intel AVX2' if 'DNNL_MAX_CPU_ISA' in env else None
+    for force in (False, True):
+        with pytest.raises(ValueError) as e:
+            precision.check_dtype('bfloat16', [mx.cpu(0)], force=force, flags=BF16,
+                                  onednn={'ok': False, 'isa': isa, 'error': error})
+        assert str(e.value) == (
+            'a bfloat16 training step, tried in a child process with this environment, '
+            'stopped with %r (%s): training would stop at its first step; %strain in float32'
+            % (error, why, undo))
+
+
+def test_the_probe_runs_only_once_proc_cpuinfo_passed(monkeypatch):
+    monkeypatch.setattr(precision, 'probe_bfloat16', lambda: pytest.fail('probed'))
+    with pytest.raises(ValueError, match='^this CPU has neither avx512_bf16'):
+        precision.check_dtype('bfloat16', [mx.cpu(0)], flags={'avx2'})
+    assert precision.check_dtype('float32', [mx.cpu(0)], flags=BF16) == []
+
+
+def test_the_real_probe_sees_onednn_capped_below_avx512(monkeypatch):
+    # What oneDNN really does under this environment, asked of a child process: here with
+    # its instructions capped at AVX2, as DNNL_MAX_CPU_ISA=AVX2 does on a bfloat16 CPU.
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX2')
+    found = precision.probe_bfloat16()
+    assert found == {'ok': False, 'isa': 'Intel AVX2',
+                     'error': 'could not create a primitive descriptor iterator'}
+    with pytest.raises(ValueError, match=r"stopped with 'could not create a primitive "
+                                         r"descriptor iterator' \(oneDNN runs with Intel AVX2 "
+                                         r"here, capped by DNNL_MAX_CPU_ISA=AVX2, "):
+        precision.check_dtype('bfloat16', [mx.cpu(0)], force=True, flags=BF16)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('env,found', [
+    ({'MXNET_MKLDNN_ENABLED': '0'}, {'ok': False, 'error': 'Unknown type enum 12'}),
+    ({'DNNL_MAX_CPU_ISA': 'SSE41'}, {'ok': False, 'isa': 'Intel SSE4.1',
+                                     'error': 'could not create a primitive descriptor '
+                                              'iterator'}),
+])
+def test_the_real_probe_sees_onednn_off_or_capped_lower(env, found, monkeypatch):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    probed = precision.probe_bfloat16()
+    assert {k: probed[k] for k in found} == found
+
+
+def test_the_train_command_refuses_what_onednn_cannot_run_before_training(monkeypatch, capsys,
+                                                                          data_dir):
+    monkeypatch.setattr(precision, 'cpu_flags', lambda: BF16)
+    monkeypatch.setenv('DNNL_MAX_CPU_ISA', 'AVX2')
+    assert main(['--dtype', 'bfloat16', '--data-dir', data_dir, '--epochs', '1'] + TINY) == 2
+    out, err = capsys.readouterr()
+    assert 'epoch' not in out
+    assert err.splitlines()[-1] == (
+        "python -m gluon_mgpu.train: error: --dtype bfloat16: a bfloat16 training step, tried "
+        "in a child process with this environment, stopped with 'could not create a primitive "
+        "descriptor iterator' (oneDNN runs with Intel AVX2 here, capped by "
+        "DNNL_MAX_CPU_ISA=AVX2, and MXNet's oneDNN has no bfloat16 convolution below AVX-512): "
+        "training would stop at its first step; unset DNNL_MAX_CPU_ISA, or train in float32")
+    assert precision.active_dtype() != 'bfloat16'
 
 
 def test_init_training_checks_the_devices_before_anything(monkeypatch, two_cpus):

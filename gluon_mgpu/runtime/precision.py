@@ -1,11 +1,17 @@
 """bfloat16 training as an option beside the book's float32, through MXNet's AMP. AMP is
 process-wide in MXNet 1.9.1, so ``use_dtype`` guards the switch, and ``check_dtype`` refuses a CPU
-that would only emulate bfloat16. docs/precision.md explains it.
+that would only emulate bfloat16, or on which oneDNN, under the environment in force, cannot run
+it at all (``probe_bfloat16``). docs/precision.md explains it.
 """
+import os
+import re
+import subprocess
+import sys
+
 from ..devices import cpu_flags
 
-__all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'check_dtype', 'use_dtype', 'active_dtype',
-           'init_trainer']
+__all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'check_dtype', 'probe_bfloat16',
+           'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
 
 DTYPES = ('float32', 'bfloat16')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -15,6 +21,25 @@ AVX512_CORE_FLAGS = ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')
 # What this process computes in: None until a network is built through use_dtype.
 _state = {'dtype': None}
 
+# The probe: what training does first in bfloat16 (AMP, a convolution, BatchNorm, a dense layer,
+# forward and backward), with oneDNN saying which instructions it runs with (DNNL_VERBOSE).
+_PROBE = """
+import mxnet as mx
+from mxnet import autograd, gluon, nd
+from mxnet.contrib import amp
+amp.init(target_dtype='bfloat16')
+net = gluon.nn.HybridSequential()
+net.add(gluon.nn.Conv2D(2, 3), gluon.nn.BatchNorm(), gluon.nn.Dense(3))
+net.initialize()
+with autograd.record():
+    y = net(nd.ones((2, 1, 5, 5))).sum()
+y.backward()
+nd.waitall()
+print('gluon_mgpu: bfloat16 ran', flush=True)
+"""
+PROBE_SECONDS = 300
+_probed = {}
+
 
 def _checked(dtype):
     if dtype not in DTYPES:
@@ -23,31 +48,109 @@ def _checked(dtype):
     return dtype
 
 
-def check_dtype(dtype, devices, force=False, flags=None, fix=None):
+def read_probe(returncode, out, err):
+    """What a run of the probe says: ``{'ok': bool, 'isa': str or None, 'error': str or None}``
+    from its exit code, its stdout (oneDNN's verbose lines, ``isa:Intel AVX2``) and stderr (the
+    last MXNet error line, or the last line)."""
+    found = re.findall(r'^dnnl_verbose,info,cpu,isa:(.*)$', out, re.M)
+    ok = returncode == 0 and 'gluon_mgpu: bfloat16 ran' in out
+    error = None
+    if not ok:
+        lines = [line.strip() for line in err.splitlines() if line.strip()]
+        errors = [line for line in lines if re.search(r'\w*Error: ', line)]
+        error = (errors or lines or ['exit code %d' % returncode])[-1]
+        error = re.sub(r'^(\S+\.)?(\w+Error: )+', '', error)[:300]
+    return {'ok': ok, 'isa': found[-1].strip() if found else None, 'error': error}
+
+
+def probe_bfloat16(environ=None, timeout=PROBE_SECONDS):
+    """Train one bfloat16 step of a tiny network in a child process under ``environ`` (default
+    ``os.environ``, the environment in force), as oneDNN will run it here; see ``read_probe``.
+
+    One probe per environment and process: the train command checks twice. A probe that does
+    not end within ``timeout`` seconds is a failure naming it.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    key = tuple(sorted(environ.items()))
+    if key not in _probed:
+        child = dict(environ, DNNL_VERBOSE='1')
+        try:
+            run = subprocess.run([sys.executable, '-c', _PROBE], env=child, timeout=timeout,
+                                 capture_output=True, text=True, errors='replace')
+        except subprocess.TimeoutExpired:
+            return {'ok': False, 'isa': None,
+                    'error': 'the test did not end within %d s' % timeout}
+        _probed[key] = read_probe(run.returncode, run.stdout, run.stderr)
+    return dict(_probed[key])
+
+
+def _onednn_check(found, force, fix, environ):
+    """The refusal of ``probe_bfloat16``'s result ``found``, or whether oneDNN emulates
+    bfloat16 (a note when forced); None when it computes in bfloat16."""
+    isa = found['isa']
+    cap = environ.get('DNNL_MAX_CPU_ISA', '')
+    capped = ', capped by DNNL_MAX_CPU_ISA=%s' % cap if cap else ''
+    if not found['ok']:
+        if environ.get('MXNET_MKLDNN_ENABLED', '').lower() in ('0', 'false'):
+            why = ('MXNET_MKLDNN_ENABLED=%s turns oneDNN off, and MXNet 1.9.1 has no bfloat16 '
+                   'convolution without it' % environ['MXNET_MKLDNN_ENABLED'])
+            undo = 'unset MXNET_MKLDNN_ENABLED'
+        elif isa is not None and 'AVX-512' not in isa:
+            why = ('oneDNN runs with %s here%s, and MXNet\'s oneDNN has no bfloat16 convolution '
+                   'below AVX-512' % (isa, capped))
+            undo = 'unset DNNL_MAX_CPU_ISA' if cap else None
+        else:
+            why = 'oneDNN runs with %s here%s' % (isa, capped) if isa else None
+            undo = 'unset DNNL_MAX_CPU_ISA' if cap else None
+        raise ValueError('a bfloat16 training step, tried in a child process with this '
+                         'environment, stopped with %r%s: training would stop at its first '
+                         'step; %s%s' % (found['error'], ' (%s)' % why if why else '',
+                                         undo + ', or ' if undo else '',
+                                         fix or 'train in float32'))
+    if isa is None or 'bfloat16' in isa:
+        return None
+    why = ('oneDNN runs with %s here%s, without bfloat16 instructions, so it would emulate '
+           'bfloat16, slower than float32' % (isa, capped))
+    if not force:
+        raise ValueError('%s; %s%s' % (why, 'unset DNNL_MAX_CPU_ISA, or ' if cap else '',
+                                       fix or 'train in float32, or force bfloat16 anyway '
+                                              '(--force-dtype, force_dtype=True)'))
+    return '%s (forced)' % why
+
+
+def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
     """Check that ``devices`` can train in ``dtype``; return the notes to show (lines).
+
+    A CPU is asked twice: /proc/cpuinfo first, then oneDNN itself, which a bfloat16 step run in
+    a child process with the environment in force (``probe_bfloat16``, a few seconds) shows:
+    whether it runs at all (not with ``MXNET_MKLDNN_ENABLED=0``, nor below AVX-512, as with
+    ``DNNL_MAX_CPU_ISA=AVX2``) and whether oneDNN's instructions compute in bfloat16 or
+    emulate it (``DNNL_MAX_CPU_ISA=AVX512_CORE`` on a CPU with ``avx512_bf16``).
 
     Parameters
     ----------
     dtype : {'float32', 'bfloat16'}
     devices : list of mxnet.Context
     force : bool, default False
-        Train in bfloat16 on a CPU without bfloat16 instructions anyway (slower than float32).
+        Train in bfloat16 where oneDNN would emulate it anyway (slower than float32).
     flags : set of str, optional
         The CPU's feature flags; default ``devices.cpu_flags()``.
     fix : str, optional
         What a refusal tells the caller to do, after its reason and a ';'; default: train in
         float32 (or force, where forcing would run).
+    onednn : dict, optional
+        What ``probe_bfloat16`` found; default: probe (only once /proc/cpuinfo passed).
 
     Returns
     -------
     list of str
-        One line for a GPU (never run here), one for a forced CPU without ``BF16_CPU_FLAGS``.
+        One line for a GPU (never run here), one for a forced CPU where bfloat16 is emulated.
 
     Raises
     ------
     ValueError
-        For an unknown dtype; bfloat16 on a CPU without bfloat16 instructions unless
-        ``force``; bfloat16 on a CPU without AVX-512 even then.
+        For an unknown dtype; bfloat16 on a CPU where oneDNN would emulate it unless
+        ``force``; bfloat16 where the step fails (no AVX-512, oneDNN off) even then.
     """
     if _checked(dtype) == 'float32':
         return []
@@ -63,13 +166,18 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None):
                              'would stop at its first step; %s'
                              % (' nor '.join(BF16_CPU_FLAGS), ', '.join(AVX512_CORE_FLAGS),
                                 fix or 'train in float32'))
-        if not flags & set(BF16_CPU_FLAGS):
+        emulated = not flags & set(BF16_CPU_FLAGS)
+        if emulated:
             why = ('this CPU has neither %s in /proc/cpuinfo, so oneDNN would emulate '
                    'bfloat16, slower than float32' % ' nor '.join(BF16_CPU_FLAGS))
             if not force:
                 raise ValueError('%s; %s' % (why, fix or 'train in float32, or force bfloat16 '
                                              'anyway (--force-dtype, force_dtype=True)'))
             notes.append('%s (forced)' % why)
+        note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix,
+                             os.environ)
+        if note and not emulated:
+            notes.append(note)
     return notes
 
 
