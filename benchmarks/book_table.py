@@ -36,7 +36,7 @@ from gluon_mgpu.commands.compare import (RUN_EPOCHS, RecordError, record_key,  #
                                          summarize, table_records)
 from gluon_mgpu.commands.env import cpu_model  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
-from gluon_mgpu.handlers.checkpoint_names import list_checkpoints  # noqa: E402
+from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import OutputError, atomic_path, output_problem  # noqa: E402
 
 PROG = 'benchmarks/book_table.py'
@@ -186,14 +186,20 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 
 
 def _restored(directory, record, devices, hybridize):
-    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in
-    the run's dtype."""
+    """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in the
+    run's dtype."""
     from gluon_mgpu.handlers import checkpoint
-    dtype = record['args'].get('dtype', 'float32')
-    net = training.new_network('resnet18', hybridize=hybridize, dtype=dtype)
-    trainer = training.init_training(net, devices, record['args']['lr'], dtype=dtype)
+    args = _settings(record)
+    net = training.new_network('resnet18', hybridize=hybridize, dtype=args.dtype)
+    trainer = training.init_training(net, devices, args.lr, dtype=args.dtype)
     checkpoint.restore(directory, record, net, trainer, devices)
     return net
+
+
+def _settings(record):
+    """The train command's settings of a checkpoint's run (its recorded command line)."""
+    from gluon_mgpu.commands import train
+    return train.parse_args(record['argv'])
 
 
 def batch_norm_layers(net):
@@ -274,10 +280,9 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
     from gluon_mgpu import data
     from gluon_mgpu.handlers import checkpoint
 
-    record = checkpoint.validate_record(checkpoint.read_checkpoint(directory, epoch),
-                                        checkpoint.checkpoint_path(directory, epoch, 'json'))
+    record = checkpoint.read_checkpoint(directory, epoch)
     test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
-    test_iter = data.ArrayBatches(test_x, test_y, record['args']['batch_size'])
+    test_iter = data.ArrayBatches(test_x, test_y, _settings(record).batch_size)
     stats_iter = data.ArrayBatches(test_x, test_y, BATCH_STATS_BATCH)
     images, _ = data.load_fashion_mnist_arrays('train', data_dir)
 

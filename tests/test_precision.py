@@ -301,7 +301,7 @@ print(json.dumps({
         with open(tmp_path / 'full.json') as f:
             metrics = json.load(f)
         assert metrics['arguments']['dtype'] == 'bfloat16'
-        assert checkpoint.read_checkpoint(full)['args']['dtype'] == 'bfloat16'
+        assert '--dtype=bfloat16' in checkpoint.read_checkpoint(full)['argv']
 
         b = run('gluon_mgpu.train', *common, '--epochs', '1', '--checkpoint-dir', cut)
         assert b.returncode == 0, b.stderr

@@ -21,7 +21,10 @@ PROG = 'python -m gluon_mgpu.train'
 JOB_KVSTORES = dist.DIST_KVSTORES + ('horovod',)  # a job of several processes
 KVSTORES = ('device', 'local') + JOB_KVSTORES
 # Flags that are not settings of the run, so a checkpoint does not record them.
-_NOT_RECORDED = ('given', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
+_NOT_RECORDED = ('given', 'argv', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
+# Settings that define a run: continuing with other values would be a different run.
+RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
+                'warmup_steps')
 
 
 def network_name(args):
@@ -156,10 +159,37 @@ def _check_outputs(args):
 
 
 def _given_flags(argv):
-    """The settings given explicitly in ``argv``, as ``{dest: value}``."""
-    parser, absent = build_parser(), object()
+    """The settings given explicitly in ``argv``: ``{dest: value}`` and ``{dest: text}``."""
+    parser, absent, texts = build_parser(), object(), {}
     parser.set_defaults(**dict.fromkeys(vars(parser.parse_args([])), absent))
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
+    for action in parser._actions:
+        if action.type is not None:
+            action.type = _keeping(action.type, action.dest, texts)
+    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
+    return given, {k: t for k, t in texts.items() if k in given}
+
+
+def _keeping(parse, dest, texts):
+    def keep(text):
+        texts[dest] = text
+        return parse(text)
+    return keep
+
+
+def recorded_argv(args):
+    """The run's command line as its checkpoints record it: each setting given (``--flag=text``,
+    in the parser's order), with the seed the run chose; ``parse_args`` reads it back."""
+    line = []
+    for action in build_parser()._actions:
+        dest = action.dest
+        if not action.option_strings or dest in _NOT_RECORDED or dest not in args.given:
+            continue
+        if action.nargs == 0:  # --quiet, --sync-bn, --hybridize / --no-hybridize
+            line.append(action.option_strings[0 if args.given[dest] else -1])
+        else:
+            line.append('%s=%s' % (action.option_strings[0],
+                                   args.texts.get(dest, args.given[dest])))
+    return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
 def parse_args(argv=None):
@@ -168,8 +198,10 @@ def parse_args(argv=None):
     ``args.given`` holds the settings given explicitly (``--resume`` takes the others from the
     checkpoint).
     """
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    args.given = _given_flags(argv)
+    args.given, args.texts = _given_flags(argv)
+    args.argv = argv
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
                          'checkpoints in')
@@ -230,143 +262,68 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
-# Settings a run records that are not flags (parse_args and _run set them).
-_DERIVED = ('num_workers', 'rank')
-
-
-def _shown(value):
-    text = json.dumps(value)
-    return text if len(text) <= 40 else text[:37] + '...'
-
-
-def _refuse_flag(message):
-    raise ValueError(message)
-
-
-def _check_recorded_output(dest, path, json_path):
-    """Refuse a recorded output path that cannot be written (with its .png beside an .svg)."""
-    flag = '--' + dest.replace('_', '-')
-    try:
-        paths = plotting.plot_paths(path) if dest == 'plot' else [path]
-    except ValueError:
-        paths = [path]  # the parser says what is wrong with the name
-    for p in paths:
-        problem = files.output_problem(p)
-        if problem:
-            raise UsageError('--resume: %s records %s %s, which cannot be written: %s; pass %s '
-                             'with another path' % (json_path, flag, p, problem, flag))
-
-
-def check_recorded_args(recorded, json_path, given=()):
-    """Check a checkpoint's recorded ``args`` by parsing them as the same flags.
-
-    Each setting becomes its flag (``"lr": 0.2`` is ``--lr=0.2``, ``null`` leaves it out),
-    parsed alone by ``build_parser``, then all together by ``parse_args``; what they give must
-    be the recorded values, of the same JSON type (docs/checkpoints.md).
-
-    Parameters
-    ----------
-    recorded : dict
-        The ``args`` of the checkpoint's JSON file ``json_path``.
-    json_path : str
-        That file, in the checkpoint folder.
-    given : collection of str
-        Settings given again on the command line: their recorded output paths are not checked.
-
-    Raises
-    ------
-    ValueError
-        One line naming the setting (``args.lr is -1, which the command line refuses (...)``).
-    UsageError
-        A recorded output path that cannot be written.
-    """
-    parser = build_parser()
-    parser.error = _refuse_flag  # argparse's message alone, not the command's line
-    flags = {a.dest: a for a in parser._actions if a.option_strings and
-             a.default is not argparse.SUPPRESS and a.dest not in _NOT_RECORDED}
-    unknown = sorted(set(recorded) - set(flags) - set(_DERIVED))
-    if unknown:
-        raise ValueError('args has unknown setting%s %s' % ('s' if len(unknown) > 1 else '',
-                                                            ', '.join(map(_shown, unknown))))
-    missing = [k for k in list(flags) + list(_DERIVED) if k not in recorded]
-    if missing:
-        raise ValueError('args lacks %s' % ', '.join(missing))
-    if json.dumps(recorded['rank']) != '0':  # rank 0 writes the checkpoints
-        raise ValueError('args.rank is %s, expected 0' % _shown(recorded['rank']))
-    outputs = dict(_OUTPUTS)
-    checked = [dest for dest in flags if not (dest in outputs and dest in given)]
-    argv = ['--checkpoint-dir', os.path.dirname(json_path)]
-    for dest in checked:
-        value, action = recorded[dest], flags[dest]
-        if action.nargs == 0:  # --quiet, --hybridize and --no-hybridize
-            if not isinstance(value, bool):
-                raise ValueError('args.%s is %s, expected true or false' % (dest, _shown(value)))
-            piece = [o for o in action.option_strings if o.startswith('--no-') != value][:1]
-        elif value is None or json.dumps(value) == json.dumps(action.default):
-            piece = []  # as on the command line: --balance even would clash with --device-weights
-        else:
-            text = ','.join(map(str, value)) if isinstance(value, list) else str(value)
-            if '\0' in text:
-                raise ValueError('args.%s is %s, which no command line can give (a NUL '
-                                 'character)' % (dest, _shown(value)))
-            if dest in outputs and isinstance(value, str):
-                _check_recorded_output(dest, value, json_path)
-            piece = ['%s=%s' % (action.option_strings[0], text)]
-        try:
-            parser.parse_args(piece)
-        except ValueError as e:
-            raise ValueError('args.%s is %s, which the command line refuses (%s)'
-                             % (dest, _shown(value), e)) from None
-        argv += piece
-    try:
-        parsed = parse_args(argv)
+def _resume(args):
+    """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
+    recorded command line parsed again, with the flags given now) and the record."""
+    directory = args.checkpoint_dir
+    record = checkpoint.read_checkpoint(directory)
+    path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
+    recorded = record.get('argv')
+    if not (isinstance(recorded, list) and len(recorded) <= 100 and all(
+            isinstance(a, str) and 0 < len(a) <= 4096 and '\0' not in a for a in recorded)):
+        raise checkpoint.CheckpointError(
+            '%s: argv is %s, not a command line; the file was not written by this version of '
+            'gluon_mgpu or was changed: start a new run in an empty --checkpoint-dir'
+            % (path, json.dumps(recorded)[:40]))
+    try:  # the command's own parser is the one check of what the run recorded
+        before = parse_args(recorded + ['--checkpoint-dir', directory])
     except UsageError as e:
-        raise ValueError('the recorded settings are refused by the command line (%s)'
-                         % e) from None
-    # One process, or as many as the job has (a Horovod job resumes with as many as it had).
-    if json.dumps(recorded['num_workers']) != json.dumps(parsed.num_workers):
-        raise ValueError('args.num_workers is %s, expected %s'
-                         % (_shown(recorded['num_workers']), parsed.num_workers))
-    for dest in checked:
-        if json.dumps(getattr(parsed, dest)) != json.dumps(recorded[dest]):
-            raise ValueError('args.%s is %s, which the command line reads as %s'
-                             % (dest, _shown(recorded[dest]), _shown(getattr(parsed, dest))))
-
-
-def check_record(record, json_path, given=()):
-    """``checkpoint.validate_record`` with the settings checked by ``check_recorded_args``."""
-    return checkpoint.validate_record(
-        record, json_path, lambda recorded: check_recorded_args(recorded, json_path, given))
+        raise checkpoint.CheckpointError(
+            '%s records the command line %s, which the command refuses (%s); start a new run in '
+            'an empty --checkpoint-dir' % (path, ' '.join(map(shlex.quote, recorded))[:200],
+                                           str(e).replace(' (see --help)', ''))) from None
+    if record.get('network') != network_name(before):
+        raise checkpoint.CheckpointError(
+            '%s: network is %s, but its command line trains %s; start a new run in an empty '
+            '--checkpoint-dir' % (path, json.dumps(record.get('network'))[:40],
+                                  network_name(before)))
+    changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), args.given[k],
+                                              getattr(before, k))
+               for k in RUN_SETTINGS if k in args.given and args.given[k] != getattr(before, k)]
+    if changed:
+        raise ValueError('cannot continue the run with other settings: %s; leave these flags '
+                         'out (the run\'s values are used) or start a new run in another '
+                         '--checkpoint-dir' % ', '.join(changed))
+    merged = parse_args(recorded + args.argv)  # the flags given now win
+    done = record['epoch']
+    if merged.epochs <= done:
+        raise ValueError(('the run already finished all its %d epochs' % done
+                          if merged.epochs == done else '--epochs %d is fewer than the %d '
+                          'epochs the run already finished' % (merged.epochs, done))
+                         + '; pass --epochs %d or more to train it further' % (done + 1))
+    if before.kvstore != merged.kvstore and {before.kvstore, merged.kvstore} & set(JOB_KVSTORES):
+        raise ValueError('the run in %s trained with --kvstore %s; leave --kvstore out to '
+                         'continue it, or start a new run in another --checkpoint-dir'
+                         % (directory, before.kvstore))
+    if network_name(merged) != record['network']:
+        raise ValueError('the run in %s trained %s, these flags train %s; start a new run in '
+                         'another --checkpoint-dir' % (directory, record['network'],
+                                                       network_name(merged)))
+    merged.given, merged.texts = dict(before.given, **args.given), dict(before.texts,
+                                                                         **args.texts)
+    return merged, record
 
 
 def _prepare_checkpoints(args, write=True):
-    """Check --checkpoint-dir, merge a resumed run's settings into ``args`` and return its
-    record (or None); ``write=False`` for a process that only reads the folder."""
-    directory = args.checkpoint_dir
-    record = None
+    """Check --checkpoint-dir; for --resume merge the run's settings into ``args`` and return
+    its record (else None); ``write=False`` for a process that only reads the folder."""
+    directory, record = args.checkpoint_dir, None
     if args.resume:
-        given = {k: v for k, v in args.given.items() if k not in _NOT_RECORDED}
         try:
-            record = checkpoint.read_checkpoint(directory)
-            check_record(record, checkpoint.checkpoint_path(directory, record['epoch'], 'json'),
-                         given)
-            settings = checkpoint.resume_settings(record, given)
+            merged, record = _resume(args)
         except (checkpoint.CheckpointError, ValueError) as e:
             raise UsageError('--resume: %s' % e) from None
-        kvstores = (record['args'].get('kvstore'), settings.get('kvstore'))
-        if kvstores[0] != kvstores[1] and set(kvstores) & set(JOB_KVSTORES):
-            # A job's run cannot go on in one process, nor the other way round.
-            raise UsageError('--resume: the run in %s trained with --kvstore %s; leave '
-                             '--kvstore out to continue it, or start a new run in another '
-                             '--checkpoint-dir' % (directory, kvstores[0]))
-        for k, v in settings.items():
-            setattr(args, k, v)
-        _check_outputs(args)
-        # --model or --sync-bn given now may name another network than the run trained.
-        if record.get('network') != network_name(args):
-            raise UsageError('--resume: the run in %s trained %s, these flags train %s; start '
-                             'a new run in another --checkpoint-dir'
-                             % (directory, record.get('network'), network_name(args)))
+        vars(args).update(vars(merged))
     else:
         done = checkpoint.list_checkpoints(directory)
         if done:
@@ -375,12 +332,11 @@ def _prepare_checkpoints(args, write=True):
                              'to start a new run' % (directory, done[-1]))
         if args.seed is None:
             args.seed = secrets.randbelow(2 ** 31)
-    if not write:
-        return record
-    try:
-        checkpoint.prepare_dir(directory)
-    except ValueError as e:
-        raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
+    if write:
+        try:
+            checkpoint.prepare_dir(directory)
+        except ValueError as e:
+            raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
     return record
 
 
@@ -477,7 +433,8 @@ def _file_handlers(args, devices, placement=None):
     if args.metrics_json:
         try:
             handlers.append(metrics.MetricsFile(
-                args.metrics_json, {k: v for k, v in vars(args).items() if k != 'given'},
+                args.metrics_json, {k: v for k, v in vars(args).items()
+                                    if k not in ('given', 'texts', 'argv')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
@@ -560,10 +517,9 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
                     record['epoch'], args.epochs,
                     checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                     flush=True)
-        recorded = {k: v for k, v in vars(args).items() if k not in _NOT_RECORDED}
         if args.rank == 0:
             handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
-                'args': recorded, 'data_seed': args.seed, 'network': network_name(args),
+                'argv': recorded_argv(args), 'network': network_name(args),
                 'devices': [str(d) for d in devices]}, resume=record))
         elif record is not None:
             handlers.append(checkpoint.Resume(record))

@@ -8,7 +8,7 @@ import re
 
 __all__ = ['KINDS', 'LOCK_NAME', 'checkpoint_path', 'is_checkpoint_file', 'list_checkpoints']
 
-KINDS = ('params', 'replicas', 'states')
+KINDS = ('params', 'replicas')
 LOCK_NAME = '.lock'
 
 _NAME = re.compile(r'^epoch-(\d{4,})\.json$')
@@ -17,15 +17,15 @@ _TEMP = re.compile(r'^\.epoch-\d{4,}\.\w+\.\w+\.tmp$')
 
 
 def checkpoint_path(directory, epoch, kind):
-    """Return the path of one file of epoch ``epoch``'s checkpoint (``kind``: params, replicas,
-    states or json)."""
+    """Return the path of one file of epoch ``epoch``'s checkpoint (``kind``: params, replicas
+    or json)."""
     return os.path.join(directory, 'epoch-%04d.%s' % (epoch, kind))
 
 
 def is_checkpoint_file(name):
     """Whether a file named ``name`` in a checkpoint folder is the folder's own (a checkpoint
     file, its temporary file, or the lock)."""
-    return bool(re.match(r'^epoch-\d{4,}\.(%s|json)$' % '|'.join(KINDS), name)
+    return bool(re.match(r'^epoch-\d{4,}\.(params|replicas|states|json)$', name)
                 or _TEMP.match(name)) or name == LOCK_NAME
 
 

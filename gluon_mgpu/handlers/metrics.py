@@ -195,7 +195,8 @@ def epoch_problem(entry):
         types = types if isinstance(types, list) else [types]
         kinds = tuple(k for t in types for k in _JSON_TYPES[t])
         ok = isinstance(value, kinds) and not isinstance(value, bool) and (
-            value is None or (abs(value) < 2 ** 63 and math.isfinite(value)
+            value is None or ((abs(value) < 2 ** 63 or isinstance(value, float))
+                              and math.isfinite(value)
                               and value >= rule.get('minimum', value)
                               and value <= rule.get('maximum', value)
                               and value > rule.get('exclusiveMinimum', value - 1)))

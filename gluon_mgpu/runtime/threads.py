@@ -103,13 +103,12 @@ def _recorded_devices(directory):
     try:
         epochs = list_checkpoints(directory)
         with open_input(checkpoint_path(directory, epochs[-1], 'json')) as f:
-            args = json.loads(f.read(1 << 20))['args']
-        count, device = args['num_gpus'], args.get('device', 'auto')
-    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError):
+            argv = json.loads(f.read(1 << 20))['argv']
+        found = dict(a[2:].split('=', 1) for a in argv if a.startswith(('--num-gpus=',
+                                                                        '--device=')))
+    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError, AttributeError):
         return {}
-    if isinstance(count, bool) or not isinstance(count, int) or not isinstance(device, str):
-        return {}
-    return {'--num-gpus': str(count), '--device': device}
+    return {'--' + k: v for k, v in found.items() if isinstance(v, str)}
 
 
 def _read_int(path):
