@@ -157,7 +157,7 @@ def _phased_step(batch, net, loss, devices, finish, laps):
 
     ``split`` and ``copies`` are the two halves of ``split_and_load`` (``split_data``, then
     ``as_in_context`` per slice); then forward and backward on every device, each issued from
-    its own thread as ``train()`` does on CPU devices (``dispatch.train_batch``); then ``finish``:
+    its own thread as ``train()`` does on CPU devices (``training.train_batch_per_device``); then ``finish``:
     ``(phase, f)`` pairs, each called as ``f(batch_size)``.
     """
     X, y = batch
@@ -168,7 +168,7 @@ def _phased_step(batch, net, loss, devices, finish, laps):
     Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
     ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
     laps.lap('copies')
-    # Issued as dispatch.train_batch issues them: each device from its own thread.
+    # Issued as training.train_batch_per_device issues them: each device from its own thread.
     with autograd.record():
         outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
         ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]

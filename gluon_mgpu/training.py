@@ -19,7 +19,7 @@ from .runtime.updates import UpdateError, guard_updates
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
            'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch', 'train_batch',
-           'choose_step', 'check_batch', 'run_epoch', 'train_epoch', 'evaluate_accuracy',
+           'train_batch_per_device', 'choose_step', 'check_batch', 'run_epoch', 'train_epoch', 'evaluate_accuracy',
            'run_epochs', 'train', 'check_batch_size', 'format_epoch', 'LossNotFiniteError',
            'UpdateError']
 
@@ -69,10 +69,27 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch, batch_si
     return ls, outs, ys
 
 
+def train_batch_per_device(net, X, y, loss, trainer, devices, split_f=split_batch,
+                           batch_size=None):
+    """``train_batch``, the same calls in the same order (so the same numbers), each device's
+    issued from a thread of its own (``dispatch.call``): simulated CPU devices then compute side
+    by side, each with its own scratch buffers, as GPUs do (docs/devices.md)."""
+    call = dispatch.call
+    batch_size = X.shape[0] if batch_size is None else batch_size
+    Xs, ys = split_f(X, y, devices)
+    with autograd.record():
+        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
+    for d, l in zip(devices, ls):
+        call(d, l.backward)
+    trainer.step(batch_size)
+    return ls, outs, ys
+
+
 def choose_step(devices):
     """The step ``train()`` runs: ``train_batch``, or on two or more CPU contexts the same step
-    issued from one thread per device (``dispatch.train_batch``, docs/devices.md)."""
-    return dispatch.train_batch if _simulated(devices) else train_batch
+    issued from one thread per device (``train_batch_per_device``, docs/devices.md)."""
+    return train_batch_per_device if _simulated(devices) else train_batch
 
 
 def _simulated(devices):
@@ -244,7 +261,7 @@ def _check_once(X, y, net, where, devices):
             raise ValueError('%s: the network has SyncBatchNorm layers, which wait for each other '
                              'and deadlock when one thread issues the calls of several CPU '
                              'devices; run the step choose_step(devices) returns '
-                             '(dispatch.train_batch), as train() does' % where)
+                             '(train_batch_per_device), as train() does' % where)
         _CHECKED.add(net)
 
 

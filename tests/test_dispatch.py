@@ -106,20 +106,19 @@ def _trained(step, devices, batches, net):
 
 def test_the_per_device_step_is_the_books_step(two_cpus, data_dir):
     # train() on simulated CPU devices issues each device's calls from its own thread
-    # (dispatch.train_batch); elsewhere it runs the book's train_batch. Same calls in the same
+    # (training.train_batch_per_device); elsewhere it runs the book's train_batch. Same calls in the same
     # order: the losses, every parameter and every running statistic on both devices are
     # equal, bit for bit.
     import numpy as np
     from gluon_mgpu import data, training
-    from gluon_mgpu.runtime import dispatch
-    assert training.choose_step(two_cpus) is dispatch.train_batch
+    assert training.choose_step(two_cpus) is training.train_batch_per_device
     assert training.choose_step([two_cpus[0]]) is training.train_batch
     assert training.choose_step([mx.gpu(0), mx.gpu(1)]) is training.train_batch
     train_iter, _ = data.load_data_fashion_mnist(32, data_dir=data_dir, train_limit=96,
                                                  test_limit=8, seed=0)
     batches = list(train_iter)
     runs = [_trained(step, two_cpus, batches, training.new_network('resnet18'))
-            for step in (training.train_batch, dispatch.train_batch)]
+            for step in (training.train_batch, training.train_batch_per_device)]
     (book_losses, book_params), (ours_losses, ours_params) = runs
     assert len(book_losses) == 3
     assert [n for n, _ in book_params] == [n for n, _ in ours_params]
@@ -138,7 +137,6 @@ def test_sync_batch_norm_on_cpu_devices_runs_per_device_and_is_refused_from_one_
     # end with the same running statistics.
     import numpy as np
     from gluon_mgpu import data, training
-    from gluon_mgpu.runtime import dispatch
     train_iter, _ = data.load_data_fashion_mnist(32, data_dir=data_dir, train_limit=64,
                                                  test_limit=8, seed=0)
     batches = list(train_iter)
@@ -147,7 +145,7 @@ def test_sync_batch_norm_on_cpu_devices_runs_per_device_and_is_refused_from_one_
                                          r'choose_step\(devices\) returns'):
         _trained(training.train_batch, two_cpus, batches,
                  training.new_network('resnet18', sync_bn_devices=2))
-    losses, params = _trained(dispatch.train_batch, two_cpus, batches,
+    losses, params = _trained(training.train_batch_per_device, two_cpus, batches,
                               training.new_network('resnet18', sync_bn_devices=2))
     assert len(losses) == 2 and all(np.isfinite(l).all() for ls in losses for l in ls)
     stats = [(n, a) for n, a in params if 'running' in n]

@@ -113,15 +113,15 @@ def test_shown_step_is_the_books_and_the_packages(executed):
     code = _shown(training.train_batch).splitlines()
     assert len(code) <= 12, step
     order = ['split_f(X, y, devices)', 'with autograd.record():', 'net(X_d)', 'loss(out, y_d)',
-             'l.backward()', 'trainer.step(X.shape[0])']
+             'l.backward()', 'trainer.step(batch_size)']
     at = [next(i for i, line in enumerate(code) if text in line) for text in order]
     assert at == sorted(at), step
     assert 'call(' not in '\n'.join(code)
     # On simulated CPU devices train() runs the same calls, issued per device.
-    assert 'dispatch.train_batch' in step
+    assert 'train_batch_per_device' in step
     loop = _result(_cell(executed, 'source-training'))
     assert loop == _shown(training.train_epoch, training.train)
-    assert 'step(net, X, y, loss, trainer, devices, split_f)' in loop
+    assert 'step(net, X, y, loss, trainer, devices, split_f, batch_size)' in loop
     assert 'step = choose_step(devices)' in loop
 
 

@@ -10,7 +10,7 @@ import weakref
 from mxnet import Context, autograd
 from mxnet.gluon import Block
 
-__all__ = ['call', 'train_batch']
+__all__ = ['call']
 
 _THREADS = {}
 _LOCK = threading.Lock()
@@ -114,21 +114,6 @@ def call(device, f, *args):
     if job.error is not None:
         raise job.error
     return job.result
-
-
-def train_batch(net, X, y, loss, trainer, devices, split_f, batch_size=None):
-    """``training.train_batch`` (the same calls in the same order, so the same numbers), each
-    device's calls issued from its own thread; ``training.choose_step`` picks it for simulated
-    CPU devices."""
-    batch_size = X.shape[0] if batch_size is None else batch_size
-    Xs, ys = split_f(X, y, devices)
-    with autograd.record():
-        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
-        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
-    for d, l in zip(devices, ls):
-        call(d, l.backward)
-    trainer.step(batch_size)
-    return ls, outs, ys
 
 
 def _forget_threads():
