@@ -10,7 +10,7 @@ from .runtime.threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
-           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count', 'cpu_flags']
+           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count']
 
 DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
 
@@ -94,18 +94,6 @@ def get_devices(num_gpus, device='auto', warn=True):
 def _count_gpus():
     # get_devices' argument num_gpus hides the function.
     return num_gpus()
-
-
-def cpu_flags(path='/proc/cpuinfo'):
-    """The CPU's feature flags (``path``'s first ``flags`` line) as a set; empty if unreadable."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return set(line.split(':', 1)[1].split())
-    except OSError:
-        pass
-    return set()
 
 
 def format_devices(devices):

@@ -11,8 +11,8 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 
 from .devices import format_devices, try_all_gpus
-from .handlers.events import (EpochLine, Events, LossGuard, LossNotFiniteError, TrainingState,
-                              format_epoch)
+from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, LossNotFiniteError,
+                              TrainingState, format_epoch)
 from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision
 from .runtime.updates import UpdateError, guard_updates
@@ -29,11 +29,6 @@ BATCH_SIZE_PER_DEVICE = 256
 LR_PER_DEVICE = 0.1
 INIT_SIGMA = 0.01
 MODELS = ('resnet18', 'lenet')
-# The update every epoch loop here makes, as the chapter's: the gradients' sum divided by the
-# nominal batch size, also for an epoch's short last batch. Checkpoints and the book table's
-# record name it; up to commit 03b47ec the loop divided by each batch's own size.
-STEP = 'trainer.step(batch_size)'
-OLD_STEP = 'trainer.step(X.shape[0])'
 
 
 

@@ -75,6 +75,40 @@ def test_no_module_imports_one_that_imports_it_back():
                              'gluon_mgpu.training']
 
 
+# The package's layers, lowest first: a module imports modules of its own layer or below only.
+# Above them: the entry files (gluon_mgpu/train.py, ..., replicas/__main__.py) and __init__.
+LAYERS = (('runtime',), ('devices', 'data', 'model'), ('handlers',), ('training',),
+          ('replicas', 'parallel'), ('commands',))
+
+
+def _layer(name):
+    parts = name.split('.')
+    if len(parts) > 1 and parts[-1] != '__main__':
+        for i, names in enumerate(LAYERS):
+            if parts[1] in names:
+                return i
+    return len(LAYERS)
+
+
+def test_no_module_imports_one_from_a_layer_above_it():
+    mods = _modules()
+    upward = sorted((m, n) for m, p in mods.items() for n in _imports(m, p, mods)
+                    if _layer(n) > _layer(m))
+    assert upward == []
+    # The rule finds one (handlers/checkpoint.py imported training.network_name).
+    assert _layer('gluon_mgpu.handlers.checkpoint') < _layer('gluon_mgpu.training')
+    assert _layer('gluon_mgpu.train') == _layer('gluon_mgpu.replicas.__main__') == len(LAYERS)
+
+
+def test_no_command_module_imports_another():
+    mods = _modules()
+    commands = [m for m in mods if m.startswith('gluon_mgpu.commands.')]
+    shared = 'gluon_mgpu.commands.cli'  # what they share
+    assert {m: sorted(n for n in _imports(m, mods[m], mods)
+                      if n.startswith('gluon_mgpu.commands.') and n != shared)
+            for m in commands} == dict.fromkeys(commands, [])
+
+
 def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
     top = sorted(f for f in os.listdir(PACKAGE) if not f.startswith(('_', '.')))
     assert top == ['commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',

@@ -12,7 +12,7 @@ import sys
 import mxnet as mx
 import pytest
 
-from gluon_mgpu import devices as devices_mod, training
+from gluon_mgpu import training
 from gluon_mgpu.handlers import checkpoint
 from gluon_mgpu.runtime import precision
 from gluon_mgpu.commands.train import main
@@ -26,7 +26,7 @@ NATIVE = {'ok': True, 'error': None,
           'isa': 'Intel AVX-512 with Intel DL Boost and bfloat16 support'}
 EMULATED = {'ok': True, 'error': None,
             'isa': 'Intel AVX-512 with AVX512BW, AVX512VL, and AVX512DQ extensions'}
-HAS_BF16 = bool(devices_mod.cpu_flags() & set(precision.BF16_CPU_FLAGS))
+HAS_BF16 = bool(precision.cpu_flags() & set(precision.BF16_CPU_FLAGS))
 
 
 def run(module, *args, timeout=900):
@@ -45,8 +45,8 @@ def child(code, timeout=600):
 def test_cpu_flags_reads_the_flags_line(tmp_path):
     info = tmp_path / 'cpuinfo'
     info.write_text('processor\t: 0\nflags\t\t: fpu avx512f avx512_bf16\n\nflags\t: other\n')
-    assert devices_mod.cpu_flags(str(info)) == {'fpu', 'avx512f', 'avx512_bf16'}
-    assert devices_mod.cpu_flags(str(tmp_path / 'missing')) == set()
+    assert precision.cpu_flags(str(info)) == {'fpu', 'avx512f', 'avx512_bf16'}
+    assert precision.cpu_flags(str(tmp_path / 'missing')) == set()
 
 
 def test_check_dtype_refuses_bfloat16_on_a_cpu_without_it_unless_forced():

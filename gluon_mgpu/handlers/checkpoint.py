@@ -19,10 +19,9 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from .. import training
 from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
-from .events import PRIORITY, EpochEnd, TrainBegin
+from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem
 from ..runtime.files import InputError, atomic_path, open_input
 from ..runtime.updates import one_line
@@ -35,7 +34,7 @@ FORMAT = 'gluon_mgpu checkpoint 4'
 # Older formats, refused with the last commit that resumes them.
 _OLDER = {'gluon_mgpu checkpoint 1': ('84e04e4', 'format 1, whose optimizer state is a pickle'),
           'gluon_mgpu checkpoint 2': ('03b47ec', 'format 2, trained with the old step %s'
-                                      % training.OLD_STEP),
+                                      % OLD_STEP),
           'gluon_mgpu checkpoint 3': ('452e568', 'format 3, with an optimizer state file')}
 JSON_LIMIT = 64 << 20  # bytes; a history of a thousand epochs is about 200 kB
 
@@ -175,7 +174,7 @@ def save_checkpoint(directory, epoch, net, trainer, info):
             replicas.update(('%s@%d' % (name, i), c.copyto(mx.cpu())) for i, c in enumerate(copies))
     files['replicas'] = _write(checkpoint_path(directory, epoch, 'replicas'),
                                lambda tmp: nd.save(tmp, replicas))
-    record = dict(info, format=FORMAT, step=training.STEP, epoch=epoch, files=files,
+    record = dict(info, format=FORMAT, step=STEP, epoch=epoch, files=files,
                   optimizer={'lr': trainer.learning_rate,
                              'num_update': trainer._optimizer.num_update})
     text = json.dumps(record, indent=1, sort_keys=True, allow_nan=False) + '\n'
@@ -244,7 +243,7 @@ def read_checkpoint(directory, epoch=None):
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % (path, what, commit))
     if not isinstance(record, dict) or record.get('format') != FORMAT \
-            or record.get('step') != training.STEP or record.get('epoch') != epoch \
+            or record.get('step') != STEP or record.get('epoch') != epoch \
             or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s'
                               % (path, FORMAT, epoch, _fix(directory, epoch)))

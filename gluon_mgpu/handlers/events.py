@@ -7,9 +7,15 @@ import math
 from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, EpochBegin,
                                                          EpochEnd, TrainBegin, TrainEnd)
 
-__all__ = ['TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
+__all__ = ['STEP', 'OLD_STEP', 'TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
            'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
            'LinearWarmup', 'format_epoch', 'PRIORITY']
+
+# The update every epoch loop of the package makes, as the chapter's: the gradients' sum divided
+# by the nominal batch size, also for an epoch's short last batch. Checkpoints and the book
+# table's record name it; up to commit 03b47ec the loop divided by each batch's own size.
+STEP = 'trainer.step(batch_size)'
+OLD_STEP = 'trainer.step(X.shape[0])'
 
 _KINDS = (('train_begin', TrainBegin), ('epoch_begin', EpochBegin),
           ('batch_begin', BatchBegin), ('batch_end', BatchEnd), ('epoch_end', EpochEnd),

@@ -8,10 +8,9 @@ import re
 import subprocess
 import sys
 
-from ..devices import cpu_flags
 
-__all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'check_dtype', 'probe_bfloat16',
-           'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
+__all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'cpu_flags', 'check_dtype',
+           'probe_bfloat16', 'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
 
 DTYPES = ('float32', 'bfloat16')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
@@ -39,6 +38,18 @@ print('gluon_mgpu: bfloat16 ran', flush=True)
 """
 PROBE_SECONDS = 300
 _probed = {}
+
+
+def cpu_flags(path='/proc/cpuinfo'):
+    """The CPU's feature flags (``path``'s first ``flags`` line) as a set; empty if unreadable."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith('flags'):
+                    return set(line.split(':', 1)[1].split())
+    except OSError:
+        pass
+    return set()
 
 
 def _checked(dtype):
@@ -134,7 +145,7 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
     force : bool, default False
         Train in bfloat16 where oneDNN would emulate it anyway (slower than float32).
     flags : set of str, optional
-        The CPU's feature flags; default ``devices.cpu_flags()``.
+        The CPU's feature flags; default ``cpu_flags()``.
     fix : str, optional
         What a refusal tells the caller to do, after its reason and a ';'; default: train in
         float32 (or force, where forcing would run).
