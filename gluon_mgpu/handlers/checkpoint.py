@@ -45,8 +45,8 @@ class CheckpointError(RuntimeError):
 
 
 class _Lock:
-    def __init__(self, fd):
-        self._fd = fd
+    def __init__(self, path, fd):
+        self.path, self._fd = path, fd
 
     def release(self):
         if self._fd is not None:
@@ -96,7 +96,7 @@ def lock_dir(directory):
         raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, b'%d\n' % os.getpid(), 0)
-    return _Lock(fd)
+    return _Lock(path, fd)
 
 
 def prepare_dir(directory):
@@ -200,13 +200,17 @@ def _not_ours(path, what):
                            'changed: start a new run in an empty --checkpoint-dir' % (path, what))
 
 
+def _refuse_constant(name):
+    raise ValueError('%s is not a number JSON allows' % name)
+
+
 def _read_json(path, directory, epoch):
     try:
         with open_input(path) as f:
             raw = f.read(JSON_LIMIT + 1)
         if len(raw) > JSON_LIMIT:
             raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
-        return json.loads(raw.decode('utf-8'), parse_constant=lambda name: float('nan'))
+        return json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
     except InputError as e:
         reason = e.reason
     except (OSError, ValueError, RecursionError) as e:
@@ -271,7 +275,7 @@ def _verified(directory, record, kind):
     json_path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     name = os.path.basename(checkpoint_path(directory, epoch, kind))
     if not (isinstance(entry, dict) and entry.get('name') == name
-            and isinstance(entry.get('bytes'), int) and 0 <= entry['bytes'] < 2 ** 40
+            and type(entry.get('bytes')) is int and 0 <= entry['bytes'] < 2 ** 40
             and re.fullmatch(r'[0-9a-f]{64}', str(entry.get('sha256')))):
         raise CheckpointError('%s has no valid entry for its .%s file; %s' % (json_path, kind, fix))
     path = os.path.join(directory, name)
