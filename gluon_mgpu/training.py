@@ -14,7 +14,7 @@ from .devices import format_devices, try_all_gpus
 from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, LossNotFiniteError,
                               TrainingState, format_epoch)
 from .model import lenet, resnet18, sync_batch_norm
-from .runtime import dispatch, precision
+from .runtime import dispatch, precision, startup
 from .runtime.updates import UpdateError, guard_updates
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
@@ -164,7 +164,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
                            'in %s; build the network with new_network(..., dtype=%r)'
                            % (dtype, active or 'float32', dtype))
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
-        kvstore = mx.kv.create(kvstore)  # joins the job: waits for all its processes
+        kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
     if isinstance(kvstore, mx.kv.KVStoreBase) and kvstore.num_workers > 1:
         params['rescale_grad'] = 1.0 / kvstore.num_workers  # dist_sync, Horovod
@@ -222,6 +222,11 @@ def check_batch(X, y, net, where='the first batch'):
         raise ValueError('%s: X has %d channels (shape %s), but the network\'s first layer takes '
                          '%d; pass images with %d channels' % (where, X.shape[1], X.shape,
                                                                channels, channels))
+    pixels = X.asnumpy()
+    if not np.isfinite(pixels).all():
+        image = int(np.argwhere(~np.isfinite(pixels))[0][0])
+        raise ValueError('%s: X holds NaN or infinite values (image %d of the batch); pass '
+                         'images of finite values, such as ToTensor\'s 0 to 1' % (where, image))
     if y.ndim != 1:
         raise ValueError('%s: y has shape %s, but labels must be 1-D, one class index per image; '
                          'flatten them, for example y.reshape((-1,))' % (where, y.shape))

@@ -374,17 +374,20 @@ def test_a_run_killed_mid_epoch_resumes_to_bit_equal_parameters(tmp_path, data_d
 
 def test_ctrl_c_stops_keeps_the_checkpoint_and_prints_the_resume_command(tmp_path, data_dir):
     directory = str(tmp_path / 'ck dir')
-    proc = _start(directory, '--data-dir', data_dir)
+    proc = subprocess.Popen(_cli(*TINY, '--epochs', '1000', '--checkpoint-dir', directory,
+                                 '--data-dir', data_dir),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     _wait_for(checkpoint.checkpoint_path(directory, 1, 'json'), proc)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    assert proc.returncode == 130, err
     assert 'Traceback' not in err
+    done = checkpoint.list_checkpoints(directory)
+    assert done == list(range(1, done[-1] + 1))
     assert err.splitlines()[-1] == (
-        "python -m gluon_mgpu.train: interrupted (Ctrl-C); the checkpoint of epoch 1 in %s is "
+        "python -m gluon_mgpu.train: interrupted (Ctrl-C); the checkpoint of epoch %d in %s is "
         "complete; to resume: python -m gluon_mgpu.train --checkpoint-dir '%s' --resume"
-        % (directory, directory))
-    assert checkpoint.list_checkpoints(directory) == [1]
+        % (done[-1], directory, directory))
     assert checkpoint.read_checkpoint(directory)['history'][0]['epoch'] == 1
     assert [n for n in os.listdir(directory) if n.startswith('.')] == ['.lock']  # kept
 
@@ -516,7 +519,8 @@ def test_cli_refuses_a_checkpoint_of_another_program(cli_dir, capsys):
 
 
 @pytest.mark.parametrize('argv,reason', [
-    (['--num-gpus=2', '--lr=-1'], 'argument --lr: --lr expects a learning rate above 0, got -1'),
+    (['--num-gpus=2', '--lr=-1'], "argument --lr: --lr must be a finite number above 0, got "
+                                  "'-1'"),
     (['--num-gpus=2', '--epochs=1.0'], "argument --epochs: --epochs expects a whole number, got "
                                        "'1.0'"),
     (['--num-gpus=%d' % 10 ** 400], 'argument --num-gpus: --num-gpus'),

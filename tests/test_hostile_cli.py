@@ -280,7 +280,7 @@ def test_a_file_size_limit_while_checkpointing_is_named_and_leaves_no_half_file(
                     '(ulimit -f) or write somewhere else; %s holds no checkpoint yet; run the '
                     'same command again to start over'
                     % (PROG, checkpoint.checkpoint_path(directory, 1, 'params'), directory))
-    assert sorted(os.listdir(directory)) == []
+    assert sorted(os.listdir(directory)) == ['.lock']  # no half file; the lock's file stays
 
 
 # E. Signals and start-up.
@@ -380,8 +380,10 @@ def test_a_params_file_of_random_bytes_is_one_line_without_mxnets_trace(cli_dir,
     _edit_json(cli_dir, lambda r: r['files']['params'].update(
         sha256=hashlib.sha256(junk).hexdigest()))
     line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
-    assert line.startswith('%s: error: --resume: %s is not an MXNet parameters file'
+    assert line.startswith('%s: error: --resume: %s is not an MXNet array file ('
                            % (PROG, params)), line
+    assert 'Traceback' not in line and line.endswith('; start a new run in an empty '
+                                                     '--checkpoint-dir'), line
 
 
 # H. Nothing waits forever (round four).
@@ -502,3 +504,91 @@ def test_stdout_whose_reader_is_gone_ends_quietly_with_141(name, args, data_dir,
         os.close(write)
     assert run.returncode == 141  # 128 + SIGPIPE, as a shell shows for a Unix tool
     assert 'Traceback' not in run.stderr and 'error' not in run.stderr, run.stderr
+
+
+# Round four (issue 33): no traceback for bad input, whatever its size or shape; refused before
+# training means before training; NaN is reported wherever it enters.
+
+_BIG = '1' + '0' * 400
+
+
+@pytest.mark.parametrize('flag', ['--warmup-steps', '--num-gpus', '--batch-size', '--epochs',
+                                  '--micro-batches', '--check-replicas', '--train-limit'])
+def test_a_number_of_400_digits_is_one_line(flag, capsys, data_dir):
+    line = _refused(['--data-dir', data_dir, flag, _BIG], capsys)
+    assert line == ('%s: error: argument %s: %s must be at most 2147483647, got a number of 401 '
+                    'digits; for example %s 2 (see --help)' % (PROG, flag, flag, flag))
+
+
+def test_fewer_training_images_than_devices_is_bad_input(capsys, data_dir):
+    line = _refused(['--data-dir', data_dir, '--num-gpus', '2', '--batch-size', '2',
+                     '--train-limit', '1', '--device', 'cpu'], capsys)
+    assert line == ('%s: error: --train-limit 1 gives fewer training images than the 2 devices, '
+                    'so some device would get no data; pass --train-limit 2 or more' % PROG)
+
+
+def test_device_weights_given_on_resume_are_checked_against_the_runs_devices(cli_dir, capsys):
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2',
+                     '--device-weights', '1,1,1'], capsys)
+    assert line == ('%s: error: --device-weights 1,1,1 gives 3 weights but --num-gpus is 2; give '
+                    'one weight per device, e.g. --device-weights 1,1' % PROG)
+
+
+@pytest.mark.parametrize('change,what', [
+    (lambda r: r.update(epoch=1.0), 'is not a gluon_mgpu checkpoint 4 file for epoch 1'),
+    (lambda r: r['history'][0].update(epoch=1.0), 'history[0]: epoch is 1.0, not integer'),
+    (lambda r: r['optimizer'].update(num_update=10 ** 400), 'optimizer is {"lr": 0.2, '
+                                                            '"num_update": 1000000'),
+])
+def test_a_float_or_huge_number_where_a_checkpoint_counts_is_one_line(cli_dir, capsys, change,
+                                                                      what):
+    path = _edit_json(cli_dir, change)
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --resume: %s' % (PROG, path)) and what in line, line
+
+
+def test_a_checkpoint_nested_100000_deep_is_one_line_also_before_mxnet_starts(cli_dir):
+    path = checkpoint.checkpoint_path(cli_dir, 1, 'json')
+    with open(path, 'w') as f:
+        f.write('[' * 100000 + ']' * 100000)
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--checkpoint-dir', cli_dir,
+                           '--resume', '--epochs', '2'], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 2
+    assert _one_line(done.stderr) == ('%s: error: --resume: %s cannot be read (it is nested too '
+                                      'deeply); start a new run with an empty --checkpoint-dir'
+                                      % (PROG, path))
+
+
+@pytest.mark.parametrize('make,what', [(os.mkdir, 'a folder'),
+                                       (lambda p: os.symlink('/etc/passwd', p),
+                                        'a symbolic link')])
+def test_a_folder_or_link_where_a_later_checkpoint_goes_is_refused_before_training(
+        tmp_path, capsys, data_dir, make, what):
+    directory = tmp_path / 'ck'
+    directory.mkdir()
+    make(str(directory / 'epoch-0002.params'))
+    line = _refused(TINY + ['--data-dir', data_dir, '--epochs', '3', '--checkpoint-dir',
+                            str(directory)], capsys)
+    assert line == ('%s: error: --checkpoint-dir %s: %s holds epoch-0002.params, which is %s '
+                    'where a checkpoint file goes; remove it or pass another folder'
+                    % (PROG, directory, directory, what))
+    assert checkpoint.list_checkpoints(str(directory)) == []
+
+
+def test_nan_weights_with_a_matching_sha256_are_refused_on_resume(cli_dir, capsys):
+    from mxnet import nd
+    params = checkpoint.checkpoint_path(cli_dir, 1, 'params')
+    arrays = nd.load(params)
+    name = sorted(arrays)[0]
+    arrays[name][:] = float('nan')
+    nd.save(params, arrays)
+    with open(params, 'rb') as f:
+        content = f.read()
+    path = _edit_json(cli_dir, lambda r: r['files']['params'].update(
+        bytes=len(content), sha256=hashlib.sha256(content).hexdigest()))
+    assert path
+    line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
+    assert line == ('%s: error: --resume: %s: %s holds NaN or infinite values; the file was not '
+                    'written by this version of gluon_mgpu or was changed: start a new run in an '
+                    'empty --checkpoint-dir' % (PROG, params, name))

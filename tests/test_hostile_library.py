@@ -1132,3 +1132,17 @@ def test_recorded_values_this_package_never_writes_are_refused(ck, change, what)
     with pytest.raises(checkpoint.CheckpointError) as e:
         checkpoint.read_checkpoint(ck)
     assert _one_line(str(e.value)) == '%s: %s%s' % (path, what, _NOT_OURS)
+
+
+@pytest.mark.parametrize('value', [float('nan'), float('inf')])
+def test_nan_images_given_to_train_are_named_before_any_step(value):
+    net = nn.Dense(10)
+    X = nd.zeros((4, 1, 28, 28))
+    X[2, 0, 5, 5] = value
+    batches = [(X, nd.array([0, 1, 2, 3], dtype='int32'))]
+    with pytest.raises(ValueError) as e:
+        training.train(net, batches, batches, [mx.cpu(0)], lr=0.1, num_epochs=1,
+                       event_handlers=[])
+    assert str(e.value) == ('the first batch of train_iter: X holds NaN or infinite values '
+                            "(image 2 of the batch); pass images of finite values, such as "
+                            "ToTensor's 0 to 1")

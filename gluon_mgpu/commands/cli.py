@@ -40,17 +40,22 @@ def _refuse(flag, what, example):  # a value check's refusal names the flag and 
 
 
 def whole(flag, minimum=1, maximum=None, example=2):
-    """A whole number from ``minimum`` (to ``maximum``): ``--epochs``, ``--port``, ``--seed``."""
+    """A whole number from ``minimum`` (to ``maximum``; at most a C int, as MXNet's counts are):
+    ``--epochs``, ``--port``, ``--seed``."""
     def parse(text):
         try:
             value = int(text)
         except ValueError:
-            raise _refuse(flag, 'expects a whole number, got %r' % text, example) from None
+            raise _refuse(flag, 'expects a whole number, got %r' % text[:40], example) from None
+        shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % len(
+            text.strip().lstrip('+-'))
         if maximum is not None and not minimum <= value <= maximum:
-            raise _refuse(flag, 'must be between %d and %d, got %d' % (minimum, maximum, value),
+            raise _refuse(flag, 'must be between %d and %d, got %s' % (minimum, maximum, shown),
                           example)
         if value < minimum:
-            raise _refuse(flag, 'must be at least %d, got %d' % (minimum, value), example)
+            raise _refuse(flag, 'must be at least %d, got %s' % (minimum, shown), example)
+        if value > 2 ** 31 - 1:
+            raise _refuse(flag, 'must be at most %d, got %s' % (2 ** 31 - 1, shown), example)
         return value
     return parse
 

@@ -13,7 +13,7 @@ from ..parallel import dist, horovod, weighted
 from .. import data, devices as devices_mod, parallel, replicas, training
 from ..handlers import checkpoint, events, metrics, plotting, progress
 from . import cli
-from ..runtime import files
+from ..runtime import files, startup
 from .cli import UsageError
 from ..handlers.interrupts import DeferredInterrupt
 
@@ -192,11 +192,12 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
-def parse_args(argv=None):
+def parse_args(argv=None, complete=False):
     """Parse the command line and fill in the per-device defaults; ``UsageError`` for bad input.
 
-    ``args.given`` holds the settings given explicitly (``--resume`` takes the others from the
-    checkpoint).
+    ``args.given`` holds the settings given explicitly. With ``--resume`` the others come from
+    the checkpoint: the flags are checked against each other once they are merged with the
+    run's (``complete``).
     """
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
@@ -205,6 +206,8 @@ def parse_args(argv=None):
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
                          'checkpoints in')
+    if args.resume and not complete:
+        return args
     args.num_workers = 1
     if args.kvstore in dist.DIST_KVSTORES:
         if args.checkpoint_dir is not None:
@@ -221,6 +224,10 @@ def parse_args(argv=None):
             raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
     batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
     args.batch_size, args.lr = args.batch_size or batch_size, args.lr or lr  # None: not given
+    if args.train_limit is not None and args.train_limit < args.num_gpus:
+        raise UsageError('--train-limit %d gives fewer training images than the %d devices, so '
+                         'some device would get no data; pass --train-limit %d or more'
+                         % (args.train_limit, args.num_gpus, args.num_gpus))
     if args.batch_size < args.num_gpus:
         raise UsageError('--batch-size %d is smaller than --num-gpus %d, so some device would '
                          'get no data; pass --batch-size %d or more'
@@ -294,7 +301,7 @@ def _resume(args):
         raise ValueError('cannot continue the run with other settings: %s; leave these flags '
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
-    merged = parse_args(recorded + args.argv)  # the flags given now win
+    merged = parse_args(recorded + args.argv, complete=True)  # the flags given now win
     done = record['epoch']
     if merged.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done
@@ -369,7 +376,7 @@ def _join_job(args, devices, train_iter):
         kv = horovod.HorovodKVStore()  # joins the job
         shared_seed = horovod.shared_seed
     else:
-        kv = dist.join(args.kvstore, PROG)  # joins the job: waits for every process
+        kv = startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits for all
         shared_seed = dist.shared_seed
     # From here on, leaving normally would wait for the other workers (see main).
     args.joined = True

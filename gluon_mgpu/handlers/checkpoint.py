@@ -112,13 +112,23 @@ def prepare_dir(directory):
         os.makedirs(directory, exist_ok=True)
         with tempfile.TemporaryFile(dir=directory):
             pass
-        stale = sorted(n for n in os.listdir(directory) if _TEMP.match(n))
+        names = os.listdir(directory)
+        stale = sorted(n for n in names if _TEMP.match(n))
         for name in stale:
             os.remove(os.path.join(directory, name))
+        for name in sorted(set(names) - set(stale)):  # where the run writes: regular files
+            mode = os.lstat(os.path.join(directory, name)).st_mode
+            if is_checkpoint_file(name) and not stat.S_ISREG(mode):
+                raise ValueError('%s holds %s, which is %s where a checkpoint file goes; remove '
+                                 'it or pass another folder' % (directory, name, _KIND.get(
+                                     stat.S_IFMT(mode), 'not a regular file')))
     except OSError as e:
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, e.strerror or e)) from None
     return stale
+
+
+_KIND = {stat.S_IFDIR: 'a folder', stat.S_IFLNK: 'a symbolic link', stat.S_IFIFO: 'a FIFO'}
 
 
 def _write(path, write):
@@ -247,7 +257,8 @@ def read_checkpoint(directory, epoch=None):
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % (path, what, commit))
     if not isinstance(record, dict) or record.get('format') != FORMAT \
-            or record.get('step') != STEP or record.get('epoch') != epoch \
+            or record.get('step') != STEP or type(record.get('epoch')) is not int \
+            or record['epoch'] != epoch \
             or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s'
                               % (path, FORMAT, epoch, _fix(directory, epoch)))
@@ -359,6 +370,11 @@ def restore(directory, record, net, trainer, devices):
             raise CheckpointError('%s holds a copy for device %s, but this run has %d devices; '
                                   'resume with --num-gpus %d' % (paths['replicas'], index,
                                                                  len(devices), int(index) + 1))
+    for path, arrays in ((paths['params'], loaded), (paths['replicas'], replicas)):
+        bad = next((k for k, v in sorted(arrays.items()) if not np.isfinite(v.asnumpy()).all()),
+                   None)
+        if bad:
+            raise _not_ours(path, '%s holds NaN or infinite values' % bad)
     for name, value in loaded.items():
         params[name]._load_init(value, devices)
     # Before the copies: the Trainer's first use copies device 0's values to every device.

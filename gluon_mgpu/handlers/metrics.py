@@ -199,7 +199,8 @@ def epoch_problem(entry):
                               and math.isfinite(value)
                               and value >= rule.get('minimum', value)
                               and value <= rule.get('maximum', value)
-                              and value > rule.get('exclusiveMinimum', value - 1)))
+                              and ('exclusiveMinimum' not in rule
+                                   or value > rule['exclusiveMinimum'])))
         if not ok:
             text = json.dumps(value) if isinstance(value, (float, str, bool)) else \
                 'a whole number of %d digits' % len(str(abs(value))) if isinstance(value, int) \

@@ -5,10 +5,9 @@ import os
 
 import numpy as np
 
-from ..runtime import startup
 from ..runtime.hosts import JOB_VARIABLES, job_problem
 
-__all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'join', 'shared_seed', 'rank_path']
+__all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'shared_seed', 'rank_path']
 
 DIST_KVSTORES = ('dist_sync', 'dist_device_sync')
 
@@ -40,18 +39,6 @@ def job_env(environ=None):
     return {'role': environ['DMLC_ROLE'], 'num_workers': int(environ['DMLC_NUM_WORKER']),
             'num_servers': int(environ['DMLC_NUM_SERVER']),
             'root': '%s:%d' % (environ['DMLC_PS_ROOT_URI'], int(environ['DMLC_PS_ROOT_PORT']))}
-
-
-def join(kvstore, command='gluon_mgpu'):
-    """``mx.kv.create(kvstore)`` for a dist kvstore: join the job, which waits for every other
-    process of it inside MXNet, where Python sees no Ctrl-C. Here SIGINT, SIGTERM and SIGHUP
-    end that wait at once, ``command`` saying so in one line (``startup.interruptible``)."""
-    import mxnet as mx
-    root = job_env()['root']
-    with startup.interruptible(command, 'while waiting for the other processes of the %s job '
-                                        '(its scheduler at %s); nothing was trained'
-                               % (kvstore, root)):
-        return mx.kv.create(kvstore)
 
 
 def shared_seed(kv, seed=None):

@@ -10,7 +10,7 @@ import threading
 
 from .gpu_build import command_module
 
-__all__ = ['starting_command', 'guard', 'release', 'interruptible']
+__all__ = ['starting_command', 'guard', 'release', 'interruptible', 'join_job']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
             signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
@@ -154,3 +154,15 @@ def release():
     for signum, previous in _TAKEN.items():
         signal.signal(signum, previous)
     _TAKEN.clear()
+
+
+def join_job(kvstore, command='gluon_mgpu', root=None):
+    """``mx.kv.create(kvstore)`` for a dist kvstore: join the job, which waits for every other
+    process of it inside MXNet, where Python sees no Ctrl-C. Here SIGINT, SIGTERM and SIGHUP end
+    that wait at once, ``command`` saying so in one line (``interruptible``); ``root`` names
+    the job's scheduler in it."""
+    import mxnet as mx
+    with interruptible(command, 'while waiting for the other processes of the %s job%s; '
+                                'nothing was trained'
+                       % (kvstore, ' (its scheduler at %s)' % root if root else '')):
+        return mx.kv.create(kvstore)

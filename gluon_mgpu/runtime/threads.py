@@ -106,7 +106,8 @@ def _recorded_devices(directory):
             argv = json.loads(f.read(1 << 20))['argv']
         found = dict(a[2:].split('=', 1) for a in argv if a.startswith(('--num-gpus=',
                                                                         '--device=')))
-    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError, AttributeError):
+    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError, AttributeError,
+            RecursionError):
         return {}
     return {'--' + k: v for k, v in found.items() if isinstance(v, str)}
 
