@@ -93,7 +93,7 @@ def test_the_train_command_is_bit_equal_too(whole_epochs):
 def test_the_checkpoints_name_the_books_step(whole_epochs):
     for checkpoint in whole_epochs['checkpoints']:
         assert checkpoint['record']['step'] == 'trainer.step(batch_size)'
-        assert checkpoint['record']['format'] == 'gluon_mgpu checkpoint 3'
+        assert checkpoint['record']['format'] == 'gluon_mgpu checkpoint 4'
 
 
 def test_the_step_row_of_compare_says_bit_for_bit(data_dir, two_cpus, monkeypatch):

@@ -213,9 +213,9 @@ def test_a_resumed_command_takes_the_device_count_its_checkpoint_records(tmp_pat
     import json
     folder = tmp_path / 'ck'
     folder.mkdir()
-    (folder / 'epoch-0001.json').write_text(json.dumps({'args': {'num_gpus': 1}}))
-    (folder / 'epoch-0002.json').write_text(json.dumps({'args': {'num_gpus': 4,
-                                                                 'device': 'auto'}}))
+    (folder / 'epoch-0001.json').write_text(json.dumps({'argv': ['--num-gpus=1']}))
+    (folder / 'epoch-0002.json').write_text(json.dumps({'argv': ['--num-gpus=4',
+                                                                 '--device=auto']}))
 
     def devices(*argv):
         argv = list(argv)

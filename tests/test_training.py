@@ -597,4 +597,4 @@ def test_the_readme_shows_the_step_that_runs():
     start = source.index('    """')
     end = source.index('"""\n', start + 7) + 4
     assert block == source[:start] + source[end:]
-    assert '    with autograd.record():\n' in block and '    trainer.step(X.shape[0])\n' in block
+    assert '    with autograd.record():\n' in block and '    trainer.step(batch_size)\n' in block

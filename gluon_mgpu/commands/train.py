@@ -312,6 +312,12 @@ def _resume(args):
         raise ValueError('the run in %s trained with --kvstore %s; leave --kvstore out to '
                          'continue it, or start a new run in another --checkpoint-dir'
                          % (directory, before.kvstore))
+    if record.get('workers', 1) != merged.num_workers:
+        raise ValueError('the run in %s trained with %s processes, this job has %d: its batches '
+                         'and learning rate would differ; continue it with as many, or start a '
+                         'new run in another --checkpoint-dir'
+                         % (directory, json.dumps(record.get('workers'))[:20],
+                            merged.num_workers))
     if network_name(merged) != record['network']:
         raise ValueError('the run in %s trained %s, these flags train %s; start a new run in '
                          'another --checkpoint-dir' % (directory, record['network'],
@@ -527,7 +533,8 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
         if args.rank == 0:
             handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
                 'argv': recorded_argv(args), 'network': network_name(args),
-                'devices': [str(d) for d in devices]}, resume=record))
+                'devices': [str(d) for d in devices], 'workers': args.num_workers},
+                resume=record))
         elif record is not None:
             handlers.append(checkpoint.Resume(record))
     split_f, line = _split(args, net, devices, test_iter)

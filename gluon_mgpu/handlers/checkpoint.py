@@ -19,7 +19,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from .checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
+from ..runtime.checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
                                list_checkpoints)
 from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem

@@ -98,7 +98,7 @@ def _recorded_devices(directory):
     """``--num-gpus`` and ``--device`` as the latest checkpoint in ``directory`` records them
     (at most 1 MB of its JSON read); ``{}`` when it cannot be read (the command says why)."""
     import json
-    from ..handlers.checkpoint_names import checkpoint_path, list_checkpoints
+    from .checkpoint_names import checkpoint_path, list_checkpoints
     from .files import InputError, open_input
     try:
         epochs = list_checkpoints(directory)
