@@ -348,7 +348,8 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
     with open(log_path, 'ab') as log:
         log.write(('\n$ %s\n' % ' '.join(argv)).encode())
         log.flush()
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=compare.child_env(),
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
+                                 env=compare.child_env(),
                                  cwd=ROOT)
         try:
             code = child.wait()

@@ -10,6 +10,7 @@ import zlib
 import numpy as np
 from mxnet import nd
 
+from .runtime.checks import check_whole, is_whole
 from .runtime.files import InputError, input_problem, open_input
 
 __all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
@@ -342,19 +343,14 @@ class GluonBatches(ArrayBatches):
 LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}
 
 
-def _is_count(value):
-    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
-
-
 def _check_count(name, value):
-    if not _is_count(value):
-        raise ValueError('%s must be a whole number >= 1, got %r' % (name, value))
+    check_whole(name, value, 'pass a positive count')
 
 
 def _check_limit(name, value, size, what):
     if value is None:
         return size
-    if not _is_count(value):
+    if not is_whole(value):
         raise ValueError('%s must be a whole number >= 1, got %r; pass a positive count or '
                          'None for all %d %s' % (name, value, size, what))
     if value > size:

@@ -6,6 +6,7 @@ import os
 
 import mxnet as mx
 
+from .runtime.checks import check_whole
 from .runtime.threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
@@ -61,8 +62,7 @@ def get_devices(num_gpus, device='auto', warn=True):
         fix), or more CPU contexts than the machine can hold (``check_cpu_device_count``).
     """
     n = num_gpus
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError('num_gpus must be a whole number >= 1, got %r; pass 1 or more' % (n,))
+    check_whole('num_gpus', n, 'pass 1 or more')
     if device not in DEVICE_CHOICES:
         raise ValueError('device must be one of %s, got %r; pass device=\'auto\' to use GPUs '
                          'when there are enough and CPU contexts otherwise'

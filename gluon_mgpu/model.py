@@ -5,6 +5,8 @@ import functools
 
 from mxnet.gluon import nn
 
+from .runtime.checks import check_whole
+
 __all__ = ['Residual', 'resnet_block', 'resnet18', 'sync_batch_norm', 'lenet']
 
 
@@ -94,9 +96,8 @@ def sync_batch_norm(num_devices):
     why CPU contexts need ``train()``'s step).
     """
     from mxnet.gluon.contrib.nn import SyncBatchNorm
-    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
-        raise ValueError('num_devices must be a whole number >= 1, got %r; pass the number of '
-                         'devices the batch is split over' % (num_devices,))
+    check_whole('num_devices', num_devices,
+                'pass the number of devices the batch is split over')
     return functools.partial(SyncBatchNorm, num_devices=num_devices)
 
 

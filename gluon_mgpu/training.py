@@ -1,7 +1,6 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
 epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md).
 """
-import numbers
 import time
 import weakref
 
@@ -15,12 +14,13 @@ from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, Loss
                               TrainingState, format_epoch)
 from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
+from .runtime.checks import check_whole
 from .runtime.updates import UpdateError, guard_updates
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
-           'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch', 'train_batch',
-           'train_batch_per_device', 'choose_step', 'check_batch', 'run_epoch', 'train_epoch', 'evaluate_accuracy',
-           'run_epochs', 'train', 'check_batch_size', 'format_epoch', 'LossNotFiniteError',
+           'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch',
+           'train_batch', 'train_batch_per_device', 'choose_step', 'check_batch', 'run_epoch',
+           'train_epoch', 'evaluate_accuracy', 'run_epochs', 'train', 'check_batch_size', 'format_epoch', 'LossNotFiniteError',
            'UpdateError']
 
 # The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
@@ -387,10 +387,9 @@ def run_epochs(state, events, train_one_epoch, evaluate):
 
 def check_batch_size(batch_size, name='batch_size'):
     """``ValueError`` unless ``batch_size`` is None or a whole number >= 1."""
-    if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(
-            batch_size, numbers.Integral) or batch_size < 1):
-        raise ValueError('%s must be a whole number >= 1, got %r; for example %s=256, the '
-                         'nominal batch size trainer.step divides by' % (name, batch_size, name))
+    if batch_size is not None:
+        check_whole(name, batch_size, 'for example %s=256, the nominal batch size trainer.step '
+                                      'divides by' % name)
 
 
 def _checked_devices(devices, num_epochs, lr, trainer):
@@ -402,9 +401,7 @@ def _checked_devices(devices, num_epochs, lr, trainer):
     if repeated:
         raise ValueError('devices %s lists %s twice; a device holds one replica, so list each '
                          'once' % (format_devices(devices), repeated[0]))
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-        raise ValueError('num_epochs must be a whole number >= 1, got %r; for example '
-                         'num_epochs=4' % (num_epochs,))
+    check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
     if lr is not None and trainer is not None:
         raise ValueError('lr=%g and a trainer were both given, but the trainer has its own '
                          'learning rate; pass one of them (trainer.set_learning_rate(%g) '

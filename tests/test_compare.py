@@ -212,7 +212,8 @@ def test_committed_page_agrees_with_a_run_now(cells):
 
 @pytest.mark.parametrize('args,expected', [
     (['--device', 'tpu'], r"python -m gluon_mgpu.compare: error: argument --device: invalid "
-                          r"choice: 'tpu' \(choose from '?auto'?, '?gpu'?, '?cpu'?\) \(see --help\)"),
+                          r"choice: 'tpu' \(choose from '?auto'?, '?gpu'?, '?cpu'?\) "
+                          r"\(see --help\)"),
     (['--record', '/'], r'python -m gluon_mgpu.compare: error: / is a folder, not a regular '
                         r'file; pass --record with a regular file'),
     (['--record', os.path.join(ROOT, 'README.md')],

@@ -106,9 +106,9 @@ def _trained(step, devices, batches, net):
 
 def test_the_per_device_step_is_the_books_step(two_cpus, data_dir):
     # train() on simulated CPU devices issues each device's calls from its own thread
-    # (training.train_batch_per_device); elsewhere it runs the book's train_batch. Same calls in the same
-    # order: the losses, every parameter and every running statistic on both devices are
-    # equal, bit for bit.
+    # (training.train_batch_per_device); elsewhere it runs the book's train_batch. Same calls in
+    # the same order: the losses, every parameter and every running statistic on both devices
+    # are equal, bit for bit.
     import numpy as np
     from gluon_mgpu import data, training
     assert training.choose_step(two_cpus) is training.train_batch_per_device

@@ -11,7 +11,7 @@ import sys
 import traceback
 
 from ..runtime import files
-from ..runtime.updates import one_line
+from ..runtime.checks import one_line
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 # The learning rates MXNet's SGD operators take: float32's normal range, 2**-126 to its largest

@@ -17,6 +17,7 @@ import numpy as np
 from .. import training
 from ..devices import format_devices, plural
 from ..handlers.metrics import epoch_problem
+from ..runtime.checks import is_whole
 from . import cli
 
 __all__ = ['BOOK', 'OUT4_RTOL', 'SPEEDUP_BAND', 'MIN_SEEDS', 'RUN_EPOCHS', 'ROOT',
@@ -388,7 +389,7 @@ class RecordError(ValueError):
 
 
 def _whole(low, high):
-    return (lambda v: isinstance(v, int) and not isinstance(v, bool) and low <= v <= high,
+    return (lambda v: type(v) is int and is_whole(v, low) and v <= high,
             'a whole number from %d to %d' % (low, high))
 
 

@@ -8,6 +8,7 @@ import sys
 from .. import data, devices as devices_mod, training
 from . import cli
 from ..runtime import files
+from ..runtime.checks import check_whole
 from ..handlers import metrics, progress
 from .cli import UsageError
 from ..handlers.events import LossGuard, LossNotFiniteError
@@ -45,9 +46,7 @@ def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
     if not counts:
         raise ValueError('num_gpus is empty; pass device counts such as [1, 2, 4]')
     for n in counts:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError('every device count must be a whole number >= 1, got %r; for '
-                             'example [1, 2, 4]' % (n,))
+        check_whole('every device count', n, 'for example [1, 2, 4]')
     repeated = sorted({n for n in counts if counts.count(n) > 1})
     if repeated:
         raise ValueError('device count %d is listed more than once; list each count once, '

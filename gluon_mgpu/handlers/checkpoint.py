@@ -19,12 +19,12 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
-from ..runtime.checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path, is_checkpoint_file,
-                               list_checkpoints)
+from ..runtime.checkpoint_names import (_TEMP, KINDS, LOCK_NAME, checkpoint_path,
+                                        is_checkpoint_file, list_checkpoints)
 from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem
 from ..runtime.files import InputError, atomic_path, open_input
-from ..runtime.updates import one_line
+from ..runtime.checks import one_line
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'checkpoint_path', 'is_checkpoint_file',
            'list_checkpoints', 'lock_dir', 'prepare_dir', 'save_checkpoint', 'read_checkpoint',

@@ -4,10 +4,13 @@ learning-rate warmup (docs/events.md).
 """
 import math
 
+from ..runtime.checks import check_whole
+
 from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, EpochBegin,
                                                          EpochEnd, TrainBegin, TrainEnd)
 
-__all__ = ['STEP', 'OLD_STEP', 'TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin', 'BatchEnd',
+__all__ = ['STEP', 'OLD_STEP', 'TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin',
+           'BatchEnd',
            'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
            'LinearWarmup', 'format_epoch', 'PRIORITY']
 
@@ -175,9 +178,7 @@ class LinearWarmup(TrainBegin, EpochBegin, BatchBegin):
     """
 
     def __init__(self, steps, lr=None):
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError('steps must be a whole number >= 1, got %r; for example '
-                             'LinearWarmup(100)' % (steps,))
+        check_whole('steps', steps, 'for example LinearWarmup(100)')
         self.steps, self.lr = steps, lr
         self.step = 0
 

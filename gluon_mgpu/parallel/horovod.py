@@ -6,7 +6,7 @@ import numpy as np
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from ..runtime.threads import is_digits
+from ..runtime.checks import is_digits
 
 __all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank', 'shared_seed']
 

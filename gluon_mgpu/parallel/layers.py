@@ -10,6 +10,7 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
+from ..runtime.checks import check_whole
 from .common import (CopyCounter, SplitNet, check_devices, count_pass, make_summary,
                      nbytes, parameter_bytes, step_all)
 
@@ -228,10 +229,7 @@ class LayerSplit(SplitNet):
     method = 'layers'
 
     def __init__(self, net, devices, lr, cut='params', micro_batches=1, sample=None):
-        if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) \
-                or micro_batches < 1:
-            raise ValueError('micro_batches must be a whole number >= 1, got %r; pass 1 for '
-                             'no pipeline' % (micro_batches,))
+        check_whole('micro_batches', micro_batches, 'pass 1 for no pipeline')
         self.net = net
         self.devices = check_devices(devices)
         self.parts, self.names = split_layers(net, self.devices, cut, sample)

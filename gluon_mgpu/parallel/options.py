@@ -1,6 +1,7 @@
 """Choosing a way to split training: the checks of the flags, the ``--cut`` parser and the
 constructor the command line calls (docs/three-ways.md).
 """
+from ..runtime.checks import is_whole
 from .channels import ChannelSplitNet
 from .common import check_devices
 from .layers import CUT_RULES, LayerSplit
@@ -11,10 +12,6 @@ __all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel']
 # 'data': the chapter's Gluon Trainer; 'scratch': the same by hand (the book's LeNet);
 # 'layers' and 'channels': the chapter's methods 1 and 2.
 METHODS = ('data', 'scratch', 'layers', 'channels')
-
-
-def _whole(value):
-    return not isinstance(value, bool) and isinstance(value, int)
 
 
 def parse_cut(text):
@@ -58,9 +55,9 @@ def check_parallel_options(parallel, num_devices, micro_batches=1, batch_size=No
     """
     if parallel not in METHODS:
         raise ValueError('--parallel %r: choose one of %s' % (parallel, ', '.join(METHODS)))
-    if not _whole(num_devices) or num_devices < 1:
+    if not is_whole(num_devices):
         raise ValueError('%r devices: pass a whole number >= 1' % (num_devices,))
-    if not _whole(micro_batches) or micro_batches < 1:
+    if not is_whole(micro_batches):
         raise ValueError('--micro-batches %r: pass a whole number >= 1' % (micro_batches,))
     if micro_batches > 1 and parallel != 'layers':
         raise ValueError('--micro-batches %d pipelines the layer split; pass --parallel layers '

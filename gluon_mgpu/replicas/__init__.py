@@ -10,6 +10,7 @@ from mxnet import nd
 from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 from ..devices import format_devices, plural
+from ..runtime.checks import check_whole
 from ..handlers.events import PRIORITY, BatchEnd, EpochBegin, EpochEnd
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
@@ -393,9 +394,7 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
     priority = PRIORITY['ReplicaCheck']
 
     def __init__(self, every, verbose=True, stream=None):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError('every must be a whole number >= 1, got %r; for example every=10'
-                             % (every,))
+        check_whole('every', every, 'for example every=10')
         self.every, self.verbose, self.stream = every, verbose, stream
         self.epoch = self.step = 0
         self.reports = []

@@ -1,7 +1,8 @@
 """The file names of a checkpoint folder (``gluon_mgpu.handlers.checkpoint`` writes them).
 
 Apart from the rest of the checkpoint code because it does not need MXNet: the thread settings
-read a resumed run's device count from the folder before MXNet starts (``gluon_mgpu.runtime.threads``).
+read a resumed run's device count from the folder before MXNet starts
+(``gluon_mgpu.runtime.threads``).
 """
 import os
 import re

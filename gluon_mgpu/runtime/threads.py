@@ -9,10 +9,11 @@ import re
 import resource
 import sys
 
+from .checks import is_digits
+
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
-           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV',
-           'is_digits']
+           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
@@ -29,12 +30,6 @@ def usable_cores():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-def is_digits(text):
-    """Whether ``text`` is ASCII digits only, so ``int(text)`` reads it: ``str.isdigit()`` also
-    accepts '²', which ``int()`` refuses."""
-    return re.fullmatch(r'[0-9]+', text) is not None
 
 
 def _has_gpu():

@@ -5,6 +5,8 @@
 import functools
 import sys
 
+from .checks import one_line
+
 __all__ = ['UpdateError', 'UpdateGuard', 'guard_updates', 'one_line', 'callback_codes']
 
 
@@ -24,19 +26,6 @@ class UpdateError(RuntimeError):
     def __init__(self, message, original):
         super().__init__(message)
         self.original = original
-
-
-def one_line(e, limit=300):
-    """An exception's message as one line of at most ``limit`` characters: of an MXNet error
-    (a C++ stack trace, then ``MXNetError: message``), the message without its prefix."""
-    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
-    if not lines:
-        return type(e).__name__
-    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
-    for prefix in ('MXNetError: ', type(e).__name__ + ': '):
-        if line.startswith(prefix):
-            line = line[len(prefix):]
-    return line if len(line) <= limit else line[:limit - 3] + '...'
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,0 +1,43 @@
+"""The small checks every layer uses: whole numbers, ASCII digits, an exception as one line.
+Where a reader looks for them: ``is_whole`` for a count given in Python, ``is_digits`` for one
+read from text (an environment variable, a file), ``one_line`` for an error's message.
+"""
+import re
+
+__all__ = ['is_whole', 'check_whole', 'is_digits', 'one_line']
+
+
+def is_whole(value, least=1):
+    """Whether ``value`` is a whole number (an ``int`` or a numpy integer, not a ``bool``) of at
+    least ``least`` and below 2**63, the range MXNet's counts take."""
+    import numbers
+    return (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+            and least <= value < 2 ** 63)
+
+
+def check_whole(name, value, fix, least=1):
+    """``ValueError`` naming ``name``, ``value`` and ``fix`` unless ``is_whole(value, least)``:
+    ``check_whole('num_epochs', 0, 'for example num_epochs=4')``."""
+    if not is_whole(value, least):
+        shown = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 20 else \
+            'a number of %d digits' % len(str(abs(value)))
+        raise ValueError('%s must be a whole number >= %d, got %s; %s' % (name, least, shown, fix))
+
+
+def is_digits(text):
+    """Whether ``text`` is ASCII digits only, so ``int(text)`` reads it: ``str.isdigit()`` also
+    accepts '²', which ``int()`` refuses."""
+    return re.fullmatch(r'[0-9]+', text) is not None
+
+
+def one_line(e, limit=300):
+    """An exception's message as one line of at most ``limit`` characters: of an MXNet error
+    (a C++ stack trace, then ``MXNetError: message``), the message without its prefix."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if not lines:
+        return type(e).__name__
+    line = lines[-1] if 'Traceback' in lines[0] else lines[0]
+    for prefix in ('MXNetError: ', type(e).__name__ + ': '):
+        if line.startswith(prefix):
+            line = line[len(prefix):]
+    return line if len(line) <= limit else line[:limit - 3] + '...'
