@@ -121,7 +121,7 @@ def summaries(batch_size):
 
 
 def fmt(n):
-    from gluon_mgpu.parallel.placement import format_bytes
+    from gluon_mgpu.replicas.placement import format_bytes
     return format_bytes(n)
 
 

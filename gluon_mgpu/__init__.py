@@ -3,54 +3,87 @@ The package re-exports the chapter's functions: ``gluon_mgpu.train`` is the trai
 ``python -m gluon_mgpu.train`` the command line. README.md maps the chapter to the code;
 docs/events.md explains the loop and why the command's ``main`` is imported from
 ``gluon_mgpu.commands.train``.
+
+Importing the package does only what must come before MXNet starts: it chooses the threads
+MXNet computes with (``OMP_NUM_THREADS``, read once when MXNet starts; docs/devices.md) and has
+``import mxnet`` check first the variables MXNet would abort on and load the GPU build's
+libraries. The rest is imported when first used.
 """
+import importlib
+import importlib.util
 import os
 import sys
 
-from .runtime import startup
-from .runtime.mxnet_env import check_environment
-from .runtime.threads import (configure_threads, thread_settings, usable_cores,
-                              warn_if_imported_late)
-
-# A Ctrl-C while a command loads MXNet: one line, not a traceback from inside the import.
-startup.guard()
-# Before anything imports MXNet: it reads OMP_NUM_THREADS once, at start-up, and aborts on a
-# value it cannot parse.
-try:
-    check_environment(os.environ, usable_cores())
-    configure_threads()
-except ValueError as e:  # a bad MXNet variable or GLUON_MGPU_CPU_DEVICES: one line for a command
-    _command = startup.starting_command()
-    if _command is None:
-        raise
-    sys.stderr.write('%s: error: %s\n' % (_command, e))
-    raise SystemExit(2)
-# The book's import order (d2lzh, so MXNet, first) leaves MXNet on half the cores: say so.
-warn_if_imported_late()
-# The GPU build: load NVIDIA's CUDA wheels' libraries, or say in one line that no driver is there.
-from .runtime.gpu_build import prepare_for_package  # noqa: E402
-prepare_for_package()
-
-from .data import (DataError, DataNotFoundError, find_data_dir, get_fashion_mnist_labels,
-                   load_data_fashion_mnist)
-from .devices import format_devices, get_devices, try_all_gpus, try_gpu
-from .handlers.events import EpochLine, LossGuard, LossNotFiniteError
-from .model import Residual, resnet18
-from .replicas import (ParameterReplicas, ReplicaCheck, ReplicaMismatchError, ReplicaReport,
-                       assert_replicas_match, format_replica_report, format_replica_summary,
-                       get_replica, inspect_replicas)
-from .training import (book_setting, evaluate_accuracy, init_training, new_network, split_batch,
-                       train, train_batch, train_epoch)
-
-startup.release()
+from .runtime.threads import configure_threads, thread_settings, warn_if_imported_late
 
 __version__ = '0.1.0'
 
-__all__ = ['Residual', 'resnet18', 'try_gpu', 'try_all_gpus', 'get_devices', 'format_devices',
-           'load_data_fashion_mnist', 'find_data_dir', 'get_fashion_mnist_labels', 'DataError',
-           'DataNotFoundError', 'evaluate_accuracy', 'split_batch', 'train_batch', 'train_epoch',
-           'train', 'book_setting', 'new_network', 'init_training', 'EpochLine', 'LossGuard',
-           'LossNotFiniteError', 'thread_settings', 'inspect_replicas', 'assert_replicas_match',
-           'ReplicaMismatchError', 'ReplicaReport', 'ParameterReplicas', 'get_replica',
-           'format_replica_report', 'format_replica_summary', 'ReplicaCheck']
+_EXPORTS = {
+    'data': ('DataError', 'DataNotFoundError', 'find_data_dir', 'get_fashion_mnist_labels',
+             'load_data_fashion_mnist'),
+    'devices': ('format_devices', 'get_devices', 'try_all_gpus', 'try_gpu'),
+    'handlers.events': ('EpochLine', 'LossGuard', 'LossNotFiniteError'),
+    'model': ('Residual', 'resnet18'),
+    'handlers.replica_check': ('ReplicaCheck',),
+    'replicas': ('ParameterReplicas', 'ReplicaMismatchError', 'ReplicaReport',
+                 'assert_replicas_match', 'format_replica_report', 'format_replica_summary',
+                 'get_replica', 'inspect_replicas'),
+    'training': ('book_setting', 'evaluate_accuracy', 'init_training', 'new_network',
+                 'split_batch', 'train', 'train_batch', 'train_epoch'),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE) + ['thread_settings']
 
+
+class _BeforeMXNet:
+    """On ``sys.meta_path`` until MXNet is imported: runs the checks that must come before it
+    (``runtime.mxnet_env``, ``runtime.gpu_build``), then steps aside. A command runs them
+    itself first, to refuse in one line (``runtime.startup.before_mxnet``)."""
+
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == 'mxnet' and cls in sys.meta_path:
+            sys.meta_path.remove(cls)
+            from .runtime import gpu_build, mxnet_env, threads
+            try:
+                threads.devices_from_environment(os.environ)
+                mxnet_env.check_environment(os.environ, threads.usable_cores())
+                gpu_build.prepare()
+            except (ValueError, gpu_build.GPUBuildError) as e:
+                main = getattr(sys.modules.get('__main__'), '__spec__', None)
+                if main is None or not main.name.startswith(__name__ + '.'):
+                    raise
+                # python -m gluon_mgpu.<module> whose first import is MXNet's: one line.
+                sys.stderr.write('python -m %s: error: %s\n'
+                                 % (main.name[:-len('.__main__')] if main.name.endswith(
+                                     '.__main__') else main.name, e))
+                raise SystemExit(2)
+        return None
+
+
+try:
+    configure_threads()
+except ValueError:  # a bad GLUON_MGPU_CPU_DEVICES: raised again where MXNet is about to start
+    pass
+if 'mxnet' not in sys.modules:
+    sys.meta_path.insert(0, _BeforeMXNet)
+# The book's import order (d2lzh, so MXNet, first) leaves MXNet on half the cores: say so.
+warn_if_imported_late()
+
+
+def __getattr__(name):
+    """The chapter's names (``gluon_mgpu.train``) and the package's modules
+    (``gluon_mgpu.training``), imported when first used."""
+    module = _WHERE.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module('.' + module, __name__), name)
+    elif not name.startswith('_') and importlib.util.find_spec(__name__ + '.' + name):
+        value = importlib.import_module('.' + name, __name__)
+    else:
+        raise AttributeError('module %r has no attribute %r' % (__name__, name))
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

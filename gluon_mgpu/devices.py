@@ -1,10 +1,9 @@
 """Choosing the devices (MXNet contexts) to train on: GPUs, or CPU contexts that simulate them.
-The only module that asks the machine which GPUs it has, and only when called (docs/devices.md).
+The only module that asks the machine which GPUs it has, and only when called (docs/devices.md);
+MXNet is imported then, not before.
 """
 import logging
 import os
-
-import mxnet as mx
 
 from .runtime.checks import check_whole
 from .runtime.threads import thread_limit
@@ -20,6 +19,7 @@ logger = logging.getLogger('gluon_mgpu')
 
 def num_gpus():
     """Return the number of GPUs MXNet can use (0 with the CPU build of MXNet)."""
+    import mxnet as mx
     try:
         return mx.context.num_gpus()
     except mx.base.MXNetError:
@@ -29,11 +29,13 @@ def num_gpus():
 
 def try_gpu(i=0):
     """Return ``mx.gpu(i)`` if that GPU exists, otherwise ``mx.cpu()``."""
+    import mxnet as mx
     return mx.gpu(i) if i < num_gpus() else mx.cpu()
 
 
 def try_all_gpus():
     """Return all GPUs, ``[mx.gpu(0), ...]``, or ``[mx.cpu()]`` if there is no GPU."""
+    import mxnet as mx
     n = num_gpus()
     return [mx.gpu(i) for i in range(n)] if n else [mx.cpu()]
 
@@ -61,6 +63,7 @@ def get_devices(num_gpus, device='auto', warn=True):
         For a count below 1, an unknown ``device``, too few GPUs (naming both numbers and the
         fix), or more CPU contexts than the machine can hold (``check_cpu_device_count``).
     """
+    import mxnet as mx
     n = num_gpus
     check_whole('num_gpus', n, 'pass 1 or more')
     if device not in DEVICE_CHOICES:

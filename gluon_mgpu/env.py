@@ -1,6 +1,8 @@
-"""``python -m gluon_mgpu.env``: runs ``gluon_mgpu/commands/env.py`` (docs/gpu.md)."""
+"""``python -m gluon_mgpu.env``: the command line is ``gluon_mgpu/commands/env.py``."""
 import sys
 
 if __name__ == '__main__':
+    from gluon_mgpu.runtime.startup import before_mxnet
+    before_mxnet('python -m gluon_mgpu.env')  # threads, checks, then MXNet: one line if refused
     from gluon_mgpu.commands.env import main
     sys.exit(main())

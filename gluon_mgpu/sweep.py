@@ -1,6 +1,8 @@
-"""``python -m gluon_mgpu.sweep``: runs ``gluon_mgpu/commands/sweep.py`` (docs/outputs.md)."""
+"""``python -m gluon_mgpu.sweep``: the command line is ``gluon_mgpu/commands/sweep.py``."""
 import sys
 
 if __name__ == '__main__':
+    from gluon_mgpu.runtime.startup import before_mxnet
+    before_mxnet('python -m gluon_mgpu.sweep')  # threads, checks, then MXNet: one line if refused
     from gluon_mgpu.commands.sweep import main
     sys.exit(main())

@@ -218,3 +218,21 @@ def test_a_broken_pipe_elsewhere_is_still_an_unexpected_error(capsys):
     assert cli.run_command('python -m gluon_mgpu.x', [], body) == 1
     assert capsys.readouterr().err.startswith(
         'python -m gluon_mgpu.x: error: unexpected BrokenPipeError: [Errno 32] Broken pipe')
+
+
+def test_the_flags_choices_spelled_before_mxnet_starts_are_the_librarys():
+    # The entry files parse their flags before MXNet is imported, so the choices are spelled
+    # there as literals: each must equal what the library that takes the value accepts.
+    from gluon_mgpu import training
+    from gluon_mgpu.commands import cli, train
+    from gluon_mgpu.handlers import plotting
+    from gluon_mgpu.parallel import dist, options
+    from gluon_mgpu.runtime import precision
+    assert train.MODELS == training.MODELS
+    assert set(train.LOADERS) == set(data.LOADERS)
+    assert train.PLOT_SUFFIXES == plotting.PLOT_SUFFIXES
+    assert train.METHODS == options.METHODS
+    assert train.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
+    assert train.JOB_KVSTORES == dist.DIST_KVSTORES + ('horovod',)
+    assert cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
+    assert cli.DTYPES == precision.DTYPES

@@ -74,3 +74,41 @@ def test_without_it_a_ctrl_c_inside_a_ctypes_callback_is_dropped():
                          timeout=120)
     assert out.returncode == 0 and out.stdout == 'still running after Ctrl-C\n'
     assert 'Exception ignored on calling ctypes callback function' in out.stderr
+
+
+class _Freed:
+    """An object whose ``__del__`` runs when it is freed, as an NDArray's frees its handle."""
+
+    def __init__(self, work):
+        self.work = work
+
+    def __del__(self):
+        self.work()
+
+
+def test_inside_a_del_ctrl_c_waits_for_check():
+    # A Ctrl-C that lands while the garbage collector frees an NDArray would be printed as
+    # "Exception ignored in: <function NDArray.__del__ ...>" and dropped: the run went on.
+    calls = []
+
+    def work():
+        _ctrl_c()
+        calls.append('went on')
+    with DeferredInterrupt() as interrupt:
+        _Freed(work)  # freed at once
+        assert calls == ['went on'] and interrupt.requested
+        with pytest.raises(KeyboardInterrupt):
+            interrupt.epoch_end(None)
+
+
+def test_without_it_a_ctrl_c_inside_a_del_is_dropped():
+    code = ('import os, signal\n'
+            'class Freed:\n'
+            '    def __del__(self):\n'
+            '        os.kill(os.getpid(), signal.SIGINT); sum(range(10))\n'
+            'Freed()\n'
+            'print("still running after Ctrl-C")\n')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout == 'still running after Ctrl-C\n'
+    assert 'Exception ignored in' in out.stderr

@@ -9,7 +9,7 @@ import pytest
 from gluon_mgpu.runtime import mxnet_env, threads
 
 CORES = len(os.sched_getaffinity(0))
-COMMANDS = ['train', 'env', 'compare', 'sweep', 'launch', 'replicas', 'metrics']
+COMMANDS = ['train', 'env', 'compare', 'sweep', 'launch', 'replicas', 'handlers.metrics']
 _OURS = ('OMP_NUM_THREADS', 'MXNET_', threads.DEVICES_ENV, threads.CHOSEN_ENV)
 
 
@@ -62,8 +62,9 @@ def test_the_train_command_names_each_kind_of_bad_value(name, value, line):
     assert run.stderr == 'python -m gluon_mgpu.train: error: %s\n' % line
 
 
-def test_a_program_gets_the_same_message_as_an_exception_at_import():
-    run = _run(['-c', 'import gluon_mgpu'], MXNET_OMP_MAX_THREADS='2,1')
+def test_a_program_gets_the_same_message_as_an_exception_when_mxnet_starts():
+    assert _run(['-c', 'import gluon_mgpu'], MXNET_OMP_MAX_THREADS='2,1').returncode == 0
+    run = _run(['-c', 'import gluon_mgpu; import mxnet'], MXNET_OMP_MAX_THREADS='2,1')
     assert run.returncode == 1
     assert run.stderr.splitlines()[-1] == (
         "ValueError: MXNET_OMP_MAX_THREADS='2,1' is not a whole number, and MXNet aborts on it; "
@@ -75,8 +76,7 @@ def test_absurd_thread_counts_are_refused_with_the_limit_and_why(value, monkeypa
     monkeypatch.setattr(mxnet_env, 'thread_limit', lambda: (32768, 'kernel.pid_max'))
     assert _message(OMP_NUM_THREADS=value) == (
         'OMP_NUM_THREADS=%s is more threads than MXNet can use here: at most 16, 8 per usable '
-        'core (more spin waiting for each other: on 2 cores a step took 3.5x as long with 32, '
-        'and never ended with 1000); set it to the number of cores, OMP_NUM_THREADS=2, or unset '
+        'core (more spin waiting for each other: docs/devices.md); set it to the number of cores, OMP_NUM_THREADS=2, or unset '
         'it' % value)
     mxnet_env.check_environment({'OMP_NUM_THREADS': '16'}, 2)  # 8 per core: still allowed
     # A tight limit on threads (ulimit -u, a container's pids.max) gives the bound instead.

@@ -15,7 +15,7 @@ from nbclient import NotebookClient
 
 from gluon_mgpu.model import resnet18
 from gluon_mgpu.parallel import channels, data_parallel_summary, init_one_device, layers, scratch
-from gluon_mgpu.parallel.placement import format_bytes
+from gluon_mgpu.replicas.placement import format_bytes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = {'en': 'three-ways-to-split.ipynb', 'zh': 'three-ways-to-split.zh.ipynb'}

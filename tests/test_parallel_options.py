@@ -10,7 +10,7 @@ from gluon_mgpu.parallel import (check_parallel_options, data_parallel_summary, 
 from gluon_mgpu.parallel.channels import ChannelSplitNet
 from gluon_mgpu.parallel.layers import LayerSplit
 from gluon_mgpu.parallel.scratch import ScratchDataParallel
-from gluon_mgpu.parallel.placement import format_bytes, format_placement, inspect_placement
+from gluon_mgpu.replicas.placement import format_bytes, format_placement, inspect_placement
 
 DEVICES = [mx.cpu(0), mx.cpu(1)]
 

@@ -143,25 +143,48 @@ def test_simulated_devices_respect_each_variable_the_user_set():
     assert env == {} and settings['temp_copy_source'] == 'mxnet'
 
 
-@pytest.mark.parametrize('argv,has_gpu,expected', [
-    (['--num-gpus', '2'], False, 2),
-    (['--num-gpus=4', '--epochs', '1'], False, 4),
-    ([], False, 1),
-    (['--num-gpus', '2'], True, None),                     # GPUs will be used
-    (['--num-gpus', '2', '--device', 'cpu'], True, 2),
-    (['--num-gpus', '2', '--device=gpu'], False, None),
-    (['--num-gpus', 'two'], False, None),                  # the command refuses it itself
-    (['--num-gpus'], False, None),
-    (['--num-gpus', '0'], False, None),
-    (['--num-gpus', '\u00b2'], False, None),              # a digit to str.isdigit, not to int
-])
-def test_reads_the_device_count_of_a_starting_train_command(argv, has_gpu, expected):
-    orig = ['python', '-m', 'gluon_mgpu.train'] + argv
-    assert threads.simulated_devices_of_command(['-m'] + argv, orig, has_gpu) == expected
-    # Not the train command, or not starting through python -m: no guess.
-    assert threads.simulated_devices_of_command(
-        ['-m'] + argv, ['python', '-m', 'gluon_mgpu.sweep'] + argv, has_gpu) is None
-    assert threads.simulated_devices_of_command(['x.py'] + argv, orig, has_gpu) is None
+def _train_threads(tmp_path, *argv, **env):
+    """The thread settings a train command ran with, from its --metrics-json."""
+    import json
+    out = tmp_path / ('m%d.json' % len(os.listdir(tmp_path)))
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--model', 'lenet',
+                           '--train-limit', '16', '--test-limit', '8', '--batch-size', '8',
+                           '--epochs', '1', '--quiet', '--device', 'cpu', '--metrics-json',
+                           str(out)] + list(argv),
+                          capture_output=True, text=True, timeout=300,
+                          env=dict({k: v for k, v in os.environ.items() if k not in (
+                              'OMP_NUM_THREADS', 'GLUON_MGPU_CHOSE', threads.DEVICES_ENV)}, **env))
+    assert done.returncode == 0, done.stderr
+    with open(out) as f:
+        found = json.load(f)['threads']
+    return found['devices'], found['omp_num_threads'], found['source']
+
+
+def test_the_train_command_reads_its_flags_before_mxnet_starts_and_chooses_the_threads(
+        tmp_path):
+    cores = len(os.sched_getaffinity(0))
+    assert _train_threads(tmp_path) == (1, cores, 'gluon_mgpu')
+    assert _train_threads(tmp_path, '--num-gpus', '2') == (2, max(1, cores // 2), 'gluon_mgpu')
+    assert _train_threads(tmp_path, '--num-gpus', '2', OMP_NUM_THREADS='2')[1:] == (2, 'user')
+    assert _train_threads(tmp_path, GLUON_MGPU_CPU_DEVICES='2') == (2, max(1, cores // 2),
+                                                                     'gluon_mgpu')
+    # A run resumed without --num-gpus starts again (the same process) with the threads of the
+    # devices it trained on, so that it goes on computing as it did.
+    folder = str(tmp_path / 'ck')
+    assert _train_threads(tmp_path, '--num-gpus', '2', '--checkpoint-dir', folder)[0] == 2
+    assert _train_threads(tmp_path, '--checkpoint-dir', folder, '--resume', '--epochs',
+                          '2') == (2, max(1, cores // 2), 'gluon_mgpu')
+
+
+def test_importing_the_package_starts_no_mxnet_and_changes_no_signal_handler():
+    out = _child('import signal, sys\n'
+                 'names = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT", "SIGPIPE")\n'
+                 'before = [signal.getsignal(getattr(signal, n)) for n in names]\n'
+                 'import gluon_mgpu\n'
+                 'after = [signal.getsignal(getattr(signal, n)) for n in names]\n'
+                 'print(before == after, "mxnet" in sys.modules, callable(gluon_mgpu.train),\n'
+                 '      "mxnet" in sys.modules)')
+    assert out == 'True False True True'
 
 
 def test_the_environment_variable_chooses_for_programs_and_a_bad_one_is_refused():
@@ -207,33 +230,6 @@ def test_nd_dot_on_two_simulated_devices_at_once_finishes_with_the_packages_choi
     devices = max(2, len(os.sched_getaffinity(0)))
     out = _child(DOT_ON_TWO_DEVICES, GLUON_MGPU_CPU_DEVICES=str(devices))
     assert out == '512.0 512.0 1'
-
-
-def test_a_resumed_command_takes_the_device_count_its_checkpoint_records(tmp_path):
-    import json
-    folder = tmp_path / 'ck'
-    folder.mkdir()
-    (folder / 'epoch-0001.json').write_text(json.dumps({'argv': ['--num-gpus=1']}))
-    (folder / 'epoch-0002.json').write_text(json.dumps({'argv': ['--num-gpus=4',
-                                                                 '--device=auto']}))
-
-    def devices(*argv):
-        argv = list(argv)
-        return threads.simulated_devices_of_command(
-            ['-m'] + argv, ['python', '-m', 'gluon_mgpu.train'] + argv, False)
-    assert devices('--checkpoint-dir', str(folder), '--resume') == 4
-    assert devices('--resume', '--checkpoint-dir=%s' % folder, '--num-gpus', '2') == 2
-    assert devices('--checkpoint-dir', str(folder)) == 1            # not resuming
-    (folder / 'epoch-0003.json').write_text('{"args": {"num_gpus": "4"}}')   # tampered
-    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
-    (folder / 'epoch-0003.json').write_bytes(b'\x00' * 100)
-    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
-    assert devices('--checkpoint-dir', str(tmp_path / 'missing'), '--resume') == 1
-    (folder / 'epoch-0003.json').unlink()
-    os.mkfifo(folder / 'epoch-0003.json')        # would block a plain open() for good
-    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
-    (folder / 'epoch-0004.json').mkdir()
-    assert devices('--checkpoint-dir', str(folder), '--resume') == 1
 
 
 def test_the_processes_of_a_horovod_job_share_the_cores():

@@ -121,9 +121,14 @@ def weights(text):
     return values
 
 
+# The choices as the library names them (devices.DEVICE_CHOICES, precision.DTYPES; tests/test_cli.py
+# checks they agree), written here so that a parser imports no MXNet.
+DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
+DTYPES = ('float32', 'bfloat16')
+
+
 def add_device_flag(parser):
     """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
-    from ..devices import DEVICE_CHOICES
     parser.add_argument('--device', choices=DEVICE_CHOICES, default='auto',
                         help='auto: GPUs if there are enough, simulated CPU devices if there is '
                              'no GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
@@ -147,18 +152,17 @@ def add_seed_flag(parser, help):
 
 def add_hybridize_flag(parser):
     parser.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
-                        help='compile the network into one graph (same results as imperative, '
-                             '1.24x as fast on a 2-core CPU, docs/benchmarks.md); --no-hybridize '
-                             'runs it line by line as the book does (default: hybridize)')
+                        help='compile the network into one graph (the same results as '
+                             'imperative, faster: docs/benchmarks.md); --no-hybridize runs it line '
+                             'by line as the book does (default: hybridize)')
 
 
 def add_dtype_flags(parser):
-    from ..runtime.precision import DTYPES
     parser.add_argument('--dtype', choices=DTYPES, default='float32',
                         help='what the network computes in: float32 (the book) or bfloat16 '
                              "(MXNet's AMP casts convolutions and dense layers, the parameters "
-                             'stay float32; about 1.6x as fast on a CPU with avx512_bf16, '
-                             'docs/bf16.md) (default: float32)')
+                             'stay float32; faster on a CPU with avx512_bf16, docs/bf16.md) '
+                             '(default: float32)')
     parser.add_argument('--force-dtype', action='store_true',
                         help='train in bfloat16 even on a CPU without bfloat16 instructions, '
                              'where it is slower than float32 (default: refuse)')
@@ -330,3 +334,29 @@ def run_command(prog, argv, body, explain=None):
     finally:
         if isinstance(sys.stdout, _WatchedStdout):
             sys.stdout = stream
+
+
+def inspection_cells(devices, num_images=4, before_forward=None):
+    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``, as
+    ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` do.
+
+    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, ``before_forward(net)``,
+    a random batch of ``num_images`` images (at least one per device) split with
+    ``split_and_load``, one forward pass per device. Returns a dict of ``net``, ``x``,
+    ``parts``, ``outputs`` (one per device) and ``weight`` (the first convolution's).
+    """
+    from mxnet import init, nd
+    from mxnet.gluon import utils as gutils
+
+    from ..model import resnet18
+    from ..training import INIT_SIGMA
+
+    net = resnet18(10)
+    net.initialize(init=init.Normal(sigma=INIT_SIGMA), ctx=devices)
+    if before_forward is not None:
+        before_forward(net)
+    x = nd.random.uniform(shape=(max(num_images, len(devices)), 1, 28, 28))
+    parts = gutils.split_and_load(x, devices, even_split=False)
+    outputs = [net(part) for part in parts]
+    return {'net': net, 'x': x, 'parts': parts, 'outputs': outputs,
+            'weight': net[0].params.get('weight')}

@@ -101,7 +101,7 @@ def run_chapter_cells(devices):
     """
     import mxnet as mx
 
-    from ..replicas import inspection_cells
+    from .cli import inspection_cells
 
     if len(devices) != 2:
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '

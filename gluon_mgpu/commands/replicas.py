@@ -9,8 +9,8 @@ from mxnet.gluon.parameter import DeferredInitializationError
 
 from .. import devices as devices_mod, training
 from . import cli
-from ..replicas import (format_replica_report, get_replica, inspect_replicas,
-                        inspection_cells)
+from ..replicas import format_replica_report, get_replica, inspect_replicas
+from .cli import inspection_cells
 
 PROG = 'python -m gluon_mgpu.replicas'
 

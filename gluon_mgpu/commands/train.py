@@ -2,24 +2,26 @@
 ``gluon_mgpu.train`` (docs/events.md); its outputs and exit codes are in docs/outputs.md, a dist
 job's worker in docs/distributed.md.
 """
-import argparse
 import json
 import os
 import secrets
 import shlex
 import sys
 
-from ..parallel import dist, horovod, weighted
-from .. import data, devices as devices_mod, parallel, replicas, training
-from ..handlers import checkpoint, events, metrics, plotting, progress
 from . import cli
 from ..runtime import files, startup
 from .cli import UsageError
-from ..handlers.interrupts import DeferredInterrupt
 
 PROG = 'python -m gluon_mgpu.train'
-JOB_KVSTORES = dist.DIST_KVSTORES + ('horovod',)  # a job of several processes
+# The flags' values, as the library names them (tests/test_cli.py checks they agree): written
+# here so that the parser imports no MXNet, and a run sets its threads before MXNet starts.
+JOB_KVSTORES = ('dist_sync', 'dist_device_sync', 'horovod')  # a job of several processes
 KVSTORES = ('device', 'local') + JOB_KVSTORES
+MODELS = ('resnet18', 'lenet')
+LOADERS = ('array', 'gluon')
+PLOT_SUFFIXES = ('.png', '.svg')
+METHODS = ('data', 'scratch', 'layers', 'channels')
+BOOK_PER_DEVICE = (256, 0.1)  # training.BATCH_SIZE_PER_DEVICE, LR_PER_DEVICE
 # Flags that are not settings of the run, so a checkpoint does not record them.
 _NOT_RECORDED = ('given', 'argv', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
 # Settings that define a run: continuing with other values would be a different run.
@@ -29,14 +31,8 @@ RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', '
 
 def network_name(args):
     """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``."""
+    from .. import training
     return training.network_name(args.model, args.num_gpus if args.sync_bn else None)
-
-
-def _cut(text):
-    try:
-        return parallel.parse_cut(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def build_parser():
@@ -48,19 +44,17 @@ def build_parser():
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
-                        % (training.BATCH_SIZE_PER_DEVICE, training.book_setting(1)[0],
-                           training.book_setting(2)[0]))
+                        % (BOOK_PER_DEVICE[0], BOOK_PER_DEVICE[0], 2 * BOOK_PER_DEVICE[0]))
     p.add_argument('--lr', type=cli.learning_rate('--lr'),
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
-                        % (training.LR_PER_DEVICE, training.book_setting(1)[1],
-                           training.book_setting(2)[1]))
+                        % (BOOK_PER_DEVICE[1], BOOK_PER_DEVICE[1], 2 * BOOK_PER_DEVICE[1]))
     p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
     cli.add_data_flags(p)
     cli.add_hybridize_flag(p)
     cli.add_dtype_flags(p)
-    p.add_argument('--loader', choices=tuple(data.LOADERS), default='array',
+    p.add_argument('--loader', choices=LOADERS, default='array',
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
     cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
@@ -82,10 +76,10 @@ def build_parser():
                    help='write arguments, devices, per-epoch numbers and the summary to this '
                         'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
     p.add_argument('--plot', metavar='PATH',
-                   type=cli.output_file('--plot', plotting.PLOT_SUFFIXES, 'curves.png'),
+                   type=cli.output_file('--plot', PLOT_SUFFIXES, 'curves.png'),
                    help='draw test accuracy and training loss per epoch into this .png (an '
                         '.svg name writes the .svg and a .png beside it), redrawn every epoch')
-    p.add_argument('--model', choices=training.MODELS, default='resnet18',
+    p.add_argument('--model', choices=MODELS, default='resnet18',
                    help="resnet18: the chapter's network; lenet: the book's LeNet, without "
                         'BatchNorm, whose result does not depend on how batches are split '
                         '(default: resnet18)')
@@ -112,7 +106,7 @@ def build_parser():
     p.add_argument('--sync-bn', action='store_true',
                    help='BatchNorm with statistics over the whole batch of all devices '
                         '(SyncBatchNorm; default: off)')
-    p.add_argument('--parallel', choices=parallel.METHODS, default='data',
+    p.add_argument('--parallel', choices=METHODS, default='data',
                    help="how to split training over the devices: data (the chapter: every "
                         "device a replica, a slice of every batch); scratch (the same written "
                         "by hand, on the book's LeNet); layers (consecutive layers on "
@@ -121,7 +115,7 @@ def build_parser():
     p.add_argument('--micro-batches', type=cli.whole('--micro-batches'), default=1, metavar='M',
                    help='with --parallel layers: cut every batch into M micro-batches that '
                         'flow through the devices one after the other (default: 1)')
-    p.add_argument('--cut', type=_cut, default='params',
+    p.add_argument('--cut', default='params',
                    help="with --parallel layers: where to cut ResNet-18 between devices: params "
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
@@ -139,6 +133,7 @@ _OUTPUTS = (('metrics_json', '--metrics-json'), ('plot', '--plot'),
 
 def _check_outputs(args):
     """Refuse outputs that would overwrite each other or the checkpoints, before training."""
+    from ..handlers import checkpoint, plotting
     seen = {}
     for dest, flag in _OUTPUTS:
         given = getattr(args, dest)
@@ -199,6 +194,8 @@ def parse_args(argv=None, complete=False):
     the checkpoint: the flags are checked against each other once they are merged with the
     run's (``complete``).
     """
+    from .. import parallel, training
+    from ..parallel import dist, horovod
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
     args.given, args.texts = _given_flags(argv)
@@ -253,6 +250,10 @@ def parse_args(argv=None, complete=False):
         ('--warmup-steps', args.warmup_steps is not None),
         ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
     try:
+        args.cut = parallel.parse_cut(args.cut) if isinstance(args.cut, str) else args.cut
+    except ValueError as e:
+        raise UsageError('argument --cut: %s (see --help)' % e) from None
+    try:
         parallel.check_parallel_options(
             args.parallel, args.num_gpus, args.micro_batches, args.batch_size, args.cut,
             model=args.given.get('model'), hybridize=args.given.get('hybridize'),
@@ -272,6 +273,7 @@ def _resume_command(directory, extra=''):
 def _resume(args):
     """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
     recorded command line parsed again, with the flags given now) and the record."""
+    from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
@@ -330,6 +332,7 @@ def _resume(args):
 def _prepare_checkpoints(args, write=True):
     """Check --checkpoint-dir; for --resume merge the run's settings into ``args`` and return
     its record (else None); ``write=False`` for a process that only reads the folder."""
+    from ..handlers import checkpoint
     directory, record = args.checkpoint_dir, None
     if args.resume:
         try:
@@ -366,6 +369,7 @@ def _devices(args):
 def _join_job(args, devices, train_iter):
     """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
     worker's shard and the shared seed; return the kvstore."""
+    from ..parallel import dist, horovod
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
         share = max(workers * len(devices), args.batch_size // workers * workers)
@@ -393,6 +397,8 @@ def _join_job(args, devices, train_iter):
 
 def _split(args, net, devices, test_iter):
     """The split of --device-weights, or measured for --balance auto; and its line, or None."""
+    from .. import training
+    from ..parallel import weighted
     weights, measured = args.device_weights, args.balance == 'auto'
     if measured:
         X, y = next(iter(test_iter))
@@ -415,6 +421,8 @@ def run(args, interrupt=None):
     ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
     came inside MXNet's optimizer callback right after that step or epoch.
     """
+    from ..handlers import checkpoint
+    from ..parallel import horovod
     if args.resume and not os.path.isdir(args.checkpoint_dir):
         _prepare_checkpoints(args)  # says that there is nothing to resume
     if args.checkpoint_dir is None:
@@ -432,6 +440,7 @@ def run(args, interrupt=None):
 
 
 def _load_data(args):
+    from .. import data
     try:
         return data.load_data_fashion_mnist(
             args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
@@ -442,6 +451,8 @@ def _load_data(args):
 
 def _file_handlers(args, devices, placement=None):
     """The handlers that write ``--metrics-json`` and ``--plot``."""
+    from .. import devices as devices_mod
+    from ..handlers import metrics, plotting
     handlers = []
     if args.metrics_json:
         try:
@@ -463,6 +474,7 @@ def _file_handlers(args, devices, placement=None):
 
 def _save_params(args, save):
     """``--save-params``: ``save(path)`` atomically (a dist worker: to its ``.rank<r>`` path)."""
+    from ..parallel import dist
     if args.save_params is None or (args.kvstore == 'horovod' and args.rank != 0):
         return  # a Horovod worker has the same parameters as rank 0, which saves them
     path = args.save_params
@@ -473,6 +485,8 @@ def _save_params(args, save):
 
 
 def _run(args, record, interrupt):
+    from .. import devices as devices_mod
+    from ..handlers import events, metrics, progress
     train_iter, test_iter = _load_data(args)
     # After the data: the device check may log a warning, and bad input gets one line only.
     devices = _devices(args)
@@ -511,6 +525,9 @@ def _run(args, record, interrupt):
 
 def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
+    from .. import training
+    from ..handlers import replica_check
+    from ..handlers import checkpoint, events
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
     net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
                                args.dtype)
@@ -541,7 +558,7 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     if line is not None and mode != 'quiet':
         print(line, flush=True)
     if args.check_replicas is not None:
-        handlers.append(replicas.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
+        handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
 
     def fit(train_iter, test_iter, handlers):
         # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
@@ -552,12 +569,16 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
 
 
 def _bytes(values):
-    return ', '.join(replicas.format_bytes(v) for v in values)
+    from ..replicas import placement
+    return ', '.join(placement.format_bytes(v) for v in values)
 
 
 def _split_parallel(args, devices, mode, handlers, test_iter):
     """``--parallel scratch|layers|channels``: the split network (it saves an ordinary
     ``.params`` file) and its handlers; ``(split, placement, fit)``."""
+    from .. import parallel, training
+    from ..handlers import replica_check
+    from ..replicas.placement import format_bytes
     import mxnet as mx
     X, _ = next(iter(test_iter))  # a batch of the run's size, to measure the bytes
     if args.seed is not None:
@@ -582,10 +603,10 @@ def _split_parallel(args, devices, mode, handlers, test_iter):
         print('bytes per device: parameters %s; activations of a batch of %d: %s; copied per '
               'step: %s' % (_bytes(placement['parameter_bytes']), placement['batch_size'],
                             _bytes(placement['activation_bytes']),
-                            replicas.format_bytes(placement['copied_bytes_per_step'])),
+                            format_bytes(placement['copied_bytes_per_step'])),
               flush=True)
     if args.check_replicas is not None:
-        handlers.append(replicas.PlacementCheck(verbose=mode != 'quiet'))
+        handlers.append(replica_check.PlacementCheck(verbose=mode != 'quiet'))
 
     def fit(train_iter, test_iter, handlers):
         return parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs, handlers,
@@ -594,6 +615,7 @@ def _split_parallel(args, devices, mode, handlers, test_iter):
 
 
 def _saved_epochs(args):
+    from ..handlers import checkpoint
     if args is None or args.checkpoint_dir is None:
         return None
     done = checkpoint.list_checkpoints(args.checkpoint_dir)
@@ -634,18 +656,61 @@ def _diverged(e, args):
                                 'training diverged; %s' % (e.loss, e.epoch, e.step, e.lr, fix))
 
 
+def _simulated(num_gpus, device):
+    """How many simulated CPU devices ``--num-gpus`` and ``--device`` make (None for GPUs): the
+    count the threads are chosen for before MXNet starts (docs/devices.md)."""
+    from ..runtime.threads import has_gpu
+    return num_gpus if device == 'cpu' or (device == 'auto' and not has_gpu()) else None
+
+
+def _threads_for_the_run(args, argv):
+    """``--resume`` without ``--num-gpus``: the threads were chosen for one device before MXNet
+    started; for a run of several simulated devices start again (``os.execve``, the same pid)
+    with ``GLUON_MGPU_CPU_DEVICES`` set, so that it computes as it did before the stop."""
+    from ..handlers import checkpoint
+    from ..runtime import threads
+    settings = threads.thread_settings()
+    if settings.get('source') != 'gluon_mgpu' or os.environ.get(threads.DEVICES_ENV):
+        return
+    try:
+        record = checkpoint.read_checkpoint(args.checkpoint_dir)
+        run = parse_args(list(record['argv']) + ['--checkpoint-dir', args.checkpoint_dir])
+    except (checkpoint.CheckpointError, UsageError, ValueError, TypeError, KeyError):
+        return  # the run itself says what is wrong
+    n = _simulated(run.num_gpus, args.given.get('device', run.device))
+    if n and n != settings['devices']:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, '-m', 'gluon_mgpu.train'] + argv,
+                  dict(os.environ, **{threads.DEVICES_ENV: str(n)}))
+
+
 def main(argv=None):
-    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code (docs/outputs.md)."""
+    """Entry point of ``python -m gluon_mgpu.train``; returns the exit code (docs/outputs.md).
+
+    The flags are read first, by argparse alone: the threads are chosen for the devices they
+    name before MXNet starts (``startup.before_mxnet``), then the rest of the package loads.
+    """
+    entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args = None
 
     def body():
         nonlocal args
+        flags = build_parser().parse_args(argv)  # no MXNet yet
+        startup.before_mxnet(PROG, _simulated(flags.num_gpus, flags.device))
+        from ..handlers.interrupts import DeferredInterrupt
         args = parse_args(argv)
+        if entry and args.resume and 'num_gpus' not in args.given:
+            _threads_for_the_run(args, argv)
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 
     def explain(e):
+        from .. import training
+        from ..handlers import replica_check
+        from ..handlers import checkpoint, events
+        from ..parallel import horovod
         if isinstance(e, KeyboardInterrupt):
             return getattr(e, 'exit_code', 130), _interrupted(args, e)
         if isinstance(e, training.UpdateError):
@@ -654,7 +719,7 @@ def main(argv=None):
             return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))
         if isinstance(e, events.LossNotFiniteError):
             return 1, _diverged(e, args)
-        if isinstance(e, replicas.ReplicaCheckFailed):
+        if isinstance(e, replica_check.ReplicaCheckFailed):
             return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
         if getattr(args, 'kvstore', None) == 'horovod' and \
                 any(text in str(e) for text in horovod.PEER_GONE):

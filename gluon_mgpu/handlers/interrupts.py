@@ -47,7 +47,8 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside MXNet's optimizer callback, at the next ``check()`` (``requested`` and ``signum``
+    inside MXNet's optimizer callback or an object's ``__del__`` (where Python would drop the
+    exception), at the next ``check()`` (``requested`` and ``signum``
     say one waits). SIGQUIT quits at once after printing every thread's stack. A signal is
     taken over only in the main thread and while it has its default handler (not under
     ``nohup`` nor from a caller's own handler); on exit the previous handlers come back. As an
@@ -91,8 +92,10 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
         return False
 
     def _in_callback(self, frame):
+        """Whether ``frame`` runs inside MXNet's optimizer callback, or inside a ``__del__``
+        (garbage collection: an NDArray freed at any point): Python drops what either raises."""
         while frame is not None:
-            if frame.f_code in self._callbacks:
+            if frame.f_code in self._callbacks or frame.f_code.co_name == '__del__':
                 return True
             frame = frame.f_back
         return False

@@ -7,7 +7,7 @@ from mxnet import init as mx_init, nd
 from mxnet.gluon import utils as gutils
 
 from ..training import evaluate_accuracy
-from .placement import inspect_placement
+from ..replicas.placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
            'trace_devices', 'check_trace', 'per_device', 'parameter_bytes', 'count_pass',

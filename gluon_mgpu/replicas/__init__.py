@@ -6,17 +6,12 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from mxnet import nd
-from mxnet.gluon.parameter import DeferredInitializationError, ParameterDict
 
 from ..devices import format_devices, plural
-from ..runtime.checks import check_whole
-from ..handlers.events import PRIORITY, BatchEnd, EpochBegin, EpochEnd
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
-           'format_replica_summary', 'ReplicaCheck', 'ReplicaCheckFailed', 'AUXILIARY_WHY',
-           'GRADIENT_WHY', 'format_bytes', 'PlacementCheck', 'inspection_cells']
+           'format_replica_summary', 'AUXILIARY_WHY', 'GRADIENT_WHY']
 
 _WHATS = ('data', 'grad')
 _BATCHNORM_STATS = ('running_mean', 'running_var')
@@ -159,6 +154,7 @@ class ReplicaReport:
 
 
 def _params_of(net):
+    from mxnet.gluon.parameter import ParameterDict
     if isinstance(net, ParameterDict):
         return list(net.values())
     if hasattr(net, 'collect_params'):
@@ -169,6 +165,7 @@ def _params_of(net):
 
 def _check_initialized(param):
     """Return ``param``'s contexts, or say in the error how to initialize it."""
+    from mxnet.gluon.parameter import DeferredInitializationError
     try:
         param.list_data()
     except DeferredInitializationError:
@@ -262,6 +259,7 @@ def inspect_replicas(net, what='data', devices=None):
     devices = None if devices is None else list(devices)
     if devices is not None and not devices:
         raise ValueError('devices is empty; pass at least one context, or None for all')
+    from mxnet import nd
     params = _params_of(net)
     nd.waitall()
     rows, seen = [], []
@@ -374,79 +372,3 @@ def format_replica_report(report):
     lines = [title] + ['  '.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
                        for r in [header] + rows]
     return '\n'.join(lines + [format_replica_summary(report)])
-
-
-class ReplicaCheckFailed(RuntimeError):
-    """``ReplicaCheck`` found trained parameters that differ; ``where`` says when, ``error``
-    is the ``ReplicaMismatchError``."""
-
-    def __init__(self, where, error):
-        super().__init__('at %s, %s' % (where, error))
-        self.where, self.error = where, error
-
-
-class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
-    """Event handler: ``assert_replicas_match(net)`` after every ``every``-th step of an epoch
-    and at its end (``ReplicaCheckFailed`` stops training). Each epoch's report is kept in
-    ``reports`` and, with ``verbose``, its summary line printed. Works with ``Estimator.fit`` too.
-    """
-
-    priority = PRIORITY['ReplicaCheck']
-
-    def __init__(self, every, verbose=True, stream=None):
-        check_whole('every', every, 'for example every=10')
-        self.every, self.verbose, self.stream = every, verbose, stream
-        self.epoch = self.step = 0
-        self.reports = []
-
-    def _check(self, estimator, where):
-        try:
-            return assert_replicas_match(estimator.net)
-        except ReplicaMismatchError as e:
-            raise ReplicaCheckFailed(where, e) from None
-
-    def epoch_begin(self, estimator, *args, **kwargs):
-        self.epoch = getattr(estimator, 'epoch', self.epoch + 1)
-        self.step = 0
-
-    def batch_end(self, estimator, *args, **kwargs):
-        self.step += 1
-        if self.step % self.every == 0:
-            self._check(estimator, 'epoch %d, step %d' % (self.epoch, self.step))
-        return False
-
-    def epoch_end(self, estimator, *args, **kwargs):
-        report = self._check(estimator, 'the end of epoch %d' % self.epoch)
-        self.reports.append(report)
-        if self.verbose:
-            print(format_replica_summary(report), file=self.stream, flush=True)
-        return False
-
-
-from ..parallel.placement import PlacementCheck, format_bytes  # commands/train.py uses replicas.*
-
-
-def inspection_cells(devices, num_images=4, before_forward=None):
-    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``, as
-    ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` do.
-
-    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, ``before_forward(net)``,
-    a random batch of ``num_images`` images (at least one per device) split with
-    ``split_and_load``, one forward pass per device. Returns a dict of ``net``, ``x``,
-    ``parts``, ``outputs`` (one per device) and ``weight`` (the first convolution's).
-    """
-    from mxnet import init
-    from mxnet.gluon import utils as gutils
-
-    from ..model import resnet18
-    from ..training import INIT_SIGMA
-
-    net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=INIT_SIGMA), ctx=devices)
-    if before_forward is not None:
-        before_forward(net)
-    x = nd.random.uniform(shape=(max(num_images, len(devices)), 1, 28, 28))
-    parts = gutils.split_and_load(x, devices, even_split=False)
-    outputs = [net(part) for part in parts]
-    return {'net': net, 'x': x, 'parts': parts, 'outputs': outputs,
-            'weight': net[0].params.get('weight')}

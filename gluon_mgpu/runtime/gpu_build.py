@@ -9,8 +9,7 @@ import sys
 import sysconfig
 
 __all__ = ['LIBRARIES', 'DRIVER_LIBRARY', 'DRIVER_VERSIONS', 'GPUBuildError', 'NoDriverError',
-           'gpu_build', 'library_paths', 'no_driver_message', 'command_module', 'prepare',
-           'prepare_for_package',
+           'gpu_build', 'library_paths', 'no_driver_message', 'prepare',
            'install_finder', 'install_hook', 'HOOK_NAME']
 
 # (folder under site-packages/nvidia/, soname): each after the libraries it needs (cuBLAS needs
@@ -124,48 +123,6 @@ def prepare(path=None):
     except OSError:
         raise NoDriverError(no_driver_message(build)) from None
     return loaded
-
-
-def command_module(argv):
-    """The module that ``python [options] -m MODULE ...`` runs, or None for a script or ``-c``."""
-    args = iter(argv[1:])
-    for arg in args:
-        if arg == '-m':
-            return next(args, None)
-        if arg.startswith('-m'):
-            return arg[2:]
-        if arg in ('-W', '-X'):  # options that take a separate argument
-            next(args, None)
-        elif arg == '-c' or not arg.startswith('-'):
-            return None
-    return None
-
-
-def prepare_for_package(argv=None):
-    """:func:`prepare` for ``gluon_mgpu/__init__.py``: under ``python -m gluon_mgpu.<command>``
-    a :class:`GPUBuildError` becomes one line on stderr and exit code 2; anywhere else it is
-    raised.
-
-    Parameters
-    ----------
-    argv : list of str, optional
-        How Python was started (default ``sys.orig_argv``; before Python 3.10, a ``-m`` run is
-        recognized while ``sys.argv[0]`` is still ``'-m'``).
-    """
-    try:
-        return prepare()
-    except GPUBuildError as e:
-        if argv is None:
-            argv = getattr(sys, 'orig_argv', None)
-        if argv is None:
-            command = 'gluon_mgpu' if sys.argv[:1] == ['-m'] else None
-        else:
-            command = command_module(argv)
-        if command is None or command.split('.')[0] != 'gluon_mgpu':
-            raise
-        sys.stderr.write('python -m %s: error: %s\n' % (command, e))
-        sys.stderr.flush()
-        raise SystemExit(2)
 
 
 class _MXNetFinder:

@@ -85,8 +85,8 @@ def most_threads(cores):
     """``(n, reason)``: the most threads the package lets MXNet use on ``cores`` usable cores,
     ``THREADS_PER_CORE`` per core and at most half of ``threads.thread_limit()``."""
     most, reason = THREADS_PER_CORE * cores, (
-        '%d per usable core (more spin waiting for each other: on 2 cores a step took 3.5x as '
-        'long with 32, and never ended with 1000)' % THREADS_PER_CORE)
+        '%d per usable core (more spin waiting for each other: docs/devices.md)'
+        % THREADS_PER_CORE)
     limit, source = thread_limit()
     if limit is not None and limit // 2 < most:
         most, reason = limit // 2, 'half of the %d threads %s allows' % (limit, source)

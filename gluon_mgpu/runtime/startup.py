@@ -1,6 +1,8 @@
-"""The first seconds of a ``python -m gluon_mgpu.<command>``: a signal while the package imports
-MXNet ends the command with one line, not a traceback (docs/outputs.md, "When a command fails");
-and ``interruptible``, for any wait inside MXNet's C++ code, where Python runs no handler.
+"""The first seconds of a ``python -m gluon_mgpu.<command>`` (``before_mxnet``): its threads,
+the checks of what MXNet would abort on, the GPU build's libraries, then MXNet, a signal while
+it loads ending the command with one line, not a traceback (docs/outputs.md, "When a command
+fails"); and ``interruptible``, for any wait inside MXNet's C++ code, where Python runs no
+handler.
 """
 import contextlib
 import os
@@ -8,26 +10,13 @@ import signal
 import sys
 import threading
 
-from .gpu_build import command_module
-
-__all__ = ['starting_command', 'guard', 'release', 'interruptible', 'join_job']
+__all__ = ['before_mxnet', 'interruptible', 'join_job']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
             signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
             signal.SIGHUP: ('terminated (SIGHUP)', signal.SIG_DFL)}
-_TAKEN = {}
-_ARMED = []
 # How long the main thread has to handle a signal itself before the watcher ends the process.
 LATE_SECONDS = 1.0
-
-
-def starting_command(argv=None, orig_argv=None):
-    """``'python -m gluon_mgpu.train'`` while ``python -m`` imports the package for a command,
-    else None. (runpy imports the package before it sets ``sys.argv[0]``, which is ``-m`` then.)"""
-    argv = sys.argv if argv is None else argv
-    orig_argv = getattr(sys, 'orig_argv', []) if orig_argv is None else orig_argv
-    module = command_module(orig_argv) if argv[:1] == ['-m'] and orig_argv else None
-    return 'python -m %s' % module if module and module.split('.')[0] == 'gluon_mgpu' else None
 
 
 def _lines(command, doing):
@@ -129,31 +118,34 @@ def _starting():
     return 'while starting; nothing was done'
 
 
-def guard():
-    """While a command starts, make SIGINT, SIGTERM and SIGHUP end it with one line, also while
-    MXNet's import waits in C code (a dist server's loop)."""
-    command = starting_command()
-    if command is None:
+def before_mxnet(command, devices=None, mxnet=True):
+    """What a command does before MXNet starts, then MXNet: ``OMP_NUM_THREADS`` for ``devices``
+    simulated CPU devices (``threads.configure_threads``; ``GLUON_MGPU_CPU_DEVICES`` and the
+    user's own value win), the variables MXNet would abort on (``mxnet_env``), the GPU build's
+    libraries (``gpu_build.prepare``), each refusal one line on stderr and exit code 2; then
+    ``import mxnet`` (unless not ``mxnet``: a command that only starts others), SIGINT, SIGTERM
+    and SIGHUP ending it with one line, also while MXNet's import waits in C code (a dist job's
+    server). Nothing once MXNet is imported (a command's ``main`` called in a program)."""
+    if 'mxnet' in sys.modules:
+        return
+    from . import gpu_build, mxnet_env, threads
+    try:
+        threads.configure_threads(devices=None if os.environ.get(threads.DEVICES_ENV) else devices)
+        mxnet_env.check_environment(os.environ, threads.usable_cores())
+        gpu_build.prepare()
+    except (ValueError, gpu_build.GPUBuildError) as e:
+        sys.stderr.write('%s: error: %s\n' % (command, e))
+        sys.stderr.flush()
+        raise SystemExit(2)
+    threads.warn_if_imported_late()
+    if not mxnet:
         return
     lines = _lines(command, _starting())
-
-    def stop(signum, frame):
-        _end(lines[signum], signum)
-
-    for signum, (_, default) in _SIGNALS.items():
-        if signal.getsignal(signum) is default:
-            _TAKEN[signum] = signal.signal(signum, stop)
-    if threading.current_thread() is threading.main_thread():
-        _ARMED.append(_arm(lines))
-
-
-def release():
-    """Give the signals back their handlers: the command handles them from here on."""
-    while _ARMED:
-        _disarm(_ARMED.pop())
-    for signum, previous in _TAKEN.items():
-        signal.signal(signum, previous)
-    _TAKEN.clear()
+    try:
+        with interruptible(command, _starting()):
+            import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
+    except KeyboardInterrupt:
+        _end(lines[signal.SIGINT], signal.SIGINT)
 
 
 def join_job(kvstore, command='gluon_mgpu', root=None):

@@ -13,15 +13,14 @@ from .checks import is_digits
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
-           'thread_limit', 'usable_cores', 'simulated_devices_of_command', 'DEVICES_ENV']
+           'thread_limit', 'usable_cores', 'has_gpu', 'DEVICES_ENV',
+           'devices_from_environment']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
 # What the package set, so that a child process (a notebook's `!python -m gluon_mgpu.train`)
 # can tell the package's values, which it may choose again, from the user's.
 CHOSEN_ENV = 'GLUON_MGPU_CHOSE'
-# Commands whose --num-gpus/--device say how many devices the process computes on.
-_DEVICE_COMMANDS = ('gluon_mgpu.train',)
 
 
 def usable_cores():
@@ -32,79 +31,12 @@ def usable_cores():
         return os.cpu_count() or 1
 
 
-def _has_gpu():
+def has_gpu():
     # Without importing MXNet: the NVIDIA driver's device files.
     try:
         return any(re.fullmatch(r'nvidia\d+', name) for name in os.listdir('/dev'))
     except OSError:
         return False
-
-
-def simulated_devices_of_command(argv=None, orig_argv=None, has_gpu=None):
-    """How many simulated CPU devices a starting ``python -m gluon_mgpu.train`` will use.
-
-    Read from its arguments before MXNet is imported: ``--num-gpus N`` (default 1) with
-    ``--device cpu``, or with ``--device auto`` on a machine with no NVIDIA GPU (``has_gpu``,
-    default: an NVIDIA device file in ``/dev``); with ``--resume``, what the flags do not give
-    comes from the latest checkpoint.
-
-    Parameters
-    ----------
-    argv, orig_argv : list of str, optional
-        ``sys.argv`` and ``sys.orig_argv``; default: this process's.
-    has_gpu : bool, optional
-
-    Returns
-    -------
-    int or None
-        None when the process is not that command, its GPUs are used, or the count cannot be
-        read (the command then refuses the arguments itself).
-    """
-    from .startup import starting_command
-    argv = sys.argv if argv is None else argv
-    command = starting_command(argv, orig_argv)
-    if command is None or command.split()[-1] not in _DEVICE_COMMANDS:
-        return None
-    given = {}
-    args = list(argv[1:])
-    for i, arg in enumerate(args):
-        if arg == '--':
-            break
-        name, eq, value = arg.partition('=')
-        if name in ('--num-gpus', '--device', '--checkpoint-dir'):
-            given[name] = value if eq else (args[i + 1] if i + 1 < len(args) else '')
-        elif arg == '--resume':
-            given['--resume'] = True
-    values = {'--num-gpus': '1', '--device': 'auto'}
-    if given.get('--resume') and '--checkpoint-dir' in given:
-        # A resumed run trains on the devices its checkpoint records, unless the flags say.
-        values.update(_recorded_devices(given['--checkpoint-dir']))
-    values.update({k: v for k, v in given.items() if k in values})
-    count, device = values['--num-gpus'], values['--device']
-    if not is_digits(count) or int(count) < 1:
-        return None
-    has_gpu = _has_gpu() if has_gpu is None else has_gpu
-    if device == 'cpu' or (device == 'auto' and not has_gpu):
-        return int(count)
-    return None
-
-
-def _recorded_devices(directory):
-    """``--num-gpus`` and ``--device`` as the latest checkpoint in ``directory`` records them
-    (at most 1 MB of its JSON read); ``{}`` when it cannot be read (the command says why)."""
-    import json
-    from .checkpoint_names import checkpoint_path, list_checkpoints
-    from .files import InputError, open_input
-    try:
-        epochs = list_checkpoints(directory)
-        with open_input(checkpoint_path(directory, epochs[-1], 'json')) as f:
-            argv = json.loads(f.read(1 << 20))['argv']
-        found = dict(a[2:].split('=', 1) for a in argv if a.startswith(('--num-gpus=',
-                                                                        '--device=')))
-    except (InputError, OSError, IndexError, ValueError, KeyError, TypeError, AttributeError,
-            RecursionError):
-        return {}
-    return {'--' + k: v for k, v in found.items() if isinstance(v, str)}
 
 
 def _read_int(path):
@@ -157,7 +89,9 @@ def thread_limit():
     return min(limits) if limits else (None, None)
 
 
-def _devices_from_environment(environ):
+def devices_from_environment(environ):
+    """``GLUON_MGPU_CPU_DEVICES`` as a count, or None when unset; ``ValueError`` naming a bad
+    value."""
     value = environ.get(DEVICES_ENV, '')
     if value == '':
         return None
@@ -179,7 +113,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         Whether MXNet was imported before us (default: look in ``sys.modules``): too late then.
     devices : int, optional
         Simulated CPU devices this process will compute on. Default: ``GLUON_MGPU_CPU_DEVICES``,
-        else ``simulated_devices_of_command()``, else 1.
+        else 1 (the train command passes its ``--num-gpus``, ``runtime.startup.before_mxnet``).
 
     Returns
     -------
@@ -198,9 +132,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     if mxnet_imported is None:
         mxnet_imported = 'mxnet' in sys.modules
     if devices is None:
-        devices = _devices_from_environment(environ)
-    if devices is None:
-        devices = simulated_devices_of_command() if environ is os.environ else None
+        devices = devices_from_environment(environ)
     devices = devices or 1
     cores = usable_cores()
     if not mxnet_imported:

@@ -4,13 +4,10 @@ returns it as data, ``format_placement`` as text (docs/three-ways.md, "Copies an
 from dataclasses import dataclass
 
 import numpy as np
-from mxnet.gluon import Block, Parameter
-from mxnet.gluon.parameter import ParameterDict
 
-from ..handlers.events import PRIORITY, EpochEnd
 
 __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
-           'format_bytes', 'PlacementCheck']
+           'format_bytes']
 
 
 @dataclass(frozen=True)
@@ -66,6 +63,8 @@ class Placement:
 
 
 def _named_parameters(source):
+    from mxnet.gluon import Block, Parameter
+    from mxnet.gluon.parameter import ParameterDict
     if isinstance(source, Block):
         source = source.collect_params()
     if isinstance(source, ParameterDict):
@@ -146,39 +145,3 @@ def format_placement(placement, per_parameter=True):
         lines.append('%d of %d parameters have copies on more than one device'
                      % (sum(n > 1 for n in spread), len(spread)))
     return '\n'.join(lines)
-
-
-class PlacementCheck(EpochEnd):
-    """Event handler for ``--check-replicas`` with ``--parallel``: after every epoch, one line.
-
-    For the layer and channel splits, where the parameters live (``format_placement``'s device
-    lines); for data parallelism from scratch, every device's copy compared with the first
-    (``RuntimeError`` naming the first array that differs).
-    """
-
-    priority = PRIORITY['PlacementCheck']
-
-    def __init__(self, verbose=True, stream=None):
-        self.verbose, self.stream = verbose, stream
-        self.lines = []
-
-    def epoch_end(self, estimator, *args, **kwargs):
-        split = estimator.net
-        copies = getattr(split, 'device_params', None)
-        if copies is not None:
-            first = copies[0]
-            for device, params in zip(split.devices[1:], copies[1:]):
-                for i, (a, b) in enumerate(zip(first, params)):
-                    if not np.array_equal(a.asnumpy(), b.asnumpy()):
-                        raise RuntimeError('replicas differ after epoch %d: parameter %d on %s '
-                                           'is not the one on %s' % (estimator.epoch, i, device,
-                                                                     split.devices[0]))
-            line = 'replicas: %d parameters identical on %d devices (data parallelism from ' \
-                'scratch)' % (len(first), len(copies))
-        else:
-            text = format_placement(inspect_placement(split.net), per_parameter=False)
-            line = 'placement: ' + '; '.join(text.splitlines())
-        self.lines.append(line)
-        if self.verbose:
-            print(line, file=self.stream, flush=True)
-        return False
