@@ -3,7 +3,8 @@ itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one
 folder per run), diagnosed (the test accuracy with each device's running statistics, with
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
 docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
-notebooks from the records. docs/notebooks.md ("The book, side by side") explains it.
+notebooks from the records (the record's reader and the accuracy table made of it are
+``book_records.py``). docs/notebooks.md ("The book, side by side") explains it.
 
     .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # ~10 h, 2 cores
     .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
@@ -26,6 +27,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))  # book_records, beside this file
 
 import gluon_mgpu  # noqa: E402,F401  (first: it sets the threads MXNet starts with)
 from gluon_mgpu import training  # noqa: E402
@@ -33,15 +35,16 @@ from gluon_mgpu.training import evaluate_accuracy  # noqa: E402
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from gluon_mgpu.commands import cli, compare  # noqa: E402
-from gluon_mgpu.commands.compare import (RUN_EPOCHS, RecordError, record_key,  # noqa: E402
-                                         summarize, table_records)
 from gluon_mgpu.commands.env import cpu_model  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import OutputError, atomic_path, output_problem  # noqa: E402
+import book_records  # noqa: E402
+from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
+                          table_records)
 
 PROG = 'benchmarks/book_table.py'
-DEFAULT_RECORD = compare.DEFAULT_RECORD
+DEFAULT_RECORD = book_records.DEFAULT_RECORD
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
 DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
 OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
@@ -133,7 +136,7 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
     """
     say = progress or (lambda line: None)
     os.makedirs(os.path.join(work_dir, 'logs'), exist_ok=True)
-    records = compare.read_records(record_path)
+    records = book_records.read_records(record_path)
     plan = [(run, e) for run in runs for e in range(1, run.epochs + 1)]
     spent = []  # wall seconds of the epochs this call trained: train command and diagnosis
     waiting_for = None
@@ -552,8 +555,8 @@ def old_step_cells(records, old_records, train_limit=None, test_limit=None):
                 before = {r['seed']: measure(r) for r in old.get(e, [])}
                 after = {r['seed']: measure(r) for r in new.get(e, [])}
                 change, seeds = _same_seed_change(before, after)
-                line += [compare._mean_low_high(summarize(list(before.values())), 3),
-                         compare._mean_low_high(summarize(list(after.values())), 3),
+                line += [book_records.mean_low_high(summarize(list(before.values())), 3),
+                         book_records.mean_low_high(summarize(list(after.values())), 3),
                          '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-']
             lines.append(line)
     return lines
@@ -566,12 +569,12 @@ def _markdown_table(lines):
 
 
 def record_report(records, old_records, bf16_records, devices):
-    """The parts of a report that come from the records alone: ``seconds`` (``compare``'s rows
-    of seconds per epoch and the speed-up, for ``devices``), ``accuracy``, ``old_step``,
-    ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
+    """The parts of a report that come from the records alone: ``seconds`` (rows of seconds
+    per epoch and the speed-up in ``compare``'s table, for ``devices``), ``accuracy``,
+    ``old_step``, ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
     warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
-    return {'seconds': compare.training_rows(devices, records),
-            'accuracy': compare.accuracy_cells(records, compare.read_gpu_runs()),
+    return {'seconds': book_records.training_rows(devices, records),
+            'accuracy': book_records.accuracy_cells(records, book_records.read_gpu_runs()),
             'old_step': old_step_cells(records, old_records),
             'diagnosis': diagnosis_rows(records, warmups),
             'dtypes': dtype_rows(records, bf16_records)}
@@ -580,7 +583,7 @@ def record_report(records, old_records, bf16_records, devices):
 def record_blocks(report):
     """The page's tables made of ``record_report``'s parts, ``{name: Markdown text}``."""
     tables = {'seconds': compare._table(report['seconds']),
-              'accuracy': compare.format_accuracy_cells(report['accuracy']),
+              'accuracy': book_records.format_accuracy_cells(report['accuracy']),
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
     return {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
@@ -597,7 +600,7 @@ def page_blocks(report):
         % (PROG, report['date'], report['mxnet_version'],
            compare.describe_devices(cells['devices']), report['record'])))
     blocks['rows'] = '\n'.join(_markdown_table(compare._table(report['rows'])) + [''] +
-                               ['- ' + n for n in compare.notes()])
+                               ['- ' + n for n in compare.notes() + book_records.notes()])
     printed = []
     for i in range(2):
         printed += ['Out[4], device %d: the book (%s)' % (i, compare.BOOK['devices'][i]), '',
@@ -645,7 +648,7 @@ def update_page(text, blocks):
 
 def fill_notebook_table(source, cells):
     """``source`` (a Markdown cell) with its table's cells after the first column replaced by
-    ``cells`` (``compare.notebook_table``); the rows' titles stay the notebook's."""
+    ``cells`` (``book_records.notebook_table``); the rows' titles stay the notebook's."""
     lines = source.split('\n')
     rows = [i for i, line in enumerate(lines) if line.startswith('|')][2:]
     if len(rows) != len(cells):
@@ -663,10 +666,10 @@ def write_page(devices, data_dir=None, tables_only=False):
     made of the records change (seconds)."""
     import mxnet as mx
     import nbformat
-    records = compare.read_records(DEFAULT_RECORD)
-    report = record_report(records, compare.read_records(compare.OLD_STEP_RECORD,
-                                                         step=training.OLD_STEP),
-                           compare.read_records(DEFAULT_BF16_RECORD), devices)
+    records = book_records.read_records(DEFAULT_RECORD)
+    report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,
+                                                              step=training.OLD_STEP),
+                           book_records.read_records(DEFAULT_BF16_RECORD), devices)
     if tables_only:
         blocks = record_blocks(report)
     else:
@@ -684,7 +687,7 @@ def write_page(devices, data_dir=None, tables_only=False):
         nb = nbformat.read(path, as_version=4)
         [cell] = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
         cell.source = fill_notebook_table(cell.source,
-                                          compare.notebook_table(report['accuracy'], lang))
+                                          book_records.notebook_table(report['accuracy'], lang))
         with atomic_path(path) as tmp:
             nbformat.write(nb, tmp)
     return [PAGE] + list(NOTEBOOKS.values())
@@ -762,7 +765,7 @@ def _main(args):
     problem = output_problem(record)
     if problem:
         raise cli.UsageError('--record %s: %s' % (record, problem))
-    compare.read_records(record)  # a bad record stops us before any run
+    book_records.read_records(record)  # a bad record stops us before any run
     problem = work_dir_problem(args.work_dir)
     if problem:
         raise cli.UsageError('--work-dir %s: %s; pass a folder you can write to'

@@ -1,5 +1,5 @@
 """The book table's runs, records, resumption and page tables (benchmarks/book_table.py, and the
-records' reader in gluon_mgpu.commands.compare)."""
+records' reader in benchmarks/book_records.py)."""
 import json
 import os
 import signal
@@ -13,12 +13,12 @@ import pytest
 from mxnet import autograd, init, nd
 
 from gluon_mgpu import data, training
-from gluon_mgpu.commands import compare
 from gluon_mgpu.model import lenet
 from conftest import max_abs_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import book_records  # noqa: E402
 import book_table  # noqa: E402
 
 
@@ -65,11 +65,11 @@ def test_train_argv_is_the_train_command_with_the_books_defaults():
 
 def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
     path = str(tmp_path / 'rec.jsonl')
-    assert compare.read_records(path) == []
+    assert book_records.read_records(path) == []
     book_table.append_record(path, _line())
     book_table.append_record(path, _line(epoch=2, test_acc=0.6, acc_running=[0.6, 0.61]))
     book_table.append_record(path, _line())  # retrained from scratch: the same numbers
-    records = compare.read_records(path)
+    records = book_records.read_records(path)
     assert [r['epoch'] for r in records] == [1, 2]
     assert records[0] == _line()
     run = book_table.Run(2, 0, 0, 4, None, None)
@@ -77,7 +77,7 @@ def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
     assert not book_table.recorded(records, run._replace(seed=1), 1)
     # A line without dtype (every line of the book's record) is float32, another run than
     # bfloat16's.
-    assert compare.record_key(_line())[-1] == 'float32'
+    assert book_records.record_key(_line())[-1] == 'float32'
     assert not book_table.recorded([_line(dtype='bfloat16')], run, 1)
 
 
@@ -108,8 +108,8 @@ FIX = r'; fix or delete that line \(the epoch is then trained again\)$'
 def test_a_bad_record_line_is_one_error_naming_the_line(tmp_path, lines, message):
     path = str(tmp_path / 'rec.jsonl')
     _write(path, raw=lines)
-    with pytest.raises(compare.RecordError, match=message):
-        compare.read_records(path)
+    with pytest.raises(book_records.RecordError, match=message):
+        book_records.read_records(path)
 
 
 def test_a_record_holds_the_runs_of_one_step(tmp_path):
@@ -117,19 +117,19 @@ def test_a_record_holds_the_runs_of_one_step(tmp_path):
     old = _line()
     del old['step']  # written before the book's step: trainer.step(X.shape[0])
     _write(path, _line(), old)
-    with pytest.raises(compare.RecordError) as e:
-        compare.read_records(path)
+    with pytest.raises(book_records.RecordError) as e:
+        book_records.read_records(path)
     assert str(e.value) == (
         '%s, line 2: trained with trainer.step(X.shape[0]), not trainer.step(batch_size); a '
         'record holds the runs of one step only: keep the line in a record of its own (the old '
         "step's are in docs/book-table-old-step.jsonl)" % path)
     _write(path, old, old)
-    assert compare.read_records(path, step='trainer.step(X.shape[0])') == [old]
+    assert book_records.read_records(path, step='trainer.step(X.shape[0])') == [old]
     # The committed records: the old step's 27 epochs apart from the book's step's.
-    assert len(compare.read_records(compare.OLD_STEP_RECORD,
-                                    step='trainer.step(X.shape[0])')) == 27
+    assert len(book_records.read_records(book_records.OLD_STEP_RECORD,
+                                         step='trainer.step(X.shape[0])')) == 27
     assert all(r['step'] == 'trainer.step(batch_size)'
-               for r in compare.read_records(compare.DEFAULT_RECORD))
+               for r in book_records.read_records(book_records.DEFAULT_RECORD))
 
 
 def test_the_record_is_never_written_through_a_link_or_to_a_fifo(tmp_path):
@@ -142,14 +142,14 @@ def test_the_record_is_never_written_through_a_link_or_to_a_fifo(tmp_path):
     assert target.read_text() == 'keep\n'
     fifo = tmp_path / 'fifo.jsonl'
     os.mkfifo(fifo)
-    with pytest.raises(compare.RecordError, match='fifo.jsonl is a FIFO'):
-        compare.read_records(str(fifo))
+    with pytest.raises(book_records.RecordError, match='fifo.jsonl is a FIFO'):
+        book_records.read_records(str(fifo))
 
 
 def test_summarize():
-    assert compare.summarize([]) is None
-    assert compare.summarize([0.5, 0.25, 1.0]) == {'n': 3, 'mean': 0.5833333333333334,
-                                                   'low': 0.25, 'high': 1.0}
+    assert book_records.summarize([]) is None
+    assert book_records.summarize([0.5, 0.25, 1.0]) == {'n': 3, 'mean': 0.5833333333333334,
+                                                        'low': 0.25, 'high': 1.0}
 
 
 def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path,
@@ -180,16 +180,16 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
     _write(record, raw=[lines[0], lines[2], json.dumps(_line(epoch=9, acc_running=[0.5, 0.5]))])
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
     assert trained[3:] == []  # epoch 2's checkpoint is there: diagnosed, not trained
-    epochs = [r['epoch'] for r in compare.read_records(record)]
+    epochs = [r['epoch'] for r in book_records.read_records(record)]
     assert sorted(epochs) == [1, 2, 3, 9] and len(epochs) == 4
     # Without its checkpoint, an epoch whose later ones exist is trained again from the start.
     os.remove(os.path.join(work, '2dev-seed0', 'epoch-0002.json'))
     _write(record, raw=open(record).read().splitlines()[:2])  # epochs 1 and 3
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
     assert trained[3:] == [('2dev-seed0-again', 2)]
-    assert sorted(r['epoch'] for r in compare.read_records(record)) == [1, 2, 3]
+    assert sorted(r['epoch'] for r in book_records.read_records(record)) == [1, 2, 3]
     # The seconds' mean and the table see epochs 1-4 only.
-    table = compare.table_records([_line(epoch=9)], 2)
+    table = book_records.table_records([_line(epoch=9)], 2)
     assert table == {}
 
 
@@ -224,7 +224,7 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data
     assert second.returncode == 0, err
     lines = open(record).read().splitlines()
     assert lines[0] == kept
-    records = compare.read_records(record)
+    records = book_records.read_records(record)
     assert [(r['devices'], r['epoch']) for r in records] == [(2, 1), (2, 2), (1, 1), (1, 2)]
     for r in records:
         assert r['train_limit'] == 256 and r['test_limit'] == 128

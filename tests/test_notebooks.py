@@ -23,6 +23,9 @@ from gluon_mgpu.commands import compare
 from gluon_mgpu import model, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import book_records  # noqa: E402
+
 NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
              'zh': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.zh.ipynb')}
 SIMULATED = gluon_mgpu.devices.num_gpus() < 2
@@ -261,10 +264,11 @@ def test_replica_inspector_cells(executed):
 
 # The accuracy table next to the training cells: every number it quotes is the committed
 # record's (docs/book-table.jsonl) or the GPU runs' (docs/book-gpu-runs.csv), so a new record
-# line without the notebooks fails here (benchmarks/book_tables.py refreshes them).
+# line without the notebooks fails here (benchmarks/book_table.py --tables refreshes them).
 def _book_table_from_records(lang):
-    records = compare.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
-    return compare.notebook_table(compare.accuracy_cells(records, compare.read_gpu_runs()), lang)
+    records = book_records.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    return book_records.notebook_table(
+        book_records.accuracy_cells(records, book_records.read_gpu_runs()), lang)
 
 
 def _markdown_table(text):
