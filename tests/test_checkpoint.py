@@ -185,7 +185,8 @@ def test_a_failed_save_leaves_the_previous_checkpoint_and_no_temporary_file(run_
         with open(path, 'wb') as f:
             f.write(b'half')
         raise OSError(28, 'No space left on device')
-    monkeypatch.setattr(checkpoint, 'nd', types.SimpleNamespace(load=nd.load, save=disk_full))
+    monkeypatch.setattr(checkpoint, 'nd', types.SimpleNamespace(
+        load=nd.load, load_frombuffer=nd.load_frombuffer, save=disk_full))
     with pytest.raises(OSError, match='No space left'):
         checkpoint.save_checkpoint(run_dir, 3, net, trainer, {'history': []})
     assert checkpoint.list_checkpoints(run_dir) == [1, 2]
@@ -199,7 +200,7 @@ def test_temporary_files_of_a_killed_run_are_ignored_then_deleted(run_dir):
     with open(leftover, 'wb') as f:
         f.write(b'cut short')
     assert checkpoint.list_checkpoints(run_dir) == [1, 2]
-    assert checkpoint.prepare_dir(run_dir) == ['.epoch-0003.params.4242.tmp']
+    checkpoint.lock_dir(run_dir).release()  # the next run to hold the folder deletes them
     assert not os.path.exists(leftover)
 
 
@@ -286,12 +287,12 @@ def test_parameters_of_another_network_do_not_fit(run_dir, two_cpus):
         checkpoint.restore(run_dir, record, net, trainer, two_cpus)
 
 
-def test_prepare_dir_refuses_a_path_under_a_file(tmp_path):
+def test_lock_dir_refuses_a_path_under_a_file(tmp_path):
     (tmp_path / 'file').write_text('')
     with pytest.raises(ValueError, match=r'cannot write checkpoints to %s \(Not a directory\); '
                                          r'pass a folder you can write to'
                                          % re.escape(str(tmp_path / 'file' / 'ck'))):
-        checkpoint.prepare_dir(str(tmp_path / 'file' / 'ck'))
+        checkpoint.lock_dir(str(tmp_path / 'file' / 'ck'))
 
 
 @pytest.mark.parametrize('flags', [

@@ -456,13 +456,15 @@ def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
     directory = str(tmp_path / 'ck')
     with checkpoint.lock_dir(directory) as lock:
         assert open(lock.path).read() == '%d\n' % os.getpid()
+        writing = os.path.join(directory, '.epoch-0001.params.abc.tmp')  # the holder's write
+        open(writing, 'w').close()
         with pytest.raises(checkpoint.CheckpointError) as e:
             checkpoint.lock_dir(directory)
         assert _one_line(str(e.value)) == (
             '%s is in use by another run (pid %d); wait for it to end, or pass another '
             '--checkpoint-dir' % (directory, os.getpid()))
-        assert checkpoint.prepare_dir(directory) == []
-        assert os.listdir(directory) == ['.lock']
+        assert os.path.exists(writing)  # refused before it deletes anything
+        os.remove(writing)
     assert os.listdir(directory) == ['.lock']  # released: the file stays, unlocked
     checkpoint.lock_dir(directory).release()
 
@@ -492,7 +494,7 @@ def test_leftovers_of_a_killed_write_are_deleted_and_nothing_else(tmp_path):
     os.close(fd)  # what files.atomic_path leaves when the process is killed mid-write
     for name in ('.lock', 'epoch-0003.params', '.run.json.abc.tmp', 'notes.tmp'):
         open(os.path.join(directory, name), 'w').close()
-    assert checkpoint.prepare_dir(directory) == [os.path.basename(leftover)]
+    checkpoint.lock_dir(directory).release()
     assert sorted(os.listdir(directory)) == ['.lock', '.run.json.abc.tmp', 'epoch-0003.params',
                                              'notes.tmp']
 

@@ -2,6 +2,7 @@
 ``gluon_mgpu.train`` (docs/events.md); its outputs and exit codes are in docs/outputs.md, a dist
 job's worker in docs/distributed.md.
 """
+import contextlib
 import json
 import os
 import secrets
@@ -22,8 +23,7 @@ LOADERS = ('array', 'gluon')
 PLOT_SUFFIXES = ('.png', '.svg')
 METHODS = ('data', 'scratch', 'layers', 'channels')
 BOOK_PER_DEVICE = (256, 0.1)  # training.BATCH_SIZE_PER_DEVICE, LR_PER_DEVICE
-# Flags that are not settings of the run, so a checkpoint does not record them.
-_NOT_RECORDED = ('given', 'argv', 'checkpoint_dir', 'resume', 'debug', 'force_dtype', 'joined')
+_NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
@@ -154,36 +154,25 @@ def _check_outputs(args):
 
 
 def _given_flags(argv):
-    """The settings given explicitly in ``argv``: ``{dest: value}`` and ``{dest: text}``."""
-    parser, absent, texts = build_parser(), object(), {}
+    """The settings given explicitly in ``argv``, ``{dest: value}``."""
+    parser, absent = build_parser(), object()
     parser.set_defaults(**dict.fromkeys(vars(parser.parse_args([])), absent))
-    for action in parser._actions:
-        if action.type is not None:
-            action.type = _keeping(action.type, action.dest, texts)
-    given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
-    return given, {k: t for k, t in texts.items() if k in given}
-
-
-def _keeping(parse, dest, texts):
-    def keep(text):
-        texts[dest] = text
-        return parse(text)
-    return keep
+    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
 
 
 def recorded_argv(args):
-    """The run's command line as its checkpoints record it: each setting given (``--flag=text``,
+    """The run's command line as its checkpoints record it: each setting given (``--flag=value``,
     in the parser's order), with the seed the run chose; ``parse_args`` reads it back."""
     line = []
     for action in build_parser()._actions:
-        dest = action.dest
-        if not action.option_strings or dest in _NOT_RECORDED or dest not in args.given:
+        value = args.given.get(action.dest)
+        if action.dest not in args.given or action.dest in _NOT_RECORDED:
             continue
         if action.nargs == 0:  # --quiet, --sync-bn, --hybridize / --no-hybridize
-            line.append(action.option_strings[0 if args.given[dest] else -1])
+            line.append(action.option_strings[0 if value else -1])
         else:
-            line.append('%s=%s' % (action.option_strings[0],
-                                   args.texts.get(dest, args.given[dest])))
+            line.append('%s=%s' % (action.option_strings[0], ','.join(map(str, value))
+                                   if isinstance(value, list) else value))
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
@@ -198,7 +187,7 @@ def parse_args(argv=None, complete=False):
     from ..parallel import dist, horovod
     argv = sys.argv[1:] if argv is None else list(argv)
     args = build_parser().parse_args(argv)
-    args.given, args.texts = _given_flags(argv)
+    args.given = _given_flags(argv)
     args.argv = argv
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
@@ -272,7 +261,7 @@ def _resume_command(directory, extra=''):
 
 def _resume(args):
     """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
-    recorded command line parsed again, with the flags given now) and the record."""
+    recorded command line parsed again, then with the flags given now) and the record."""
     from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
@@ -280,10 +269,8 @@ def _resume(args):
     recorded = record.get('argv')
     if not (isinstance(recorded, list) and len(recorded) <= 100 and all(
             isinstance(a, str) and 0 < len(a) <= 4096 and '\0' not in a for a in recorded)):
-        raise checkpoint.CheckpointError(
-            '%s: argv is %s, not a command line; the file was not written by this version of '
-            'gluon_mgpu or was changed: start a new run in an empty --checkpoint-dir'
-            % (path, json.dumps(recorded)[:40]))
+        raise checkpoint.not_ours(path, 'argv is %s, not a command line'
+                                  % json.dumps(recorded)[:40])
     try:  # the command's own parser is the one check of what the run recorded
         before = parse_args(recorded + ['--checkpoint-dir', directory])
     except UsageError as e:
@@ -324,36 +311,7 @@ def _resume(args):
         raise ValueError('the run in %s trained %s, these flags train %s; start a new run in '
                          'another --checkpoint-dir' % (directory, record['network'],
                                                        network_name(merged)))
-    merged.given, merged.texts = dict(before.given, **args.given), dict(before.texts,
-                                                                         **args.texts)
     return merged, record
-
-
-def _prepare_checkpoints(args, write=True):
-    """Check --checkpoint-dir; for --resume merge the run's settings into ``args`` and return
-    its record (else None); ``write=False`` for a process that only reads the folder."""
-    from ..handlers import checkpoint
-    directory, record = args.checkpoint_dir, None
-    if args.resume:
-        try:
-            merged, record = _resume(args)
-        except (checkpoint.CheckpointError, ValueError) as e:
-            raise UsageError('--resume: %s' % e) from None
-        vars(args).update(vars(merged))
-    else:
-        done = checkpoint.list_checkpoints(directory)
-        if done:
-            raise UsageError('--checkpoint-dir %s already holds the checkpoints of a run (up '
-                             'to epoch %d); add --resume to continue it, or pass another folder '
-                             'to start a new run' % (directory, done[-1]))
-        if args.seed is None:
-            args.seed = secrets.randbelow(2 ** 31)
-    if write:
-        try:
-            checkpoint.prepare_dir(directory)
-        except ValueError as e:
-            raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
-    return record
 
 
 def _devices(args):
@@ -423,20 +381,31 @@ def run(args, interrupt=None):
     """
     from ..handlers import checkpoint
     from ..parallel import horovod
-    if args.resume and not os.path.isdir(args.checkpoint_dir):
-        _prepare_checkpoints(args)  # says that there is nothing to resume
-    if args.checkpoint_dir is None:
-        return _run(args, None, interrupt)
-    if horovod.worker_rank() not in (None, 0):
-        # In a Horovod job rank 0 locks the folder and writes the checkpoints; the other
-        # processes resume from them (on --resume the run's kvstore is read from the folder).
-        return _run(args, _prepare_checkpoints(args, write=False), interrupt)
-    try:
-        lock = checkpoint.lock_dir(args.checkpoint_dir)
-    except (checkpoint.CheckpointError, ValueError) as e:
-        raise UsageError('--checkpoint-dir %s: %s' % (args.checkpoint_dir, e)) from None
-    with lock:
-        return _run(args, _prepare_checkpoints(args), interrupt)
+    directory, record = args.checkpoint_dir, None
+    with contextlib.ExitStack() as held:
+        # Rank 0 of a Horovod job holds the folder and writes, the others read; --resume into
+        # no folder is refused by _resume, without making one.
+        if directory and horovod.worker_rank() in (None, 0) and (
+                os.path.isdir(directory) or not args.resume):
+            try:
+                held.enter_context(checkpoint.lock_dir(directory))
+            except (checkpoint.CheckpointError, ValueError) as e:
+                raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
+        if args.resume:
+            try:
+                merged, record = _resume(args)
+            except (checkpoint.CheckpointError, ValueError) as e:
+                raise UsageError('--resume: %s' % e) from None
+            vars(args).update(vars(merged))
+        elif directory:
+            done = checkpoint.list_checkpoints(directory)
+            if done:
+                raise UsageError('--checkpoint-dir %s already holds the checkpoints of a run (up '
+                                 'to epoch %d); add --resume to continue it, or pass another '
+                                 'folder to start a new run' % (directory, done[-1]))
+            if args.seed is None:
+                args.seed = secrets.randbelow(2 ** 31)
+        return _run(args, record, interrupt)
 
 
 def _load_data(args):
@@ -458,7 +427,7 @@ def _file_handlers(args, devices, placement=None):
         try:
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'texts', 'argv')},
+                                    if k not in ('given', 'argv')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
@@ -535,25 +504,20 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
                                      args.force_dtype)
     if args.warmup_steps is not None:
         handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
-    if args.checkpoint_dir is not None:
-        if record is not None:
-            try:
-                checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
-            except checkpoint.CheckpointError as e:
-                raise UsageError('--resume: %s' % e) from None
-            trainer.set_learning_rate(args.lr)
-            if mode != 'quiet':
-                print('resuming after epoch %d of %d from %s' % (
-                    record['epoch'], args.epochs,
-                    checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
-                    flush=True)
-        if args.rank == 0:
-            handlers.append(checkpoint.CheckpointHandler(args.checkpoint_dir, {
-                'argv': recorded_argv(args), 'network': network_name(args),
-                'devices': [str(d) for d in devices], 'workers': args.num_workers},
-                resume=record))
-        elif record is not None:
-            handlers.append(checkpoint.Resume(record))
+    if record is not None:
+        try:
+            checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
+        except checkpoint.CheckpointError as e:
+            raise UsageError('--resume: %s' % e) from None
+        trainer.set_learning_rate(args.lr)
+        if mode != 'quiet':
+            print('resuming after epoch %d of %d from %s' % (record['epoch'], args.epochs,
+                  checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
+                  flush=True)
+    if args.checkpoint_dir is not None:  # only rank 0 of a job writes
+        handlers.append(checkpoint.CheckpointHandler(None if args.rank else args.checkpoint_dir, {
+            'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
+            'devices': [str(d) for d in devices]}, resume=record))
     split_f, line = _split(args, net, devices, test_iter)
     if line is not None and mode != 'quiet':
         print(line, flush=True)
