@@ -2,5 +2,7 @@
 import sys
 
 if __name__ == '__main__':
-    from gluon_mgpu.commands.train import main
+    from gluon_mgpu.runtime.startup import starting
+    with starting('python -m gluon_mgpu.train'):  # a signal until main handles it: one line
+        from gluon_mgpu.commands.train import main
     sys.exit(main())

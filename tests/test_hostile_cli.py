@@ -333,10 +333,25 @@ def test_sigquit_quits_at_once_with_every_threads_stack_and_keeps_the_checkpoint
     assert done and checkpoint.read_checkpoint(directory)['epoch'] == done[-1]
 
 
+def _wait_for_mxnet(run):
+    """Until ``run`` maps libmxnet.so: past the interpreter's own start (site, runpy), where a
+    signal ends any Python program before its code runs, and into MXNet's loading."""
+    deadline = time.time() + 120
+    while time.time() < deadline and run.poll() is None:
+        try:
+            with open('/proc/%d/maps' % run.pid) as f:
+                if 'libmxnet' in f.read():
+                    return
+        except OSError:
+            pass
+        time.sleep(0.005)
+    raise AssertionError('the command never loaded MXNet: %s' % (run.communicate()[1],))
+
+
 @pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_while_mxnet_loads_is_one_line(signum):
     run = _cli('--epochs', '1', preexec_fn=_default_signals)
-    time.sleep(0.3)
+    _wait_for_mxnet(run)
     run.send_signal(signum)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 128 + signum

@@ -662,9 +662,11 @@ def main(argv=None):
     def body():
         nonlocal args
         flags = build_parser().parse_args(argv)  # no MXNet yet
-        startup.before_mxnet(PROG, _simulated(flags.num_gpus, flags.device))
-        from ..handlers.interrupts import DeferredInterrupt
-        args = parse_args(argv)
+        # From the entry file, a signal before DeferredInterrupt takes over is one line too.
+        with startup.starting(PROG) if entry else contextlib.nullcontext():
+            startup.before_mxnet(PROG, _simulated(flags.num_gpus, flags.device))
+            from ..handlers.interrupts import DeferredInterrupt
+            args = parse_args(argv)
         if entry and args.resume and 'num_gpus' not in args.given:
             _threads_for_the_run(args, argv)
         with DeferredInterrupt() as interrupt:

@@ -1,9 +1,10 @@
 """``python -m gluon_mgpu.replicas``: the command line is ``gluon_mgpu/commands/replicas.py``."""
 import sys
 
-from gluon_mgpu.runtime.startup import before_mxnet
+from gluon_mgpu.runtime.startup import before_mxnet, starting
 
-before_mxnet('python -m gluon_mgpu.replicas')  # threads, checks, then MXNet: one line if refused
-from gluon_mgpu.commands.replicas import main  # noqa: E402
+with starting('python -m gluon_mgpu.replicas'):  # a signal until main runs: one line
+    before_mxnet('python -m gluon_mgpu.replicas')  # threads, checks, then MXNet
+    from gluon_mgpu.commands.replicas import main
 
 sys.exit(main())

@@ -9,8 +9,9 @@ import os
 import signal
 import sys
 import threading
+import time
 
-__all__ = ['before_mxnet', 'interruptible', 'join_job']
+__all__ = ['before_mxnet', 'interruptible', 'join_job', 'starting']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
             signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
@@ -63,7 +64,7 @@ def _arm(lines):
             taken[signum] = signal.signal(
                 signum, lambda n, frame: _end(lines[n], n))
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-    done = threading.Event()
+    done, seen = threading.Event(), []
 
     def watch():
         while True:
@@ -73,16 +74,18 @@ def _arm(lines):
                 return
             if not data or done.is_set():
                 return
-            if data[0] in lines and not done.wait(LATE_SECONDS):
-                _end(lines[data[0]], data[0], flush_seconds=0.5)
+            if data[0] in lines:
+                seen.append(data[0])
+                if not done.wait(LATE_SECONDS):
+                    _end(lines[data[0]], data[0], flush_seconds=0.5)
 
     thread = threading.Thread(target=watch, name='gluon_mgpu-signals', daemon=True)
     thread.start()
-    return read, write, previous, taken, done, thread
+    return read, write, previous, taken, done, thread, seen
 
 
 def _disarm(armed):
-    read, write, previous, taken, done, thread = armed
+    read, write, previous, taken, done, thread, _ = armed
     done.set()
     signal.set_wakeup_fd(previous)
     for signum, handler in taken.items():
@@ -118,6 +121,32 @@ def _starting():
     return 'while starting; nothing was done'
 
 
+@contextlib.contextmanager
+def starting(command):
+    """Inside, until a command's own handling of signals begins (its imports, ``before_mxnet``),
+    SIGINT, SIGTERM and SIGHUP end it with ``'<command>: interrupted (Ctrl-C) while starting;
+    nothing was done'`` on stderr and exit code 128 + the signal, never a traceback."""
+    lines = _lines(command, _starting())
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    armed = _arm(lines)
+    try:
+        yield
+    except BaseException as e:
+        # A signal may surface as another error: numpy's import turns the KeyboardInterrupt
+        # raised inside it into an ImportError. The watcher notes each signal at once.
+        seen = armed[-1]
+        if not seen and not isinstance(e, KeyboardInterrupt):
+            time.sleep(0.05)  # time for the watcher to read a signal that just came
+        if isinstance(e, KeyboardInterrupt) or seen:
+            signum = seen[0] if seen else signal.SIGINT
+            _end(lines[signum], signum)
+        raise
+    finally:
+        _disarm(armed)
+
+
 def before_mxnet(command, devices=None, mxnet=True):
     """What a command does before MXNet starts, then MXNet: ``OMP_NUM_THREADS`` for ``devices``
     simulated CPU devices (``threads.configure_threads``; ``GLUON_MGPU_CPU_DEVICES`` and the
@@ -140,12 +169,8 @@ def before_mxnet(command, devices=None, mxnet=True):
     threads.warn_if_imported_late()
     if not mxnet:
         return
-    lines = _lines(command, _starting())
-    try:
-        with interruptible(command, _starting()):
-            import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
-    except KeyboardInterrupt:
-        _end(lines[signal.SIGINT], signal.SIGINT)
+    with starting(command):
+        import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
 
 
 def join_job(kvstore, command='gluon_mgpu', root=None):
