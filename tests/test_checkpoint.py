@@ -401,21 +401,46 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
     assert result.returncode == 1
     assert 'Traceback' not in result.stderr
     message = result.stderr.splitlines()[-1]
-    match = re.fullmatch(
-        r"python -m gluon_mgpu.train: error: the training loss became (nan|inf) at epoch (\d), "
-        r"step (\d) with --lr 1000: training diverged; use a smaller learning rate, for example "
-        r"--lr 100: start again in a new --checkpoint-dir, or continue from epoch (\d), the "
-        r"last checkpoint with a finite loss: python -m gluon_mgpu.train --checkpoint-dir (\S+) "
-        r"--resume --lr 100", message)
-    assert match, message
-    epoch, step, kept = int(match.group(2)), int(match.group(3)), int(match.group(4))
+    head = (r"python -m gluon_mgpu.train: error: the training loss became (nan|inf) at epoch "
+            r"(\d), step (\d) with --lr 1000: training diverged; ")
+    match = re.fullmatch(head + (
+        r"use a smaller learning rate, for example --lr 100: start again in a new "
+        r"--checkpoint-dir, or continue from epoch (\d), the last checkpoint with a finite loss: "
+        r"python -m gluon_mgpu.train --checkpoint-dir (\S+) --resume --lr 100"), message)
+    # A checkpoint with a finite loss may already hold infinite running statistics: then no
+    # resume is offered, since it would be refused.
+    broken = re.fullmatch(head + (
+        r"start again with a smaller learning rate, for example --lr 100, in a new "
+        r"--checkpoint-dir \(the checkpoint of epoch (\d) holds NaN or infinite values\)"),
+        message)
+    assert match or broken, message
+    epoch, step = int((match or broken).group(2)), int((match or broken).group(3))
+    kept = int((match or broken).group(4))
     assert epoch >= 2 and kept == epoch - 1 and 1 <= step <= 3
-    assert match.group(5) == directory
     assert checkpoint.list_checkpoints(directory) == list(range(1, epoch))
     record = checkpoint.read_checkpoint(directory)
     assert [h['epoch'] for h in record['history']] == list(range(1, epoch))
     assert all(np.isfinite(h['train_loss']) for h in record['history'])
     assert len(result.stdout.splitlines()) == epoch  # running on, then one line per good epoch
+    assert (checkpoint.nonfinite(directory, record) is None) == bool(match)
+    if match:
+        assert match.group(5) == directory
+        again = subprocess.run(_cli('--checkpoint-dir', directory, '--resume', '--lr', '100',
+                                    '--data-dir', data_dir),
+                               capture_output=True, text=True, timeout=600)
+        assert again.returncode in (0, 1) and 'Traceback' not in again.stderr, again.stderr
+    # Resuming the broken one anyway: the refusal says why and what to do.
+    if broken:
+        line = subprocess.run(_cli('--checkpoint-dir', directory, '--resume', '--lr', '100',
+                                   '--data-dir', data_dir),
+                              capture_output=True, text=True, timeout=600).stderr.splitlines()[-1]
+        path, name = checkpoint.nonfinite(directory, record)
+        assert line == (
+            'python -m gluon_mgpu.train: error: --resume: %s: %s holds NaN or infinite values (the '
+            'run diverged before it was saved, or the file was changed), so training cannot go on '
+            'from it; %s' % (path, name, 'delete %s to resume from epoch %d instead' % (
+                checkpoint.checkpoint_path(directory, kept, '*'), kept - 1) if kept > 1 else
+                'start a new run with an empty --checkpoint-dir'))
 
 
 @pytest.fixture(scope='module')

@@ -604,6 +604,6 @@ def test_nan_weights_with_a_matching_sha256_are_refused_on_resume(cli_dir, capsy
         bytes=len(content), sha256=hashlib.sha256(content).hexdigest()))
     assert path
     line = _refused(['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2'], capsys)
-    assert line == ('%s: error: --resume: %s: %s holds NaN or infinite values; the file was not '
-                    'written by this version of gluon_mgpu or was changed: start a new run in an '
-                    'empty --checkpoint-dir' % (PROG, params, name))
+    assert line == ('%s: error: --resume: %s: %s holds NaN or infinite values (the run diverged '
+                    'before it was saved, or the file was changed), so training cannot go on from '
+                    'it; start a new run with an empty --checkpoint-dir' % (PROG, params, name))

@@ -607,9 +607,16 @@ def _interrupted(args, e):
 
 
 def _diverged(e, args):
+    from ..handlers import checkpoint
     smaller = '--lr %g' % (e.lr / 10)
     done = _saved_epochs(args)
-    if not done:
+    if done and checkpoint.nonfinite(args.checkpoint_dir,
+                                     checkpoint.read_checkpoint(args.checkpoint_dir, done)):
+        # Its loss was finite, but its weights or running statistics no longer are.
+        fix = ('start again with a smaller learning rate, for example %s, in a new '
+               '--checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite values)'
+               % (smaller, done))
+    elif not done:
         fix = 'start again with a smaller learning rate, for example %s' % smaller
     else:
         # The last checkpoint had a finite loss, but its weights may be far off already.

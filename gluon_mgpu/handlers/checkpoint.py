@@ -22,7 +22,7 @@ from ..runtime.files import InputError, atomic_path, file_kind, open_input
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
-           'read_checkpoint', 'restore', 'CheckpointHandler']
+           'read_checkpoint', 'nonfinite', 'restore', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -278,6 +278,17 @@ def _arrays(directory, record, kind):
     return loaded
 
 
+def nonfinite(directory, record, arrays=None):
+    """``(path, name)`` of the first array of checkpoint ``record`` that holds NaN or infinite
+    values (``arrays``: its files' arrays, if already read), or None: can a run go on from it."""
+    arrays = arrays or [_arrays(directory, record, kind) for kind in KINDS]
+    for kind, named in zip(KINDS, arrays):
+        bad = [k for k, v in sorted(named.items()) if not np.isfinite(v.asnumpy()).all()]
+        if bad:
+            return checkpoint_path(directory, record['epoch'], kind), bad[0]
+    return None
+
+
 def restore(directory, record, net, trainer, devices):
     """Load checkpoint ``record`` (from ``read_checkpoint``) into ``net``, initialized on
     ``devices``, and ``trainer``: parameters, each device's copies, learning rate, update count.
@@ -300,10 +311,11 @@ def restore(directory, record, net, trainer, devices):
             problem = '%s has shape %s (%s) in the file but %s (%s) in the network' % (
                 name, value.shape, np.dtype(value.dtype), shape, dtype)
             break
-    for kind, arrays in zip(KINDS, (loaded, replicas)):
-        bad = [k for k, v in sorted(arrays.items()) if not np.isfinite(v.asnumpy()).all()]
-        if bad:
-            raise not_ours(paths[kind], '%s holds NaN or infinite values' % bad[0])
+    bad = nonfinite(directory, record, (loaded, replicas))
+    if bad:  # a run that diverged before this epoch ended, or a changed file: no way on from it
+        raise CheckpointError('%s: %s holds NaN or infinite values (the run diverged before it '
+                              'was saved, or the file was changed), so training cannot go on '
+                              'from it; %s' % (bad + (_fix(directory, record['epoch']),)))
     if problem:
         raise CheckpointError('%s does not fit this network (%s): the checkpoint was written for '
                               'another network (%s)' % (paths['params'], problem,
