@@ -112,16 +112,29 @@ def test_one_training_step_equals_the_cpu_builds(gpu_python, cpu_python, stub_di
 @no_driver_here
 @pytest.mark.parametrize('command', COMMANDS)
 def test_without_a_driver_every_command_prints_one_line_and_exits_2(gpu_python, run, command):
-    r = run(gpu_python, ['-m', 'gluon_mgpu.' + command, '--help'])
+    # The train command reads its flags before MXNet starts (its --help needs no driver, below);
+    # the others start MXNet first.
+    r = run(gpu_python, ['-m', 'gluon_mgpu.' + command]
+            + (['--epochs', '1'] if command == 'train' else ['--help']))
     assert (r.returncode, r.stdout) == (2, '')
     assert r.stderr == 'python -m gluon_mgpu.%s: error: %s\n' % (command,
                                                                   no_driver_message(BUILD))
 
 
 @no_driver_here
+def test_without_a_driver_the_train_commands_help_works(gpu_python, run):
+    r = run(gpu_python, ['-m', 'gluon_mgpu.train', '--help'])
+    assert r.returncode == 0 and r.stderr == '', r.stderr
+    assert r.stdout.startswith('usage: python -m gluon_mgpu.train ')
+
+
+@no_driver_here
 def test_without_a_driver_imports_raise_the_same_line(gpu_python, run):
     message = no_driver_message(BUILD)
+    # import gluon_mgpu starts nothing (not MXNet); MXNet's import, through it, says why.
     r = run(gpu_python, ['-c', 'import gluon_mgpu'])
+    assert (r.returncode, r.stderr) == (0, '')
+    r = run(gpu_python, ['-c', 'import gluon_mgpu; import mxnet'])
     assert r.returncode == 1
     assert r.stderr.splitlines()[-1] == 'gluon_mgpu.runtime.gpu_build.NoDriverError: ' + message
     r = run(gpu_python, ['-c', 'import mxnet'])
