@@ -126,7 +126,7 @@ def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
     # The command names at the top are entry files that only start their command.
     for command in ('train', 'sweep', 'compare', 'env', 'launch'):
         source = open(os.path.join(PACKAGE, command + '.py')).read()
-        assert len(source.splitlines()) <= 8
+        assert len(source.splitlines()) <= 9  # docstring, import, the guarded start, main
         assert 'from gluon_mgpu.commands.%s import main' % command in source
 
 
