@@ -610,8 +610,12 @@ def _diverged(e, args):
     from ..handlers import checkpoint
     smaller = '--lr %g' % (e.lr / 10)
     done = _saved_epochs(args)
-    if done and checkpoint.nonfinite(args.checkpoint_dir,
-                                     checkpoint.read_checkpoint(args.checkpoint_dir, done)):
+    try:
+        broken = done and checkpoint.nonfinite(
+            args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
+    except checkpoint.CheckpointError:  # changed since: --resume will say how
+        broken = None
+    if broken:
         # Its loss was finite, but its weights or running statistics no longer are.
         fix = ('start again with a smaller learning rate, for example %s, in a new '
                '--checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite values)'
