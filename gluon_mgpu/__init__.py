@@ -11,7 +11,6 @@ libraries. The rest is imported when first used.
 """
 import importlib
 import importlib.util
-import os
 import sys
 
 from .runtime.threads import configure_threads, thread_settings, warn_if_imported_late
@@ -44,11 +43,9 @@ class _BeforeMXNet:
     def find_spec(cls, name, path=None, target=None):
         if name == 'mxnet' and cls in sys.meta_path:
             sys.meta_path.remove(cls)
-            from .runtime import gpu_build, mxnet_env, threads
+            from .runtime import gpu_build, startup
             try:
-                threads.devices_from_environment(os.environ)
-                mxnet_env.check_environment(os.environ, threads.usable_cores())
-                gpu_build.prepare()
+                startup.prepare_mxnet()  # nothing if the command's before_mxnet ran it
             except (ValueError, gpu_build.GPUBuildError) as e:
                 main = getattr(sys.modules.get('__main__'), '__spec__', None)
                 if main is None or not main.name.startswith(__name__ + '.'):

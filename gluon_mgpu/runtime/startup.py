@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-__all__ = ['before_mxnet', 'interruptible', 'join_job', 'starting']
+__all__ = ['before_mxnet', 'prepare_mxnet', 'interruptible', 'join_job', 'starting']
 
 _SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
             signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
@@ -147,6 +147,28 @@ def starting(command):
         _disarm(armed)
 
 
+def prepare_mxnet():
+    """What must come before MXNet starts, once per process (``before_mxnet``, or the package's
+    hook on ``import mxnet``): ``GLUON_MGPU_CPU_DEVICES`` read, the variables MXNet would abort
+    on (``mxnet_env``), the GPU build's libraries (``gpu_build.prepare``).
+
+    Raises
+    ------
+    ValueError, gpu_build.GPUBuildError
+        One line each, naming the value and the fix.
+    """
+    if _PREPARED:
+        return
+    from . import gpu_build, mxnet_env, threads
+    threads.devices_from_environment(os.environ)
+    mxnet_env.check_environment(os.environ, threads.usable_cores())
+    gpu_build.prepare()
+    _PREPARED.append(True)
+
+
+_PREPARED = []
+
+
 def before_mxnet(command, devices=None, mxnet=True):
     """What a command does before MXNet starts, then MXNet: ``OMP_NUM_THREADS`` for ``devices``
     simulated CPU devices (``threads.configure_threads``; ``GLUON_MGPU_CPU_DEVICES`` and the
@@ -157,11 +179,10 @@ def before_mxnet(command, devices=None, mxnet=True):
     server). Nothing once MXNet is imported (a command's ``main`` called in a program)."""
     if 'mxnet' in sys.modules:
         return
-    from . import gpu_build, mxnet_env, threads
+    from . import gpu_build, threads
     try:
         threads.configure_threads(devices=None if os.environ.get(threads.DEVICES_ENV) else devices)
-        mxnet_env.check_environment(os.environ, threads.usable_cores())
-        gpu_build.prepare()
+        prepare_mxnet()
     except (ValueError, gpu_build.GPUBuildError) as e:
         sys.stderr.write('%s: error: %s\n' % (command, e))
         sys.stderr.flush()
