@@ -1,11 +1,11 @@
-"""Host names, addresses and ports as a ``dist_sync`` job reads them: from a hostfile, from
-``--host-ip`` and from the ``DMLC_*`` variables MXNet's ps-lite reads. ps-lite checks none of
-them (it waits forever for port 99999), and ssh takes a host ``-oProxyCommand=...`` for an
-option, so they are checked here first (docs/distributed.md, "Refused before anything starts").
-Nothing here imports MXNet: a server's ``import mxnet`` already joins the job.
+"""Host names, addresses and ports from a hostfile, ``--host-ip`` and the ``DMLC_*`` variables,
+checked here since ps-lite and ssh do not (docs/distributed.md, "Refused before anything
+starts"). No MXNet here: a server's ``import mxnet`` already joins the job.
 """
 import ipaddress
 import re
+
+from .checks import is_digits
 
 __all__ = ['JOB_VARIABLES', 'ROLES', 'host_problem', 'port_number', 'parse_host_port',
            'job_problem']
@@ -17,7 +17,13 @@ ROLES = ('worker', 'server', 'scheduler')
 # RFC 1123 labels (letters, digits, inner hyphens; an inner underscore, as /etc/hosts allows).
 _LABEL = r'[A-Za-z0-9](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9])?'
 _NAME = re.compile(r'%s(?:\.%s)*\.?' % (_LABEL, _LABEL))
-_DIGITS = re.compile(r'[0-9]+')
+
+
+def _ip_version(text):  # 4 or 6 for an IP address, else None
+    try:
+        return ipaddress.ip_address(text).version
+    except ValueError:
+        return None
 
 
 def host_problem(host):
@@ -25,11 +31,8 @@ def host_problem(host):
     not a host name or an IP address``), or None."""
     if not host:
         return 'is empty'
-    try:
-        ipaddress.ip_address(host)
+    if _ip_version(host):
         return None
-    except ValueError:
-        pass
     if len(host) > 253 or not _NAME.fullmatch(host):
         return 'is not a host name or an IP address'
     if re.fullmatch(r'[0-9.]+', host):  # a top-level name is never all digits
@@ -39,9 +42,7 @@ def host_problem(host):
 
 def port_number(text):
     """``text`` as a TCP port (ASCII digits, 1 to 65535), or None."""
-    if not _DIGITS.fullmatch(text) or not 0 < int(text) < 65536:
-        return None
-    return int(text)
+    return int(text) if is_digits(text) and 0 < int(text) < 65536 else None
 
 
 def parse_host_port(text, default_port):
@@ -49,19 +50,14 @@ def parse_host_port(text, default_port):
     address; None when ``text`` is anything else (a blank inside, a leading ``-``, ...)."""
     if text.startswith('['):
         host, bracket, rest = text[1:].partition(']')
-        if not bracket or (rest and not rest.startswith(':')):
+        if not bracket or _ip_version(host) != 6 or rest[:1] not in ('', ':'):
             return None
-        try:
-            if ipaddress.ip_address(host).version != 6:
-                return None
-        except ValueError:
-            return None
-        port = port_number(rest[1:]) if rest else default_port
-        return None if port is None else (host, port)
-    if text.count(':') > 1:  # a bare IPv6 address, no port
-        return (text, default_port) if host_problem(text) is None else None
-    host, colon, port = text.partition(':')
-    port = port_number(port) if colon else default_port
+    elif text.count(':') > 1:  # a bare IPv6 address, no port
+        host, rest = text, ''
+    else:
+        host = text.partition(':')[0]
+        rest = text[len(host):]
+    port = port_number(rest[1:]) if rest else default_port
     if port is None or host_problem(host):
         return None
     return host, port
@@ -82,7 +78,7 @@ def job_problem(environ):
                 % (', '.join(missing), launch))
     for name in ('DMLC_NUM_WORKER', 'DMLC_NUM_SERVER'):
         value = environ[name]
-        if not _DIGITS.fullmatch(value) or int(value) < 1:
+        if not is_digits(value) or int(value) < 1:
             return '%s=%r is not a whole number of 1 or more; %s' % (name, value, launch)
     for name in ('DMLC_PS_ROOT_URI', 'DMLC_NODE_HOST'):
         value = environ.get(name)
