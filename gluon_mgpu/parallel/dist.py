@@ -10,11 +10,8 @@ from ..runtime.hosts import JOB_VARIABLES, job_problem
 __all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'shared_seed', 'rank_path']
 
 DIST_KVSTORES = ('dist_sync', 'dist_device_sync')
-
 # kvstore key of the shared seed; the Trainer uses keys 0, 1, ... (one per parameter).
 _SEED_KEY = 2 ** 30
-# float32 holds every whole number below 2**24 exactly.
-_SEED_RANGE = 2 ** 24
 
 
 def job_env(environ=None):
@@ -23,14 +20,12 @@ def job_env(environ=None):
     Returns
     -------
     dict
-        ``role`` (``'worker'``, ``'server'`` or ``'scheduler'``), ``num_workers``,
-        ``num_servers``, ``root`` (the scheduler's ``host:port``).
+        ``role``, ``num_workers``, ``num_servers``, ``root`` (the scheduler's ``host:port``).
 
     Raises
     ------
     ValueError
-        Naming the missing or malformed variable (a role, a host, a port outside 1 to 65535, a
-        count below 1: ``hosts.job_problem``), and how to start a job.
+        ``hosts.job_problem``'s sentence: the missing or malformed variable, how to start a job.
     """
     environ = os.environ if environ is None else environ
     problem = job_problem(environ)
@@ -42,20 +37,16 @@ def job_env(environ=None):
 
 
 def shared_seed(kv, seed=None):
-    """Return a seed every worker of the job agrees on.
-
-    The workers must draw the same initial parameters and the same epoch orders (each takes
-    its own shard of the same order). A given ``seed`` is used as it is (every worker runs
-    the same command). Without one, rank 0 draws a seed and the kvstore broadcasts it; every
-    worker must call this at the same point, before the Trainer's first step.
-    """
+    """Return a seed every worker of the job agrees on (the same initial parameters and epoch
+    orders): ``seed`` when given, else one rank 0 draws and ``kv`` broadcasts; then every
+    worker must call this at the same point, before the Trainer's first step."""
     if seed is not None:
         return int(seed)
     from mxnet import nd
-    mine = np.random.randint(_SEED_RANGE)
     out = nd.zeros((1,))
-    # kvstore init keeps rank 0's value only; pull gives it to everyone.
-    kv.broadcast(_SEED_KEY, nd.array([mine]), out=out)
+    # kvstore init keeps rank 0's value only; pull gives it to everyone. float32 holds every
+    # whole number below 2**24 exactly.
+    kv.broadcast(_SEED_KEY, nd.array([np.random.randint(2 ** 24)]), out=out)
     return int(out.asscalar())
 
 

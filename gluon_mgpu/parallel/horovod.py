@@ -1,5 +1,6 @@
 """Horovod's ring allreduce as the kvstore of the chapter's Trainer: gradients summed across
 the processes of a ``horovodrun`` job, parameters broadcast from rank 0 (docs/distributed.md)."""
+import importlib.util
 import os
 
 import numpy as np
@@ -29,34 +30,26 @@ def import_horovod():
 
 @KVStoreBase.register
 class HorovodKVStore(KVStoreBase):
-    """A kvstore for ``gluon.Trainer(..., kvstore=HorovodKVStore())`` in every process of a job.
-
-    ``pushpull`` sums a parameter's gradients over this process's devices, then over all
-    processes (Horovod's allreduce), and writes the sum back to every device; ``broadcast``
-    gives every device of every process rank 0's value. The Trainer keeps the optimizer
-    (``is_capable('optimizer')`` is False): every process updates its own replicas with the
-    same summed gradient, so its state lives on the workers and checkpoints as usual.
+    """A kvstore for ``gluon.Trainer(..., kvstore=HorovodKVStore())`` in every process of a job:
+    ``pushpull`` sums over this process's devices, then over all processes; ``broadcast`` gives
+    every device rank 0's value; the Trainer keeps the optimizer (docs/distributed.md).
     """
 
     def __init__(self):
         self._hvd = import_horovod()
 
-    @staticmethod
-    def _name(key):
-        return 'gluon_mgpu.%s' % (key,)
-
     def broadcast(self, key, value, out, priority=0):
-        out = out if isinstance(out, list) else [out]
         root = value.copy()
-        self._hvd.broadcast_(root, root_rank=0, name=self._name(key), priority=priority)
-        for o in out:
+        self._hvd.broadcast_(root, root_rank=0, name='gluon_mgpu.%s' % (key,), priority=priority)
+        for o in out if isinstance(out, list) else [out]:
             root.copyto(o)
 
     def pushpull(self, key, value, out=None, priority=0):
         values = value if isinstance(value, list) else [value]
         total = values[0].copy() if len(values) == 1 else \
             nd.add_n(*[v.as_in_context(values[0].context) for v in values])
-        self._hvd.allreduce_(total, average=False, name=self._name(key), priority=priority)
+        self._hvd.allreduce_(total, average=False, name='gluon_mgpu.%s' % (key,),
+                             priority=priority)
         targets = values if out is None else (out if isinstance(out, list) else [out])
         for t in targets:
             total.copyto(t)
@@ -83,12 +76,10 @@ class HorovodKVStore(KVStoreBase):
 def job_env(environ=None):
     """This process's place in a ``horovodrun`` job, read before joining it: ``{'rank': r,
     'size': n}``; ``ValueError`` naming what is missing (Horovod, or the job)."""
-    import importlib.util
     environ = os.environ if environ is None else environ
     if importlib.util.find_spec('horovod') is None:
         raise ValueError('Horovod is not installed in this environment; build it with %s'
                          % INSTALL)
-    values = {}
     for name in ('HOROVOD_RANK', 'HOROVOD_SIZE'):
         value = environ.get(name, '')
         if not is_digits(value):
@@ -96,8 +87,7 @@ def job_env(environ=None):
                              'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
                              'gluon_mgpu.train --kvstore horovod ...'
                              % (name, repr(value) if value else 'not set'))
-        values[name] = int(value)
-    return {'rank': values['HOROVOD_RANK'], 'size': values['HOROVOD_SIZE']}
+    return {'rank': int(environ['HOROVOD_RANK']), 'size': int(environ['HOROVOD_SIZE'])}
 
 
 def worker_rank(environ=None):
