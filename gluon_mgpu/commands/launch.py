@@ -19,8 +19,7 @@ from ..runtime.threads import thread_settings
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
 PASS_ENV = ('OMP_NUM_THREADS', 'LD_LIBRARY_PATH', 'DMLC_INTERFACE', 'PYTHONPATH')
-SSH_OPTIONS = ('-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes')
-STOP_SECONDS = 5.0
+STOP_SECONDS = 5.0  # after SIGTERM, before SIGKILL
 
 
 def build_parser():
@@ -75,6 +74,7 @@ def parse_args(argv=None):
     if args.port is not None and args.port > 65535:
         raise UsageError('--port %d is not a TCP port; pass one from 1024 to 65535, or leave '
                          'it out for a free one' % args.port)
+    args.hosts = None
     if args.hostfile is not None:
         try:
             args.hosts = read_hostfile(args.hostfile)
@@ -83,15 +83,13 @@ def parse_args(argv=None):
                              % (args.hostfile, e.reason)) from None
         except ValueError as e:
             raise UsageError('--hostfile %s: %s' % (args.hostfile, e)) from None
-    else:
-        args.hosts = None
-        if args.host_ip is not None:
-            raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, '
-                             'or drop --host-ip')
-    if args.host_ip is not None and host_problem(args.host_ip):
+    elif args.host_ip is not None:
+        raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, or '
+                         'drop --host-ip')
+    problem = args.host_ip is not None and host_problem(args.host_ip)
+    if problem:
         raise UsageError('--host-ip %r %s; give this machine\'s address as the other hosts '
-                         'reach it, for example --host-ip 10.0.0.5'
-                         % (args.host_ip, host_problem(args.host_ip)))
+                         'reach it, for example --host-ip 10.0.0.5' % (args.host_ip, problem))
     for item in args.env:
         name = item.split('=', 1)[0]
         if not name.isidentifier():
@@ -100,25 +98,18 @@ def parse_args(argv=None):
     return args
 
 
-def command_problem(command, path=None):
+def command_problem(command):
     """Return why ``command`` (an argv list) cannot be started here (a name without a slash is
-    looked up in ``path``, default ``$PATH``), or None."""
+    looked up in ``$PATH``), or None."""
     name = command[0]
     if not name:
         return 'the command is an empty string'
     if os.sep not in name:
-        if shutil.which(name, path=path) is None:
-            return '%s is not a program on PATH' % name
-        return None
-    if not os.path.lexists(name):
-        return '%s does not exist' % name
-    if not os.path.exists(name):
-        return '%s is a dangling symbolic link' % name
-    if os.path.isdir(name):
-        return '%s is a folder' % name
-    if not os.access(name, os.X_OK):
-        return '%s is not executable (chmod +x)' % name
-    return None
+        return None if shutil.which(name) else '%s is not a program on PATH' % name
+    checks = ((os.path.lexists, 'does not exist'), (os.path.exists, 'is a dangling symbolic link'),
+              (lambda n: not os.path.isdir(n), 'is a folder'),
+              (lambda n: os.access(n, os.X_OK), 'is not executable (chmod +x)'))
+    return next(('%s %s' % (name, why) for passes, why in checks if not passes(name)), None)
 
 
 def port_problem(port, host='127.0.0.1'):
@@ -140,7 +131,7 @@ def check_job(args):
     if problem:
         raise UsageError('cannot run the command after --: %s; for example -- python -m '
                          'gluon_mgpu.train --kvstore dist_sync' % problem)
-    if args.hosts is not None and command_problem(['ssh']):
+    if args.hosts is not None and not shutil.which('ssh'):
         raise UsageError('--hostfile needs ssh to start the remote processes, but ssh is not '
                          'a program on PATH; install an ssh client (Debian: apt-get install '
                          'openssh-client)')
@@ -154,17 +145,16 @@ def check_job(args):
 
 
 def read_hostfile(path):
-    """Return ``[(host, ssh_port), ...]`` from a hostfile: per line a host name or an address,
-    with an optional ``:port`` (``[IPv6]:port``); blank lines and ``#`` comments are skipped.
+    """Return ``[(host, ssh_port), ...]`` from a hostfile (docs/distributed.md, "Several
+    machines").
 
     Raises
     ------
     files.InputError
         For a path that is not a readable regular file (a FIFO is refused, not waited on).
     ValueError
-        For a line that is anything else (a blank inside, a leading ``-``, which ssh would
-        take for an option), naming its number; for a file that is not UTF-8 text or has no
-        host.
+        Naming the line that is not a host with an optional ``:port``, or not UTF-8 text; for a
+        file without hosts.
     """
     with files.open_input(path) as f:
         data = f.read()
@@ -189,13 +179,6 @@ def read_hostfile(path):
     return hosts
 
 
-def free_port(host='127.0.0.1'):
-    """Return a TCP port that is free on ``host`` now (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def guess_host_ip():
     """This machine's address as other hosts would reach it, found as dmlc-core's tracker does."""
     try:
@@ -208,13 +191,6 @@ def guess_host_ip():
             s.connect(('10.255.255.255', 1))
             ip = s.getsockname()[0]
     return ip
-
-
-def job_variables(role, root_uri, root_port, num_workers, num_servers):
-    """The ``DMLC_*`` variables of one process of the job."""
-    return {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': str(root_uri),
-            'DMLC_PS_ROOT_PORT': str(root_port), 'DMLC_NUM_SERVER': str(num_servers),
-            'DMLC_NUM_WORKER': str(num_workers)}
 
 
 def remote_script(variables, workdir, command):
@@ -231,16 +207,8 @@ def remote_script(variables, workdir, command):
 def ssh_command(host, port, variables, workdir, command):
     """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``); ``--`` ends
     ssh's options, so that no host is ever read as one."""
-    return (['ssh'] + list(SSH_OPTIONS) + ['-p', str(port), '--', host,
-            'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))])
-
-
-def _local_threads(num_workers, environ):
-    # Workers sharing this machine should not each start one thread per core.
-    if thread_settings().get('source') == 'user' or 'OMP_NUM_THREADS' not in environ:
-        return {}
-    cores = thread_settings().get('cores') or os.cpu_count() or 1
-    return {'OMP_NUM_THREADS': str(max(1, cores // num_workers))}
+    return ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes', '-p', str(port),
+            '--', host, 'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))]
 
 
 def plan(args, environ=None, workdir=None):
@@ -248,46 +216,52 @@ def plan(args, environ=None, workdir=None):
     ``server 0``, ..., ``worker 0``, ... (in start order, not rank); ``env`` is the whole
     environment of a local process, None for an ssh process (its variables are in its argv)."""
     environ = dict(os.environ if environ is None else environ)
-    workdir = os.getcwd() if workdir is None else workdir
-    nw, ns = args.num_workers, args.num_servers
+    nw, ns, local = args.num_workers, args.num_servers, args.hosts is None
+    uri = '127.0.0.1' if local else args.host_ip or guess_host_ip()
+    port = args.port
+    if port is None:  # one free now (the OS picks it)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(('127.0.0.1' if local else '', 0))
+            port = s.getsockname()[1]
+    # OMP_NUM_THREADS set by gluon_mgpu (not by the user) suits only this machine's cores.
+    threads = thread_settings()
+    chosen = threads.get('source') == 'user'
+
+    def job(role):  # the DMLC_* variables of one process
+        return {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': uri, 'DMLC_PS_ROOT_PORT': str(port),
+                'DMLC_NUM_SERVER': str(ns), 'DMLC_NUM_WORKER': str(nw)}
+
     roles = [('server %d' % i, 'server') for i in range(ns)] + \
             [('worker %d' % i, 'worker') for i in range(nw)]
-    if args.hosts is None:
-        uri = '127.0.0.1'
-        port = args.port or free_port(uri)
-        base = dict(environ, DMLC_NODE_HOST=uri, **_local_threads(nw, environ))
-        return [(name, list(args.command), dict(base, **job_variables(role, uri, port, nw, ns)),
-                 'localhost')
+    if local:
+        base = dict(environ, DMLC_NODE_HOST=uri)
+        if not chosen and 'OMP_NUM_THREADS' in environ:  # the workers share the cores
+            cores = threads.get('cores') or os.cpu_count() or 1
+            base['OMP_NUM_THREADS'] = str(max(1, cores // nw))
+        return [(name, list(args.command), dict(base, **job(role)), 'localhost')
                 for name, role in [('scheduler', 'scheduler')] + roles]
-    uri = args.host_ip or guess_host_ip()
-    port = args.port or free_port('')
-    passed = {k: environ[k] for k in PASS_ENV if k in environ}
-    if thread_settings().get('source') != 'user':
-        passed.pop('OMP_NUM_THREADS', None)  # set by gluon_mgpu for this machine's cores only
-    for item in args.env:
-        name, has_value, value = item.partition('=')
-        if has_value:
-            passed[name] = value
-        elif name in environ:
-            passed[name] = environ[name]
-    processes = [('scheduler', list(args.command),
-                  dict(environ, **job_variables('scheduler', uri, port, nw, ns)), 'localhost')]
+    passed = {k: environ[k] for k in PASS_ENV
+              if k in environ and (chosen or k != 'OMP_NUM_THREADS')}
+    for name, has_value, value in (item.partition('=') for item in args.env):
+        if has_value or name in environ:
+            passed[name] = value if has_value else environ[name]
+    workdir = os.getcwd() if workdir is None else workdir
+    processes = [('scheduler', list(args.command), dict(environ, **job('scheduler')),
+                  'localhost')]
     for i, (name, role) in enumerate(roles):
         host, ssh_port = args.hosts[i % len(args.hosts)]
-        variables = dict(passed, DMLC_NODE_HOST=host,
-                         **job_variables(role, uri, port, nw, ns))
+        variables = dict(passed, DMLC_NODE_HOST=host, **job(role))
         processes.append((name, ssh_command(host, ssh_port, variables, workdir, args.command),
                           None, host))
     return processes
 
 
 class _Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP while the launcher runs: ``run_job`` stops the job; before it
-    starts, ``run_command`` says so in one line (``signal_name``, ``exit_code``)."""
+    """SIGINT, SIGTERM or SIGHUP: ``run_job`` stops the job; before it starts, ``run_command``
+    says so in one line (``signal_name``, ``exit_code``)."""
 
     def __init__(self, signum):
         super().__init__(signum)
-        self.signum = signum
         self.signal_name = signal.Signals(signum).name
         self.exit_code = 128 + signum
 
@@ -349,12 +323,11 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
         for name, argv, env, host in processes:
             # Remote processes (env None: ssh) stop when their connection closes; local ones
             # when the launcher dies.
-            local = env is not None
-            stdin = subprocess.DEVNULL if local else subprocess.PIPE
             try:
                 started.append((name, subprocess.Popen(
-                    argv, env=env, stdin=stdin, start_new_session=True,
-                    preexec_fn=_die_with(os.getpid()) if local else None)))
+                    argv, env=env, stdin=subprocess.PIPE if env is None else subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=None if env is None else _die_with(os.getpid()))))
             except OSError as e:
                 _stop(started)
                 say('error: cannot start %s: %s: %s; stopped the %d processes already started'
@@ -363,35 +336,31 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
         say('started %s' % ', '.join('%s (pid %d)' % (n, p.pid) for n, p in started))
         first_end = None
         while True:
-            ended = [(n, p) for n, p in started if p.poll() is not None]
+            running = [(n, p) for n, p in started if p.poll() is None]
+            ended = [(n, p) for n, p in started if p.returncode is not None]
             failed = [(n, p) for n, p in ended if p.returncode != 0]
             if failed:
                 name, p = failed[0]
-                others = [(n, q) for n, q in started if q.poll() is None]
-                _stop(others)
+                _stop(running)
                 say('%s (pid %d) %s; stopped the %d other processes of the job'
-                    % (name, p.pid, _describe_exit(p.returncode), len(others)))
+                    % (name, p.pid, _describe_exit(p.returncode), len(running)))
                 return p.returncode if p.returncode > 0 else 1
-            running = [(n, p) for n, p in started if p.poll() is None]
             if not running:
                 return 0
             if ended and first_end is None:
                 first_end = time.monotonic()
             if first_end is not None and time.monotonic() - first_end > grace:
                 _stop(running)
-                names = ', '.join(n for n, _ in running)
-                if any(n.startswith('worker') for n, _ in running):
-                    say('%s ended normally but %s still ran %g s later; stopped them'
-                        % (ended[0][0], names, grace))
-                    return 1
-                say('the workers finished but %s still ran %g s later; stopped them'
-                    % (names, grace))
-                return 0
+                workers = any(n.startswith('worker') for n, _ in running)
+                say('%s but %s still ran %g s later; stopped them'
+                    % ('%s ended normally' % ended[0][0] if workers else 'the workers finished',
+                       ', '.join(n for n, _ in running), grace))
+                return int(workers)
             time.sleep(poll)
     except _Interrupted as e:
         _stop([(n, p) for n, p in started if p.poll() is None])
-        say('stopped by %s' % signal.Signals(e.signum).name)
-        return 128 + e.signum
+        say('stopped by %s' % e.signal_name)
+        return e.exit_code
     finally:
         for _, p in started:
             if p.stdin is not None:
