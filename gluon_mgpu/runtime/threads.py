@@ -39,32 +39,28 @@ def has_gpu():
         return False
 
 
-def _read_int(path):
+def _read(path):
     try:
         with open(path) as f:
-            text = f.read().strip()
+            return f.read()
     except OSError:
-        return None
+        return ''
+
+
+def _read_int(path):
+    text = _read(path).strip()
     return int(text) if is_digits(text) else None
 
 
 def _cgroup_pids_max():
     """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
-    try:
-        with open('/proc/self/cgroup') as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    for line in lines:
+    for line in _read('/proc/self/cgroup').splitlines():
         _, controllers, path = line.split(':', 2)
-        if controllers == '':
-            found = _read_int('/sys/fs/cgroup%s/pids.max' % path.rstrip('/'))
-        elif 'pids' in controllers.split(','):
-            found = _read_int('/sys/fs/cgroup/pids%s/pids.max' % path.rstrip('/'))
-        else:
-            continue
-        if found is not None:
-            return found
+        if controllers == '' or 'pids' in controllers.split(','):
+            found = _read_int('/sys/fs/cgroup%s%s/pids.max'
+                              % ('/pids' if controllers else '', path.rstrip('/')))
+            if found is not None:
+                return found
     return None
 
 
@@ -72,20 +68,14 @@ def thread_limit():
     """``(n, source)``: the most threads this process could have, and which limit says so
     (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
     process id, or ``"the cgroup's pids.max"``); ``(None, None)`` when nothing limits it."""
-    limits = []
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
-    if soft != resource.RLIM_INFINITY and os.geteuid() != 0:
-        limits.append((soft, 'ulimit -u'))
-    threads_max = _read_int('/proc/sys/kernel/threads-max')
-    if threads_max:
-        limits.append((threads_max, 'kernel.threads-max'))
-    pid_max = _read_int('/proc/sys/kernel/pid_max')
-    if pid_max:
-        limits.append((pid_max, 'kernel.pid_max'))
-    pids_max = _cgroup_pids_max()
-    if pids_max:
-        limits.append((pids_max, "the cgroup's pids.max"))
+    limits = [(soft, 'ulimit -u')] if soft != resource.RLIM_INFINITY and os.geteuid() else []
+    for found, source in ((_read_int('/proc/sys/kernel/threads-max'), 'kernel.threads-max'),
+                          (_read_int('/proc/sys/kernel/pid_max'), 'kernel.pid_max'),
+                          (_cgroup_pids_max(), "the cgroup's pids.max")):
+        if found:
+            limits.append((found, source))
     return min(limits) if limits else (None, None)
 
 
@@ -144,36 +134,30 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     for name in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS'):
         if environ.get(name) == '':  # MXNet takes an empty value for unset
             del environ[name]
-    if 'OMP_NUM_THREADS' in environ or 'MXNET_OMP_MAX_THREADS' in environ:
-        value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
-        settings = {'omp_num_threads': int(value) if is_digits(str(value)) else value,
-                    'cores': cores, 'source': 'user'}
+    value = environ.get('OMP_NUM_THREADS') or environ.get('MXNET_OMP_MAX_THREADS')
+    if value is not None:
+        threads, source = _number(value), 'user'
     elif mxnet_imported:
-        settings = {'omp_num_threads': mxnet_default_threads(cores), 'cores': cores,
-                    'source': 'mxnet-imported-first'}
+        threads, source = mxnet_default_threads(cores), 'mxnet-imported-first'
     else:
-        threads = max(1, cores // (devices * _local_processes(environ)))
+        # A horovodrun job's processes on this machine share its cores.
+        local = environ.get('HOROVOD_LOCAL_SIZE', '')
+        local = int(local) if is_digits(local) and int(local) >= 1 else 1
+        threads, source = max(1, cores // (devices * local)), 'gluon_mgpu'
         environ['OMP_NUM_THREADS'] = str(threads)
-        settings = {'omp_num_threads': threads, 'cores': cores, 'source': 'gluon_mgpu'}
-    settings['devices'] = devices
-    if 'MXNET_CPU_TEMP_COPY' in environ:
-        value = environ['MXNET_CPU_TEMP_COPY']
-        settings.update(cpu_temp_copy=int(value) if is_digits(value) else value,
-                        temp_copy_source='user')
-    else:
-        settings.update(cpu_temp_copy=None, temp_copy_source='mxnet')
-    if settings['source'] == 'gluon_mgpu':
-        environ[CHOSEN_ENV] = 'OMP_NUM_THREADS=%s' % environ['OMP_NUM_THREADS']
+        environ[CHOSEN_ENV] = 'OMP_NUM_THREADS=%d' % threads
+    copy = environ.get('MXNET_CPU_TEMP_COPY')
+    settings = {'omp_num_threads': threads, 'cores': cores, 'source': source, 'devices': devices,
+                'cpu_temp_copy': None if copy is None else _number(copy),
+                'temp_copy_source': 'mxnet' if copy is None else 'user'}
     if environ is os.environ:
         _SETTINGS.clear()
         _SETTINGS.update(settings)
     return settings
 
 
-def _local_processes(environ):
-    """The processes of a ``horovodrun`` job sharing this machine's cores; 1 outside one."""
-    value = environ.get('HOROVOD_LOCAL_SIZE', '')
-    return int(value) if is_digits(value) and int(value) >= 1 else 1
+def _number(value):
+    return int(value) if is_digits(str(value)) else value
 
 
 def mxnet_default_threads(cores=None, machine=None):
