@@ -7,9 +7,8 @@ from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn
 from mxnet.symbol import Symbol
 
-from .common import (CopyCounter, SplitNet, check_devices, count_pass, make_summary,
-                     parameter_bytes, step_all)
-from .layers import _as_in_context, _check_initialized
+from .common import CopyCounter, SplitNet, check_devices
+from .layers import _check_initialized
 
 __all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
            'ChannelSplitNet']
@@ -77,7 +76,7 @@ class ChannelSplit(nn.HybridBlock):
     ``HybridBlock`` only so that the chapter's network may hold it: hybridize its pieces.
     """
 
-    def __init__(self, layer, devices, copy=_as_in_context):
+    def __init__(self, layer, devices, copy=nd.NDArray.as_in_context):
         super().__init__(prefix=layer.prefix)
         self.kind = _kind(layer)
         self.devices = list(devices)
@@ -131,7 +130,7 @@ class ChannelSplit(nn.HybridBlock):
             getattr(piece, name).set_data(value.slice_axis(axis=0, begin=a, end=b))
 
 
-def split_channels(net, devices, copy=_as_in_context):
+def split_channels(net, devices, copy=nd.NDArray.as_in_context):
     """Replace every Conv2D, BatchNorm and Dense layer of ``net`` by a ``ChannelSplit``, in place.
 
     ``net`` is initialized on one device (``init_one_device``); the pieces start from its
@@ -177,7 +176,8 @@ def train_batch(X, y, net, trainers, devices, loss, batch_size=None):
     with autograd.record():
         l = loss(net(X), y)
     l.backward()
-    step_all(trainers, X.shape[0] if batch_size is None else batch_size)
+    for trainer in trainers:
+        trainer.step(X.shape[0] if batch_size is None else batch_size)
     return l
 
 
@@ -197,7 +197,7 @@ class ChannelSplitNet(SplitNet):
     ``copies`` counts the bytes every forward pass copied between devices.
     """
 
-    method = 'channels'
+    method, hybridizes = 'channels', 'pieces'
 
     def __init__(self, net, devices, lr):
         self.net = net
@@ -211,7 +211,6 @@ class ChannelSplitNet(SplitNet):
                           'sgd', {'learning_rate': lr})
             for k in range(len(self.devices))]
         self.loss = gloss.SoftmaxCrossEntropyLoss()
-        self.hybridized = False
 
     def _copy(self, x, device):
         # Through an attribute, so summary() can count one pass with a counter of its own.
@@ -283,19 +282,11 @@ class ChannelSplitNet(SplitNet):
         and the inputs each device receives) and copies per step (every input forward and its
         gradient back). Call before ``hybridize()``.
         """
-        if self.hybridized:
-            raise RuntimeError('the activations are counted layer by layer, and hybridized pieces '
-                               'hide their layers; call summary() before hybridize()')
-        X = X.as_in_context(self.devices[0])
-
-        def run(copy):
+        def run(X, copy):
             self._copy_now = copy
             try:
                 self.net(X)
             finally:
                 self._copy_now = self.copies.copy
 
-        activations, copied = count_pass([self.net], self.devices, run)
-        return make_summary(self.method, self.devices, X.shape[0],
-                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
-                            layers=len(self.layers))
+        return self._summary(X, [self.net], run, layers=len(self.layers))

@@ -10,8 +10,8 @@ from ..training import evaluate_accuracy
 from ..replicas.placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
-           'trace_devices', 'check_trace', 'per_device', 'parameter_bytes', 'count_pass',
-           'make_summary', 'data_parallel_summary', 'SplitNet']
+           'trace_devices', 'check_trace', 'parameter_bytes', 'make_summary',
+           'data_parallel_summary', 'SplitNet']
 
 
 def check_devices(devices):
@@ -35,23 +35,14 @@ def init_one_device(net, device=None, init=None, input_shape=(1, 1, 28, 28)):
     return net
 
 
-def step_all(trainers, batch_size):
-    """``trainer.step(batch_size)`` for the Trainer of every part of a split network."""
-    for trainer in trainers:
-        trainer.step(batch_size)
-
-
 def nbytes(x):
     """Bytes of an NDArray's data."""
     return int(np.prod(x.shape)) * np.dtype(x.dtype).itemsize
 
 
 class CopyCounter:
-    """Copies arrays between devices and counts the bytes sent from each device to each other.
-
-    ``copy(x, device)`` is ``x.as_in_context(device)``, which autograd differentiates (the
-    gradient comes back the same way, with as many bytes).
-    """
+    """Copies arrays between devices (``x.as_in_context(device)``, which autograd
+    differentiates) and counts the bytes sent from each device to each other."""
 
     def __init__(self):
         self.sent = {}  # (from device, to device) -> bytes
@@ -95,16 +86,10 @@ def _run_hooked(blocks, hook, run):
 
 
 def layer_output_bytes(blocks, run):
-    """Call ``run()``; return the bytes of every block output inside ``blocks``, per device.
+    """Call ``run()``; return ``{context: bytes}`` of every block output inside ``blocks``.
 
-    Each array counts once, on its device, however many blocks return it. Operations inside a
-    block's own ``forward`` (the residual addition) count through the block's output only. A
-    hybridized block hides its children, so measure before ``hybridize()``.
-
-    Returns
-    -------
-    dict
-        ``{context: bytes}``.
+    Each array counts once, however many blocks return it. A hybridized block hides its
+    children, so measure before ``hybridize()``.
     """
     seen = {}
 
@@ -162,24 +147,11 @@ def check_trace(records):
     return len(records)
 
 
-def per_device(mapping, devices):
-    """``{context: number}`` as a list in the order of ``devices`` (0 where missing)."""
-    return [int(mapping.get(d, 0)) for d in devices]
-
-
 def parameter_bytes(params, devices):
     """Bytes of parameters held on each of ``devices`` (a list in their order)."""
     placement = inspect_placement(params)
-    return per_device(dict(zip(placement.devices, placement.bytes_per_device)), devices)
-
-
-def count_pass(blocks, devices, run):
-    """Run one forward pass as ``run(copy)``, every copy between devices through ``copy(x,
-    device)``; return ``(activation bytes per device, bytes copied)``: a device's activations
-    are the outputs it computed of the blocks inside ``blocks``, plus what it received."""
-    counter = CopyCounter()
-    outputs = layer_output_bytes(blocks, lambda: run(counter.copy))
-    return [outputs.get(d, 0) + counter.received(d) for d in devices], counter.total
+    held = dict(zip(placement.devices, placement.bytes_per_device))
+    return [int(held.get(d, 0)) for d in devices]
 
 
 def make_summary(method, devices, batch_size, parameter_bytes, activation_bytes,
@@ -193,25 +165,44 @@ def make_summary(method, devices, batch_size, parameter_bytes, activation_bytes,
 
 
 def data_parallel_summary(net, devices, X):
-    """The splits' ``summary(X)`` for data parallelism: ``net`` holds one replica per device.
-
-    Activations: every device runs its slice of ``X`` (as ``split_and_load`` cuts it). Copies:
-    reducing the gradients through one device, as the book's ``allreduce`` does, sends
-    ``2 (N - 1)`` times the bytes of the trained parameters per step (the kvstore's own route
-    may differ).
-    """
+    """The splits' ``summary(X)`` for data parallelism: ``net`` holds one replica per device,
+    every device runs its slice of ``X``, and the book's ``allreduce`` copies ``2 (N - 1)`` times
+    the bytes of the trained parameters per step (the kvstore's own route may differ)."""
     devices = check_devices(devices)
     X_shards = gutils.split_and_load(X, devices, even_split=False)
     outputs = layer_output_bytes([net], lambda: [net(x) for x in X_shards])
     trained = sum(nbytes(p.data(p.list_ctx()[0]))
                   for p in net.collect_params().values() if p.grad_req != 'null')
     return make_summary('data', devices, X.shape[0], parameter_bytes(net, devices),
-                        per_device(outputs, devices), 2 * (len(devices) - 1) * trained)
+                        [outputs.get(d, 0) for d in devices], 2 * (len(devices) - 1) * trained)
 
 
 class SplitNet:
-    """What the split networks share; each sets ``devices``, the first computing the logits."""
+    """What the split networks share; each sets ``devices``, the first computing the logits.
+
+    The layer and channel splits also set ``net`` (the one-device network they split),
+    ``copies`` (a ``CopyCounter``) and ``trainers`` (one per device), and name what they
+    hybridize in ``hybridizes`` (``'parts'``, ``'pieces'``).
+    """
+
+    hybridized = False
 
     def evaluate_accuracy(self, data_iter):
         """Fraction of ``data_iter`` classified correctly."""
         return evaluate_accuracy(data_iter, self, self.devices[:1])
+
+    def _summary(self, X, blocks, run, **extra):
+        """``summary(X)`` from one forward pass ``run(X, copy)`` with every copy through ``copy``:
+        a device's activations are the outputs it computed of the blocks inside ``blocks`` plus
+        what it received; each copy counts twice (its gradient comes back)."""
+        if self.hybridized:
+            raise RuntimeError('the activations are counted layer by layer, and hybridized %s '
+                               'hide their layers; call summary() before hybridize()'
+                               % self.hybridizes)
+        X = X.as_in_context(self.devices[0])
+        counter = CopyCounter()
+        outputs = layer_output_bytes(blocks, lambda: run(X, counter.copy))
+        activations = [outputs.get(d, 0) + counter.received(d) for d in self.devices]
+        return make_summary(self.method, self.devices, X.shape[0],
+                            parameter_bytes(self.net, self.devices), activations,
+                            2 * counter.total, **extra)

@@ -11,21 +11,15 @@ from mxnet.gluon import loss as gloss, nn, utils as gutils
 from mxnet.gluon.parameter import DeferredInitializationError
 
 from ..runtime.checks import check_whole
-from .common import (CopyCounter, SplitNet, check_devices, count_pass, make_summary,
-                     nbytes, parameter_bytes, step_all)
+from .common import CopyCounter, SplitNet, check_devices, nbytes
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
            'choose_cut', 'resolve_cut', 'split_layers', 'forward', 'train_batch', 'LayerSplit']
 
 RESNET18_UNITS = ('stem', 'stage1', 'stage2', 'stage3', 'stage4', 'head')
 CUT_RULES = ('params', 'time')
-
-
-def _is_resnet18(children):
-    kinds = (nn.Conv2D, nn.BatchNorm, nn.Activation) + (nn.HybridSequential,) * 4 + (
-        nn.GlobalAvgPool2D, nn.Dense)
-    return len(children) == len(kinds) and all(isinstance(c, k)
-                                               for c, k in zip(children, kinds))
+_RESNET18_KINDS = (nn.Conv2D, nn.BatchNorm, nn.Activation) + (nn.HybridSequential,) * 4 + (
+    nn.GlobalAvgPool2D, nn.Dense)
 
 
 def stage_units(net):
@@ -39,7 +33,8 @@ def stage_units(net):
         raise ValueError('a layer split needs an nn.HybridSequential, got %s; build the '
                          'network as a sequence of layers' % type(net).__name__)
     children = [net[i] for i in range(len(net))]
-    if _is_resnet18(children):
+    if len(children) == len(_RESNET18_KINDS) and all(
+            isinstance(c, k) for c, k in zip(children, _RESNET18_KINDS)):
         groups = [children[0:3], children[3:4], children[4:5], children[5:6], children[6:7],
                   children[7:9]]
         return list(zip(RESNET18_UNITS, groups))
@@ -92,30 +87,19 @@ def choose_cut(costs, num_devices):
 def resolve_cut(units, cut, num_devices, sample=None):
     """Turn ``cut`` into boundaries (number of units before each cut) for ``num_devices``.
 
-    Parameters
-    ----------
-    units : list of (str, list of Block)
-        From ``stage_units``.
-    cut : 'params', 'time' or sequence of str
-        Even the bytes of parameters per device, or the time ``unit_times`` measures on
-        ``sample``, or cut after the units named (one fewer than devices, e.g. ``('stage2',)``).
-    sample : NDArray, optional
-        A batch on the units' device, for ``cut='time'``.
-
-    Raises
-    ------
-    ValueError
-        More devices than units, an unknown rule or unit name, the wrong number of names,
-        names out of order, or ``cut='time'`` without ``sample``.
+    ``cut``: ``'params'`` evens the bytes of parameters per device, ``'time'`` the time
+    ``unit_times`` measures on ``sample`` (a batch on the units' device), and unit names
+    (``('stage2',)``, one fewer than devices, in order) cut after those units of ``units``
+    (``stage_units``). ValueError names what does not fit.
     """
     names = [name for name, _ in units]
     if num_devices > len(units):
         raise ValueError('a layer split over %d devices needs %d units, but the network has %d '
                          '(%s); use at most %d devices'
                          % (num_devices, num_devices, len(units), ', '.join(names), len(units)))
-    if isinstance(cut, str) and cut == 'params':
+    if cut == 'params':
         return choose_cut(unit_bytes(units), num_devices)
-    if isinstance(cut, str) and cut == 'time':
+    if cut == 'time':
         if sample is None:
             raise ValueError("cut='time' times every unit on a sample batch; pass sample=X "
                              "(a batch on the network's device)")
@@ -177,19 +161,15 @@ def split_layers(net, devices, cut='params', sample=None):
     return parts, names
 
 
-def _as_in_context(x, device):
-    return x.as_in_context(device)
-
-
-def forward(parts, X, devices, copy=_as_in_context):
+def forward(parts, X, devices, copy=nd.NDArray.as_in_context):
     """Run ``X`` through the parts, moving the activation to each part's device."""
     for part, device in zip(parts, devices):
         X = part(copy(X, device))
     return X
 
 
-def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_in_context,
-                batch_size=None):
+def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1,
+                copy=nd.NDArray.as_in_context, batch_size=None):
     """One step of the layer split: forward every micro-batch (at most one per example), one
     backward over all their losses, one update. Returns the micro-batches' losses (on the last
     device).
@@ -205,7 +185,8 @@ def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1, copy=_as_
         ls = [loss(forward(parts, X_m, devices, copy), y_m)
               for X_m, y_m in zip(X_micros, y_micros)]
     autograd.backward(ls)
-    step_all(trainers, X.shape[0] if batch_size is None else batch_size)
+    for trainer in trainers:
+        trainer.step(X.shape[0] if batch_size is None else batch_size)
     return ls
 
 
@@ -226,7 +207,7 @@ class LayerSplit(SplitNet):
     ``copies`` counts the bytes every forward pass copied between devices.
     """
 
-    method = 'layers'
+    method, hybridizes = 'layers', 'parts'
 
     def __init__(self, net, devices, lr, cut='params', micro_batches=1, sample=None):
         check_whole('micro_batches', micro_batches, 'pass 1 for no pipeline')
@@ -238,7 +219,6 @@ class LayerSplit(SplitNet):
                          for part in self.parts]
         self.loss = gloss.SoftmaxCrossEntropyLoss()
         self.copies = CopyCounter()
-        self.hybridized = False
 
     def describe(self):
         """``cpu(0): stem, stage1, stage2, stage3 | cpu(1): stage4, head``."""
@@ -276,12 +256,8 @@ class LayerSplit(SplitNet):
         the backward pass) and copies per step (each boundary activation forward and its
         gradient back). Call before ``hybridize()``, which hides the layers.
         """
-        if self.hybridized:
-            raise RuntimeError('the activations are counted layer by layer, and hybridized parts '
-                               'hide their layers; call summary() before hybridize()')
-        X = X.as_in_context(self.devices[0])
-        activations, copied = count_pass(
-            self.parts, self.devices, lambda copy: forward(self.parts, X, self.devices, copy))
-        return make_summary(self.method, self.devices, X.shape[0],
-                            parameter_bytes(self.net, self.devices), activations, 2 * copied,
-                            units=self.names, micro_batches=self.micro_batches)
+        def run(X, copy):
+            forward(self.parts, X, self.devices, copy)
+
+        return self._summary(X, self.parts, run, units=self.names,
+                             micro_batches=self.micro_batches)
