@@ -306,12 +306,8 @@ def _die_with(parent):
 
 
 def run_job(processes, grace=30.0, poll=0.1, log=None):
-    """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code.
-
-    0 when every worker ended with 0; 2 when a process cannot be started. When one fails, the
-    others are stopped and the code is its own, or 1 for a signal. Once one has ended normally
-    the rest get ``grace`` seconds; workers still running then make it 1 (docs/distributed.md).
-    """
+    """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code: 2
+    when one cannot start, else as docs/distributed.md ("If a process dies") says."""
     log = sys.stderr if log is None else log
 
     def say(text):
