@@ -95,6 +95,14 @@ def probe_bfloat16(environ=None, timeout=PROBE_SECONDS):
     return dict(_probed[key])
 
 
+def _emulated(why, force, fix, undo=''):
+    """The note for bfloat16 that oneDNN would emulate (``why``) when forced; else ValueError."""
+    if not force:
+        raise ValueError('%s; %s%s' % (why, undo, fix or 'train in float32, or force bfloat16 '
+                                       'anyway (--force-dtype, force_dtype=True)'))
+    return '%s (forced)' % why
+
+
 def _onednn_check(found, force, fix, environ):
     """The refusal of ``probe_bfloat16``'s result ``found``, or whether oneDNN emulates
     bfloat16 (a note when forced); None when it computes in bfloat16."""
@@ -102,17 +110,14 @@ def _onednn_check(found, force, fix, environ):
     cap = environ.get('DNNL_MAX_CPU_ISA', '')
     capped = ', capped by DNNL_MAX_CPU_ISA=%s' % cap if cap else ''
     if not found['ok']:
+        why = 'oneDNN runs with %s here%s' % (isa, capped) if isa else None
+        undo = 'unset DNNL_MAX_CPU_ISA' if cap else None
         if environ.get('MXNET_MKLDNN_ENABLED', '').lower() in ('0', 'false'):
             why = ('MXNET_MKLDNN_ENABLED=%s turns oneDNN off, and MXNet 1.9.1 has no bfloat16 '
                    'convolution without it' % environ['MXNET_MKLDNN_ENABLED'])
             undo = 'unset MXNET_MKLDNN_ENABLED'
         elif isa is not None and 'AVX-512' not in isa:
-            why = ('oneDNN runs with %s here%s, and MXNet\'s oneDNN has no bfloat16 convolution '
-                   'below AVX-512' % (isa, capped))
-            undo = 'unset DNNL_MAX_CPU_ISA' if cap else None
-        else:
-            why = 'oneDNN runs with %s here%s' % (isa, capped) if isa else None
-            undo = 'unset DNNL_MAX_CPU_ISA' if cap else None
+            why += ', and MXNet\'s oneDNN has no bfloat16 convolution below AVX-512'
         raise ValueError('a bfloat16 training step, tried in a child process with this '
                          'environment, stopped with %r%s: training would stop at its first '
                          'step; %s%s' % (found['error'], ' (%s)' % why if why else '',
@@ -120,23 +125,16 @@ def _onednn_check(found, force, fix, environ):
                                          fix or 'train in float32'))
     if isa is None or 'bfloat16' in isa:
         return None
-    why = ('oneDNN runs with %s here%s, without bfloat16 instructions, so it would emulate '
-           'bfloat16, slower than float32' % (isa, capped))
-    if not force:
-        raise ValueError('%s; %s%s' % (why, 'unset DNNL_MAX_CPU_ISA, or ' if cap else '',
-                                       fix or 'train in float32, or force bfloat16 anyway '
-                                              '(--force-dtype, force_dtype=True)'))
-    return '%s (forced)' % why
+    return _emulated('oneDNN runs with %s here%s, without bfloat16 instructions, so it would '
+                     'emulate bfloat16, slower than float32' % (isa, capped), force, fix,
+                     'unset DNNL_MAX_CPU_ISA, or ' if cap else '')
 
 
 def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
     """Check that ``devices`` can train in ``dtype``; return the notes to show (lines).
 
-    A CPU is asked twice: /proc/cpuinfo first, then oneDNN itself, which a bfloat16 step run in
-    a child process with the environment in force (``probe_bfloat16``, a few seconds) shows:
-    whether it runs at all (not with ``MXNET_MKLDNN_ENABLED=0``, nor below AVX-512, as with
-    ``DNNL_MAX_CPU_ISA=AVX2``) and whether oneDNN's instructions compute in bfloat16 or
-    emulate it (``DNNL_MAX_CPU_ISA=AVX512_CORE`` on a CPU with ``avx512_bf16``).
+    A CPU is asked twice: /proc/cpuinfo first, then oneDNN itself, through a bfloat16 step run
+    in a child process with the environment in force (``probe_bfloat16``; docs/precision.md).
 
     Parameters
     ----------
@@ -179,12 +177,9 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
                                 fix or 'train in float32'))
         emulated = not flags & set(BF16_CPU_FLAGS)
         if emulated:
-            why = ('this CPU has neither %s in /proc/cpuinfo, so oneDNN would emulate '
-                   'bfloat16, slower than float32' % ' nor '.join(BF16_CPU_FLAGS))
-            if not force:
-                raise ValueError('%s; %s' % (why, fix or 'train in float32, or force bfloat16 '
-                                             'anyway (--force-dtype, force_dtype=True)'))
-            notes.append('%s (forced)' % why)
+            notes.append(_emulated('this CPU has neither %s in /proc/cpuinfo, so oneDNN would '
+                                   'emulate bfloat16, slower than float32'
+                                   % ' nor '.join(BF16_CPU_FLAGS), force, fix))
         note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix,
                              os.environ)
         if note and not emulated:
