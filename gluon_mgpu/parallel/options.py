@@ -31,27 +31,12 @@ def parse_cut(text):
 
 def check_parallel_options(parallel, num_devices, micro_batches=1, batch_size=None,
                            cut='params', model=None, hybridize=None, data_only=()):
-    """Refuse a bad combination of options; return None when they fit together.
+    """Raise ValueError (one line naming the flag, the value and the fix) for a bad combination
+    of options; return None when they fit together.
 
-    Parameters
-    ----------
-    parallel : str
-        One of ``METHODS``.
-    num_devices, micro_batches : int
-    batch_size : int, optional
-        Checked against the device count (``scratch`` splits evenly) and ``micro_batches``.
-    cut : str or tuple of str, default 'params'
-    model, hybridize : optional
-        The user's ``--model`` and explicit ``--hybridize`` (None when not given): ``scratch``
-        trains the book's LeNet as plain functions and takes neither.
-    data_only : iterable of str
-        Flags the user gave that only ``--parallel data`` understands (``--kvstore dist_sync``,
-        ``--sync-bn``, ...).
-
-    Raises
-    ------
-    ValueError
-        One line naming the flag, the value and the fix.
+    ``model`` and ``hybridize`` are the user's ``--model`` and explicit ``--hybridize`` (None
+    when not given), which ``scratch`` refuses; ``data_only`` the flags given that only
+    ``--parallel data`` understands (``--kvstore dist_sync``, ``--sync-bn``, ...).
     """
     if parallel not in METHODS:
         raise ValueError('--parallel %r: choose one of %s' % (parallel, ', '.join(METHODS)))
@@ -86,26 +71,14 @@ def check_parallel_options(parallel, num_devices, micro_batches=1, batch_size=No
 
 
 def make_parallel(parallel, devices, lr, net=None, micro_batches=1, cut='params', sample=None):
-    """Build the split network for ``parallel`` in ``('scratch', 'layers', 'channels')``.
+    """Build the split network for ``parallel`` in ``('scratch', 'layers', 'channels')``, with
+    SGD at ``lr`` on ``devices``.
 
-    Parameters
-    ----------
-    parallel : str
-    devices : list of mxnet.Context
-    lr : float
-        SGD learning rate.
-    net : Block, optional
-        For ``layers`` and ``channels``: the one-device network (``init_one_device``), split in
-        place. ``scratch`` builds its own LeNet.
-    micro_batches, cut, sample
-        For ``layers``; see ``LayerSplit``.
-
-    Returns
-    -------
-    ScratchDataParallel, LayerSplit or ChannelSplitNet
-        Each has ``method``, ``devices``, ``train_batch(X, y)`` (the summed loss),
-        ``__call__(X)``, ``evaluate_accuracy``, ``save_parameters``, ``load_parameters`` and
-        ``summary(X)``.
+    ``net``: for ``layers`` and ``channels``, the one-device network (``init_one_device``),
+    split in place (``scratch`` builds its own LeNet); ``micro_batches``, ``cut`` and ``sample``
+    go to ``LayerSplit``. Each result has ``method``, ``devices``, ``train_batch(X, y)`` (the
+    summed loss), ``__call__(X)``, ``evaluate_accuracy``, ``save_parameters``,
+    ``load_parameters`` and ``summary(X)``.
     """
     devices = check_devices(devices)
     if parallel == 'scratch':

@@ -3,6 +3,7 @@
 explains it.
 """
 import functools
+import itertools
 import math
 import numbers
 import time
@@ -17,10 +18,11 @@ __all__ = ['check_device_weights', 'slice_sizes', 'split_by_weights', 'split_by'
            'measure_device_speeds']
 
 
-def check_device_weights(device_weights, num_devices):
-    """Return ``device_weights`` as a list of floats, or raise ValueError naming what is wrong."""
+def check_device_weights(device_weights, num_devices=None):
+    """Return ``device_weights`` (``num_devices`` of them, if given) as a list of floats, or raise
+    ValueError naming what is wrong."""
     weights = list(device_weights)
-    if len(weights) != num_devices:
+    if num_devices is not None and len(weights) != num_devices:
         raise ValueError('%d device weights for %d devices; give one weight per device'
                          % (len(weights), num_devices))
     for w in weights:
@@ -34,20 +36,12 @@ def check_device_weights(device_weights, num_devices):
 def slice_sizes(n, device_weights):
     """Split ``n`` examples in proportion to ``device_weights``; return one size per device.
 
-    Largest-remainder rounding: each device gets the whole part of its exact share
-    ``n * w_i / sum(w)``, and the examples left over go to the largest fractional parts
-    (the first device on a tie). A device whose share rounds to 0 still gets one example,
-    taken from the largest slice. The sizes always add up to ``n``.
-
-    Examples: 16 examples with weights 3, 1 give 12, 4; 10 with 1, 1, 1 give 4, 3, 3 (what
-    ``split_and_load`` gives); 5 with 100, 1 give 4, 1.
-
-    Raises
-    ------
-    ValueError
-        If ``n`` is smaller than the number of devices, or a weight is not above 0.
+    Largest-remainder rounding (docs/devices.md; the first device wins a tie), at least one
+    example per device, taken from the largest slice: 16 with weights 3, 1 give 12, 4; 10 with
+    1, 1, 1 give 4, 3, 3 (as ``split_and_load``); 5 with 100, 1 give 4, 1. ValueError if ``n``
+    is smaller than the number of devices, or a weight is not above 0.
     """
-    weights = check_device_weights(device_weights, len(device_weights))
+    weights = check_device_weights(device_weights)
     k = len(weights)
     if n < k:
         raise ValueError('%d examples cannot give each of %d devices at least one; '
@@ -69,24 +63,18 @@ def slice_sizes(n, device_weights):
 
 
 def split_by_weights(device_weights):
-    """Return a ``split_f`` for ``train()`` that slices every batch in proportion to the weights.
-
-    ``split_by_weights([3, 1])`` gives a 16-example batch to two devices as 12 and 4.
-    """
-    weights = check_device_weights(device_weights, len(list(device_weights)))
-    return functools.partial(split_by, device_weights=weights)
+    """Return a ``split_f`` for ``train()`` that slices every batch in proportion to the weights:
+    ``split_by_weights([3, 1])`` gives a 16-example batch to two devices as 12 and 4."""
+    return functools.partial(split_by, device_weights=check_device_weights(device_weights))
 
 
 def split_by(X, y, devices, device_weights):
     """Like ``training.split_batch``, with slices in proportion to ``device_weights``."""
     check_split(X, y, devices)
-    Xs, ys, start = [], [], 0
-    for size, d in zip(slice_sizes(X.shape[0], check_device_weights(device_weights,
-                                                                    len(devices))), devices):
-        Xs.append(X[start:start + size].as_in_context(d))
-        ys.append(y[start:start + size].as_in_context(d))
-        start += size
-    return Xs, ys
+    sizes = slice_sizes(X.shape[0], check_device_weights(device_weights, len(devices)))
+    slices = [(a, a + n, d) for a, n, d in zip(itertools.accumulate([0] + sizes), sizes, devices)]
+    return ([X[a:b].as_in_context(d) for a, b, d in slices],
+            [y[a:b].as_in_context(d) for a, b, d in slices])
 
 
 def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):
