@@ -259,10 +259,6 @@ class _WatchedStdout:
         except OSError as e:
             raise StdoutError(e) from None
 
-    def writelines(self, lines):
-        for line in lines:
-            self.write(line)
-
     def flush(self):
         try:
             self._stream.flush()
@@ -292,12 +288,9 @@ def _stdout_failed(prog, e, stream, debug):
 def _run_body(prog, body, explain, debug):
     try:
         try:
-            code = body() or 0
-        except SystemExit:  # argparse's --help: its text reaches stdout, or this says why
+            return body() or 0
+        finally:  # argparse's --help too: its text reaches stdout, or this says why
             sys.stdout.flush()
-            raise
-        sys.stdout.flush()
-        return code
     except StdoutError:
         raise
     except (Exception, KeyboardInterrupt) as e:

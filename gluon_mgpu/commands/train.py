@@ -195,13 +195,11 @@ def parse_args(argv=None, complete=False):
     if args.resume and not complete:
         return args
     args.num_workers = 1
-    if args.kvstore in dist.DIST_KVSTORES:
-        if args.checkpoint_dir is not None:
-            raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the '
-                             'optimizer state on the servers and a worker cannot save it '
-                             '("Cannot save states for distributed training"); drop '
-                             '--checkpoint-dir (--save-params saves the final parameters)'
-                             % args.kvstore)
+    if args.kvstore in dist.DIST_KVSTORES and args.checkpoint_dir is not None:
+        raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the optimizer '
+                         'state on the servers and a worker cannot save it ("Cannot save states '
+                         'for distributed training"); drop --checkpoint-dir (--save-params saves '
+                         'the final parameters)' % args.kvstore)
     if args.kvstore in JOB_KVSTORES:
         try:
             args.num_workers = (horovod.job_env()['size'] if args.kvstore == 'horovod'
@@ -239,7 +237,7 @@ def parse_args(argv=None, complete=False):
         ('--warmup-steps', args.warmup_steps is not None),
         ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
     try:
-        args.cut = parallel.parse_cut(args.cut) if isinstance(args.cut, str) else args.cut
+        args.cut = parallel.parse_cut(args.cut)
     except ValueError as e:
         raise UsageError('argument --cut: %s (see --help)' % e) from None
     try:
@@ -312,16 +310,6 @@ def _resume(args):
                          'another --checkpoint-dir' % (directory, record['network'],
                                                        network_name(merged)))
     return merged, record
-
-
-def _devices(args):
-    found = cli.devices(args.num_gpus, args.device)
-    if args.sync_bn and len(found) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
-        raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
-                         'computes each operator in the thread that issues it, so the first '
-                         'device\'s SyncBatchNorm waits for devices whose work is never issued); '
-                         'unset MXNET_ENGINE_TYPE or drop --sync-bn')
-    return found
 
 
 def _join_job(args, devices, train_iter):
@@ -408,16 +396,6 @@ def run(args, interrupt=None):
         return _run(args, record, interrupt)
 
 
-def _load_data(args):
-    from .. import data
-    try:
-        return data.load_data_fashion_mnist(
-            args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
-            test_limit=args.test_limit, seed=args.seed, loader=args.loader)
-    except (data.DataError, data.DataNotFoundError, ValueError) as e:
-        raise cli.data_error(e, args.data_dir) from None
-
-
 def _file_handlers(args, devices, placement=None):
     """The handlers that write ``--metrics-json`` and ``--plot``."""
     from .. import devices as devices_mod
@@ -441,24 +419,23 @@ def _file_handlers(args, devices, placement=None):
     return handlers
 
 
-def _save_params(args, save):
-    """``--save-params``: ``save(path)`` atomically (a dist worker: to its ``.rank<r>`` path)."""
-    from ..parallel import dist
-    if args.save_params is None or (args.kvstore == 'horovod' and args.rank != 0):
-        return  # a Horovod worker has the same parameters as rank 0, which saves them
-    path = args.save_params
-    if args.kvstore in dist.DIST_KVSTORES:
-        path = dist.rank_path(path, args.rank)
-    with files.atomic_path(path) as tmp:
-        save(tmp)
-
-
 def _run(args, record, interrupt):
-    from .. import devices as devices_mod
+    from .. import data, devices as devices_mod
     from ..handlers import events, metrics, progress
-    train_iter, test_iter = _load_data(args)
+    from ..parallel import dist
+    try:
+        train_iter, test_iter = data.load_data_fashion_mnist(
+            args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
+            test_limit=args.test_limit, seed=args.seed, loader=args.loader)
+    except (data.DataError, data.DataNotFoundError, ValueError) as e:
+        raise cli.data_error(e, args.data_dir) from None
     # After the data: the device check may log a warning, and bad input gets one line only.
-    devices = _devices(args)
+    devices = cli.devices(args.num_gpus, args.device)
+    if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
+        raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
+                         'computes each operator in the thread that issues it, so the first '
+                         'device\'s SyncBatchNorm waits for devices whose work is never issued); '
+                         'unset MXNET_ENGINE_TYPE or drop --sync-bn')
     kvstore, rank = args.kvstore, 0
     if args.kvstore in JOB_KVSTORES:
         kvstore = _join_job(args, devices, train_iter)
@@ -486,7 +463,14 @@ def _run(args, record, interrupt):
         history = fit(train_iter, test_iter, handlers)
     finally:
         bar.close()  # also when training stops with an error
-    _save_params(args, net.save_parameters)
+    # --save-params: a dist worker saves to its .rank<r> path; a Horovod worker has the same
+    # parameters as rank 0, which saves them.
+    if args.save_params is not None and (lead or args.kvstore != 'horovod'):
+        path = args.save_params
+        if args.kvstore in dist.DIST_KVSTORES:
+            path = dist.rank_path(path, args.rank)
+        with files.atomic_path(path) as tmp:
+            net.save_parameters(tmp)
     if lead:
         print(metrics.format_summary(history, devices), flush=True)
     return history
@@ -495,8 +479,7 @@ def _run(args, record, interrupt):
 def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
     from .. import training
-    from ..handlers import replica_check
-    from ..handlers import checkpoint, events
+    from ..handlers import checkpoint, events, replica_check
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
     net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
                                args.dtype)
@@ -532,11 +515,6 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     return net, None, fit
 
 
-def _bytes(values):
-    from ..replicas import placement
-    return ', '.join(placement.format_bytes(v) for v in values)
-
-
 def _split_parallel(args, devices, mode, handlers, test_iter):
     """``--parallel scratch|layers|channels``: the split network (it saves an ordinary
     ``.params`` file) and its handlers; ``(split, placement, fit)``."""
@@ -564,11 +542,11 @@ def _split_parallel(args, devices, mode, handlers, test_iter):
     if mode != 'quiet':
         if hasattr(split, 'describe'):
             print('split: %s' % split.describe(), flush=True)
+        params, activations = (', '.join(map(format_bytes, placement[k]))
+                               for k in ('parameter_bytes', 'activation_bytes'))
         print('bytes per device: parameters %s; activations of a batch of %d: %s; copied per '
-              'step: %s' % (_bytes(placement['parameter_bytes']), placement['batch_size'],
-                            _bytes(placement['activation_bytes']),
-                            format_bytes(placement['copied_bytes_per_step'])),
-              flush=True)
+              'step: %s' % (params, placement['batch_size'], activations,
+                            format_bytes(placement['copied_bytes_per_step'])), flush=True)
     if args.check_replicas is not None:
         handlers.append(replica_check.PlacementCheck(verbose=mode != 'quiet'))
 
@@ -598,14 +576,6 @@ def _kept(args):
             % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
 
 
-def _interrupted(args, e):
-    what = cli.stopped_by(e)
-    if _saved_epochs(args) == 0:
-        return ('%s: %s before the first epoch finished, so %s holds no checkpoint yet; run the '
-                'same command again to start over' % (PROG, what, args.checkpoint_dir))
-    return '%s: %s; %s' % (PROG, what, _kept(args))
-
-
 def _diverged(e, args):
     from ..handlers import checkpoint
     smaller = '--lr %g' % (e.lr / 10)
@@ -615,14 +585,11 @@ def _diverged(e, args):
             args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
     except checkpoint.CheckpointError:  # changed since: --resume will say how
         broken = None
-    if broken:
-        # Its loss was finite, but its weights or running statistics no longer are.
-        fix = ('start again with a smaller learning rate, for example %s, in a new '
-               '--checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite values)'
-               % (smaller, done))
-    elif not done:
-        fix = 'start again with a smaller learning rate, for example %s' % smaller
-    else:
+    fix = 'start again with a smaller learning rate, for example %s' % smaller
+    if broken:  # its loss was finite, but its weights or running statistics no longer are
+        fix += (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite '
+                'values)' % done)
+    elif done:
         # The last checkpoint had a finite loss, but its weights may be far off already.
         fix = ('use a smaller learning rate, for example %s: start again in a new '
                '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
@@ -648,11 +615,10 @@ def _threads_for_the_run(args, argv):
     if settings.get('source') != 'gluon_mgpu' or os.environ.get(threads.DEVICES_ENV):
         return
     try:
-        record = checkpoint.read_checkpoint(args.checkpoint_dir)
-        run = parse_args(list(record['argv']) + ['--checkpoint-dir', args.checkpoint_dir])
-    except (checkpoint.CheckpointError, UsageError, ValueError, TypeError, KeyError):
+        run = _resume(args)[0]
+    except (checkpoint.CheckpointError, UsageError, ValueError):
         return  # the run itself says what is wrong
-    n = _simulated(run.num_gpus, args.given.get('device', run.device))
+    n = _simulated(run.num_gpus, run.device)
     if n and n != settings['devices']:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -685,11 +651,12 @@ def main(argv=None):
 
     def explain(e):
         from .. import training
-        from ..handlers import replica_check
-        from ..handlers import checkpoint, events
+        from ..handlers import checkpoint, events, replica_check
         from ..parallel import horovod
         if isinstance(e, KeyboardInterrupt):
-            return getattr(e, 'exit_code', 130), _interrupted(args, e)
+            joint = ' before the first epoch finished, so ' if _saved_epochs(args) == 0 else '; '
+            return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (PROG, cli.stopped_by(e), joint,
+                                                                 _kept(args))
         if isinstance(e, training.UpdateError):
             return 1, cli.error_line(PROG, '%s (--lr %g); %s' % (e, args.lr, _kept(args)))
         if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
