@@ -73,15 +73,9 @@ class _Lock(io.FileIO):
 def lock_dir(directory):
     """Take checkpoint folder ``directory`` (created if needed): ``flock`` on its ``.lock``,
     which holds the pid and stays; then delete the temporary files of killed writes. Returns
-    the lock (``release()``, or a ``with`` block).
-
-    Raises
-    ------
-    CheckpointError
-        When another process holds the lock (naming its pid).
-    ValueError
-        When the folder cannot be written or holds no regular file where a checkpoint file goes.
-    """
+    the lock (``release()``, or a ``with`` block). Raises ``CheckpointError`` while another
+    process holds it (naming its pid), ``ValueError`` for a folder that cannot be written or
+    holds no regular file where a checkpoint file goes."""
     path = os.path.join(directory, LOCK_NAME)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -139,14 +133,8 @@ def _updaters(trainer):
 def save_checkpoint(directory, epoch, net, trainer, info):
     """Write the checkpoint of finished epoch ``epoch`` (from 1); its JSON holds ``info`` (the
     CLI's: ``argv``, ``history``, ``network``, ...) and the learning rate and update count.
-
-    Raises
-    ------
-    CheckpointError
-        For an optimizer with state (the chapter's SGD has none), before anything is written.
-    files.OutputError
-        When a file cannot be written; this checkpoint is then not committed.
-    """
+    Raises ``CheckpointError`` for an optimizer with state, before anything is written, and
+    ``files.OutputError`` when a file cannot be written (the checkpoint is then not committed)."""
     if any(s is not None for u in _updaters(trainer) for s in u.states.values()):
         raise CheckpointError('the optimizer %s keeps state (momentum or the like), which a '
                               'checkpoint does not hold; train with SGD without momentum, as the '
@@ -176,8 +164,7 @@ def _refuse_constant(name):
 
 
 def _read(path, limit, fix, listed_in=None):
-    """Up to ``limit`` + 1 bytes of file ``path`` and its size; else one line (``listed_in``: the
-    JSON file that lists it)."""
+    """Up to ``limit`` + 1 bytes of file ``path``, and its size (``listed_in``: the JSON file)."""
     try:
         with open_input(path) as f:
             size = os.fstat(f.fileno()).st_size
@@ -195,14 +182,8 @@ def _read(path, limit, fix, listed_in=None):
 
 def read_checkpoint(directory, epoch=None):
     """Read the JSON of epoch ``epoch``'s checkpoint (default: the latest) as a dict, once it
-    and the files it lists are checked.
-
-    Raises
-    ------
-    CheckpointError
-        No checkpoint, an older format, values this package never writes, a file listed that
-        is missing, has another size or sha256 than recorded, or holds no MXNet arrays.
-    """
+    and the files it lists are checked; else ``CheckpointError`` (the refusals:
+    docs/checkpoints.md)."""
     if epoch is None:
         epochs = list_checkpoints(directory)
         if not epochs:
@@ -292,13 +273,8 @@ def nonfinite(directory, record, arrays=None):
 def restore(directory, record, net, trainer, devices):
     """Load checkpoint ``record`` (from ``read_checkpoint``) into ``net``, initialized on
     ``devices``, and ``trainer``: parameters, each device's copies, learning rate, update count.
-
-    Raises
-    ------
-    CheckpointError
-        Before anything is loaded: a file changed since ``read_checkpoint``, is not an MXNet
-        file, or does not fit ``net`` (another network) or ``devices`` (another count).
-    """
+    Raises ``CheckpointError`` before anything is loaded for a file changed since, or one that
+    does not fit ``net`` (another network) or ``devices`` (another count)."""
     loaded, replicas = (_arrays(directory, record, kind) for kind in KINDS)
     paths = {kind: checkpoint_path(directory, record['epoch'], kind) for kind in KINDS}
     params = net._collect_params_with_prefix()
