@@ -42,29 +42,23 @@ class _Job:
             self.done.set()
 
 
-class _DeviceThread:
-    """A thread that runs the jobs of one device, one after the other, for the process's life."""
-
-    def __init__(self, name):
-        self._jobs = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self.thread.start()
-
-    def _serve(self):
-        while True:
-            self._jobs.get().run()
-
-    def submit(self, job):
-        self._jobs.put(job)
+def _serve(jobs):
+    while True:
+        jobs.get().run()
 
 
 def _thread_of(device):
+    """``(thread, jobs)``: the thread that runs ``device``'s jobs one after the other, started
+    on first use for the process's life, and its queue."""
     key = (device.device_type, device.device_id)
     with _LOCK:
-        worker = _THREADS.get(key)
-        if worker is None:
-            worker = _THREADS[key] = _DeviceThread('gluon_mgpu %s' % (device,))
-    return worker
+        if key not in _THREADS:
+            jobs = queue.SimpleQueue()
+            thread = threading.Thread(target=_serve, args=(jobs,), daemon=True,
+                                      name='gluon_mgpu %s' % (device,))
+            thread.start()
+            _THREADS[key] = thread, jobs
+        return _THREADS[key]
 
 
 def _waits_for_shapes(f):
@@ -99,13 +93,13 @@ def call(device, f, *args):
     if not isinstance(device, Context):
         raise TypeError('device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), got %r'
                         % (device,))
-    worker = _thread_of(device)
+    thread, jobs = _thread_of(device)
     job = _Job(f, args)
-    if threading.current_thread() is worker.thread or _waits_for_shapes(f):
+    if threading.current_thread() is thread or _waits_for_shapes(f):
         # A call from inside a call, or a network's first: run it here.
         job.run()
     else:
-        worker.submit(job)
+        jobs.put(job)
         try:
             job.done.wait()
         except BaseException:
