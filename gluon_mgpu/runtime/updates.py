@@ -56,7 +56,7 @@ class UpdateGuard:
     """Context manager (``guard_updates(trainer)``) that makes any exception of the optimizer
     stop ``trainer.step``.
 
-    Inside the ``with`` block, ``trainer.step`` and ``trainer.update`` raise ``UpdateError``
+    Inside ``with guard_updates(trainer):``, ``trainer.step`` and ``trainer.update`` raise ``UpdateError``
     (a ``KeyboardInterrupt`` as it is) right after they return when the optimizer raised
     during them, whether MXNet called it from C as the kvstore's updater, where the exception
     would be dropped, or from Python (``trainer._updaters``). Leaving the block restores the
@@ -100,22 +100,19 @@ class UpdateGuard:
         if not isinstance(error, Exception):
             self.pending = error
             return
-        params = getattr(self.trainer, '_params', [])
-        first = index[0] if isinstance(index, (list, tuple)) and index else index
-        name = params[first].name if isinstance(first, int) and 0 <= first < len(params) \
-            else first
-        if isinstance(weight, (list, tuple)):
-            weight = weight[0] if weight else None
-        where = ' on %s' % weight.context if hasattr(weight, 'context') else ''
-        more = ' (and %d others)' % (len(index) - 1) \
-            if isinstance(index, (list, tuple)) and len(index) > 1 else ''
+        indices = index if isinstance(index, (list, tuple)) and index else [index]
+        weights = weight if isinstance(weight, (list, tuple)) and weight else [weight]
+        params, first = getattr(self.trainer, '_params', []), indices[0]
+        name = params[first].name if isinstance(first, int) and 0 <= first < len(params) else first
+        where = ' on %s' % weights[0].context if hasattr(weights[0], 'context') else ''
+        more = ' (and %d others)' % (len(indices) - 1) if len(indices) > 1 else ''
         message = ('the optimizer failed while updating parameter %s%s%s: %s: %s; the step '
                    'was not completed, so training stops'
                    % (name, more, where, type(error).__name__, one_line(error)))
         self.pending = UpdateError(message, error)
         self.pending.__cause__ = error
 
-    def check(self, *args):
+    def check(self):
         """Raise the error of the last step, if any (``UpdateError`` or a KeyboardInterrupt)."""
         if self.pending is not None:
             error, self.pending = self.pending, None
@@ -168,7 +165,4 @@ class UpdateGuard:
         return False
 
 
-def guard_updates(trainer):
-    """Return an ``UpdateGuard`` for ``trainer``: ``with guard_updates(trainer):
-    trainer.step(batch_size)`` raises UpdateError if the optimizer failed."""
-    return UpdateGuard(trainer)
+guard_updates = UpdateGuard  # with guard_updates(trainer): trainer.step(batch_size)
