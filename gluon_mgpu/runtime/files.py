@@ -122,30 +122,22 @@ def write_hint(code, default='write somewhere else'):
 def _os_failure(path, error):
     """The ``OutputError`` for an OS error met while writing ``path``."""
     code = getattr(error, 'errno', None)
-    reason = error.strerror or str(error)
-    if code == errno.ENOENT:
-        folder = os.path.dirname(os.path.abspath(path))
-        hint = ('its folder %s no longer exists; create it again or write somewhere else'
-                % folder if not os.path.isdir(folder) else 'write somewhere else')
-    else:
-        hint = _HINTS.get(code, 'write somewhere else')
-    return OutputError(path, 'cannot write %s (%s); %s' % (path, reason, hint), code)
+    hint, folder = write_hint(code), os.path.dirname(os.path.abspath(path))
+    if code == errno.ENOENT and not os.path.isdir(folder):
+        hint = 'its folder %s no longer exists; create it again or write somewhere else' % folder
+    return OutputError(path, 'cannot write %s (%s); %s' % (path, error.strerror or error, hint),
+                       code)
 
 
 def _probe(tmp):
     """After a writer failed without an OS reason: write more to ``tmp``; return the OSError
     this meets (no space left, ...), or None if the disk takes it."""
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_APPEND)
+        with open(tmp, 'ab', buffering=0) as f:
+            f.write(b'\0' * _PROBE_BYTES)
+            os.fsync(f.fileno())
     except OSError as e:
         return e
-    try:
-        os.write(fd, b'\0' * _PROBE_BYTES)
-        os.fsync(fd)
-    except OSError as e:
-        return e
-    finally:
-        os.close(fd)
     return None
 
 
@@ -155,12 +147,6 @@ def _fsync(path):
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _umask():
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 @contextlib.contextmanager
@@ -190,9 +176,9 @@ def atomic_path(path):
     try:
         try:
             yield tmp
+        except (OutputError, InputError):
+            raise
         except OSError as e:
-            if isinstance(e, (OutputError, InputError)):
-                raise
             raise _os_failure(path, e) from e
         except Exception as e:
             failure = _probe(tmp)
@@ -201,7 +187,9 @@ def atomic_path(path):
             raise _os_failure(path, failure) from e
         try:
             _fsync(tmp)
-            os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600
+            mask = os.umask(0)
+            os.umask(mask)
+            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600
             problem = _target_problem(path)
             if problem:
                 raise OutputError(path, 'cannot write %s: %s' % (path, problem))
