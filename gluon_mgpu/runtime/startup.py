@@ -13,16 +13,15 @@ import time
 
 __all__ = ['before_mxnet', 'prepare_mxnet', 'interruptible', 'join_job', 'starting']
 
-_SIGNALS = {signal.SIGINT: ('interrupted (Ctrl-C)', signal.default_int_handler),
-            signal.SIGTERM: ('terminated (SIGTERM)', signal.SIG_DFL),
-            signal.SIGHUP: ('terminated (SIGHUP)', signal.SIG_DFL)}
+_SIGNALS = {signal.SIGINT: 'interrupted (Ctrl-C)', signal.SIGTERM: 'terminated (SIGTERM)',
+            signal.SIGHUP: 'terminated (SIGHUP)'}
 # How long the main thread has to handle a signal itself before the watcher ends the process.
 LATE_SECONDS = 1.0
 
 
 def _lines(command, doing):
     return {signum: ('%s: %s %s\n' % (command, what, doing)).encode()
-            for signum, (what, _) in _SIGNALS.items()}
+            for signum, what in _SIGNALS.items()}
 
 
 def _flush():
@@ -50,19 +49,22 @@ def _end(line, signum, flush_seconds=None):
     os._exit(128 + signum)
 
 
-def _arm(lines):
-    """Start a thread that ends the process with ``lines[signum]`` when one of ``_SIGNALS``
-    arrives and the main thread, stuck in C code, has not handled it within LATE_SECONDS.
-    Python's C-level handler writes every signal's number to the wakeup fd at once, whatever
-    the main thread does; a signal without a Python handler (SIG_DFL) gets one that ends the
-    process the same way. Returns what ``_disarm`` needs."""
+@contextlib.contextmanager
+def _watching(lines):
+    """Inside, in the main thread: a watcher thread ends the process with ``lines[signum]``
+    when one of ``_SIGNALS`` arrives and the main thread, stuck in C code, has not handled it
+    within LATE_SECONDS (the C-level handler writes each signal to the wakeup fd at once); a
+    signal left at SIG_DFL gets a handler that ends it the same way. Yields the signals seen
+    (None outside the main thread, where nothing changes)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield None
+        return
     read, write = os.pipe()
     os.set_blocking(write, False)
     taken = {}
     for signum in _SIGNALS:
         if signal.getsignal(signum) is signal.SIG_DFL:
-            taken[signum] = signal.signal(
-                signum, lambda n, frame: _end(lines[n], n))
+            taken[signum] = signal.signal(signum, lambda n, frame: _end(lines[n], n))
     previous = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
     done, seen = threading.Event(), []
 
@@ -81,82 +83,57 @@ def _arm(lines):
 
     thread = threading.Thread(target=watch, name='gluon_mgpu-signals', daemon=True)
     thread.start()
-    return read, write, previous, taken, done, thread, seen
+    try:
+        yield seen
+    finally:
+        done.set()
+        signal.set_wakeup_fd(previous)
+        for signum, handler in taken.items():
+            signal.signal(signum, handler)
+        os.close(write)  # the watcher reads the end of the pipe and returns
+        thread.join(5)
+        os.close(read)
 
 
-def _disarm(armed):
-    read, write, previous, taken, done, thread, _ = armed
-    done.set()
-    signal.set_wakeup_fd(previous)
-    for signum, handler in taken.items():
-        signal.signal(signum, handler)
-    os.close(write)  # the watcher reads the end of the pipe and returns
-    thread.join(5)
-    os.close(read)
-
-
-@contextlib.contextmanager
 def interruptible(command, doing):
     """Inside, SIGINT, SIGTERM and SIGHUP end the process with ``'<command>: interrupted
     (Ctrl-C) <doing>'`` on stderr and exit code 128 + the signal, even while the main thread
     waits inside MXNet (joining a dist job, a server's loop), where Python never runs its
     handlers. A signal the main thread handles itself within a second (its handler raised and
     left the block) is left to it. Outside the main thread, nothing changes."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    armed = _arm(_lines(command, doing))
-    try:
-        yield
-    finally:
-        _disarm(armed)
-
-
-def _starting():
-    """What a command does while it imports MXNet: starting, or, for a dist job's server or
-    scheduler (MXNet's import runs it until the job ends), serving the job."""
-    role = os.environ.get('DMLC_ROLE')
-    if role in ('server', 'scheduler'):
-        return 'while running as the %s of a dist job (DMLC_ROLE=%s)' % (role, role)
-    return 'while starting; nothing was done'
+    return _watching(_lines(command, doing))
 
 
 @contextlib.contextmanager
 def starting(command):
     """Inside, until a command's own handling of signals begins (its imports, ``before_mxnet``),
     SIGINT, SIGTERM and SIGHUP end it with ``'<command>: interrupted (Ctrl-C) while starting;
-    nothing was done'`` on stderr and exit code 128 + the signal, never a traceback."""
-    lines = _lines(command, _starting())
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    armed = _arm(lines)
-    try:
-        yield
-    except BaseException as e:
-        # A signal may surface as another error: numpy's import turns the KeyboardInterrupt
-        # raised inside it into an ImportError. The watcher notes each signal at once.
-        seen = armed[-1]
-        if not seen and not isinstance(e, KeyboardInterrupt):
-            time.sleep(0.05)  # time for the watcher to read a signal that just came
-        if isinstance(e, KeyboardInterrupt) or seen:
-            signum = seen[0] if seen else signal.SIGINT
-            _end(lines[signum], signum)
-        raise
-    finally:
-        _disarm(armed)
+    nothing was done'`` on stderr and exit code 128 + the signal, never a traceback. A dist
+    job's server or scheduler, whose import of MXNet serves the job, says so instead."""
+    role = os.environ.get('DMLC_ROLE')
+    lines = _lines(command, 'while running as the %s of a dist job (DMLC_ROLE=%s)' % (role, role)
+                   if role in ('server', 'scheduler') else 'while starting; nothing was done')
+    with _watching(lines) as seen:
+        try:
+            yield
+        except BaseException as e:
+            if seen is None:
+                raise
+            # A signal may surface as another error: numpy's import turns the KeyboardInterrupt
+            # raised inside it into an ImportError. The watcher notes each signal at once.
+            if not seen and not isinstance(e, KeyboardInterrupt):
+                time.sleep(0.05)  # time for the watcher to read a signal that just came
+            if isinstance(e, KeyboardInterrupt) or seen:
+                signum = seen[0] if seen else signal.SIGINT
+                _end(lines[signum], signum)
+            raise
 
 
 def prepare_mxnet():
     """What must come before MXNet starts, once per process (``before_mxnet``, or the package's
     hook on ``import mxnet``): ``GLUON_MGPU_CPU_DEVICES`` read, the variables MXNet would abort
-    on (``mxnet_env``), the GPU build's libraries (``gpu_build.prepare``).
-
-    Raises
-    ------
-    ValueError, gpu_build.GPUBuildError
-        One line each, naming the value and the fix.
-    """
+    on (``mxnet_env``), the GPU build's libraries (``gpu_build.prepare``); raises ValueError or
+    ``gpu_build.GPUBuildError`` (one line each, naming the value and the fix)."""
     if _PREPARED:
         return
     from . import gpu_build, mxnet_env, threads
