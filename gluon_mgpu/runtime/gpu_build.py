@@ -43,18 +43,9 @@ class NoDriverError(GPUBuildError):
 
 
 def gpu_build(path=None):
-    """Return the GPU build of MXNet that ``import mxnet`` would load, or None.
-
-    Parameters
-    ----------
-    path : list of str, optional
-        The folders to search, in order (default ``sys.path``).
-
-    Returns
-    -------
-    str or None
-        ``'mxnet-cu112 1.9.1'`` for an ``mxnet-cu*`` wheel; None for the CPU build or no MXNet.
-    """
+    """Return the GPU build of MXNet that ``import mxnet`` would load from the folders ``path``
+    (default ``sys.path``): ``'mxnet-cu112 1.9.1'`` for an ``mxnet-cu*`` wheel; None for the
+    CPU build or no MXNet."""
     for folder in sys.path if path is None else path:
         folder = folder or os.curdir
         if not os.path.isfile(os.path.join(folder, 'mxnet', '__init__.py')):
@@ -90,19 +81,9 @@ def prepare(path=None):
     """Make the GPU build of MXNet loadable: call before ``import mxnet`` (docs/gpu.md).
 
     Loads each of :data:`LIBRARIES` with ``RTLD_GLOBAL``, from its wheel or else by soname,
-    then checks that the driver's ``libcuda.so.1`` loads.
-
-    Returns
-    -------
-    list of str
-        The libraries loaded (files or sonames); empty with the CPU build.
-
-    Raises
-    ------
-    NoDriverError
-        No NVIDIA driver.
-    GPUBuildError
-        A CUDA library cannot be loaded.
+    then checks that the driver's ``libcuda.so.1`` loads. Returns the libraries loaded (files
+    or sonames; none with the CPU build); raises ``GPUBuildError`` when a CUDA library cannot
+    be loaded, ``NoDriverError`` without the NVIDIA driver.
     """
     build = gpu_build(path)
     if build is None:
@@ -145,24 +126,10 @@ def install_finder():
 
 
 def install_hook(site_dir=None):
-    """Write ``gluon_mgpu_cuda.pth``, whose line loads this file by path at every start of Python
-    and calls :func:`install_finder`.
-
-    Parameters
-    ----------
-    site_dir : str, optional
-        Default: this Python's ``site-packages``.
-
-    Returns
-    -------
-    str
-        The file written.
-
-    Raises
-    ------
-    RuntimeError
-        A file of that name exists and was not written by this function.
-    """
+    """Write ``gluon_mgpu_cuda.pth`` into ``site_dir`` (default: this Python's
+    ``site-packages``) and return its path: its line loads this file by path at every start of
+    Python and calls :func:`install_finder`. RuntimeError when a file of that name exists and
+    was not written by this function."""
     site_dir = site_dir or sysconfig.get_paths()['purelib']
     target = os.path.join(site_dir, HOOK_NAME)
     if os.path.exists(target):
