@@ -22,24 +22,20 @@ THREAD_COUNTS = {'OMP_NUM_THREADS': 1, 'MXNET_OMP_MAX_THREADS': 1,
                  'MXNET_KVSTORE_REDUCTION_NTHREADS': None,
                  'MXNET_USE_NUM_CORES_OPERATOR_TUNING': 0}
 # Other whole numbers, with the least value MXNet survives (None: any).
-WHOLE_NUMBERS = {'MXNET_CPU_TEMP_COPY': 1, 'MXNET_GPU_TEMP_COPY': 1,
-                 'MXNET_CPU_PARALLEL_RAND_COPY': 1, 'MXNET_GPU_PARALLEL_RAND_COPY': 1,
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN': None,
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD': None,
-                 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD': None,
-                 'MXNET_EXEC_INPLACE_GRAD_SUM_CAP': None, 'MXNET_KVSTORE_USETREE': None,
-                 'MXNET_KVSTORE_BIGARRAY_BOUND': None, 'MXNET_KVSTORE_SERIAL_PUSH': None,
-                 'MXNET_KVSTORE_SLICE_THRESHOLD': None,
-                 'MXNET_ENABLE_GPU_P2P': None, 'MXNET_CPU_PARALLEL_SIZE': None,
-                 'MXNET_MKLDNN_CACHE_NUM': None, 'MXNET_DISABLE_MKLDNN_FUSE_CONV_BN': None,
-                 'MXNET_DISABLE_MKLDNN_FUSE_CONV_RELU': None,
-                 'MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM': None, 'MXNET_DISABLE_MKLDNN_CONV_OPT': None,
-                 'MXNET_DISABLE_MKLDNN_FC_OPT': None, 'MXNET_DISABLE_MKLDNN_TRANSFORMER_OPT': None,
-                 'MXNET_MKLDNN_QFC_DYNAMIC_PARAMS': None, 'MXNET_USE_MKLDNN_RNN': None,
-                 'MXNET_RNN_USE_WEIGHT_CACHE': None, 'MXNET_PROFILER_MODE': None,
-                 'MXNET_PROFILER_AUTOSTART': None, 'MXNET_SUBGRAPH_VERBOSE': None,
-                 'MXNET_QUANTIZATION_VERBOSE': None, 'MXNET_BACKWARD_DO_MIRROR': None,
-                 'MXNET_CUDNN_AUTOTUNE_DEFAULT': None}
+WHOLE_NUMBERS = dict(MXNET_CPU_TEMP_COPY=1, MXNET_GPU_TEMP_COPY=1, MXNET_CPU_PARALLEL_RAND_COPY=1,
+                     MXNET_GPU_PARALLEL_RAND_COPY=1)
+WHOLE_NUMBERS.update(dict.fromkeys((
+    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN', 'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_FWD',
+    'MXNET_EXEC_BULK_EXEC_MAX_NODE_TRAIN_BWD', 'MXNET_EXEC_INPLACE_GRAD_SUM_CAP',
+    'MXNET_KVSTORE_USETREE', 'MXNET_KVSTORE_BIGARRAY_BOUND', 'MXNET_KVSTORE_SERIAL_PUSH',
+    'MXNET_KVSTORE_SLICE_THRESHOLD', 'MXNET_ENABLE_GPU_P2P', 'MXNET_CPU_PARALLEL_SIZE',
+    'MXNET_MKLDNN_CACHE_NUM', 'MXNET_DISABLE_MKLDNN_FUSE_CONV_BN',
+    'MXNET_DISABLE_MKLDNN_FUSE_CONV_RELU', 'MXNET_DISABLE_MKLDNN_FUSE_CONV_SUM',
+    'MXNET_DISABLE_MKLDNN_CONV_OPT', 'MXNET_DISABLE_MKLDNN_FC_OPT',
+    'MXNET_DISABLE_MKLDNN_TRANSFORMER_OPT', 'MXNET_MKLDNN_QFC_DYNAMIC_PARAMS',
+    'MXNET_USE_MKLDNN_RNN', 'MXNET_RNN_USE_WEIGHT_CACHE', 'MXNET_PROFILER_MODE',
+    'MXNET_PROFILER_AUTOSTART', 'MXNET_SUBGRAPH_VERBOSE', 'MXNET_QUANTIZATION_VERBOSE',
+    'MXNET_BACKWARD_DO_MIRROR', 'MXNET_CUDNN_AUTOTUNE_DEFAULT')))
 # Whole numbers whose 0 ends MXNet with SIGFPE (a division by it); any other value works.
 ZERO_CRASHES = ('MXNET_KVSTORE_BIGARRAY_BOUND',)
 # Flags: 0, 1, true or false, in any case, and nothing else (not even a blank).
@@ -153,8 +149,7 @@ def check_environment(environ, cores=1):
     for name, least in WHOLE_NUMBERS.items():
         value = environ.get(name, '')
         if value != '':
-            number = _whole(name, value, least, 1 if least is None else max(least, 1))
-            if number == 0 and name in ZERO_CRASHES:
+            if _whole(name, value, least, 1) == 0 and name in ZERO_CRASHES:
                 raise ValueError('%s=%r ends MXNet with SIGFPE (it divides by it); set it to 1 '
                                  'or more, or unset it' % (name, value))
     for name in NUMBERS:
@@ -170,7 +165,7 @@ def check_environment(environ, cores=1):
                              'unset it' % (name, value))
     for name, least in PYTHON_WHOLE_NUMBERS.items():
         if name in environ:
-            _whole(name, environ[name], least, 1 if least is None else least, _python_int,
+            _whole(name, environ[name], least, 1, _python_int,
                    "MXNet's Python code fails on it (int())")
     engine = environ.get('MXNET_ENGINE_TYPE', '')
     if engine != '' and engine not in ENGINES:
