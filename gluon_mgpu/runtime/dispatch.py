@@ -72,23 +72,12 @@ def _waits_for_shapes(f):
 
 
 def call(device, f, *args):
-    """Return ``f(*args)``, issued from ``device``'s own thread.
+    """Return ``f(*args)``, issued from the thread of ``device`` (an ``mxnet.Context``, else
+    TypeError) under the caller's autograd state; a Block whose parameters still wait for
+    their shapes is called from the caller's thread.
 
-    Parameters
-    ----------
-    device : mxnet.Context
-        The device whose work ``f`` issues.
-    f : callable
-        Called under the caller's autograd state; a Block whose parameters still wait for
-        their shapes is called from the caller's thread.
-
-    Raises
-    ------
-    TypeError
-        If ``device`` is not an ``mxnet.Context``.
-    BaseException
-        Whatever ``f`` raised. A Ctrl-C while ``f`` runs is raised once ``f`` has returned, so
-        the caller's next MXNet call cannot overlap it.
+    Raises whatever ``f`` raised. A Ctrl-C while ``f`` runs is raised once ``f`` has returned,
+    so the caller's next MXNet call cannot overlap it.
     """
     if not isinstance(device, Context):
         raise TypeError('device must be an mxnet.Context such as mx.cpu(1) or mx.gpu(0), got %r'

@@ -154,14 +154,10 @@ def atomic_path(path):
     """Yield a temporary path beside ``path``; write the whole file to it inside the block.
 
     On success the file is flushed to disk, given mode ``0666`` less the umask and renamed over
-    ``path``; on any error it is removed and ``path`` is untouched.
-
-    Raises
-    ------
-    OutputError
-        When ``path`` is there and not a regular file (checked before and right before the
-        rename), or the operating system refuses a write (naming ``path`` and the reason; an
-        error in the block that is no OSError passes through unless a probe write fails).
+    ``path``; on any error it is removed and ``path`` is untouched. Raises ``OutputError`` when
+    ``path`` is there and not a regular file (checked before and right before the rename), or
+    the operating system refuses a write (an error in the block that is no OSError passes
+    through unless a probe write fails).
     """
     path = os.fspath(path)
     problem = _target_problem(path)
@@ -223,12 +219,8 @@ def open_input(path):
     """Open regular file ``path`` for reading in binary mode; return the file object.
 
     Anything else is refused without being opened (opening a FIFO would wait for a writer);
-    the file is opened without blocking and checked again.
-
-    Raises
-    ------
-    InputError
-        With the reason: ``input_problem``'s, or ``cannot be read (Permission denied)``.
+    the file is opened without blocking and checked again. Raises ``InputError`` with the
+    reason: ``input_problem``'s, or ``cannot be read (Permission denied)``.
     """
     path = os.fspath(path)
     problem = input_problem(path)

@@ -142,24 +142,15 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
     devices : list of mxnet.Context
     force : bool, default False
         Train in bfloat16 where oneDNN would emulate it anyway (slower than float32).
-    flags : set of str, optional
-        The CPU's feature flags; default ``cpu_flags()``.
+    flags, onednn : optional
+        The CPU's feature flags (default ``cpu_flags()``) and what ``probe_bfloat16`` found
+        (default: probe, once /proc/cpuinfo passed).
     fix : str, optional
-        What a refusal tells the caller to do, after its reason and a ';'; default: train in
-        float32 (or force, where forcing would run).
-    onednn : dict, optional
-        What ``probe_bfloat16`` found; default: probe (only once /proc/cpuinfo passed).
+        What a refusal tells the caller to do, after its reason and a ';'.
 
-    Returns
-    -------
-    list of str
-        One line for a GPU (never run here), one for a forced CPU where bfloat16 is emulated.
-
-    Raises
-    ------
-    ValueError
-        For an unknown dtype; bfloat16 on a CPU where oneDNN would emulate it unless
-        ``force``; bfloat16 where the step fails (no AVX-512, oneDNN off) even then.
+    Returns the notes: one for a GPU (never run here), one for a forced emulating CPU. Raises
+    ValueError for an unknown dtype, for bfloat16 that oneDNN would emulate unless ``force``,
+    and where the step fails (no AVX-512, oneDNN off) even then.
     """
     if _checked(dtype) == 'float32':
         return []

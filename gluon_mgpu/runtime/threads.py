@@ -93,17 +93,9 @@ def devices_from_environment(environ):
 
 
 def configure_threads(environ=None, mxnet_imported=None, devices=None):
-    """Choose ``OMP_NUM_THREADS`` before MXNet starts; report the scratch-buffer pool.
-
-    Parameters
-    ----------
-    environ : dict, optional
-        The environment to read and change (default ``os.environ``).
-    mxnet_imported : bool, optional
-        Whether MXNet was imported before us (default: look in ``sys.modules``): too late then.
-    devices : int, optional
-        Simulated CPU devices this process will compute on. Default: ``GLUON_MGPU_CPU_DEVICES``,
-        else 1 (the train command passes its ``--num-gpus``, ``runtime.startup.before_mxnet``).
+    """Choose ``OMP_NUM_THREADS`` in ``environ`` (default ``os.environ``) before MXNet starts,
+    for ``devices`` simulated CPU devices (default ``GLUON_MGPU_CPU_DEVICES``, else 1), unless
+    ``mxnet_imported`` (default: look in ``sys.modules``), when it is too late.
 
     Returns
     -------
@@ -113,10 +105,7 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
         ``devices``, and ``cpu_temp_copy`` (the scratch-buffer pool per issuing thread, None
         for MXNet's default of 4) with ``temp_copy_source`` (``'user'`` or ``'mxnet'``).
 
-    Raises
-    ------
-    ValueError
-        For a ``GLUON_MGPU_CPU_DEVICES`` that is not a whole number >= 1.
+    Raises ValueError for a ``GLUON_MGPU_CPU_DEVICES`` that is not a whole number >= 1.
     """
     environ = os.environ if environ is None else environ
     if mxnet_imported is None:
