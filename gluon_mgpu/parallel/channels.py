@@ -2,6 +2,8 @@
 BatchNorm and dense layer becomes one smaller piece per device (``split_channels``).
 docs/three-ways.md ("How each split works") explains it.
 """
+import itertools
+
 import mxnet as mx
 from mxnet import autograd, gluon, nd
 from mxnet.gluon import loss as gloss, nn
@@ -20,14 +22,10 @@ _PARAMS = {nn.Conv2D: ('weight', 'bias'), nn.BatchNorm: ('gamma', 'beta', 'runni
 
 
 def channel_slices(channels, num_devices):
-    """Share ``channels`` out over ``num_devices``: ``[(begin, end), ...]``, sizes differing by 1.
-
-    64 over 4 gives 16 each; 10 over 4 gives 3, 3, 2, 2.
-    """
+    """Share ``channels`` out over ``num_devices``: ``[(begin, end), ...]``, sizes differing by 1
+    (64 over 4 gives 16 each; 10 over 4 gives 3, 3, 2, 2)."""
     base, extra = divmod(channels, num_devices)
-    edges = [0]
-    for k in range(num_devices):
-        edges.append(edges[-1] + base + (1 if k < extra else 0))
+    edges = list(itertools.accumulate([0] + [base + (k < extra) for k in range(num_devices)]))
     return list(zip(edges, edges[1:]))
 
 
@@ -93,13 +91,11 @@ class ChannelSplit(nn.HybridBlock):
             piece = _piece(layer, self.kind, b - a, '%spart%d_' % (layer.prefix, k))
             piece.initialize(ctx=device)
             piece.cast(getattr(layer, self.param_names[0]).dtype)  # float64 stays float64
-            for name in self.param_names:
-                whole = getattr(layer, name)
-                # slice_axis, not [a:b]: a view of an MKLDNN-laid-out array cannot be copied.
-                data = whole.data(whole.list_ctx()[0])
-                getattr(piece, name).set_data(data.slice_axis(axis=0, begin=a, end=b))
             self.register_child(piece, str(k))
             self.pieces.append(piece)
+        for name in self.param_names:
+            whole = getattr(layer, name)
+            self.set_whole(name, whole.data(whole.list_ctx()[0]))
 
     def __getitem__(self, k):
         return self.pieces[k]
@@ -126,6 +122,7 @@ class ChannelSplit(nn.HybridBlock):
 
     def set_whole(self, name, value):
         """Share a whole-layer value of parameter ``name`` out to the pieces."""
+        # slice_axis, not [a:b]: a view of an MKLDNN-laid-out array cannot be copied.
         for piece, (a, b) in zip(self.pieces, self.slices):
             getattr(piece, name).set_data(value.slice_axis(axis=0, begin=a, end=b))
 
@@ -135,13 +132,8 @@ def split_channels(net, devices, copy=nd.NDArray.as_in_context):
 
     ``net`` is initialized on one device (``init_one_device``); the pieces start from its
     values. Returns ``[(path, ChannelSplit), ...]`` in the network's order, ``path`` being the
-    layer's prefix in ``.params`` files (``'4.0.conv1.'``).
-
-    Raises
-    ------
-    ValueError
-        For a layer with fewer output channels than devices, or a layer with parameters that
-        is not a Conv2D, BatchNorm or Dense.
+    layer's prefix in ``.params`` files (``'4.0.conv1.'``). ValueError for a layer with fewer
+    output channels than devices, or with parameters but not a Conv2D, BatchNorm or Dense.
     """
     devices = check_devices(devices)
     _check_initialized(net)
@@ -184,16 +176,8 @@ def train_batch(X, y, net, trainers, devices, loss, batch_size=None):
 class ChannelSplitNet(SplitNet):
     """A network split by channels over devices, ready to train: the API the command line uses.
 
-    Parameters
-    ----------
-    net : Block
-        Initialized on one device (``init_one_device``); split in place into ``layers``
-        (``split_channels``).
-    devices : list of mxnet.Context
-    lr : float
-        Learning rate of the SGD ``trainers``: ``trainers[k]`` updates the pieces on
-        ``devices[k]``.
-
+    ``net``, initialized on one device (``init_one_device``), is split in place into ``layers``
+    (``split_channels``); ``trainers[k]``, SGD at ``lr``, updates the pieces on ``devices[k]``;
     ``copies`` counts the bytes every forward pass copied between devices.
     """
 
@@ -202,19 +186,14 @@ class ChannelSplitNet(SplitNet):
     def __init__(self, net, devices, lr):
         self.net = net
         self.devices = check_devices(devices)
-        self.copies = CopyCounter()
-        self._copy_now = self.copies.copy
-        self.layers = split_channels(net, self.devices, self._copy)
+        self.copies = CopyCounter()  # looked up at every copy: summary() swaps in its own
+        self.layers = split_channels(net, self.devices, lambda x, d: self.copies.copy(x, d))
         self.trainers = [
             gluon.Trainer([p for _, split in self.layers
                            for p in split[k].collect_params().values()],
                           'sgd', {'learning_rate': lr})
             for k in range(len(self.devices))]
         self.loss = gloss.SoftmaxCrossEntropyLoss()
-
-    def _copy(self, x, device):
-        # Through an attribute, so summary() can count one pass with a counter of its own.
-        return self._copy_now(x, device)
 
     def describe(self):
         """``64 layers split by channels over cpu(0), cpu(1) (first layer: 32 | 32)``."""
@@ -249,13 +228,8 @@ class ChannelSplitNet(SplitNet):
         nd.save(filename, self.whole_parameters())
 
     def load_parameters(self, filename):
-        """Read an ordinary ``.params`` file of the one-device network into the pieces.
-
-        Raises
-        ------
-        ValueError
-            For a missing, unknown or differently shaped parameter; nothing is changed then.
-        """
+        """Read an ordinary ``.params`` file of the one-device network into the pieces; ValueError
+        for a missing, unknown or differently shaped parameter (nothing is changed then)."""
         loaded = nd.load(filename)
         expected = {key: value.shape for key, value in self.whole_parameters().items()}
         if not isinstance(loaded, dict):
@@ -282,11 +256,11 @@ class ChannelSplitNet(SplitNet):
         and the inputs each device receives) and copies per step (every input forward and its
         gradient back). Call before ``hybridize()``.
         """
-        def run(X, copy):
-            self._copy_now = copy
+        def run(X, counter):
+            counted, self.copies = self.copies, counter
             try:
                 self.net(X)
             finally:
-                self._copy_now = self.copies.copy
+                self.copies = counted
 
         return self._summary(X, [self.net], run, layers=len(self.layers))

@@ -106,14 +106,8 @@ def layer_output_bytes(blocks, run):
 
 def trace_devices(blocks, run):
     """Call ``run()``; return where each block inside ``blocks`` took its inputs, left its output
-    and holds its parameters.
-
-    Returns
-    -------
-    list of dict
-        One per block call, in call order: ``name``, ``inputs`` and ``outputs`` (tuples of
-        contexts) and ``parameters`` (a tuple of the contexts of each of the block's own
-        parameters).
+    and holds its parameters: a dict per block call, in call order, with ``name``, ``inputs`` and
+    ``outputs`` (tuples of contexts) and ``parameters`` (the contexts of each of its own).
     """
     records = []
 
@@ -129,11 +123,9 @@ def trace_devices(blocks, run):
 
 
 def check_trace(records):
-    """Raise RuntimeError at the first block that mixed devices; return the number checked.
-
-    A block must take its inputs, leave its output and hold its own parameters on one device.
-    (A ``ChannelSplit`` gathers its pieces' outputs on its input's device and holds no
-    parameters, so it passes; its pieces are checked one by one.)
+    """Raise RuntimeError at the first block of ``trace_devices``' ``records`` that took its
+    inputs, left its output or holds its own parameters on more than one device; return the
+    number checked. (A ``ChannelSplit`` holds no parameters and gathers on its input's device.)
     """
     for r in records:
         devices = set(r['inputs']) | set(r['outputs'])
@@ -192,16 +184,16 @@ class SplitNet:
         return evaluate_accuracy(data_iter, self, self.devices[:1])
 
     def _summary(self, X, blocks, run, **extra):
-        """``summary(X)`` from one forward pass ``run(X, copy)`` with every copy through ``copy``:
-        a device's activations are the outputs it computed of the blocks inside ``blocks`` plus
-        what it received; each copy counts twice (its gradient comes back)."""
+        """``summary(X)`` from one forward pass ``run(X, counter)``, every copy through the
+        ``CopyCounter``: a device's activations are the outputs it computed of the blocks inside
+        ``blocks`` plus what it received; each copy counts twice (its gradient comes back)."""
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized %s '
                                'hide their layers; call summary() before hybridize()'
                                % self.hybridizes)
         X = X.as_in_context(self.devices[0])
         counter = CopyCounter()
-        outputs = layer_output_bytes(blocks, lambda: run(X, counter.copy))
+        outputs = layer_output_bytes(blocks, lambda: run(X, counter))
         activations = [outputs.get(d, 0) + counter.received(d) for d in self.devices]
         return make_summary(self.method, self.devices, X.shape[0],
                             parameter_bytes(self.net, self.devices), activations,

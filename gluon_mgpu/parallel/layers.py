@@ -75,13 +75,12 @@ def choose_cut(costs, num_devices):
     """Cut a list of unit costs into ``num_devices`` non-empty runs with the smallest largest run
     (then the smallest second largest, and so on; then the earliest). Returns the number of
     units before each cut: ``choose_cut([1, 2, 3, 4], 2) == (3,)`` (6 | 4)."""
-    best = None
-    for bounds in itertools.combinations(range(1, len(costs)), num_devices - 1):
+    def runs(bounds):
         edges = (0,) + bounds + (len(costs),)
-        runs = sorted((sum(costs[a:b]) for a, b in zip(edges, edges[1:])), reverse=True)
-        if best is None or runs < best[0]:
-            best = (runs, bounds)
-    return best[1]
+        return sorted((sum(costs[a:b]) for a, b in zip(edges, edges[1:])), reverse=True)
+
+    # min keeps the first of equals, and combinations come earliest first.
+    return min(itertools.combinations(range(1, len(costs)), num_devices - 1), key=runs)
 
 
 def resolve_cut(units, cut, num_devices, sample=None):
@@ -137,13 +136,8 @@ def _check_initialized(net):
 def split_layers(net, devices, cut='params', sample=None):
     """Put runs of consecutive units of ``net`` (initialized: ``init_one_device``) on
     consecutive devices; ``net`` keeps its parameters, so it still saves ordinary ``.params``.
-
-    Returns
-    -------
-    parts : list of nn.HybridSequential
-        One per device, ``parts[k]``'s parameters on ``devices[k]``.
-    names : list of list of str
-        The units of each part.
+    Returns ``(parts, names)``: one ``nn.HybridSequential`` per device, ``parts[k]``'s parameters
+    on ``devices[k]``, and the names of each part's units.
     """
     devices = check_devices(devices)
     _check_initialized(net)
@@ -193,18 +187,9 @@ def train_batch(X, y, parts, trainers, devices, loss, micro_batches=1,
 class LayerSplit(SplitNet):
     """A network split by layers over devices, ready to train: the API the command line uses.
 
-    Parameters
-    ----------
-    net : nn.HybridSequential
-        Initialized on one device (``init_one_device``); split in place into ``parts``.
-    devices : list of mxnet.Context
-    lr : float
-        Learning rate of the SGD ``trainers``, one per part.
-    cut, sample
-        See ``resolve_cut``.
-    micro_batches : int, default 1
-
-    ``copies`` counts the bytes every forward pass copied between devices.
+    ``net``, an ``nn.HybridSequential`` initialized on one device (``init_one_device``), is split
+    in place into ``parts`` where ``cut`` says (``resolve_cut``), each with its SGD Trainer at
+    ``lr``; ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method, hybridizes = 'layers', 'parts'
@@ -256,8 +241,8 @@ class LayerSplit(SplitNet):
         the backward pass) and copies per step (each boundary activation forward and its
         gradient back). Call before ``hybridize()``, which hides the layers.
         """
-        def run(X, copy):
-            forward(self.parts, X, self.devices, copy)
+        def run(X, counter):
+            forward(self.parts, X, self.devices, counter.copy)
 
         return self._summary(X, self.parts, run, units=self.names,
                              micro_batches=self.micro_batches)

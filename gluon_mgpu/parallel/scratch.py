@@ -57,13 +57,8 @@ def allreduce(data):
 
 
 def split_batch(X, y, devices):
-    """Cut ``X`` and ``y`` into ``len(devices)`` equal slices, slice ``k`` on ``devices[k]``.
-
-    Raises
-    ------
-    ValueError
-        When the batch does not divide evenly (the book assumes it does).
-    """
+    """Cut ``X`` and ``y`` into ``len(devices)`` equal slices, slice ``k`` on ``devices[k]``;
+    ValueError when the batch does not divide evenly (the book assumes it does)."""
     if X.shape[0] != y.shape[0]:
         raise ValueError('X has %d examples but y has %d labels; pass one label per example'
                          % (X.shape[0], y.shape[0]))
@@ -116,12 +111,7 @@ def save_params(params, filename):
 
 def load_params(filename):
     """Read a ``.params`` file of ``gluon_lenet()``; return the parameter list, on the CPU.
-
-    Raises
-    ------
-    ValueError
-        When a name is missing or unknown, or a shape differs from the book's LeNet.
-    """
+    ValueError when a name is missing or unknown, or a shape differs from the book's LeNet."""
     loaded = nd.load(filename)
     if not isinstance(loaded, dict) or set(loaded) != set(PARAM_NAMES):
         found = sorted(loaded) if isinstance(loaded, dict) else 'unnamed arrays'
@@ -138,13 +128,8 @@ def load_params(filename):
 class ScratchDataParallel(SplitNet):
     """The book's LeNet trained by data parallelism from scratch: the API the command line uses.
 
-    Parameters
-    ----------
-    devices : list of mxnet.Context
-    lr : float
-    params : list of NDArray, optional
-        Starting values (default ``init_params()``), copied to every device: ``device_params[k]``
-        is the full parameter list on ``devices[k]``.
+    ``params`` (default ``init_params()``) are copied to every device: ``device_params[k]`` is
+    the full parameter list on ``devices[k]``, trained by SGD at ``lr``.
     """
 
     method = 'scratch'
@@ -171,8 +156,9 @@ class ScratchDataParallel(SplitNet):
 
     def load_parameters(self, filename):
         """Read a ``.params`` file of the book's LeNet into every device's copy."""
+        values = load_params(filename)
         for params in self.device_params:
-            for p, value in zip(params, load_params(filename)):
+            for p, value in zip(params, values):
                 p[:] = value.as_in_context(p.context)
 
     def summary(self, X):
