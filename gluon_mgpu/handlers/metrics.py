@@ -14,12 +14,20 @@ __all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'epoch_problem', 'summarize', 'fo
            'write_json_atomic', 'MetricsFile']
 
 FORMAT = 'gluon_mgpu-metrics/1'
-EPOCH_FIELDS = ('epoch', 'seconds', 'images_per_sec', 'train_loss', 'train_acc', 'test_acc')
-
 _FRACTION = {'type': 'number', 'minimum': 0, 'maximum': 1}
 _POSITIVE = {'type': 'number', 'exclusiveMinimum': 0}
 _LOSS = {'type': ['number', 'null'], 'minimum': 0}
 _COUNT = {'type': 'integer', 'minimum': 1}
+
+
+def _object(description, properties, required=None, closed=False, types='object'):
+    """A schema node of an object; ``required`` defaults to all of ``properties``."""
+    node = {'type': types, 'description': description,
+            'required': list(properties) if required is None else required}
+    if closed is not None:
+        node['additionalProperties'] = closed
+    return dict(node, properties=properties)
+
 
 SCHEMA = {
     '$schema': 'https://json-schema.org/draft/2020-12/schema',
@@ -34,15 +42,13 @@ SCHEMA = {
         'status': {'enum': ['running', 'finished'], 'description': (
             '"running" while training goes on (still so after the process ended: the run '
             'stopped early); "finished" once the summary is written.')},
-        'arguments': {
-            'type': 'object',
-            'description': 'The command line after defaults were filled in: one key per flag, '
-                           'dashes turned into underscores (`--num-gpus` is `num_gpus`).',
-            'required': ['num_gpus', 'batch_size', 'lr', 'epochs', 'device', 'data_dir',
-                         'train_limit', 'test_limit', 'seed'],
-            'additionalProperties': {
-                'type': ['string', 'integer', 'number', 'boolean', 'null', 'array']},
-            'properties': {
+        'arguments': _object(
+            'The command line after defaults were filled in: one key per flag, dashes turned '
+            'into underscores (`--num-gpus` is `num_gpus`).',
+            required=['num_gpus', 'batch_size', 'lr', 'epochs', 'device', 'data_dir',
+                      'train_limit', 'test_limit', 'seed'],
+            closed={'type': ['string', 'integer', 'number', 'boolean', 'null', 'array']},
+            properties={
                 'num_gpus': dict(_COUNT, description='Number of devices.'),
                 'batch_size': dict(_COUNT, description=(
                     'Global batch size, split over the devices.')),
@@ -61,32 +67,21 @@ SCHEMA = {
                 'dtype': {'enum': ['float32', 'bfloat16'], 'description': (
                     'What the network computed in (`--dtype`; bfloat16: MXNet\'s AMP, float32 '
                     'parameters). Missing in files of earlier versions: float32.')},
-            },
-        },
+            }),
         'devices': {
             'type': 'array', 'minItems': 1,
             'description': 'The MXNet contexts trained on, as MXNet prints them.',
             'items': {'type': 'string', 'pattern': r'^(cpu|gpu|cpu_pinned|cpu_shared)\(\d+\)$'},
         },
-        'versions': {
-            'type': 'object',
-            'description': 'Versions of the software that ran.',
-            'required': ['gluon_mgpu', 'mxnet', 'python'],
-            'additionalProperties': False,
-            'properties': {
-                'gluon_mgpu': {'type': 'string', 'description': 'This package.'},
-                'mxnet': {'type': 'string', 'description': 'MXNet.'},
-                'python': {'type': 'string', 'description': 'Python.'},
-            },
-        },
-        'threads': {
-            'type': 'object',
-            'description': 'The OpenMP thread count MXNet computes with and who chose it '
-                           '(`gluon_mgpu.thread_settings()`).',
-            'required': ['omp_num_threads', 'cores', 'source', 'devices', 'cpu_temp_copy',
-                         'temp_copy_source'],
-            'additionalProperties': False,
-            'properties': {
+        'versions': _object('Versions of the software that ran.', {
+            'gluon_mgpu': {'type': 'string', 'description': 'This package.'},
+            'mxnet': {'type': 'string', 'description': 'MXNet.'},
+            'python': {'type': 'string', 'description': 'Python.'},
+        }),
+        'threads': _object(
+            'The OpenMP thread count MXNet computes with and who chose it '
+            '(`gluon_mgpu.thread_settings()`).',
+            properties={
                 'omp_num_threads': {'type': ['integer', 'string', 'null'], 'description': (
                     'OMP_NUM_THREADS in force, or null when MXNet chose (half the cores on '
                     'x86).')},
@@ -105,16 +100,12 @@ SCHEMA = {
                 'temp_copy_source': {'enum': ['gluon_mgpu', 'user', 'mxnet'], 'description': (
                     'Who chose the scratch buffers ("gluon_mgpu": files of earlier versions, '
                     'which enlarged the pool for simulated devices).')},
-            },
-        },
-        'placement': {
-            'type': ['object', 'null'],
-            'description': 'Where the run keeps its bytes, per device (in the order of '
-                           '`devices`), measured on one batch before training; null when not '
-                           'measured.',
-            'required': ['method', 'devices', 'batch_size', 'parameter_bytes',
-                         'activation_bytes', 'copied_bytes_per_step'],
-            'properties': {
+            }),
+        'placement': _object(
+            'Where the run keeps its bytes, per device (in the order of `devices`), measured on '
+            'one batch before training; null when not measured.',
+            closed=None, types=['object', 'null'],
+            properties={
                 'method': {'enum': ['data', 'scratch', 'layers', 'channels'],
                            'description': 'How training is split (`--parallel`).'},
                 'devices': {'type': 'array', 'items': {'type': 'string'},
@@ -127,43 +118,32 @@ SCHEMA = {
                     'Bytes of layer outputs each device computes in one forward pass.')},
                 'copied_bytes_per_step': {'type': 'integer', 'minimum': 0, 'description': (
                     'Bytes sent between devices in one training step.')},
-            },
-        },
+            }),
         'history': {
             'type': 'array',
             'description': 'One entry per finished epoch, in order: what `train()` returns.',
-            'items': {
-                'type': 'object',
-                'description': 'One epoch.',
-                'required': list(EPOCH_FIELDS),
-                'additionalProperties': False,
-                'properties': {
-                    'epoch': dict(_COUNT, description='Epoch number, from 1.'),
-                    'seconds': dict(_POSITIVE, description=(
-                        'Training time of the epoch (test evaluation not included), measured '
-                        'after all devices finished.')),
-                    'images_per_sec': dict(_POSITIVE, description=(
-                        'Training images per second in this epoch.')),
-                    'train_loss': dict(_LOSS, description=(
-                        'Mean softmax cross-entropy over the epoch\'s training images; null if '
-                        'it was not finite (training diverged).')),
-                    'train_acc': {'type': ['number', 'null'], 'minimum': 0, 'maximum': 1,
-                                  'description': (
-                        'Fraction of training images classified right while training; null for '
-                        'a split network (`--parallel layers|channels|scratch`), whose step '
-                        'returns only its loss.')},
-                    'test_acc': dict(_FRACTION, description=(
-                        'Fraction of test images classified right after the epoch.')),
-                },
-            },
+            'items': _object('One epoch.', properties={
+                'epoch': dict(_COUNT, description='Epoch number, from 1.'),
+                'seconds': dict(_POSITIVE, description=(
+                    'Training time of the epoch (test evaluation not included), measured '
+                    'after all devices finished.')),
+                'images_per_sec': dict(_POSITIVE, description=(
+                    'Training images per second in this epoch.')),
+                'train_loss': dict(_LOSS, description=(
+                    'Mean softmax cross-entropy over the epoch\'s training images; null if '
+                    'it was not finite (training diverged).')),
+                'train_acc': {'type': ['number', 'null'], 'minimum': 0, 'maximum': 1,
+                              'description': (
+                    'Fraction of training images classified right while training; null for '
+                    'a split network (`--parallel layers|channels|scratch`), whose step '
+                    'returns only its loss.')},
+                'test_acc': dict(_FRACTION, description=(
+                    'Fraction of test images classified right after the epoch.')),
+            }),
         },
-        'summary': {
-            'type': ['object', 'null'],
-            'description': 'null until training finished; then the final numbers.',
-            'required': ['test_acc', 'train_loss', 'sec_per_epoch', 'images_per_sec', 'epochs',
-                         'line'],
-            'additionalProperties': False,
-            'properties': {
+        'summary': _object(
+            'null until training finished; then the final numbers.', types=['object', 'null'],
+            properties={
                 'test_acc': dict(_FRACTION, description='Test accuracy after the last epoch.'),
                 'train_loss': dict(_LOSS, description='Training loss of the last epoch.'),
                 'sec_per_epoch': dict(_POSITIVE, description='Mean training seconds per epoch.'),
@@ -173,11 +153,10 @@ SCHEMA = {
                 'line': {'type': 'string', 'description': (
                     'The summary line printed at the end, e.g. `test acc: 0.91, 12.3 sec/epoch '
                     'on [gpu(0), gpu(1)]`.')},
-            },
-        },
+            }),
     },
 }
-
+EPOCH_FIELDS = tuple(SCHEMA['properties']['history']['items']['required'])
 
 _JSON_TYPES = {'number': (int, float), 'integer': (int,), 'null': (type(None),)}
 
