@@ -66,7 +66,9 @@ class TrainingState:
 
 
 class Events:
-    """Calls every handler that has a method for an event, in ascending ``priority``."""
+    """Calls every handler that has a method for an event, in ascending ``priority``:
+    ``events.batch_end(loss=...)`` calls each handler's ``batch_end(state, loss=...)`` and
+    returns whether one asked to stop; the same for every event of ``_KINDS``."""
 
     def __init__(self, handlers, state):
         handlers = sorted(handlers, key=lambda h: getattr(h, 'priority', 0))
@@ -79,27 +81,12 @@ class Events:
         self._handlers = {name: [h for h in handlers if isinstance(h, kind)]
                           for name, kind in _KINDS}
 
-    def _call(self, name, **kwargs):
+    def __getattr__(self, name):  # an event: train_begin, ..., train_end
+        if name not in dict(_KINDS):
+            raise AttributeError(name)
         # Every handler runs, even after one asked to stop (as in Estimator.fit).
-        return any([getattr(h, name)(self.state, **kwargs) for h in self._handlers[name]])
-
-    def train_begin(self):
-        self._call('train_begin')
-
-    def epoch_begin(self):
-        self._call('epoch_begin')
-
-    def batch_begin(self, **kwargs):
-        self._call('batch_begin', **kwargs)
-
-    def batch_end(self, **kwargs):
-        return self._call('batch_end', **kwargs)
-
-    def epoch_end(self):
-        return self._call('epoch_end')
-
-    def train_end(self):
-        self._call('train_end')
+        return lambda **kwargs: any([getattr(h, name)(self.state, **kwargs)
+                                     for h in self._handlers[name]])
 
 
 class EpochLine(EpochEnd):

@@ -47,12 +47,11 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside MXNet's optimizer callback or an object's ``__del__`` (where Python would drop the
-    exception), at the next ``check()`` (``requested`` and ``signum``
-    say one waits). SIGQUIT quits at once after printing every thread's stack. A signal is
-    taken over only in the main thread and while it has its default handler (not under
-    ``nohup`` nor from a caller's own handler); on exit the previous handlers come back. As an
-    event handler it calls ``check()`` after every step and epoch, last of all (docs/events.md)::
+    inside MXNet's optimizer callback or a ``__del__`` (where Python would drop the exception),
+    at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
+    thread's stack, then quits. Only default handlers of the main thread are taken over (not
+    under ``nohup``), and given back on exit. As an event handler it calls ``check()`` after
+    every step and epoch, last of all (docs/events.md)::
 
         with DeferredInterrupt() as interrupt:
             train(..., event_handlers=[EpochLine(), interrupt])

@@ -22,16 +22,8 @@ def choose_mode(quiet=False, stream=None):
     ``sys.stdout``) is a terminal, else ``'lines'``."""
     if quiet:
         return 'quiet'
-    stream = sys.stdout if stream is None else stream
-    isatty = getattr(stream, 'isatty', None)
-    return 'bar' if isatty is not None and isatty() else 'lines'
-
-
-def _terminal_columns(stream):
-    try:
-        return os.get_terminal_size(stream.fileno()).columns
-    except (AttributeError, OSError, ValueError):
-        return 0
+    isatty = getattr(sys.stdout if stream is None else stream, 'isatty', lambda: False)
+    return 'bar' if isatty() else 'lines'
 
 
 class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
@@ -76,7 +68,10 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         if self.bar is None:
             # tqdm hides the bar on a terminal that reports a size of 0 x 0 (a pseudo-terminal
             # nobody sized), so such a terminal gets a fixed size.
-            sized = _terminal_columns(self.stream) > 0
+            try:
+                sized = os.get_terminal_size(self.stream.fileno()).columns > 0
+            except (AttributeError, OSError, ValueError):
+                sized = False
             self.bar = tqdm(total=self.num_examples, unit='img', file=self.stream, leave=False,
                             dynamic_ncols=sized, ncols=None if sized else 100,
                             nrows=None if sized else 24,
