@@ -1,13 +1,10 @@
 """gluon_mgpu: the d2l chapter "Gluon Implementation for Multi-GPU Computation", runnable anywhere.
-The package re-exports the chapter's functions: ``gluon_mgpu.train`` is the training function,
-``python -m gluon_mgpu.train`` the command line. README.md maps the chapter to the code;
-docs/events.md explains the loop and why the command's ``main`` is imported from
-``gluon_mgpu.commands.train``.
+``gluon_mgpu.train`` is the chapter's training function, ``python -m gluon_mgpu.train`` the
+command line; README.md maps the chapter to the code.
 
-Importing the package does only what must come before MXNet starts: it chooses the threads
-MXNet computes with (``OMP_NUM_THREADS``, read once when MXNet starts; docs/devices.md) and has
-``import mxnet`` check first the variables MXNet would abort on and load the GPU build's
-libraries. The rest is imported when first used.
+Importing the package does only what must come before MXNet starts: it chooses MXNet's threads
+(docs/devices.md) and has ``import mxnet`` run its checks first (``_BeforeMXNet``). The rest is
+imported when first used.
 """
 import importlib
 import importlib.util
@@ -52,8 +49,7 @@ class _BeforeMXNet:
                     raise
                 # python -m gluon_mgpu.<module> whose first import is MXNet's: one line.
                 sys.stderr.write('python -m %s: error: %s\n'
-                                 % (main.name[:-len('.__main__')] if main.name.endswith(
-                                     '.__main__') else main.name, e))
+                                 % (main.name.removesuffix('.__main__'), e))
                 raise SystemExit(2)
         return None
 

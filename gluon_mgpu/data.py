@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 from mxnet import nd
 
-from .runtime.checks import check_whole, is_whole
+from .runtime.checks import check_whole
 from .runtime.files import InputError, input_problem, open_input
 
 __all__ = ['FILES', 'DataError', 'DataNotFoundError', 'data_dir_candidates', 'find_data_dir',
@@ -59,8 +59,7 @@ def find_data_dir(data_dir=None):
     DataNotFoundError
         Listing every folder searched and how to get the files.
     DataError
-        When a folder holds all four names but one is not a usable regular file (a FIFO, a
-        dangling link, ...): naming that file and what it is.
+        Naming a file of a folder that holds all four names but is not a usable regular file.
     """
     names = FILES['train'] + FILES['test']
     candidates = data_dir_candidates(data_dir)
@@ -126,8 +125,7 @@ def read_idx(path, ndim, item_shape=None):
     Raises
     ------
     DataError
-        Naming the file and what is wrong: not a readable regular file, not gzip, truncated or
-        longer than its header says, the wrong magic number, items of another shape.
+        Naming the file and what is wrong with it.
     """
     try:
         raw_file = open_input(path)
@@ -199,10 +197,8 @@ def to_tensor(images):
 
 
 class ArrayBatches:
-    """Mini-batches ``(X, y)`` of NDArrays from in-memory arrays, like a ``DataLoader``.
-
-    The images become one float32 NDArray once; a batch is a slice of it, or an ``nd.take``
-    when shuffled. The batches equal the book's ``DataLoader`` with ``ToTensor`` (``GluonBatches``).
+    """Mini-batches ``(X, y)`` of NDArrays from in-memory arrays, equal to the book's
+    ``DataLoader`` with ``ToTensor`` (``GluonBatches``) and faster (docs/speed.md).
 
     Parameters
     ----------
@@ -217,7 +213,7 @@ class ArrayBatches:
     seed : int, optional
         Epoch ``e``'s order is drawn from ``(seed, e)``: the same on every run (``set_epoch``).
     num_parts, part_index : int, optional
-        Yield only one worker's shard of every epoch (see ``set_part``).
+        See ``set_part``.
     """
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=None, num_parts=None,
@@ -267,14 +263,8 @@ class ArrayBatches:
     def set_part(self, num_parts, part_index):
         """Yield only shard ``part_index`` of ``num_parts``: one worker's share of a dist job.
 
-        Part ``r`` gets the ``r``-th equal slice of every full global batch of the epoch, what
-        device ``r`` of one process would get; the rest is skipped (docs/distributed.md).
-
-        Raises
-        ------
-        ValueError
-            If ``batch_size`` is not a multiple of ``num_parts``, ``part_index`` is not in
-            ``range(num_parts)``, or there is not one full global batch.
+        Part ``r`` gets the ``r``-th equal slice of every full global batch of the epoch; the
+        rest is skipped (docs/distributed.md). ``ValueError`` when the shares cannot be equal.
         """
         _check_count('num_parts', num_parts)
         if not 0 <= part_index < num_parts:
@@ -350,9 +340,7 @@ def _check_count(name, value):
 def _check_limit(name, value, size, what):
     if value is None:
         return size
-    if not is_whole(value):
-        raise ValueError('%s must be a whole number >= 1, got %r; pass a positive count or '
-                         'None for all %d %s' % (name, value, size, what))
+    check_whole(name, value, 'pass a positive count or None for all %d %s' % (size, what))
     if value > size:
         raise ValueError('%s=%d is more than the %d %s; pass at most %d (or None for all)'
                          % (name, value, size, what, size))
@@ -363,16 +351,14 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
                             shuffle=True, seed=None, loader='array'):
     """Return ``(train_iter, test_iter)`` over Fashion-MNIST read from local files.
 
-    Batches are ``(X, y)``: ``X`` float32 of shape (batch, 1, 28, 28) with values in [0, 1]
-    (what the book's ``ToTensor`` gives), ``y`` int32 class indices.
+    Batches are ``(X, y)``: ``X`` float32 (batch, 1, 28, 28) in [0, 1], as the book's
+    ``ToTensor`` gives, and ``y`` int32 class indices.
 
     Parameters
     ----------
     batch_size : int
-        Examples per (global) batch.
     data_dir : str, optional
-        Folder holding the four IDX ``.gz`` files; searched for when omitted
-        (``data_dir_candidates``).
+        Folder of the four IDX ``.gz`` files; searched for when omitted (``data_dir_candidates``).
     train_limit, test_limit : int, optional
         Use only the first N training / test examples.
     shuffle : bool, default True
@@ -380,10 +366,6 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
     seed : int, optional
     loader : {'array', 'gluon'}, default 'array'
         ``ArrayBatches``, or ``GluonBatches`` (the book's ``DataLoader``; slower).
-
-    Raises
-    ------
-    DataNotFoundError, DataError, ValueError
     """
     if loader not in LOADERS:
         raise ValueError("loader must be one of %s, got %r; use 'array' (fast) or 'gluon' (the "

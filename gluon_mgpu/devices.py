@@ -1,6 +1,5 @@
-"""Choosing the devices (MXNet contexts) to train on: GPUs, or CPU contexts that simulate them.
-The only module that asks the machine which GPUs it has, and only when called (docs/devices.md);
-MXNet is imported then, not before.
+"""Choosing the devices (MXNet contexts) to train on: GPUs, or CPU contexts that simulate them
+(docs/devices.md). MXNet is imported when a function is called, not before.
 """
 import logging
 import os
@@ -60,8 +59,8 @@ def get_devices(num_gpus, device='auto', warn=True):
     Raises
     ------
     ValueError
-        For a count below 1, an unknown ``device``, too few GPUs (naming both numbers and the
-        fix), or more CPU contexts than the machine can hold (``check_cpu_device_count``).
+        For a count below 1, an unknown ``device``, too few GPUs, or more CPU contexts than
+        the machine can hold (``check_cpu_device_count``).
     """
     import mxnet as mx
     n = num_gpus

@@ -11,7 +11,8 @@ __all__ = ['Residual', 'resnet_block', 'resnet18', 'sync_batch_norm', 'lenet']
 
 
 class Residual(nn.HybridBlock):
-    """A residual block: two 3x3 convolutions with BatchNorm, plus a shortcut.
+    """A residual block: two 3x3 convolutions with BatchNorm, plus a shortcut; its children
+    come in ``d2lzh.Residual``'s order, so weights copy one to one.
 
     Parameters
     ----------
@@ -23,8 +24,6 @@ class Residual(nn.HybridBlock):
         Stride of the first 3x3 convolution and of the shortcut.
     norm_layer : callable, optional
         Makes each normalization layer; default ``nn.BatchNorm`` (``sync_batch_norm(n)``).
-
-    The children are created in ``d2lzh.Residual``'s order, so weights copy one to one.
     """
 
     def __init__(self, num_channels, use_1x1conv=False, strides=1, norm_layer=None, **kwargs):
@@ -68,13 +67,9 @@ def resnet_block(num_channels, num_residuals, first_block=False, norm_layer=None
 
 
 def resnet18(num_classes, norm_layer=None):
-    """The chapter's ResNet-18 for 28x28 images, uninitialized.
-
-    Unlike ImageNet's, the stem is a 3x3 convolution with stride 1 and no max-pooling, so the
-    small images keep their resolution; four stages of two residual blocks (64 to 512
-    channels), global average pooling and a dense layer of ``num_classes`` outputs follow.
-    ``norm_layer`` as in ``Residual``.
-    """
+    """The chapter's ResNet-18 for 28x28 images, uninitialized: a 3x3 stride-1 stem without
+    max-pooling, four stages of two residual blocks, global average pooling and a dense layer
+    of ``num_classes`` outputs. ``norm_layer`` as in ``Residual``."""
     norm_layer = nn.BatchNorm if norm_layer is None else norm_layer
     net = nn.HybridSequential()
     net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),
@@ -88,13 +83,9 @@ def resnet18(num_classes, norm_layer=None):
 
 
 def sync_batch_norm(num_devices):
-    """Return a ``norm_layer`` making ``SyncBatchNorm`` layers synchronized over ``num_devices``.
-
-    They normalize with the whole batch's statistics over the devices of one process, so every
-    device ends with the same running statistics. ``num_devices`` must be the number of
-    devices the batch is split over: each layer waits for that many (docs/devices.md says
-    why CPU contexts need ``train()``'s step).
-    """
+    """Return a ``norm_layer`` making ``SyncBatchNorm`` layers synchronized over ``num_devices``,
+    the number of devices the batch is split over: each layer waits for that many
+    (docs/devices.md)."""
     from mxnet.gluon.contrib.nn import SyncBatchNorm
     check_whole('num_devices', num_devices,
                 'pass the number of devices the batch is split over')

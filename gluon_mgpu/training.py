@@ -20,8 +20,8 @@ from .runtime.updates import UpdateError, guard_updates
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
            'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch',
            'train_batch', 'train_batch_per_device', 'choose_step', 'check_batch', 'run_epoch',
-           'train_epoch', 'evaluate_accuracy', 'run_epochs', 'train', 'check_batch_size', 'format_epoch', 'LossNotFiniteError',
-           'UpdateError']
+           'train_epoch', 'evaluate_accuracy', 'run_epochs', 'train', 'check_batch_size',
+           'format_epoch', 'LossNotFiniteError', 'UpdateError']
 
 # The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
 # train(num_gpus=2, batch_size=512, lr=0.2); weights drawn from Normal(sigma=0.01).
@@ -29,7 +29,6 @@ BATCH_SIZE_PER_DEVICE = 256
 LR_PER_DEVICE = 0.1
 INIT_SIGMA = 0.01
 MODELS = ('resnet18', 'lenet')
-
 
 
 def split_batch(X, y, devices):
@@ -47,10 +46,7 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch, batch_si
     """The chapter's step on one batch; return the losses, outputs and labels per device.
 
     ``trainer.step(batch_size)`` sums the gradients of all devices, divides by ``batch_size``
-    and updates every replica the same way. ``batch_size`` defaults to this batch's size; the
-    epoch loop passes the nominal one, as the chapter does, so a short last batch moves the
-    weights by its share of a step (``train_epoch``). A network's first batch is checked
-    (``check_batch``).
+    (default: this batch's size; see ``train``) and updates every replica the same way.
     """
     _check_once(X, y, net, 'the batch given to train_batch', devices)
     batch_size = X.shape[0] if batch_size is None else batch_size
@@ -121,7 +117,7 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='f
     ----------
     model : {'resnet18', 'lenet'}
     hybridize : bool, default True
-        Compile it into one graph (``static_alloc``): same results, faster.
+        Compile it into one graph (``static_alloc``; docs/speed.md says why not static_shape).
     sync_bn_devices : int, optional
         ResNet-18 with ``SyncBatchNorm`` over this many devices instead of BatchNorm.
     dtype : {'float32', 'bfloat16'}, default 'float32'
@@ -140,22 +136,17 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='f
         net = resnet18(10, norm_layer=sync_batch_norm(sync_bn_devices)
                        if sync_bn_devices else None)
     if hybridize:
-        # Not static_shape=True: on several devices MXNet 1.9.1 then loses one BatchNorm
-        # running-statistics update per device (measured; the trained weights still match).
         net.hybridize(static_alloc=True)
     return net
 
 
 def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32',
                   force_dtype=False):
-    """The chapter's set-up: initialize ``net`` on every device, return an SGD ``Trainer``.
+    """The chapter's set-up: ``Normal(sigma=0.01)`` on every device (after
+    ``mx.random.seed(seed)`` when given); return an SGD ``Trainer``.
 
-    ``Normal(sigma=0.01)`` on every device (``force_reinit``), after ``mx.random.seed(seed)``
-    when given. With a kvstore of several processes (``'dist_sync'``, ``mx.kv.create``'s, or
-    ``parallel.horovod.HorovodKVStore()``) the Trainer gets ``rescale_grad = 1 / num_workers``,
-    so ``trainer.step(local_batch_size)`` divides the workers' sum by the global batch
-    (docs/distributed.md). ``dtype='bfloat16'`` checks the devices (``precision.check_dtype``;
-    ``force_dtype`` accepts a CPU without bfloat16) and hands the Trainer to MXNet's AMP.
+    A kvstore of several processes gets ``rescale_grad = 1 / num_workers``
+    (docs/distributed.md); ``dtype='bfloat16'`` as in ``precision.check_dtype``.
     """
     precision.check_dtype(dtype, devices, force_dtype)
     active = precision.active_dtype()
@@ -199,10 +190,8 @@ def _expected_input(net):
 def check_batch(X, y, net, where='the first batch'):
     """Raise ``ValueError`` if ``(X, y)`` is not a batch ``net`` can be trained or scored on.
 
-    ``X`` must be an NDArray of 4-D images of the network's type and channels, ``y`` one
-    whole-number class index per image below the network's classes: MXNet would train wrong
-    labels silently. It reads the labels, so call it on the first batch only; ``where`` names
-    the batch in the message.
+    ``X``: 4-D images of the network's type and channels; ``y``: one whole-number class index
+    per image. It reads the labels: call it on the first batch only. ``where`` names the batch.
     """
     for name, v in (('X', X), ('y', y)):
         if not isinstance(v, nd.NDArray):
@@ -268,9 +257,8 @@ def _check_once(X, y, net, where, devices):
 def evaluate_accuracy(data_iter, net, devices=None):
     """Return the fraction of examples in ``data_iter`` that ``net`` classifies correctly.
 
-    Every batch is split over ``devices`` (default ``try_all_gpus()``; a batch smaller than the
-    device count uses the first ones). ``net`` may be a split network (``gluon_mgpu.parallel``)
-    with ``devices`` its first device. The first batch is checked (``check_batch``).
+    Every batch is split over ``devices`` (default ``try_all_gpus()``); the first is checked
+    (``check_batch``). A split network (``gluon_mgpu.parallel``) passes its first device.
     """
     devices = try_all_gpus() if devices is None else list(devices)
     call = dispatch.call if _simulated(devices) else _call_here
@@ -295,7 +283,6 @@ def _call_here(device, f, *args):
 
 
 def _hits(out, y):
-    """How many rows of ``out`` have their largest value at ``y`` (on ``out``'s device)."""
     return (out.argmax(axis=1) == y.as_in_context(out.context).astype('float32')).sum()
 
 
@@ -307,9 +294,9 @@ def run_epoch(step, train_iter, events=None, check=None):
     """Run ``step(X, y)`` over ``train_iter``; return ``seconds``, ``train_loss``, ``train_acc``
     and ``examples``: the epoch loop of every way to split.
 
-    ``step`` returns ``(losses, outputs, labels)`` per device, as ``train_batch``; a split
-    network gives ``([loss_sum], None, None)`` and no ``train_acc``. ``check(X, y)`` runs on the
-    first batch. ``events`` gets ``batch_begin`` and ``batch_end`` (True ends the epoch).
+    ``step`` returns ``(losses, outputs, labels)`` as ``train_batch``, or ``([loss_sum], None,
+    None)`` (no ``train_acc``). ``check(X, y)`` runs on the first batch; ``batch_end`` returning
+    True ends the epoch.
     """
     loss_sum = correct = None
     n = 0
@@ -340,13 +327,8 @@ def run_epoch(step, train_iter, events=None, check=None):
 
 def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
                 step=None, batch_size=None):
-    """Run ``step`` (default ``choose_step(devices)``) over ``train_iter``, as ``run_epoch``
-    does and with its result; the first batch is checked (``check_batch``).
-
-    Every step ends with ``trainer.step(batch_size)``, as in the chapter's loop: ``batch_size``
-    defaults to the size of the epoch's first batch, the nominal one, so the short last batch
-    of an epoch (60,000 = 234 x 256 + 96) moves the weights by its share of a full step.
-    """
+    """Run ``step`` (default ``choose_step(devices)``) over ``train_iter`` with ``run_epoch``,
+    checking the first batch; ``batch_size`` as in ``train``."""
     step = choose_step(devices) if step is None else step
 
     def check(X, y):
@@ -363,12 +345,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
 
 
 def run_epochs(state, events, train_one_epoch, evaluate):
-    """The epoch loop of ``train()`` and ``train_split``; return the history.
-
-    Epochs ``state.epoch + 1`` (later for a resumed run) to ``state.num_epochs``: ``epoch_begin``,
-    ``train_one_epoch()`` (``run_epoch``'s numbers), ``evaluate()``, ``state.record``, then
-    ``epoch_end`` (True stops).
-    """
+    """The epoch loop of ``train()`` and ``train_split`` from ``state.epoch + 1``; return the
+    history. ``train_one_epoch()`` gives ``run_epoch``'s numbers; ``epoch_end`` True stops."""
     events.train_begin()
     for epoch in range(state.epoch + 1, state.num_epochs + 1):
         state.epoch = epoch
@@ -390,23 +368,6 @@ def check_batch_size(batch_size, name='batch_size'):
     if batch_size is not None:
         check_whole(name, batch_size, 'for example %s=256, the nominal batch size trainer.step '
                                       'divides by' % name)
-
-
-def _checked_devices(devices, num_epochs, lr, trainer):
-    devices = try_all_gpus() if devices is None else list(devices)
-    if not devices:
-        raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
-                         'mx.cpu(1)], or leave it out for try_all_gpus()')
-    repeated = [d for i, d in enumerate(devices) if d in devices[:i]]
-    if repeated:
-        raise ValueError('devices %s lists %s twice; a device holds one replica, so list each '
-                         'once' % (format_devices(devices), repeated[0]))
-    check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
-    if lr is not None and trainer is not None:
-        raise ValueError('lr=%g and a trainer were both given, but the trainer has its own '
-                         'learning rate; pass one of them (trainer.set_learning_rate(%g) '
-                         'changes it)' % (lr, lr))
-    return devices
 
 
 def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, trainer=None,
@@ -433,11 +394,8 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         Default ``[EpochLine(), LossGuard()]``: the book's line after each epoch, and a stop
         when the loss is not finite (docs/events.md).
     batch_size : int, optional
-        What ``trainer.step`` divides the gradients' sum by after every batch, as the chapter's
-        ``trainer.step(batch_size)``. Default: the size of each epoch's first batch, the
-        nominal one, so a short last batch moves the weights by its share of a full step.
-        Pass it when the first batch is not of the nominal size (an iterator of your own), or
-        when several processes share each batch (``train_iter.set_part``: each worker's share).
+        What ``trainer.step`` divides by, as the chapter's. Default: the size of each epoch's
+        first batch, so a short last batch moves the weights by its share of a step (README).
 
     Returns
     -------
@@ -449,12 +407,22 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     ------
     ValueError
         Before any step, for bad arguments or a first batch the network cannot take.
-    LossNotFiniteError
-        From ``LossGuard``, naming the epoch and step.
-    UpdateError
-        When the optimizer raised inside ``trainer.step``.
+    LossNotFiniteError, UpdateError
+        A loss not finite (``LossGuard``); the optimizer raised inside ``trainer.step``.
     """
-    devices = _checked_devices(devices, num_epochs, lr, trainer)
+    devices = try_all_gpus() if devices is None else list(devices)
+    if not devices:
+        raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
+                         'mx.cpu(1)], or leave it out for try_all_gpus()')
+    repeated = [d for i, d in enumerate(devices) if d in devices[:i]]
+    if repeated:
+        raise ValueError('devices %s lists %s twice; a device holds one replica, so list each '
+                         'once' % (format_devices(devices), repeated[0]))
+    check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
+    if lr is not None and trainer is not None:
+        raise ValueError('lr=%g and a trainer were both given, but the trainer has its own '
+                         'learning rate; pass one of them (trainer.set_learning_rate(%g) '
+                         'changes it)' % (lr, lr))
     check_batch_size(batch_size)
     if trainer is None:
         trainer = init_training(net, devices, LR_PER_DEVICE if lr is None else lr)
@@ -464,9 +432,8 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
     state = TrainingState(net, trainer, loss, devices, train_iter, test_iter, num_epochs)
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
-    step = choose_step(devices)  # simulated CPU devices: the same step, issued per device
-    # An optimizer error inside trainer.step, which MXNet would drop, is raised after it.
-    with guard_updates(trainer):
+    step = choose_step(devices)
+    with guard_updates(trainer):  # raises what MXNet would drop inside trainer.step
         return run_epochs(
             state, events,
             lambda: train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step,

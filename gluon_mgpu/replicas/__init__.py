@@ -27,9 +27,8 @@ GRADIENT_WHY = ('before trainer.step each device holds the gradient of its own s
 class ReplicaMismatchError(RuntimeError):
     """Replicas of a trained parameter differ between devices by more than allowed.
 
-    Attributes: ``parameter`` (the name of the one that differs most), ``contexts`` (its first
-    device and the one that differs most), ``abs_diff``, ``rel_diff``, ``atol`` and ``report``
-    (the whole ``ReplicaReport``).
+    Attributes: ``parameter`` (the one that differs most), ``contexts`` (its first device and
+    the one that differs most), ``abs_diff``, ``rel_diff``, ``atol`` and ``report``.
     """
 
     def __init__(self, message, parameter, contexts, abs_diff, rel_diff, atol, report):
@@ -56,8 +55,8 @@ class ParameterReplicas:
     kind : {'trained', 'auxiliary'}
         ``'auxiliary'`` when ``grad_req == 'null'`` (BatchNorm's running statistics).
     abs_diff, rel_diff : tuple of float
-        Per context, ``max |replica - first|`` and that over the largest magnitude in the two
-        (in ``[0, 2]``); both ``inf`` where only one replica holds a NaN or an infinity.
+        Per context, ``max |replica - first|`` and that over the largest magnitude in the two;
+        ``inf`` where only one replica holds a NaN or an infinity (docs/replicas.md).
     """
 
     name: str
@@ -189,13 +188,13 @@ def get_replica(param, ctx, what='data'):
     Raises
     ------
     ValueError
-        For an unknown ``what``, a ``ctx`` the parameter does not live on (naming where it
-        does), or the gradient of a parameter with ``grad_req='null'``.
+        For an unknown ``what``, a ``ctx`` the parameter does not live on, or no gradient.
     RuntimeError
         Before initialization; ``DeferredInitializationError`` before the first batch.
     """
     if what not in _WHATS:
-        raise ValueError("what must be 'data' or 'grad', got %r" % (what,))
+        raise ValueError("what must be 'data' (parameter values) or 'grad' (gradients), got %r"
+                         % (what,))
     contexts = _check_initialized(param)
     if ctx not in contexts:
         raise ValueError("parameter '%s' is not initialized on %s; it lives on %s: ask for one "
@@ -235,16 +234,15 @@ def _difference(replica, first):
 def inspect_replicas(net, what='data', devices=None):
     """Compare every parameter's replicas across devices; return a ``ReplicaReport``.
 
-    Waits for pending computation (``nd.waitall()``), then copies each replica to the host and
-    compares it with the parameter's first (docs/replicas.md). Call it outside ``record()``.
+    Waits for pending computation, then compares each replica with the parameter's first on
+    the host (docs/replicas.md). Call it outside ``record()``.
 
     Parameters
     ----------
     net : mxnet.gluon.Block or ParameterDict
         Initialized, and it has seen one batch.
     what : {'data', 'grad'}, default 'data'
-        The parameter values, or the gradients of the trained parameters (identical after
-        ``trainer.step`` only with ``update_on_kvstore=False``: ``GRADIENT_WHY``).
+        The parameter values, or the gradients of the trained parameters (``GRADIENT_WHY``).
     devices : list of mxnet.Context, optional
         Compare only these replicas, the first as reference. Default: all of each parameter's.
 
@@ -253,9 +251,6 @@ def inspect_replicas(net, what='data', devices=None):
     ValueError, RuntimeError
         As ``get_replica``.
     """
-    if what not in _WHATS:
-        raise ValueError("what must be 'data' (parameter values) or 'grad' (gradients), got %r"
-                         % (what,))
     devices = None if devices is None else list(devices)
     if devices is not None and not devices:
         raise ValueError('devices is empty; pass at least one context, or None for all')
@@ -286,8 +281,7 @@ def assert_replicas_match(net, atol=0.0, what='data', devices=None):
     """Check that every trained parameter is the same on every device; return the report.
 
     Auxiliary states are reported, never checked (``AUXILIARY_WHY``). ``atol`` is the largest
-    absolute difference allowed (data-parallel SGD keeps replicas bit for bit identical);
-    ``what`` and ``devices`` as in ``inspect_replicas``.
+    absolute difference allowed; ``what`` and ``devices`` as in ``inspect_replicas``.
 
     Raises
     ------

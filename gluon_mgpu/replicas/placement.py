@@ -5,7 +5,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-
 __all__ = ['ParameterPlacement', 'Placement', 'inspect_placement', 'format_placement',
            'format_bytes']
 
@@ -32,27 +31,14 @@ class ParameterPlacement:
 
 @dataclass(frozen=True)
 class Placement:
-    """Every parameter's devices, and the totals per device.
-
-    Attributes
-    ----------
-    parameters : tuple of ParameterPlacement
-        In the network's order.
-    devices : tuple of mxnet.Context
-        Every device holding at least one parameter, in order of first appearance.
-    bytes_per_device, count_per_device : tuple of int
-        Per entry of ``devices``: bytes of the parameters held there, and how many parameters.
-    """
+    """Every parameter's devices (``parameters``, ``ParameterPlacement`` in the network's
+    order), and per entry of ``devices`` (in order of first appearance) the bytes and the count
+    of the parameters it holds (``bytes_per_device``, ``count_per_device``)."""
 
     parameters: tuple
     devices: tuple
     bytes_per_device: tuple
     count_per_device: tuple
-
-    @property
-    def replicated(self):
-        """True when some parameter has a copy on more than one device (data parallelism)."""
-        return any(len(p.contexts) > 1 for p in self.parameters)
 
     def to_dict(self):
         """A JSON-ready dict: the totals per device, then every parameter."""
@@ -62,27 +48,12 @@ class Placement:
                 'parameters': [p.to_dict() for p in self.parameters]}
 
 
-def _named_parameters(source):
-    from mxnet.gluon import Block, Parameter
-    from mxnet.gluon.parameter import ParameterDict
-    if isinstance(source, Block):
-        source = source.collect_params()
-    if isinstance(source, ParameterDict):
-        return list(source.items())
-    pairs = list(source)
-    if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], Parameter)
-               for p in pairs):
-        raise ValueError('inspect_placement takes a Block, a ParameterDict or (name, Parameter) '
-                         'pairs, got %r; pass net or net.collect_params()' % (source,))
-    return pairs
-
-
 def inspect_placement(source):
     """Return where every parameter of ``source`` lives, and the bytes per device.
 
     Parameters
     ----------
-    source : Block, ParameterDict or iterable of (str, Parameter)
+    source : Block or ParameterDict
         Initialized, shapes known (Gluon raises otherwise).
 
     Returns
@@ -91,7 +62,8 @@ def inspect_placement(source):
     """
     rows = []
     totals = {}
-    for name, param in _named_parameters(source):
+    params = source.collect_params() if hasattr(source, 'collect_params') else source
+    for name, param in params.items():
         contexts = tuple(param.list_ctx())
         data = param.list_data()  # raises for parameters that are not initialized
         dtype = np.dtype(data[0].dtype)
