@@ -41,15 +41,6 @@ def cpu_model():
     return platform.processor() or 'unknown'
 
 
-def _dlinfo():
-    for lib in (None, 'libdl.so.2'):  # glibc >= 2.34 has dlinfo in libc itself
-        try:
-            return getattr(ctypes.CDLL(lib), 'dlinfo')
-        except (OSError, AttributeError):
-            continue
-    return None
-
-
 def loaded_from(soname):
     """Return the file this process loaded ``soname`` from, or None if it is not loaded
     (``dlopen`` with ``RTLD_NOLOAD``, then ``dlinfo``: nothing new is loaded)."""
@@ -57,8 +48,9 @@ def loaded_from(soname):
         handle = ctypes.CDLL(soname, mode=os.RTLD_NOLOAD)._handle
     except OSError:
         return None
-    dlinfo = _dlinfo()
-    if dlinfo is None:
+    try:  # glibc >= 2.34 has dlinfo in libc itself, older ones in libdl
+        dlinfo = getattr(ctypes.CDLL(None), 'dlinfo', None) or ctypes.CDLL('libdl.so.2').dlinfo
+    except (OSError, AttributeError):
         return soname
     link_map = ctypes.POINTER(_LinkMap)()
     dlinfo.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
@@ -115,14 +107,11 @@ def kernel_module_version(path='/proc/driver/nvidia/version'):
     """The NVIDIA kernel module's version (``'535.54.03'``) from ``path``, or None."""
     try:
         with open(path) as f:
-            first = f.readline()
+            words = f.readline().split()
     except OSError:
         return None
-    words = first.split()
     # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.54.03  Tue Jun  6 22:20:39 UTC 2023"
-    if 'Module' in words and words.index('Module') + 1 < len(words):
-        return words[words.index('Module') + 1]
-    return None
+    return words[words.index('Module') + 1] if 'Module' in words[:-1] else None
 
 
 def _version(distribution):

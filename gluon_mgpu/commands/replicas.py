@@ -10,7 +10,6 @@ from mxnet.gluon.parameter import DeferredInitializationError
 from .. import devices as devices_mod, training
 from . import cli
 from ..replicas import format_replica_report, get_replica, inspect_replicas
-from .cli import inspection_cells
 
 PROG = 'python -m gluon_mgpu.replicas'
 
@@ -24,12 +23,6 @@ def build_parser():
     cli.add_seed_flag(p, 'seed for the initialization and the random batch (default: none)')
     cli.add_debug_flag(p)
     return p
-
-
-def _elsewhere(devices):
-    """A context the parameters do not live on: the book's cpu(0) on GPUs, else the next cpu."""
-    cpu = mx.cpu()
-    return cpu if cpu not in devices else mx.cpu(max(d.device_id for d in devices) + 1)
 
 
 def run(args):
@@ -47,7 +40,7 @@ def run(args):
             print('inspect_replicas(net) before a forward pass:', e)
 
     # The book's 4 images; at least one per device when there are more devices.
-    cells = inspection_cells(devices, before_forward=before_forward)
+    cells = cli.inspection_cells(devices, before_forward=before_forward)
     net, x, weight = cells['net'], cells['x'], cells['weight']
     print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context)
                                                  for p in cells['parts'])))
@@ -55,7 +48,8 @@ def run(args):
           % ', '.join('%s on %s' % (o.shape, o.context) for o in cells['outputs']))
     print("weight = net[0].params.get('weight'): %s, shape %s"
           % (weight.name, weight.shape))
-    other = _elsewhere(devices)
+    # A context the parameters do not live on: the book's cpu(0) on GPUs, else the next cpu.
+    other = mx.cpu() if mx.cpu() not in devices else mx.cpu(max(d.device_id for d in devices) + 1)
     try:
         get_replica(weight, other)
     except ValueError as e:
