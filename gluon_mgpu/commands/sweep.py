@@ -10,7 +10,6 @@ from . import cli
 from ..runtime import files
 from ..runtime.checks import check_whole
 from ..handlers import metrics, progress
-from .cli import UsageError
 from ..handlers.events import LossGuard, LossNotFiniteError
 from ..handlers.interrupts import DeferredInterrupt
 
@@ -20,17 +19,9 @@ TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
 
 def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
                lr_per_device=training.LR_PER_DEVICE, device='auto'):
-    """Resolve every device count to its devices, global batch size and learning rate, before
-    any training, so a count the machine cannot give fails at once.
-
-    Parameters
-    ----------
-    num_gpus : list of int
-        Device counts, each at least 1 and each once, e.g. ``[1, 2, 4]``.
-    batch_size_per_device, lr_per_device : int, float
-        Times ``n``: the global batch and learning rate of ``n`` devices, the book's scaling.
-    device : {'auto', 'gpu', 'cpu'}
-        As in ``get_devices``; only the largest count warns about simulated devices.
+    """Resolve every device count (each at least 1 and each once, e.g. ``[1, 2, 4]``) to its
+    devices (``get_devices(n, device)``; only the largest count warns), global batch size and
+    learning rate (the per-device values times ``n``, the book's scaling) before any training.
 
     Returns
     -------
@@ -52,21 +43,16 @@ def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
         raise ValueError('device count %d is listed more than once; list each count once, '
                          'for example [1, 2, 4]' % repeated[0])
     # The largest count first: it is the one a machine may not give.
-    largest = max(counts)
-    resolved = {n: devices_mod.get_devices(n, device, warn=n == largest)
+    resolved = {n: devices_mod.get_devices(n, device, warn=n == max(counts))
                 for n in sorted(counts, reverse=True)}
-    return [{'num_devices': n,
-             'devices': resolved[n],
-             'batch_size': batch_size_per_device * n,
+    return [{'num_devices': n, 'devices': resolved[n], 'batch_size': batch_size_per_device * n,
              'lr': lr_per_device * n} for n in counts]
 
 
 def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
                 event_handlers=(), dtype='float32', force_dtype=False):
-    """Train a fresh ResNet-18 for one ``plan_sweep`` setting; return its row of the table.
-
-    The iterators batch by ``setting['batch_size']`` (``load_setting_data``); ``event_handlers``
-    come after a ``LossGuard``; ``dtype`` and ``force_dtype`` as for ``init_training``.
+    """Train a fresh ResNet-18 for one ``plan_sweep`` setting on iterators batched by its
+    ``batch_size``; return its row of the table. ``event_handlers`` come after a ``LossGuard``.
 
     Returns
     -------
@@ -83,30 +69,16 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
     history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
                              trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
     summary = metrics.summarize(history, devices)
-    # Epoch 1 also pays one-time set-up (graph building, memory allocation), and the first
-    # setting of a process pays the most: time the later epochs when there are any.
-    timed = metrics.summarize(history[1:] or history, devices)
-    return {'num_devices': setting['num_devices'],
-            'devices': [str(d) for d in devices],
-            'batch_size': setting['batch_size'],
-            'lr': setting['lr'],
-            'epochs': num_epochs,
-            'train_images': train_iter.num_examples,
-            'test_images': test_iter.num_examples,
-            'timed_epochs': [r['epoch'] for r in (history[1:] or history)],
-            'sec_per_epoch': timed['sec_per_epoch'],
-            'images_per_sec': timed['images_per_sec'],
-            'test_acc': summary['test_acc'],
-            'cpu': all(d.device_type == 'cpu' for d in devices),
-            'line': summary['line'],
-            'history': history}
-
-
-def load_setting_data(setting, data_dir=None, train_limit=None, test_limit=None, seed=None):
-    """Return ``(train_iter, test_iter)`` batched by the setting's global batch size."""
-    return data.load_data_fashion_mnist(setting['batch_size'], data_dir=data_dir,
-                                        train_limit=train_limit, test_limit=test_limit,
-                                        seed=seed)
+    # Epoch 1 also pays one-time set-up (graph building, memory allocation): time the later
+    # epochs when there are any.
+    timed_epochs = history[1:] or history
+    timed = metrics.summarize(timed_epochs, devices)
+    return dict(setting, devices=[str(d) for d in devices], epochs=num_epochs,
+                train_images=train_iter.num_examples, test_images=test_iter.num_examples,
+                timed_epochs=[r['epoch'] for r in timed_epochs],
+                sec_per_epoch=timed['sec_per_epoch'], images_per_sec=timed['images_per_sec'],
+                test_acc=summary['test_acc'], cpu=all(d.device_type == 'cpu' for d in devices),
+                line=summary['line'], history=history)
 
 
 def add_speedups(rows):
@@ -200,11 +172,11 @@ def _prepare_output_dir(path):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise UsageError('--output-dir %s: cannot create the folder (%s); choose another '
-                         'folder' % (path, e.strerror or e)) from None
+        raise cli.UsageError('--output-dir %s: cannot create the folder (%s); choose another '
+                             'folder' % (path, e.strerror or e)) from None
     if not os.access(path, os.W_OK | os.X_OK):
-        raise UsageError('--output-dir %s: the folder is not writable; choose another folder'
-                         % path)
+        raise cli.UsageError('--output-dir %s: the folder is not writable; choose another '
+                             'folder' % path)
 
 
 def _run(args, state):
@@ -214,7 +186,7 @@ def _run(args, state):
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
     except ValueError as e:
-        raise UsageError('--num-gpus %s --device %s: %s' % (
+        raise cli.UsageError('--num-gpus %s --device %s: %s' % (
             ' '.join(map(str, args.num_gpus)), args.device, e)) from None
     cli.check_dtype(PROG, args.dtype, max(settings, key=lambda s: s['num_devices'])['devices'],
                     args.force_dtype)
@@ -224,16 +196,16 @@ def _run(args, state):
     for s in settings:
         state['setting'] = s
         try:
-            train_iter, test_iter = load_setting_data(s, args.data_dir, args.train_limit,
-                                                      args.test_limit, args.seed)
+            train_iter, test_iter = data.load_data_fashion_mnist(
+                s['batch_size'], data_dir=args.data_dir, train_limit=args.train_limit,
+                test_limit=args.test_limit, seed=args.seed)
         except (data.DataError, data.DataNotFoundError, ValueError) as e:
             raise cli.data_error(e) from None
         print('running on: %s (global batch %d, lr %g%s)' % (
             devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
             '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
-                                   label='%d device%s, ' % (s['num_devices'],
-                                                            '' if s['num_devices'] == 1 else 's'))
+                                   label=devices_mod.plural(s['num_devices'], 'device') + ', ')
         try:
             # The DeferredInterrupt raises a Ctrl-C noted inside MXNet's optimizer callback.
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
@@ -283,16 +255,6 @@ def _keep_finished(args, state, why):
     return '; the finished settings (%s) are in %s' % (_device_counts(rows), ', '.join(paths))
 
 
-def _diverged(e, args, state, kept):
-    s = state['setting']
-    run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
-    return cli.error_line(PROG, 'the training loss became %s at epoch %s, step %d %s%s: '
-                                'training diverged%s; start again with a smaller learning rate, '
-                                'for example --lr-per-device %g'
-                          % (e.loss, e.epoch, e.step, _where(state), run, kept,
-                             args.lr_per_device / 10))
-
-
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code (docs/outputs.md).
     Settings that finished before a failure are printed and written all the same."""
@@ -307,7 +269,7 @@ def main(argv=None):
             _run(args, state)
 
     def explain(e):
-        if isinstance(e, UsageError):
+        if isinstance(e, cli.UsageError):
             # Bad input is found before any setting finishes; a data file that breaks later
             # must not lose the rows before it either.
             kept = _keep_finished(args, state, 'an error') if state['rows'] else ''
@@ -317,7 +279,13 @@ def main(argv=None):
             kept = _keep_finished(args, state, what)
             return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
         if isinstance(e, LossNotFiniteError):
-            return 1, _diverged(e, args, state, _keep_finished(args, state, 'training diverged'))
+            s, kept = state['setting'], _keep_finished(args, state, 'training diverged')
+            run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
+            return 1, cli.error_line(PROG, 'the training loss became %s at epoch %s, step %d '
+                                     '%s%s: training diverged%s; start again with a smaller '
+                                     'learning rate, for example --lr-per-device %g'
+                                     % (e.loss, e.epoch, e.step, _where(state), run, kept,
+                                        args.lr_per_device / 10))
         kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
         return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
                                  ' (%s)%s' % (_where(state), kept))
