@@ -448,7 +448,7 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
     rows = []
     for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
         by_epoch = table_records(records, n, w, train_limit, test_limit)
-        book = compare.BOOK['training'][n]['test_acc']
+        book = book_records.BOOK_TRAINING[n]['test_acc']
         for e in sorted(by_epoch):
             rs = by_epoch[e]
             rows.append({

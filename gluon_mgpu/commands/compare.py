@@ -1,9 +1,7 @@
 """The book's printed outputs next to ours: ``python -m gluon_mgpu.compare`` re-runs the chapter's
 cells whose output does not depend on the hardware and runs its ``train`` beside ours over whole
-epochs. The book's accuracy table over seeds is measured once, by the repository's
-``benchmarks/book_table.py``, and written in docs/book-comparison.md: the command ends with a
-line saying so. Library functions return rows; only ``main`` prints. docs/notebooks.md explains
-each row.
+epochs. The accuracy table over seeds is ``benchmarks/book_table.py``'s, in docs/book-comparison.md.
+Library functions return rows; only ``main`` prints. docs/notebooks.md explains each row.
 """
 import contextlib
 import io
@@ -18,11 +16,6 @@ import numpy as np
 from .. import training
 from ..devices import format_devices
 from . import cli
-
-__all__ = ['BOOK', 'OUT4_RTOL', 'ROOT', 'ACCURACY_TABLE', 'printed_numbers', 'format_like_book',
-           'run_chapter_cells', 'chapter_cells', 'deterministic_rows', 'book_train',
-           'equality_slice', 'epoch_equality', 'step_row', 'is_simulated', 'notes',
-           'describe_devices', 'format_table', 'format_table_lines', 'child_env', 'main']
 
 
 # What the book prints, copied as data from the rendered English MXNet page (d2l.ai, "Gluon
@@ -47,23 +40,8 @@ BOOK = {
   [ 0.01266256  0.00895064 -0.00601594]]]""",
     'not_initialized': 'not initialized on cpu(0)',
     'devices': ('gpu(0)', 'gpu(1)'),
-    # In [7]: train(num_gpus=1, batch_size=256, lr=0.1); In [8]: num_gpus=2, 512, 0.2.
-    'training': {
-        1: {'cell': 'In [7]', 'batch_size': 256, 'lr': 0.1,
-            'seconds': (63.5, 60.8, 61.0, 61.1), 'test_acc': (0.86, 0.91, 0.91, 0.93)},
-        2: {'cell': 'In [8]', 'batch_size': 512, 'lr': 0.2,
-            'seconds': (32.3, 31.5, 31.2, 31.3), 'test_acc': (0.77, 0.86, 0.88, 0.89)},
-    },
-    # The newer PyTorch edition (Chinese page), 10 epochs, prints one summary line per run:
-    # "test acc: 0.92, 14.1 sec/epoch" on 1 GPU and "test acc: 0.87, 9.2 sec/epoch" on 2.
-    'newer_edition': {1: {'sec_per_epoch': 14.1, 'test_acc': 0.92},
-                      2: {'sec_per_epoch': 9.2, 'test_acc': 0.87}},
 }
-
-
 OUT4_RTOL = 1e-4
-
-
 _NUMBER = re.compile(r'[-+]?\d+\.\d+(?:e[-+]\d+)?')
 
 
@@ -80,8 +58,7 @@ def format_like_book(values):
 
 
 def run_chapter_cells(devices):
-    """Run the chapter's ``In [2]`` to ``In [5]`` in this process on two ``devices``; the values
-    are the book's only if no MXNet random number was drawn before (``chapter_cells``).
+    """Run the chapter's ``In [2]`` to ``In [5]`` in this process on two ``devices``.
 
     Returns
     -------
@@ -92,12 +69,10 @@ def run_chapter_cells(devices):
     """
     import mxnet as mx
 
-    from .cli import inspection_cells
-
     if len(devices) != 2:
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '
                          'contexts' % (len(devices), devices))
-    cells = inspection_cells(devices)
+    cells = cli.inspection_cells(devices)
     outputs, weight = cells['outputs'], cells['weight']
     try:
         weight.data()
@@ -121,7 +96,7 @@ def _cells_child(names):
 
 def chapter_cells(devices, fresh_process=True):
     """``run_chapter_cells(devices)``, by default in a new Python process, whose MXNet random
-    state is the default one whatever this process did before.
+    state is the default one (the book's values need it untouched).
 
     Raises
     ------
@@ -133,8 +108,7 @@ def chapter_cells(devices, fresh_process=True):
     code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
             '_cells_child(sys.argv[1])')
     result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
-                            capture_output=True, text=True, env=child_env(),
-                            timeout=600)
+                            capture_output=True, text=True, env=child_env(), timeout=600)
     if result.returncode != 0:
         raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): %s'
                            % (result.returncode, result.stderr.strip()[-2000:]))
@@ -193,13 +167,6 @@ def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step
 EQUALITY_EPOCHS, EQUALITY_SEED, EQUALITY_TEST_LIMIT = 2, 7, 200
 
 
-def equality_slice(num_devices):
-    """``(batch_size, lr, train_limit)`` of ``epoch_equality`` on ``num_devices`` devices: the
-    book's lr per device, 4 full batches and a short one of 16 per epoch."""
-    batch_size = 32 * num_devices
-    return batch_size, training.LR_PER_DEVICE * num_devices, 4 * batch_size + 16
-
-
 def _arrays(net, devices):
     """Every parameter and running statistic of ``net`` on every device, in order."""
     return [p.data(d).asnumpy() for p in net.collect_params().values() for d in devices]
@@ -213,8 +180,8 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
                    test_limit=EQUALITY_TEST_LIMIT):
     """Train with the chapter's ``train`` as printed (``book_train``, d2lzh's network) and with
     ``gluon_mgpu.train`` (ours, hybridized) from ``mx.random.seed(seed)``, on the same batches
-    (``equality_slice``: each epoch ends with a short batch); compare them after every step
-    and epoch.
+    (the book's lr per device, 4 batches of 32 per device and a short one of 16 per epoch);
+    compare them after every step and epoch.
 
     Returns
     -------
@@ -235,7 +202,8 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
     from ..data import load_data_fashion_mnist
     from ..handlers.events import BatchEnd, EpochEnd
 
-    batch_size, lr, train_limit = equality_slice(len(devices))
+    batch_size = 32 * len(devices)
+    lr, train_limit = training.LR_PER_DEVICE * len(devices), 4 * batch_size + 16
 
     def load(size):
         return load_data_fashion_mnist(size, data_dir=data_dir, train_limit=train_limit,
@@ -362,6 +330,22 @@ def deterministic_rows(cells):
     return rows
 
 
+def step_row(devices, data_dir=None):
+    """Run ``epoch_equality`` on ``devices`` and return its row of the table."""
+    found = epoch_equality(devices, data_dir)
+    biggest = max(found['loss'], found['trained'], found['running'])
+    sizes = found['sizes'][:found['steps'] // EQUALITY_EPOCHS]
+    what = ('the book\'s train, %d epochs of %d batches (%d, ..., %d) on %d devices'
+            % (EQUALITY_EPOCHS, len(sizes), sizes[0], sizes[-1], len(devices)))
+    return _judged('In [6]', what,
+                   "d2lzh.resnet18, the book's train", 'gluon_mgpu.train, hybridized',
+                   'max abs %.1e (losses, %d + %d arrays per device); test_acc %s'
+                   % (biggest, found['arrays'][0], found['arrays'][1], ', '.join(
+                       '%.3f vs %.3f' % pair for pair in found['test_acc'])),
+                   biggest == 0.0 and all(b == o for b, o in found['test_acc']),
+                   ' (bit for bit)', '')
+
+
 _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours', 'ours'),
             ('diff', 'difference'), ('verdict', 'verdict'))
 
@@ -373,7 +357,11 @@ def _table(rows):
 
 def format_table(rows):
     """Format rows as a plain-text table, one line per row."""
-    return format_table_lines(_table(rows))
+    lines = _table(rows)
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
+    rule = ['-' * w for w in widths] + ['-' * len(lines[0][-1])]
+    return '\n'.join(('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  '
+                      + line[-1]).rstrip() for line in [lines[0], rule] + lines[1:])
 
 
 def notes():
@@ -409,10 +397,7 @@ def child_env():
 
 
 PROG = 'python -m gluon_mgpu.compare'
-
-
-# The command's last line: the accuracy table over seeds is measured by the repository's
-# benchmarks, once, and written in the docs.
+# The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
                   'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
                   'from the record, docs/book-table.jsonl)')
@@ -458,27 +443,3 @@ def _compare(args):
         print('note:', line)
     print(ACCURACY_TABLE)
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0
-
-
-def step_row(devices, data_dir=None):
-    """Run ``epoch_equality`` on ``devices`` and return its row of the table."""
-    found = epoch_equality(devices, data_dir)
-    biggest = max(found['loss'], found['trained'], found['running'])
-    sizes = found['sizes'][:found['steps'] // EQUALITY_EPOCHS]
-    what = ('the book\'s train, %d epochs of %d batches (%d, ..., %d) on %d devices'
-            % (EQUALITY_EPOCHS, len(sizes), sizes[0], sizes[-1], len(devices)))
-    return _judged('In [6]', what,
-                   "d2lzh.resnet18, the book's train", 'gluon_mgpu.train, hybridized',
-                   'max abs %.1e (losses, %d + %d arrays per device); test_acc %s'
-                   % (biggest, found['arrays'][0], found['arrays'][1], ', '.join(
-                       '%.3f vs %.3f' % pair for pair in found['test_acc'])),
-                   biggest == 0.0 and all(b == o for b, o in found['test_acc']),
-                   ' (bit for bit)', '')
-
-
-def format_table_lines(lines):
-    """Format lists of cell texts (the first the titles) as a plain-text table."""
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
-    rule = ['-' * w for w in widths] + ['-' * len(lines[0][-1])]
-    return '\n'.join(('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  '
-                      + line[-1]).rstrip() for line in [lines[0], rule] + lines[1:])
