@@ -35,7 +35,7 @@ from gluon_mgpu.training import evaluate_accuracy  # noqa: E402
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from gluon_mgpu.commands import cli, compare  # noqa: E402
-from gluon_mgpu.commands.env import cpu_model  # noqa: E402
+from measuring import cpu_model  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import OutputError, atomic_path, output_problem  # noqa: E402

@@ -9,6 +9,7 @@ machines, "steal"). An interval in which the others kept more than ``DISTURBED_C
 busy on average is *disturbed*: the benchmarks repeat it or mark it.
 """
 import os
+import platform
 import resource
 import statistics
 import time
@@ -137,3 +138,15 @@ def table_row(label, records, base=None):
         label, ' (**all disturbed**)' if s['all_disturbed'] else '', s['median'], s['low'],
         s['high'], s['n'], s['best'], '%.2f' % (s['median'] / base) if base else '',
         s['cpu_per_wall'], s['others_cores'], raw_values(records))
+
+
+def cpu_model():
+    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('model name'):
+                    return line.split(':', 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or 'unknown'

@@ -24,7 +24,7 @@ from mxnet import nd
 from mxnet.gluon import loss as gloss
 
 from gluon_mgpu import data
-from gluon_mgpu.commands.env import cpu_model
+from measuring import cpu_model
 from gluon_mgpu.handlers.events import Events, TrainingState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -109,7 +109,7 @@ def test_placement_of_a_layer_split_and_of_replicas():
                          'to compare']
     net.collect_params().reset_ctx(DEVICES)
     p = inspect_placement(net)
-    assert p.bytes_per_device == (100, 100) and p.to_dict()['count_per_device'] == [4, 4]
+    assert p.bytes_per_device == (100, 100) and p.count_per_device == (4, 4)
     assert format_placement(p, per_parameter=False).splitlines()[-1].startswith(
         'every device holds a full replica')
 

@@ -29,18 +29,6 @@ class _LinkMap(ctypes.Structure):
     _fields_ = [('l_addr', ctypes.c_void_p), ('l_name', ctypes.c_char_p)]
 
 
-def cpu_model():
-    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or 'unknown'
-
-
 def loaded_from(soname):
     """Return the file this process loaded ``soname`` from, or None if it is not loaded
     (``dlopen`` with ``RTLD_NOLOAD``, then ``dlinfo``: nothing new is loaded)."""

@@ -22,12 +22,6 @@ class ParameterPlacement:
     kind: str
     nbytes: int
 
-    def to_dict(self):
-        """A JSON-ready dict (contexts as strings)."""
-        return {'name': self.name, 'shape': list(self.shape), 'dtype': self.dtype,
-                'contexts': [str(c) for c in self.contexts], 'kind': self.kind,
-                'nbytes': self.nbytes}
-
 
 @dataclass(frozen=True)
 class Placement:
@@ -39,13 +33,6 @@ class Placement:
     devices: tuple
     bytes_per_device: tuple
     count_per_device: tuple
-
-    def to_dict(self):
-        """A JSON-ready dict: the totals per device, then every parameter."""
-        return {'devices': [str(d) for d in self.devices],
-                'bytes_per_device': list(self.bytes_per_device),
-                'count_per_device': list(self.count_per_device),
-                'parameters': [p.to_dict() for p in self.parameters]}
 
 
 def inspect_placement(source):
