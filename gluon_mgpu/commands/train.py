@@ -127,19 +127,15 @@ def build_parser():
     return p
 
 
-_OUTPUTS = (('metrics_json', '--metrics-json'), ('plot', '--plot'),
-            ('save_params', '--save-params'))
-
-
 def _check_outputs(args):
     """Refuse outputs that would overwrite each other or the checkpoints, before training."""
     from ..handlers import checkpoint, plotting
     seen = {}
-    for dest, flag in _OUTPUTS:
-        given = getattr(args, dest)
+    for flag in ('--metrics-json', '--plot', '--save-params'):
+        given = getattr(args, flag[2:].replace('-', '_'))
         if not given:
             continue
-        for path in plotting.plot_paths(given) if dest == 'plot' else [given]:
+        for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
             real = os.path.realpath(path)
             if real in seen:
                 raise UsageError('%s %s and %s %s would write the same file %s; give each '
@@ -151,13 +147,6 @@ def _check_outputs(args):
                 raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
                                  'otherwise or put it in another folder'
                                  % (flag, path, args.checkpoint_dir))
-
-
-def _given_flags(argv):
-    """The settings given explicitly in ``argv``, ``{dest: value}``."""
-    parser, absent = build_parser(), object()
-    parser.set_defaults(**dict.fromkeys(vars(parser.parse_args([])), absent))
-    return {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
 
 
 def recorded_argv(args):
@@ -186,8 +175,10 @@ def parse_args(argv=None, complete=False):
     from .. import parallel, training
     from ..parallel import dist, horovod
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = build_parser().parse_args(argv)
-    args.given = _given_flags(argv)
+    parser, absent = build_parser(), object()
+    args = parser.parse_args(argv)
+    parser.set_defaults(**dict.fromkeys(vars(args), absent))  # what is left absent: not given
+    args.given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
     args.argv = argv
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
@@ -329,15 +320,13 @@ def _join_job(args, devices, train_iter):
         raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
                          % (args.kvstore, e, args.train_limit, args.batch_size)) from None
     if args.kvstore == 'horovod':
-        kv = horovod.HorovodKVStore()  # joins the job
-        shared_seed = horovod.shared_seed
+        job, kv = horovod, horovod.HorovodKVStore()  # joins the job
     else:
-        kv = startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits for all
-        shared_seed = dist.shared_seed
+        job, kv = dist, startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
     # From here on, leaving normally would wait for the other workers (see main).
     args.joined = True
     train_iter.set_part(kv.num_workers, kv.rank)
-    args.seed = train_iter.seed = shared_seed(kv, args.seed)
+    args.seed = train_iter.seed = job.shared_seed(kv, args.seed)
     return kv
 
 
