@@ -56,9 +56,9 @@ class UpdateGuard:
     """Context manager (``guard_updates(trainer)``) that makes any exception of the optimizer
     stop ``trainer.step``.
 
-    Inside ``with guard_updates(trainer):``, ``trainer.step`` and ``trainer.update`` raise ``UpdateError``
-    (a ``KeyboardInterrupt`` as it is) right after they return when the optimizer raised
-    during them, whether MXNet called it from C as the kvstore's updater, where the exception
+    Inside ``with guard_updates(trainer):``, ``trainer.step`` and ``trainer.update`` raise
+    ``UpdateError`` (a ``KeyboardInterrupt`` as it is) right after they return when the
+    optimizer raised during them, whether MXNet called it from C as the kvstore's updater, where the exception
     would be dropped, or from Python (``trainer._updaters``). Leaving the block restores the
     Trainer.
 
