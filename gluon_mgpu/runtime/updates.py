@@ -58,9 +58,9 @@ class UpdateGuard:
 
     Inside ``with guard_updates(trainer):``, ``trainer.step`` and ``trainer.update`` raise
     ``UpdateError`` (a ``KeyboardInterrupt`` as it is) right after they return when the
-    optimizer raised during them, whether MXNet called it from C as the kvstore's updater, where the exception
-    would be dropped, or from Python (``trainer._updaters``). Leaving the block restores the
-    Trainer.
+    optimizer raised during them, whether MXNet called it from C as the kvstore's updater,
+    where the exception would be dropped, or from Python (``trainer._updaters``). Leaving the
+    block restores the Trainer.
 
     Attributes
     ----------
