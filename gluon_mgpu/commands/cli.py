@@ -288,9 +288,12 @@ def _stdout_failed(prog, e, stream, debug):
 def _run_body(prog, body, explain, debug):
     try:
         try:
-            return body() or 0
-        finally:  # argparse's --help too: its text reaches stdout, or this says why
+            code = body() or 0
+        except SystemExit:  # argparse's --help: its text reaches stdout, or this says why
             sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return code
     except StdoutError:
         raise
     except (Exception, KeyboardInterrupt) as e:

@@ -106,10 +106,15 @@ def command_problem(command):
         return 'the command is an empty string'
     if os.sep not in name:
         return None if shutil.which(name) else '%s is not a program on PATH' % name
-    checks = ((os.path.lexists, 'does not exist'), (os.path.exists, 'is a dangling symbolic link'),
-              (lambda n: not os.path.isdir(n), 'is a folder'),
-              (lambda n: os.access(n, os.X_OK), 'is not executable (chmod +x)'))
-    return next(('%s %s' % (name, why) for passes, why in checks if not passes(name)), None)
+    if not os.path.lexists(name):
+        return '%s does not exist' % name
+    if not os.path.exists(name):
+        return '%s is a dangling symbolic link' % name
+    if os.path.isdir(name):
+        return '%s is a folder' % name
+    if not os.access(name, os.X_OK):
+        return '%s is not executable (chmod +x)' % name
+    return None
 
 
 def port_problem(port, host='127.0.0.1'):
@@ -225,7 +230,7 @@ def plan(args, environ=None, workdir=None):
             port = s.getsockname()[1]
     # OMP_NUM_THREADS set by gluon_mgpu (not by the user) suits only this machine's cores.
     threads = thread_settings()
-    chosen = threads.get('source') == 'user'
+    user_threads = threads.get('source') == 'user'
 
     def job(role):  # the DMLC_* variables of one process
         return {'DMLC_ROLE': role, 'DMLC_PS_ROOT_URI': uri, 'DMLC_PS_ROOT_PORT': str(port),
@@ -235,13 +240,13 @@ def plan(args, environ=None, workdir=None):
             [('worker %d' % i, 'worker') for i in range(nw)]
     if local:
         base = dict(environ, DMLC_NODE_HOST=uri)
-        if not chosen and 'OMP_NUM_THREADS' in environ:  # the workers share the cores
+        if not user_threads and 'OMP_NUM_THREADS' in environ:  # the workers share the cores
             cores = threads.get('cores') or os.cpu_count() or 1
             base['OMP_NUM_THREADS'] = str(max(1, cores // nw))
         return [(name, list(args.command), dict(base, **job(role)), 'localhost')
                 for name, role in [('scheduler', 'scheduler')] + roles]
     passed = {k: environ[k] for k in PASS_ENV
-              if k in environ and (chosen or k != 'OMP_NUM_THREADS')}
+              if k in environ and (user_threads or k != 'OMP_NUM_THREADS')}
     for name, has_value, value in (item.partition('=') for item in args.env):
         if has_value or name in environ:
             passed[name] = value if has_value else environ[name]
@@ -347,11 +352,14 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
                 first_end = time.monotonic()
             if first_end is not None and time.monotonic() - first_end > grace:
                 _stop(running)
-                workers = any(n.startswith('worker') for n, _ in running)
-                say('%s but %s still ran %g s later; stopped them'
-                    % ('%s ended normally' % ended[0][0] if workers else 'the workers finished',
-                       ', '.join(n for n, _ in running), grace))
-                return int(workers)
+                names = ', '.join(n for n, _ in running)
+                if any(n.startswith('worker') for n, _ in running):
+                    say('%s ended normally but %s still ran %g s later; stopped them'
+                        % (ended[0][0], names, grace))
+                    return 1
+                say('the workers finished but %s still ran %g s later; stopped them'
+                    % (names, grace))
+                return 0
             time.sleep(poll)
     except _Interrupted as e:
         _stop([(n, p) for n, p in started if p.poll() is None])

@@ -66,9 +66,8 @@ class TrainingState:
 
 
 class Events:
-    """Calls every handler that has a method for an event, in ascending ``priority``:
-    ``events.batch_end(loss=...)`` calls each handler's ``batch_end(state, loss=...)`` and
-    returns whether one asked to stop; the same for every event of ``_KINDS``."""
+    """Calls every handler that has a method for an event, in ascending ``priority``; the
+    events that may stop training (``batch_end``, ``epoch_end``) return whether one asked to."""
 
     def __init__(self, handlers, state):
         handlers = sorted(handlers, key=lambda h: getattr(h, 'priority', 0))
@@ -81,12 +80,27 @@ class Events:
         self._handlers = {name: [h for h in handlers if isinstance(h, kind)]
                           for name, kind in _KINDS}
 
-    def __getattr__(self, name):  # an event: train_begin, ..., train_end
-        if name not in dict(_KINDS):
-            raise AttributeError(name)
+    def _call(self, name, **kwargs):
         # Every handler runs, even after one asked to stop (as in Estimator.fit).
-        return lambda **kwargs: any([getattr(h, name)(self.state, **kwargs)
-                                     for h in self._handlers[name]])
+        return any([getattr(h, name)(self.state, **kwargs) for h in self._handlers[name]])
+
+    def train_begin(self):
+        self._call('train_begin')
+
+    def epoch_begin(self):
+        self._call('epoch_begin')
+
+    def batch_begin(self, **kwargs):
+        self._call('batch_begin', **kwargs)
+
+    def batch_end(self, **kwargs):
+        return self._call('batch_end', **kwargs)
+
+    def epoch_end(self):
+        return self._call('epoch_end')
+
+    def train_end(self):
+        self._call('train_end')
 
 
 class EpochLine(EpochEnd):

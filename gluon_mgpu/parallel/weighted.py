@@ -3,7 +3,6 @@
 explains it.
 """
 import functools
-import itertools
 import math
 import numbers
 import time
@@ -71,10 +70,13 @@ def split_by_weights(device_weights):
 def split_by(X, y, devices, device_weights):
     """Like ``training.split_batch``, with slices in proportion to ``device_weights``."""
     check_split(X, y, devices)
-    sizes = slice_sizes(X.shape[0], check_device_weights(device_weights, len(devices)))
-    slices = [(a, a + n, d) for a, n, d in zip(itertools.accumulate([0] + sizes), sizes, devices)]
-    return ([X[a:b].as_in_context(d) for a, b, d in slices],
-            [y[a:b].as_in_context(d) for a, b, d in slices])
+    Xs, ys, start = [], [], 0
+    for size, d in zip(slice_sizes(X.shape[0], check_device_weights(device_weights,
+                                                                    len(devices))), devices):
+        Xs.append(X[start:start + size].as_in_context(d))
+        ys.append(y[start:start + size].as_in_context(d))
+        start += size
+    return Xs, ys
 
 
 def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):
