@@ -2,8 +2,7 @@
 import sys
 
 if __name__ == '__main__':
-    from gluon_mgpu.runtime.startup import before_mxnet, starting
-    with starting('python -m gluon_mgpu.sweep'):  # a signal until main runs: one line
-        before_mxnet('python -m gluon_mgpu.sweep')  # threads, checks, then MXNet
-        from gluon_mgpu.commands.sweep import main
+    from gluon_mgpu.runtime.startup import starting
+    with starting('python -m gluon_mgpu.sweep'):  # a signal until main handles it: one line
+        from gluon_mgpu.commands.sweep import main  # its flags come before MXNet
     sys.exit(main())

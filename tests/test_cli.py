@@ -232,7 +232,18 @@ def test_the_flags_choices_spelled_before_mxnet_starts_are_the_librarys():
     assert set(train.LOADERS) == set(data.LOADERS)
     assert train.PLOT_SUFFIXES == plotting.PLOT_SUFFIXES
     assert train.METHODS == options.METHODS
-    assert train.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
+    assert cli.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
     assert train.JOB_KVSTORES == dist.DIST_KVSTORES + ('horovod',)
     assert cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
     assert cli.DTYPES == precision.DTYPES
+
+
+def test_the_readmes_synopsis_lists_every_flag_of_the_train_command():
+    from gluon_mgpu.commands import train
+    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
+    block = readme.split('## Command line', 1)[1].split('```', 2)[1]
+    synopsis = block.split('python -m gluon_mgpu.sweep', 1)[0]
+    shown = set(re.findall(r'(--[a-z][a-z0-9-]*)', synopsis))
+    flags = {o for a in train.build_parser()._actions for o in a.option_strings
+             if o.startswith('--')} - {'--help'}
+    assert shown == flags, (sorted(flags - shown), sorted(shown - flags))

@@ -38,7 +38,9 @@ def test_the_premise_mxnet_alone_aborts_on_a_thread_count_it_cannot_parse():
 
 @pytest.mark.parametrize('command', COMMANDS)
 def test_every_command_refuses_a_value_mxnet_aborts_on_in_one_line(command):
-    run = _run(['-m', 'gluon_mgpu.%s' % command], OMP_NUM_THREADS='abc')
+    # A command line each command takes: the flags are read first, then the environment.
+    args = {'sweep': ['--num-gpus', '1'], 'launch': ['-n', '1', '--', 'true']}.get(command, [])
+    run = _run(['-m', 'gluon_mgpu.%s' % command] + args, OMP_NUM_THREADS='abc')
     assert (run.returncode, run.stdout) == (2, '')
     assert run.stderr == (
         "python -m gluon_mgpu.%s: error: OMP_NUM_THREADS='abc' is not a whole number, and MXNet "

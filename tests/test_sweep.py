@@ -156,7 +156,7 @@ def failing_sweep(monkeypatch, tmp_path, caplog):
     """Return ``run(argv, fail_at, error)``: the sweep CLI where setting ``fail_at`` raises."""
     monkeypatch.delenv('GLUON_MGPU_DEBUG', raising=False)
     monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
-    monkeypatch.setattr(sweep.data, 'load_data_fashion_mnist', lambda batch_size, **kwargs: (
+    monkeypatch.setattr(gluon_mgpu.data, 'load_data_fashion_mnist', lambda batch_size, **kwargs: (
         types.SimpleNamespace(num_examples=1000), types.SimpleNamespace(num_examples=500)))
 
     def run(argv, fail_at, error):
@@ -257,14 +257,14 @@ def test_finished_rows_that_cannot_be_written_are_named_in_the_line(failing_swee
 
 def test_a_data_error_in_a_later_setting_is_exit_2_and_keeps_the_finished_rows(
         failing_sweep, monkeypatch, tmp_path, capsys):
-    load = sweep.data.load_data_fashion_mnist
+    load = gluon_mgpu.data.load_data_fashion_mnist
 
     def load_then_break(batch_size, **kwargs):
         if batch_size == 512:  # the 2-device setting
             raise gluon_mgpu.DataError('/data/train-images-idx3-ubyte.gz is not a complete gzip '
                                        'file; replace it with a fresh copy')
         return load(batch_size, **kwargs)
-    monkeypatch.setattr(sweep.data, 'load_data_fashion_mnist', load_then_break)
+    monkeypatch.setattr(gluon_mgpu.data, 'load_data_fashion_mnist', load_then_break)
     assert failing_sweep(['--num-gpus', '1', '2'], None, None) == 2
     out_dir = tmp_path / 'out'
     assert capsys.readouterr().err == (

@@ -66,13 +66,13 @@ def test_the_books_import_order_gives_one_warning_line_and_the_package_first_non
     assert (first.stdout, first.stderr) == ('gluon_mgpu\n', '')
 
 
-def _run_child(code, **env):
+def _run_child(code, check=True, **env):
     full = {k: v for k, v in os.environ.items()
             if k not in ('OMP_NUM_THREADS', 'MXNET_OMP_MAX_THREADS', 'MXNET_CPU_TEMP_COPY',
                          threads.DEVICES_ENV, threads.CHOSEN_ENV)}
     full.update(env)
     return subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
-                          env=full, check=True, timeout=120)
+                          env=full, check=check, timeout=120)
 
 
 def _child(code, **env):
@@ -174,6 +174,26 @@ def test_the_train_command_reads_its_flags_before_mxnet_starts_and_chooses_the_t
     assert _train_threads(tmp_path, '--num-gpus', '2', '--checkpoint-dir', folder)[0] == 2
     assert _train_threads(tmp_path, '--checkpoint-dir', folder, '--resume', '--epochs',
                           '2') == (2, max(1, cores // 2), 'gluon_mgpu')
+
+
+@pytest.mark.parametrize('command, flag', [
+    ('train', '--num-gpus 0'), ('sweep', '--num-gpus 0'), ('compare', '--device tpu'),
+    ('replicas', '--num-gpus x'), ('env', '--verbose'), ('launch', '-n 0 -- true')])
+def test_every_command_refuses_a_bad_flag_before_mxnet_starts(command, flag):
+    """The entry file as ``python -m`` runs it: a bad flag is one line and exit 2, and MXNet
+    (seconds to load) never started."""
+    module = 'gluon_mgpu.%s' % ('replicas.__main__' if command == 'replicas' else command)
+    done = _run_child(
+        'import runpy, sys\n'
+        'sys.argv = ["x"] + %r\n'
+        'try:\n'
+        '    runpy.run_module(%r, run_name="__main__", alter_sys=True)\n'
+        'except SystemExit as e:\n'
+        '    print(e.code, "mxnet" in sys.modules)\n' % (flag.split(), module), check=False)
+    assert done.stdout == '2 False\n', done
+    [line] = done.stderr.splitlines()
+    assert line.startswith('python -m gluon_mgpu.%s: error: ' % command), line
+    assert flag.split()[0] in line and line.endswith('(see --help)'), line
 
 
 def test_importing_the_package_starts_no_mxnet_and_changes_no_signal_handler():

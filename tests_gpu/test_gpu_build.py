@@ -112,20 +112,22 @@ def test_one_training_step_equals_the_cpu_builds(gpu_python, cpu_python, stub_di
 @no_driver_here
 @pytest.mark.parametrize('command', COMMANDS)
 def test_without_a_driver_every_command_prints_one_line_and_exits_2(gpu_python, run, command):
-    # The train command reads its flags before MXNet starts (its --help needs no driver, below);
-    # the others start MXNet first.
-    r = run(gpu_python, ['-m', 'gluon_mgpu.' + command]
-            + (['--epochs', '1'] if command == 'train' else ['--help']))
+    # Each command reads its flags first (its --help needs no driver, below), then would start
+    # MXNet (launch: check what its processes would abort on).
+    args = {'train': ['--epochs', '1'], 'sweep': ['--num-gpus', '1'],
+            'launch': ['-n', '1', '--', 'true']}.get(command, [])
+    r = run(gpu_python, ['-m', 'gluon_mgpu.' + command] + args)
     assert (r.returncode, r.stdout) == (2, '')
     assert r.stderr == 'python -m gluon_mgpu.%s: error: %s\n' % (command,
                                                                   no_driver_message(BUILD))
 
 
 @no_driver_here
-def test_without_a_driver_the_train_commands_help_works(gpu_python, run):
-    r = run(gpu_python, ['-m', 'gluon_mgpu.train', '--help'])
+@pytest.mark.parametrize('command', COMMANDS)
+def test_without_a_driver_every_commands_help_works(gpu_python, run, command):
+    r = run(gpu_python, ['-m', 'gluon_mgpu.' + command, '--help'])
     assert r.returncode == 0 and r.stderr == '', r.stderr
-    assert r.stdout.startswith('usage: python -m gluon_mgpu.train ')
+    assert r.stdout.startswith('usage: python -m gluon_mgpu.%s ' % command)
 
 
 @no_driver_here

@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
-from .. import training
 from ..devices import format_devices
+from ..runtime import startup
 from . import cli
 
 
@@ -199,6 +199,7 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
     import d2lzh
     import mxnet as mx
 
+    from .. import training
     from ..data import load_data_fashion_mnist
     from ..handlers.events import BatchEnd, EpochEnd
 
@@ -420,7 +421,12 @@ def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code: 1 when a row of
     the port is a mismatch, 2 for bad input."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _compare(build_parser().parse_args(argv)))
+
+    def body():
+        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
+        startup.before_mxnet(PROG)  # threads, checks, then MXNet
+        return _compare(args)
+    return cli.run_command(PROG, argv, body)
 
 
 def _compare(args):

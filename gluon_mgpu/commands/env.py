@@ -7,11 +7,9 @@ import platform
 import sys
 from importlib import metadata
 
-import mxnet as mx
-
 from . import cli
-from ..data import DataNotFoundError, find_data_dir
 from ..devices import num_gpus
+from ..runtime import startup
 from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
 from ..runtime.threads import format_thread_settings
 
@@ -111,7 +109,10 @@ def _version(distribution):
 
 def collect():
     """Return the facts of the report as a dict (see ``format_report`` for the keys' meaning)."""
+    import mxnet as mx
+
     from .. import __version__
+    from ..data import DataNotFoundError, find_data_dir
     features = mx.runtime.Features()
     libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]
     libraries.append((DRIVER_LIBRARY, loaded_from(DRIVER_LIBRARY)))
@@ -212,7 +213,8 @@ def main(argv=None):
                         'GPUs, threads, the data folder and the MXNET_* variables.')
 
     def body():
-        parser.parse_args(argv)
+        parser.parse_args(argv)  # no MXNet yet: a bad flag is answered at once
+        startup.before_mxnet(PROG)  # threads, checks, then MXNet
         print(format_report(collect()))
 
     return cli.run_command(PROG, argv, body)

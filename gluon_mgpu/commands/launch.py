@@ -12,7 +12,7 @@ import sys
 import time
 
 from .cli import Parser, UsageError, positive_float, run_command, whole
-from ..runtime import files
+from ..runtime import files, startup
 from ..runtime.hosts import host_problem, parse_host_port
 from ..runtime.threads import thread_settings
 
@@ -380,6 +380,7 @@ def main(argv=None):
 
     def body():
         args = parse_args(argv)
+        startup.before_mxnet(PROG, mxnet=False)  # what its processes would abort on
         check_job(args)
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):

@@ -4,12 +4,10 @@ on every device as the book does, then the full replica report (docs/replicas.md
 """
 import sys
 
-import mxnet as mx
-from mxnet.gluon.parameter import DeferredInitializationError
-
-from .. import devices as devices_mod, training
+from .. import devices as devices_mod
 from . import cli
 from ..replicas import format_replica_report, get_replica, inspect_replicas
+from ..runtime import startup
 
 PROG = 'python -m gluon_mgpu.replicas'
 
@@ -26,6 +24,10 @@ def build_parser():
 
 
 def run(args):
+    import mxnet as mx
+    from mxnet.gluon.parameter import DeferredInitializationError
+
+    from .. import training
     devices = cli.devices(args.num_gpus, args.device)
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
@@ -63,4 +65,9 @@ def run(args):
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code (2: bad input)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: run(build_parser().parse_args(argv)))
+
+    def body():
+        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
+        startup.before_mxnet(PROG)  # threads, checks, then MXNet
+        run(args)
+    return cli.run_command(PROG, argv, body)

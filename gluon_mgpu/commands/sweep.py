@@ -5,20 +5,17 @@ figure; only ``main`` prints (docs/outputs.md, "The sweep").
 import os
 import sys
 
-from .. import data, devices as devices_mod, training
+from .. import devices as devices_mod
 from . import cli
-from ..runtime import files
+from ..runtime import files, startup
 from ..runtime.checks import check_whole
-from ..handlers import metrics, progress
-from ..handlers.events import LossGuard, LossNotFiniteError
-from ..handlers.interrupts import DeferredInterrupt
 
 PROG = 'python -m gluon_mgpu.sweep'
 TABLE_FILE, PLOT_FILE = 'sweep.md', 'sweep.png'
 
 
-def plan_sweep(num_gpus, batch_size_per_device=training.BATCH_SIZE_PER_DEVICE,
-               lr_per_device=training.LR_PER_DEVICE, device='auto'):
+def plan_sweep(num_gpus, batch_size_per_device=cli.BOOK_PER_DEVICE[0],
+               lr_per_device=cli.BOOK_PER_DEVICE[1], device='auto'):
     """Resolve every device count (each at least 1 and each once, e.g. ``[1, 2, 4]``) to its
     devices (``get_devices(n, device)``; only the largest count warns), global batch size and
     learning rate (the per-device values times ``n``, the book's scaling) before any training.
@@ -62,6 +59,9 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         their ``sec_per_epoch`` and ``images_per_sec``, ``test_acc``, ``cpu`` (all devices are
         CPU contexts), ``line`` (the summary line) and ``history``.
     """
+    from .. import training
+    from ..handlers import metrics
+    from ..handlers.events import LossGuard
     devices = setting['devices']
     net = training.new_network('resnet18', hybridize, dtype=dtype)
     trainer = training.init_training(net, devices, setting['lr'], seed, dtype=dtype,
@@ -146,13 +146,13 @@ def build_parser():
     p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
     p.add_argument('--batch-size-per-device', type=cli.whole('--batch-size-per-device'),
-                   default=training.BATCH_SIZE_PER_DEVICE,
+                   default=cli.BOOK_PER_DEVICE[0],
                    help='batch size per device; the global batch is this times the device '
-                        'count (default: %d, as the book)' % training.BATCH_SIZE_PER_DEVICE)
+                        'count (default: %d, as the book)' % cli.BOOK_PER_DEVICE[0])
     p.add_argument('--lr-per-device', type=cli.learning_rate('--lr-per-device'),
-                   default=training.LR_PER_DEVICE,
+                   default=cli.BOOK_PER_DEVICE[1],
                    help='learning rate per device; the run uses this times the device count '
-                        '(default: %g, as the book)' % training.LR_PER_DEVICE)
+                        '(default: %g, as the book)' % cli.BOOK_PER_DEVICE[1])
     p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
     cli.add_device_flag(p)
@@ -182,6 +182,8 @@ def _prepare_output_dir(path):
 def _run(args, state):
     """Plan, train every setting and write the results. ``state['rows']`` collects the
     finished rows, ``state['setting']`` is the one under way (else None), for the error line."""
+    from .. import data
+    from ..handlers import progress
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
@@ -263,7 +265,9 @@ def main(argv=None):
 
     def body():
         nonlocal args
-        args = build_parser().parse_args(argv)
+        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
+        startup.before_mxnet(PROG)  # threads, checks, then MXNet
+        from ..handlers.interrupts import DeferredInterrupt
         with DeferredInterrupt() as interrupt:
             state['interrupt'] = interrupt
             _run(args, state)
@@ -278,6 +282,7 @@ def main(argv=None):
             what = cli.stopped_by(e)
             kept = _keep_finished(args, state, what)
             return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
+        from ..handlers.events import LossNotFiniteError
         if isinstance(e, LossNotFiniteError):
             s, kept = state['setting'], _keep_finished(args, state, 'training diverged')
             run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])

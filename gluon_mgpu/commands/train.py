@@ -22,7 +22,6 @@ MODELS = ('resnet18', 'lenet')
 LOADERS = ('array', 'gluon')
 PLOT_SUFFIXES = ('.png', '.svg')
 METHODS = ('data', 'scratch', 'layers', 'channels')
-BOOK_PER_DEVICE = (256, 0.1)  # training.BATCH_SIZE_PER_DEVICE, LR_PER_DEVICE
 _NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
@@ -44,10 +43,10 @@ def build_parser():
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
-                        % (BOOK_PER_DEVICE[0], BOOK_PER_DEVICE[0], 2 * BOOK_PER_DEVICE[0]))
+                        % (cli.BOOK_PER_DEVICE[0], cli.BOOK_PER_DEVICE[0], 2 * cli.BOOK_PER_DEVICE[0]))
     p.add_argument('--lr', type=cli.learning_rate('--lr'),
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
-                        % (BOOK_PER_DEVICE[1], BOOK_PER_DEVICE[1], 2 * BOOK_PER_DEVICE[1]))
+                        % (cli.BOOK_PER_DEVICE[1], cli.BOOK_PER_DEVICE[1], 2 * cli.BOOK_PER_DEVICE[1]))
     p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
@@ -639,6 +638,8 @@ def main(argv=None):
             run(args, interrupt)
 
     def explain(e):
+        if isinstance(e, UsageError):  # the default line; a bad flag never starts MXNet
+            return None
         from .. import training
         from ..handlers import checkpoint, events, replica_check
         from ..parallel import horovod

@@ -1,10 +1,9 @@
 """``python -m gluon_mgpu.replicas``: the command line is ``gluon_mgpu/commands/replicas.py``."""
 import sys
 
-from gluon_mgpu.runtime.startup import before_mxnet, starting
+from gluon_mgpu.runtime.startup import starting
 
-with starting('python -m gluon_mgpu.replicas'):  # a signal until main runs: one line
-    before_mxnet('python -m gluon_mgpu.replicas')  # threads, checks, then MXNet
-    from gluon_mgpu.commands.replicas import main
+with starting('python -m gluon_mgpu.replicas'):  # a signal until main handles it: one line
+    from gluon_mgpu.commands.replicas import main  # its flags come before MXNet
 
 sys.exit(main())
