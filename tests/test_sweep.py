@@ -116,6 +116,8 @@ def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_di
                                                   r'above 0'),
     (['--num-gpus', '1', '--output-dir', '{tmp}/file/results'],
      r'--output-dir \S+/file/results: cannot create the folder \(Not a directory\)'),
+    (['--num-gpus', '1', '--output-dir', '{tmp}/file'],
+     r'--output-dir \S+/file is a regular file, not a folder; choose a folder$'),
     (['--num-gpus', '1', '--train-limit', '60001'],
      r'--train-limit=60001 is more than the 60000 training images'),
 ])
