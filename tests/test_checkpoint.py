@@ -293,6 +293,16 @@ def test_lock_dir_refuses_a_path_under_a_file(tmp_path):
                                          r'pass a folder you can write to'
                                          % re.escape(str(tmp_path / 'file' / 'ck'))):
         checkpoint.lock_dir(str(tmp_path / 'file' / 'ck'))
+    os.symlink(str(tmp_path / 'nowhere'), str(tmp_path / 'dangling'))
+    os.mkfifo(str(tmp_path / 'fifo'))
+    for name, kind in (('file', 'a regular file'), ('dangling', 'a symbolic link'),
+                       ('fifo', 'a FIFO (named pipe)')):
+        with pytest.raises(ValueError) as e:
+            checkpoint.lock_dir(str(tmp_path / name))
+        assert str(e.value) == ('cannot write checkpoints to %s (it is %s, not a folder); pass '
+                                'a folder you can write to' % (tmp_path / name, kind))
+    assert os.path.islink(str(tmp_path / 'dangling')) and not os.path.exists(
+        str(tmp_path / 'nowhere'))
 
 
 @pytest.mark.parametrize('flags', [

@@ -106,6 +106,8 @@ def lock_dir(directory):
             raise
     except OSError as e:
         reason = '%s is a symbolic link' % path if os.path.islink(path) else e.strerror or e
+        if os.path.lexists(directory) and not os.path.isdir(directory):
+            reason = 'it is %s, not a folder' % file_kind(os.lstat(directory).st_mode)
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, reason)) from None
 
