@@ -154,6 +154,52 @@ def test_host_ip_must_be_a_host(host_ip, why, tmp_path, capsys):
         "the other hosts reach it, for example --host-ip 10.0.0.5\n" % (host_ip, why))
 
 
+def test_an_absurd_local_job_is_refused_before_any_process_starts(capsys, tmp_path):
+    most, why = launch.max_local_processes()
+    n = most // 2 + 1  # with as many servers, one process too many (a regression starts few)
+    marker = tmp_path / 'started'
+    start = time.time()
+    assert launch.main(['-n', str(n), '--', sys.executable, '-c',
+                        'open(%r, "w").close()' % str(marker)]) == 2
+    assert time.time() - start < 30 and not marker.exists()
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.launch: error: -n %d -s %d: a job of %d processes on this machine '
+        '(the scheduler, the servers and the workers) is more than it can hold (at most %d: '
+        '%s); pass fewer, or spread the job over machines with --hostfile\n'
+        % (n, n, 2 * n + 1, most, why))
+
+
+
+def test_servers_and_workers_on_other_hosts_do_not_count_here(monkeypatch):
+    import types
+    most, _ = launch.max_local_processes()
+    monkeypatch.setattr(launch.shutil, 'which', lambda name: '/usr/bin/' + name)
+    args = types.SimpleNamespace(command=[sys.executable], hosts=[('node1', 22)], port=None,
+                                 num_workers=most, num_servers=most)
+    assert launch.check_job(args) is None  # only the scheduler runs on this machine
+    args.hosts = None
+    with pytest.raises(launch.UsageError, match='is more than it can hold'):
+        launch.check_job(args)
+
+
+def test_the_local_limit_is_the_tighter_of_memory_and_threads(monkeypatch, tmp_path):
+    meminfo = tmp_path / 'meminfo'
+    meminfo.write_text('MemTotal:        1048576 kB\nMemFree:          524288 kB\n')
+    assert launch.memory_bytes(str(meminfo)) == 1 << 30
+    assert launch.memory_bytes(str(tmp_path / 'missing')) is None
+    monkeypatch.setattr(launch, 'memory_bytes', lambda: 1 << 30)
+    monkeypatch.setattr(launch, 'thread_limit', lambda: (4096, 'kernel.pid_max'))
+    assert launch.max_local_processes() == (7, 'each process loads MXNet, at least 140 MiB and '
+                                               '7 threads, and this machine has 1.0 GiB of '
+                                               'memory')
+    monkeypatch.setattr(launch, 'thread_limit', lambda: (35, 'ulimit -u'))
+    assert launch.max_local_processes()[0] == 5
+    assert launch.max_local_processes()[1].endswith('has 35 threads (ulimit -u)')
+    monkeypatch.setattr(launch, 'memory_bytes', lambda: None)
+    monkeypatch.setattr(launch, 'thread_limit', lambda: (None, None))
+    assert launch.max_local_processes() == (None, None)
+
+
 def test_ctrl_c_before_the_job_starts_is_one_line(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt

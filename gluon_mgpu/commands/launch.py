@@ -14,12 +14,17 @@ import time
 from .cli import Parser, UsageError, positive_float, run_command, whole
 from ..runtime import files, startup
 from ..runtime.hosts import host_problem, parse_host_port
-from ..runtime.threads import thread_settings
+from ..runtime.threads import thread_limit, thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
 PASS_ENV = ('OMP_NUM_THREADS', 'LD_LIBRARY_PATH', 'DMLC_INTERFACE', 'PYTHONPATH')
 STOP_SECONDS = 5.0  # after SIGTERM, before SIGKILL
+
+
+# What one process of a job takes at the least: MXNet 1.9.1 loaded and one operator run
+# (measured: 141 MiB resident and 7 threads).
+PROCESS_BYTES, PROCESS_THREADS = 140 << 20, 7
 
 
 def build_parser():
@@ -129,13 +134,50 @@ def port_problem(port, host='127.0.0.1'):
     return None
 
 
+def memory_bytes(path='/proc/meminfo'):
+    """This machine's memory (``MemTotal``), or None when unknown."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith('MemTotal:'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def max_local_processes():
+    """``(n, reason)``: the most processes of a job this machine could hold, each at least
+    MXNet loaded (``PROCESS_BYTES``, ``PROCESS_THREADS``), and why; ``(None, None)`` when
+    nothing is known."""
+    memory, (threads, source) = memory_bytes(), thread_limit()
+    limits = []
+    if memory:
+        limits.append((memory // PROCESS_BYTES, '%.1f GiB of memory' % (memory / 2 ** 30)))
+    if threads:
+        limits.append((threads // PROCESS_THREADS, '%d threads (%s)' % (threads, source)))
+    if not limits:
+        return None, None
+    most, why = min(limits)
+    return most, ('each process loads MXNet, at least %d MiB and %d threads, and this machine '
+                  'has %s' % (PROCESS_BYTES >> 20, PROCESS_THREADS, why))
+
+
 def check_job(args):
     """Before starting anything, raise ``UsageError`` if the command cannot run here (where
-    the scheduler runs) or a given ``--port`` is taken."""
+    the scheduler runs), the job's local processes are more than this machine can hold, or a
+    given ``--port`` is taken."""
     problem = command_problem(args.command)
     if problem:
         raise UsageError('cannot run the command after --: %s; for example -- python -m '
                          'gluon_mgpu.train --kvstore dist_sync' % problem)
+    local = 1 + (args.num_servers + args.num_workers if args.hosts is None else 0)
+    most, why = max_local_processes()
+    if most is not None and local > most:
+        raise UsageError('-n %d -s %d: a job of %d processes on this machine (the scheduler, '
+                         'the servers and the workers) is more than it can hold (at most %d: '
+                         '%s); pass fewer, or spread the job over machines with --hostfile'
+                         % (args.num_workers, args.num_servers, local, most, why))
     if args.hosts is not None and not shutil.which('ssh'):
         raise UsageError('--hostfile needs ssh to start the remote processes, but ssh is not '
                          'a program on PATH; install an ssh client (Debian: apt-get install '
