@@ -377,6 +377,29 @@ def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_di
     assert len(line) < 500
 
 
+@pytest.mark.parametrize('command, flags, line', [
+    ('train', ['--batch-size', '4000'],
+     'out of memory (Failed to allocate CPU Memory) with --batch-size 4000 over 1 device(s); '
+     'pass a smaller --batch-size, for example --batch-size 2000; nothing was saved (pass '
+     '--checkpoint-dir DIR to keep every finished epoch)'),
+    ('sweep', ['--num-gpus', '1', '--batch-size-per-device', '4000', '--output-dir', '{tmp}'],
+     'out of memory (Failed to allocate CPU Memory) in the 1-device setting with '
+     '--batch-size-per-device 4000; pass a smaller one, for example --batch-size-per-device '
+     '2000; no setting had finished, so nothing was written')])
+def test_running_out_of_memory_is_one_line_naming_the_batch_size(command, flags, line, tmp_path,
+                                                                 data_dir):
+    # 4000 images of ResNet-18 need more than the 4 GB of address space the run may take.
+    def limit_memory():
+        resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.' + command, '--device', 'cpu',
+                          '--train-limit', '4000', '--test-limit', '100', '--epochs', '1',
+                          '--data-dir', data_dir] + [f.format(tmp=tmp_path) for f in flags],
+                         capture_output=True, text=True, timeout=600, preexec_fn=limit_memory)
+    assert run.returncode == 1, run.stderr
+    assert run.stderr.splitlines()[-1] == 'python -m gluon_mgpu.%s: error: %s' % (command, line)
+    assert 'Traceback' not in run.stderr and 'bug report' not in run.stderr
+
+
 # G. One line.
 
 def test_a_newline_in_a_path_stays_one_line(capsys, tmp_path, data_dir):

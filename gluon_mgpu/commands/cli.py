@@ -213,6 +213,20 @@ def debug_requested(argv):
     return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
 
 
+# What MXNet 1.9.1 says when memory runs out (libmxnet.so's strings): on the CPU, on a GPU.
+OUT_OF_MEMORY = ('Failed to allocate CPU Memory', 'cudaMalloc retry failed',
+                 'cudaMalloc failed: out of memory')
+
+
+def out_of_memory(e):
+    """What ``e`` says if it is memory running out (MXNet's words, or Python's ``MemoryError``),
+    else None."""
+    if isinstance(e, MemoryError):
+        return 'MemoryError'
+    text = one_line(e)
+    return text if any(words in text for words in OUT_OF_MEMORY) else None
+
+
 def unexpected(prog, e, debug, context=''):
     """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
     hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '

@@ -294,6 +294,14 @@ def main(argv=None):
                                      'learning rate, for example --lr-per-device %g'
                                      % (e.loss, e.epoch, e.step, _where(state), run, kept,
                                         args.lr_per_device / 10))
+        memory = args is not None and cli.out_of_memory(e)
+        if memory:
+            kept = _keep_finished(args, state, 'out of memory')
+            return 1, cli.error_line(PROG, 'out of memory (%s) %s with --batch-size-per-device '
+                                           '%d; pass a smaller one, for example '
+                                           '--batch-size-per-device %d%s'
+                                     % (memory, _where(state), args.batch_size_per_device,
+                                        max(1, args.batch_size_per_device // 2), kept))
         kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
         return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
                                  ' (%s)%s' % (_where(state), kept))

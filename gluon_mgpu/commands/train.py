@@ -655,6 +655,14 @@ def main(argv=None):
             return 1, _diverged(e, args)
         if isinstance(e, replica_check.ReplicaCheckFailed):
             return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
+        memory = args is not None and cli.out_of_memory(e)
+        if memory:
+            return 1, cli.error_line(PROG, 'out of memory (%s) with --batch-size %d over %d '
+                                           'device(s); pass a smaller --batch-size, for example '
+                                           '--batch-size %d; %s'
+                                     % (memory, args.batch_size, args.num_gpus * args.num_workers,
+                                        max(args.num_gpus * args.num_workers,
+                                            args.batch_size // 2), _kept(args)))
         if getattr(args, 'kvstore', None) == 'horovod' and \
                 any(text in str(e) for text in horovod.PEER_GONE):
             return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
