@@ -377,6 +377,25 @@ def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_di
     assert len(line) < 500
 
 
+def test_more_replicas_than_memory_are_refused_before_any_is_made(data_dir):
+    from gluon_mgpu.commands import cli
+    from gluon_mgpu.runtime.threads import memory_bytes
+    n = memory_bytes() // cli.REPLICA_BYTES['resnet18'] + 1
+
+    def limit_memory():  # were the check gone, the replicas would fail here, not fill the machine
+        resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', str(n),
+                          '--batch-size', str(n), '--device', 'cpu', '--data-dir', data_dir],
+                         capture_output=True, text=True, timeout=300, preexec_fn=limit_memory)
+    assert (run.returncode, run.stdout) == (2, ''), run.stderr
+    line = run.stderr.splitlines()[-1]
+    assert line == ("%s: error: --num-gpus %d --device cpu: %d simulated devices would each hold "
+                    "a replica of resnet18 with its gradients (85.3 MiB), %.1f GiB in all, more "
+                    "than this machine's %.1f GiB of memory; pass --num-gpus %d or fewer"
+                    % (PROG, n, n, n * cli.REPLICA_BYTES['resnet18'] / 2 ** 30,
+                       memory_bytes() / 2 ** 30, n - 1))
+
+
 @pytest.mark.parametrize('command, flags, line', [
     ('train', ['--batch-size', '4000'],
      'out of memory (Failed to allocate CPU Memory) with --batch-size 4000 over 1 device(s); '

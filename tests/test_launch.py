@@ -185,8 +185,9 @@ def test_servers_and_workers_on_other_hosts_do_not_count_here(monkeypatch):
 def test_the_local_limit_is_the_tighter_of_memory_and_threads(monkeypatch, tmp_path):
     meminfo = tmp_path / 'meminfo'
     meminfo.write_text('MemTotal:        1048576 kB\nMemFree:          524288 kB\n')
-    assert launch.memory_bytes(str(meminfo)) == 1 << 30
-    assert launch.memory_bytes(str(tmp_path / 'missing')) is None
+    from gluon_mgpu.runtime.threads import memory_bytes
+    assert memory_bytes(str(meminfo)) == 1 << 30
+    assert memory_bytes(str(tmp_path / 'missing')) is None
     monkeypatch.setattr(launch, 'memory_bytes', lambda: 1 << 30)
     monkeypatch.setattr(launch, 'thread_limit', lambda: (4096, 'kernel.pid_max'))
     assert launch.max_local_processes() == (7, 'each process loads MXNet, at least 140 MiB and '

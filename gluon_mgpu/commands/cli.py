@@ -199,13 +199,36 @@ def data_error(e, data_dir=None):
                       .replace('or None for all', 'or leave it out for all'))
 
 
-def devices(num_gpus, device):
-    """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``."""
+# Each device's replica of a network and its gradients, in float32 bytes (tests/test_cli.py
+# counts them): resnet18 11,183,626 parameters (with BatchNorm's statistics), 11,175,818 trained.
+REPLICA_BYTES = {'resnet18': (11183626 + 11175818) * 4, 'lenet': (44426 + 44426) * 4}
+
+
+def devices(num_gpus, device, model=None):
+    """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``; and
+    ``check_memory`` for replicas of ``model`` on them."""
     from ..devices import get_devices
     try:
-        return get_devices(num_gpus, device)
+        found = get_devices(num_gpus, device)
     except ValueError as e:
         raise UsageError('--num-gpus %d --device %s: %s' % (num_gpus, device, e)) from None
+    check_memory(found, model, '--num-gpus %d --device %s' % (num_gpus, device))
+    return found
+
+
+def check_memory(devices, model, flags):
+    """``UsageError`` (naming ``flags``) when simulated CPU ``devices`` would hold more replicas of
+    ``model`` (with their gradients, ``REPLICA_BYTES``) than this machine has memory."""
+    from ..runtime.threads import memory_bytes
+    per_device, memory = REPLICA_BYTES.get(model), memory_bytes()
+    if per_device and memory and len(devices) > 1 and len(devices) * per_device > memory \
+            and all(d.device_type == 'cpu' for d in devices):
+        raise UsageError('%s: %d simulated devices would each hold a replica of %s with its '
+                         'gradients (%.1f MiB), %.1f GiB in all, more than this machine\'s %.1f '
+                         'GiB of memory; pass --num-gpus %d or fewer'
+                         % (flags, len(devices), model, per_device / 2 ** 20,
+                            len(devices) * per_device / 2 ** 30, memory / 2 ** 30,
+                            memory // per_device))
 
 
 def debug_requested(argv):

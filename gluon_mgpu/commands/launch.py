@@ -14,7 +14,7 @@ import time
 from .cli import Parser, UsageError, positive_float, run_command, whole
 from ..runtime import files, startup
 from ..runtime.hosts import host_problem, parse_host_port
-from ..runtime.threads import thread_limit, thread_settings
+from ..runtime.threads import memory_bytes, thread_limit, thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
 # Passed to remote processes when set here (MXNet's ssh launcher passes the first three).
@@ -131,18 +131,6 @@ def port_problem(port, host='127.0.0.1'):
             s.bind((host, port))
         except OSError as e:
             return e.strerror or str(e)
-    return None
-
-
-def memory_bytes(path='/proc/meminfo'):
-    """This machine's memory (``MemTotal``), or None when unknown."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('MemTotal:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
     return None
 
 

@@ -28,7 +28,7 @@ def run(args):
     from mxnet.gluon.parameter import DeferredInitializationError
 
     from .. import training
-    devices = cli.devices(args.num_gpus, args.device)
+    devices = cli.devices(args.num_gpus, args.device, 'resnet18')
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)

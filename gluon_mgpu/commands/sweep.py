@@ -193,8 +193,10 @@ def _run(args, state):
     except ValueError as e:
         raise cli.UsageError('--num-gpus %s --device %s: %s' % (
             ' '.join(map(str, args.num_gpus)), args.device, e)) from None
-    cli.check_dtype(PROG, args.dtype, max(settings, key=lambda s: s['num_devices'])['devices'],
-                    args.force_dtype)
+    largest = max(settings, key=lambda s: s['num_devices'])['devices']
+    cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
+        ' '.join(map(str, args.num_gpus)), args.device))
+    cli.check_dtype(PROG, args.dtype, largest, args.force_dtype)
     _prepare_output_dir(args.output_dir)
     mode = progress.choose_mode()
     rows = state['rows']

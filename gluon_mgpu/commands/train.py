@@ -418,7 +418,9 @@ def _run(args, record, interrupt):
     except (data.DataError, data.DataNotFoundError, ValueError) as e:
         raise cli.data_error(e, args.data_dir) from None
     # After the data: the device check may log a warning, and bad input gets one line only.
-    devices = cli.devices(args.num_gpus, args.device)
+    # The split networks of --parallel layers and channels hold no replicas.
+    devices = cli.devices(args.num_gpus, args.device,
+                          args.model if args.parallel in ('data', 'scratch') else None)
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
                          'computes each operator in the thread that issues it, so the first '

@@ -64,6 +64,18 @@ def _cgroup_pids_max():
     return None
 
 
+def memory_bytes(path='/proc/meminfo'):
+    """This machine's memory (``MemTotal``), or None when unknown."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith('MemTotal:'):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def thread_limit():
     """``(n, source)``: the most threads this process could have, and which limit says so
     (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
