@@ -23,6 +23,7 @@ FILES = {
 }
 SYSTEM_DIR = '/usr/share/datasets/fashion-mnist'
 IMAGE_SHAPE = (28, 28)
+SIZES = {'train': 60000, 'test': 10000}  # examples in each split of the release
 TEXT_LABELS = ('t-shirt', 'trouser', 'pullover', 'dress', 'coat',
                'sandal', 'shirt', 'sneaker', 'bag', 'ankle boot')
 HOW_TO_GET = ('on Debian/Ubuntu run `apt-get install dataset-fashion-mnist` (it installs them in '
@@ -111,7 +112,7 @@ def _input_fix(problem, path):
         % os.path.basename(path)
 
 
-def read_idx(path, ndim, item_shape=None):
+def read_idx(path, ndim, item_shape=None, max_items=None):
     """Read one gzipped IDX file of unsigned bytes into a numpy array.
 
     Parameters
@@ -121,6 +122,9 @@ def read_idx(path, ndim, item_shape=None):
     ndim : int
     item_shape : tuple of int, optional
         The shape every item must have, checked from the header before the values are read.
+    max_items : int, optional
+        The most items the file may announce, checked from the header before the values are
+        read (a small file of compressed zeros could otherwise expand into all of memory).
 
     Raises
     ------
@@ -148,6 +152,10 @@ def read_idx(path, ndim, item_shape=None):
                 raise DataError('%s holds items of %s values, but Fashion-MNIST\'s are %s; is '
                                 'it the right file?' % (path, 'x'.join(map(str, shape[1:])),
                                                         'x'.join(map(str, item_shape))))
+            if max_items is not None and shape[0] > max_items:
+                raise DataError('%s announces %d items in its header, more than the %d a '
+                                'Fashion-MNIST file holds; is it the right file?'
+                                % (path, shape[0], max_items))
             expected = math.prod(shape)  # Python ints: no overflow, whatever the header says
             raw = _read_up_to(f, expected + 1)
     except (OSError, EOFError, zlib.error) as e:
@@ -172,11 +180,11 @@ def load_fashion_mnist_arrays(split, data_dir=None):
         raise ValueError("split must be 'train' or 'test', got %r" % (split,))
     folder = find_data_dir(data_dir)
     image_file, label_file = (os.path.join(folder, n) for n in FILES[split])
-    images = read_idx(image_file, 3, IMAGE_SHAPE)
+    images = read_idx(image_file, 3, IMAGE_SHAPE, SIZES[split])
     if images.shape[0] == 0:
         raise DataError('%s holds 0 images, so there is nothing to %s; replace it with a fresh '
                         'copy' % (image_file, 'train on' if split == 'train' else 'test on'))
-    labels = read_idx(label_file, 1, ())
+    labels = read_idx(label_file, 1, (), SIZES[split])
     if images.shape[0] != labels.shape[0]:
         raise DataError('%s holds %d images but %s holds %d labels; the two files must come '
                         'from the same release' % (image_file, images.shape[0], label_file,

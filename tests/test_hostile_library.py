@@ -136,13 +136,32 @@ def test_a_header_whose_product_overflows_int64_is_named(tmp_path):
 
 
 def test_a_huge_image_count_is_read_in_blocks_and_named(tmp_path):
-    folder = _dataset(tmp_path / 'd')
-    path = os.path.join(folder, data.FILES['train'][0])
+    path = str(tmp_path / 'x-idx3-ubyte.gz')
     with open(path, 'wb') as f:
         f.write(_idx(0x803, (0xFFFFFFFF, 28, 28), [0] * 784))
-    assert _load(folder) == ('%s is truncated: its header announces 4294967295x28x28 = %d values '
-                             'but it holds 784; replace it with a fresh copy'
-                             % (path, 0xFFFFFFFF * 784))
+    with pytest.raises(data.DataError) as e:
+        data.read_idx(path, 3, (28, 28))
+    assert str(e.value) == ('%s is truncated: its header announces 4294967295x28x28 = %d values '
+                            'but it holds 784; replace it with a fresh copy'
+                            % (path, 0xFFFFFFFF * 784))
+
+
+@pytest.mark.parametrize('split, kind, count', [('train', 0, 60001), ('test', 1, 10001)])
+def test_a_file_announcing_more_examples_than_the_release_is_refused_before_reading(
+        tmp_path, split, kind, count):
+    # A few MB of compressed zeros expand into gigabytes: the header is refused, nothing read.
+    folder = _dataset(tmp_path / 'd')
+    path = os.path.join(folder, data.FILES[split][kind])
+    with gzip.open(path, 'wb') as f:
+        f.write(struct.pack('>I', 0x803 if kind == 0 else 0x801))
+        f.write(struct.pack('>III', count, 28, 28) if kind == 0 else struct.pack('>I', count))
+        zeros = bytes(1 << 20)
+        for _ in range(64):  # 64 MB of values that the header would have the reader take
+            f.write(zeros)
+    assert os.path.getsize(path) < 1 << 20
+    assert _load(folder) == ('%s announces %d items in its header, more than the %d a '
+                             'Fashion-MNIST file holds; is it the right file?'
+                             % (path, count, data.SIZES[split]))
 
 
 def test_more_values_than_the_header_announces(tmp_path):
