@@ -35,6 +35,7 @@ def network_name(args):
 
 
 def build_parser():
+    book_batch, book_lr = cli.BOOK_PER_DEVICE
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                    'with data parallelism over several devices (GPUs, or simulated CPU devices).')
     p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=1,
@@ -43,10 +44,10 @@ def build_parser():
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
-                        % (cli.BOOK_PER_DEVICE[0], cli.BOOK_PER_DEVICE[0], 2 * cli.BOOK_PER_DEVICE[0]))
+                        % (book_batch, book_batch, 2 * book_batch))
     p.add_argument('--lr', type=cli.learning_rate('--lr'),
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
-                        % (cli.BOOK_PER_DEVICE[1], cli.BOOK_PER_DEVICE[1], 2 * cli.BOOK_PER_DEVICE[1]))
+                        % (book_lr, book_lr, 2 * book_lr))
     p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
     cli.add_device_flag(p)
