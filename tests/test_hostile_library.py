@@ -1167,3 +1167,16 @@ def test_nan_images_given_to_train_are_named_before_any_step(value):
     assert str(e.value) == ('the first batch of train_iter: X holds NaN or infinite values '
                             "(image 2 of the batch); pass images of finite values, such as "
                             "ToTensor's 0 to 1")
+
+
+def test_non_folder_kind_names_what_is_there_instead_of_a_folder(tmp_path):
+    from gluon_mgpu.runtime.files import non_folder_kind
+    (tmp_path / 'folder').mkdir()
+    (tmp_path / 'file').write_text('')
+    os.symlink(str(tmp_path / 'folder'), str(tmp_path / 'to-folder'))
+    os.symlink(str(tmp_path / 'nowhere'), str(tmp_path / 'dangling'))
+    os.mkfifo(str(tmp_path / 'fifo'))
+    assert [non_folder_kind(str(tmp_path / n)) for n in (
+        'folder', 'to-folder', 'missing', 'file', 'dangling', 'fifo')] == [
+        None, None, None, 'a regular file', 'a symbolic link', 'a FIFO (named pipe)']
+    assert non_folder_kind('/dev/null') == 'a character device'

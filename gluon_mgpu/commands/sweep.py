@@ -169,9 +169,9 @@ def build_parser():
 
 
 def _prepare_output_dir(path):
-    if os.path.lexists(path) and not os.path.isdir(path):
-        raise cli.UsageError('--output-dir %s is %s, not a folder; choose a folder'
-                             % (path, files.file_kind(os.lstat(path).st_mode)))
+    kind = files.non_folder_kind(path)
+    if kind:
+        raise cli.UsageError('--output-dir %s is %s, not a folder; choose a folder' % (path, kind))
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:

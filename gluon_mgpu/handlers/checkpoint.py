@@ -18,7 +18,7 @@ from mxnet import nd
 from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem, write_json_atomic
 from ..runtime.checks import is_digits, is_whole, one_line
-from ..runtime.files import InputError, atomic_path, file_kind, open_input
+from ..runtime.files import InputError, atomic_path, file_kind, non_folder_kind, open_input
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
@@ -106,8 +106,9 @@ def lock_dir(directory):
             raise
     except OSError as e:
         reason = '%s is a symbolic link' % path if os.path.islink(path) else e.strerror or e
-        if os.path.lexists(directory) and not os.path.isdir(directory):
-            reason = 'it is %s, not a folder' % file_kind(os.lstat(directory).st_mode)
+        kind = non_folder_kind(directory)
+        if kind:
+            reason = 'it is %s, not a folder' % kind
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, reason)) from None
 

@@ -10,7 +10,7 @@ import stat
 import tempfile
 
 __all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
-           'input_problem', 'file_kind', 'write_hint']
+           'input_problem', 'file_kind', 'non_folder_kind', 'write_hint']
 
 _PROBE_BYTES = 1 << 20
 
@@ -62,6 +62,16 @@ def file_kind(mode):
         if test(mode):
             return name
     return 'not a regular file'
+
+
+def non_folder_kind(path):
+    """``file_kind`` of what is at ``path`` when it is there and no folder (a symbolic link to a
+    folder is one), else None."""
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:  # nothing there (or gone since)
+        return None
+    return None if os.path.isdir(path) else file_kind(mode)
 
 
 def _link_target(path):
