@@ -154,11 +154,18 @@ def test_checkpoints_and_resume_equal_an_uninterrupted_job(tmp_path):
                'with --kvstore device; leave --kvstore out to continue it, or start a new run in '
                'another --checkpoint-dir\n' % (tmp_path / 'solo'))
     assert '[0]' + refusal in job.stderr or '[1]' + refusal in job.stderr, job.stderr[-3000:]
-    # The rank that was ended says so in one line, without a traceback of ours.
+    # The rank that was ended says so in one line, without a traceback of ours. A rank ended
+    # after its refusal, while its process was exiting, has no handler left: horovodrun's shell
+    # (sh -c 'env ... python ...') then reports the signal with its own 'Terminated'.
     ours = [line for line in job.stderr.splitlines() if re.match(r'\[\d\]<stderr>:', line)]
-    assert all(line.split(':', 1)[1] == refusal.split(':', 1)[1].rstrip('\n')
-               or line.split(':', 1)[1].startswith('python -m gluon_mgpu.train: terminated '
-                                                   '(SIGTERM) ') for line in ours), ours
+    refused = set()
+    for line in ours:
+        rank, text = line.split(':', 1)
+        if text == refusal.split(':', 1)[1].rstrip('\n'):
+            refused.add(rank)
+        else:
+            assert (text.startswith('python -m gluon_mgpu.train: terminated (SIGTERM) ')
+                    or (text == 'Terminated' and rank in refused)), ours
 
 
 def _descendants(pid):
