@@ -182,6 +182,36 @@ def test_servers_and_workers_on_other_hosts_do_not_count_here(monkeypatch):
         launch.check_job(args)
 
 
+def test_a_remote_job_is_bounded_by_its_ssh_clients_here(monkeypatch, tmp_path, capsys):
+    # Every remote process has its ssh client on this machine: -n 2147483647 with a hostfile
+    # once built a list of 4294967294 processes until memory ran out (here, with 1 GiB, -n 100
+    # is already too many).
+    monkeypatch.setattr(launch, 'memory_bytes', lambda: 1 << 30)
+    monkeypatch.setattr(launch, 'thread_limit', lambda: (4096, 'kernel.pid_max'))
+    assert launch.max_local_processes('ssh client', (launch.SSH_BYTES, launch.SSH_THREADS)) == (
+        128, 'each ssh client, at least 8 MiB and 1 thread, and this machine has 1.0 GiB of '
+             'memory')
+    hostfile = tmp_path / 'hosts'
+    hostfile.write_text('node1\nnode2\n')
+    marker = tmp_path / 'started'
+    assert launch.main(['-n', '100', '-H', str(hostfile), '--host-ip', '10.0.0.5', '--',
+                        sys.executable, '-c', 'open(%r, "w").close()' % str(marker)]) == 2
+    assert capsys.readouterr().err == (
+        'python -m gluon_mgpu.launch: error: -n 100 -s 100 with --hostfile: every server and '
+        'worker is an ssh client on this machine, 200 in all, more than it can hold (at most '
+        '128: each ssh client, at least 8 MiB and 1 thread, and this machine has 1.0 GiB of '
+        'memory); pass fewer\n')
+    assert not marker.exists()
+    monkeypatch.setattr(launch.shutil, 'which', lambda name: '/usr/bin/' + name)
+    import types
+    args = types.SimpleNamespace(command=[sys.executable], hosts=[('node1', 22)], port=None,
+                                 num_workers=64, num_servers=64)
+    assert launch.check_job(args) is None
+    args.num_servers = 65
+    with pytest.raises(launch.UsageError, match=' 129 in all, '):
+        launch.check_job(args)
+
+
 def test_the_local_limit_is_the_tighter_of_memory_and_threads(monkeypatch, tmp_path):
     meminfo = tmp_path / 'meminfo'
     meminfo.write_text('MemTotal:        1048576 kB\nMemFree:          524288 kB\n')

@@ -25,6 +25,9 @@ STOP_SECONDS = 5.0  # after SIGTERM, before SIGKILL
 # What one process of a job takes at the least: MXNet 1.9.1 loaded and one operator run
 # (measured: 141 MiB resident and 7 threads).
 PROCESS_BYTES, PROCESS_THREADS = 140 << 20, 7
+# What this machine holds for one remote process of a --hostfile job: its ssh client (measured:
+# 7.6 MiB resident, 1 thread).
+SSH_BYTES, SSH_THREADS = 8 << 20, 1
 
 
 def build_parser():
@@ -134,21 +137,21 @@ def port_problem(port, host='127.0.0.1'):
     return None
 
 
-def max_local_processes():
+def max_local_processes(each='process loads MXNet', size=(PROCESS_BYTES, PROCESS_THREADS)):
     """``(n, reason)``: the most processes of a job this machine could hold, each at least
-    MXNet loaded (``PROCESS_BYTES``, ``PROCESS_THREADS``), and why; ``(None, None)`` when
-    nothing is known."""
+    MXNet loaded (``size``: bytes and threads; for ssh clients ``SSH_BYTES``, ``SSH_THREADS``),
+    and why; ``(None, None)`` when nothing is known."""
     memory, (threads, source) = memory_bytes(), thread_limit()
     limits = []
     if memory:
-        limits.append((memory // PROCESS_BYTES, '%.1f GiB of memory' % (memory / 2 ** 30)))
+        limits.append((memory // size[0], '%.1f GiB of memory' % (memory / 2 ** 30)))
     if threads:
-        limits.append((threads // PROCESS_THREADS, '%d threads (%s)' % (threads, source)))
+        limits.append((threads // size[1], '%d threads (%s)' % (threads, source)))
     if not limits:
         return None, None
     most, why = min(limits)
-    return most, ('each process loads MXNet, at least %d MiB and %d threads, and this machine '
-                  'has %s' % (PROCESS_BYTES >> 20, PROCESS_THREADS, why))
+    return most, ('each %s, at least %d MiB and %d thread%s, and this machine has %s'
+                  % (each, size[0] >> 20, size[1], 's' if size[1] > 1 else '', why))
 
 
 def check_job(args):
@@ -159,13 +162,20 @@ def check_job(args):
     if problem:
         raise UsageError('cannot run the command after --: %s; for example -- python -m '
                          'gluon_mgpu.train --kvstore dist_sync' % problem)
-    local = 1 + (args.num_servers + args.num_workers if args.hosts is None else 0)
-    most, why = max_local_processes()
-    if most is not None and local > most:
-        raise UsageError('-n %d -s %d: a job of %d processes on this machine (the scheduler, '
-                         'the servers and the workers) is more than it can hold (at most %d: '
-                         '%s); pass fewer, or spread the job over machines with --hostfile'
-                         % (args.num_workers, args.num_servers, local, most, why))
+    counts = (args.num_workers, args.num_servers)
+    if args.hosts is None:
+        local, (most, why) = 1 + sum(counts), max_local_processes()
+        if most is not None and local > most:
+            raise UsageError('-n %d -s %d: a job of %d processes on this machine (the scheduler, '
+                             'the servers and the workers) is more than it can hold (at most %d: '
+                             '%s); pass fewer, or spread the job over machines with --hostfile'
+                             % (counts + (local, most, why)))
+    else:
+        most, why = max_local_processes('ssh client', (SSH_BYTES, SSH_THREADS))
+        if most is not None and sum(counts) > most:
+            raise UsageError('-n %d -s %d with --hostfile: every server and worker is an ssh '
+                             'client on this machine, %d in all, more than it can hold (at most '
+                             '%d: %s); pass fewer' % (counts + (sum(counts), most, why)))
     if args.hosts is not None and not shutil.which('ssh'):
         raise UsageError('--hostfile needs ssh to start the remote processes, but ssh is not '
                          'a program on PATH; install an ssh client (Debian: apt-get install '
