@@ -11,6 +11,7 @@ import pytest
 import gluon_mgpu
 from gluon_mgpu import devices, training
 from gluon_mgpu.commands import sweep
+from gluon_mgpu.runtime import files
 from test_plotting import png_size
 
 
@@ -120,11 +121,16 @@ def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_di
      r'--output-dir \S+/file is a regular file, not a folder; choose a folder$'),
     (['--num-gpus', '1', '--train-limit', '60001'],
      r'--train-limit=60001 is more than the 60000 training images'),
+    # Found before training, not when the results are written after the last setting.
+    (['--num-gpus', '1', '--output-dir', '{tmp}/taken'],
+     r'--output-dir \S+/taken holds \S+/taken/sweep.png, which is a folder, not a regular file, '
+     r'and the sweep writes that name; move it away or choose another folder$'),
 ])
 def test_sweep_bad_input_is_one_line_and_exit_2(argv, expected, tmp_path, capsys, monkeypatch,
                                                 data_dir):
     monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
     (tmp_path / 'file').write_text('a regular file\n')
+    (tmp_path / 'taken' / 'sweep.png').mkdir(parents=True)
     argv = [a.format(tmp=tmp_path) for a in argv] + ['--data-dir', data_dir]
     if '--output-dir' not in argv:
         argv += ['--output-dir', str(tmp_path / 'out')]
@@ -255,6 +261,24 @@ def test_finished_rows_that_cannot_be_written_are_named_in_the_line(failing_swee
                    'No space left on device\n')
     # They are still on standard output.
     assert '| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |' in out
+
+
+def test_results_that_cannot_be_written_after_the_last_setting_are_one_line(
+        failing_sweep, monkeypatch, tmp_path, capsys):
+    path = tmp_path / 'out' / 'sweep.md'
+
+    def full(rows, output_dir, stopped=None):
+        raise files.OutputError(str(path), 'cannot write %s (No space left on device); free some '
+                                'space on that disk or write somewhere else' % path, 28)
+    monkeypatch.setattr(sweep, 'write_outputs', full)
+    assert failing_sweep(['--num-gpus', '1', '2'], None, None) == 1
+    out, err = capsys.readouterr()
+    assert err == ('python -m gluon_mgpu.sweep: error: cannot write %s (No space left on device); '
+                   'free some space on that disk or write somewhere else (the table is printed '
+                   'above)\n' % path)
+    assert _table_rows(out) == [
+        '| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |',
+        '| 2: [cpu(0), cpu(1)] | 512 | 0.2 | 5.0 | 200.0 | 2.00 | 0.50 |']
 
 
 def test_a_data_error_in_a_later_setting_is_exit_2_and_keeps_the_finished_rows(

@@ -3,6 +3,7 @@ per device count, batch size and learning rate growing with the devices, and wri
 figure; only ``main`` prints (docs/outputs.md, "The sweep").
 """
 import os
+import stat
 import sys
 
 from .. import devices as devices_mod
@@ -180,6 +181,16 @@ def _prepare_output_dir(path):
     if not os.access(path, os.W_OK | os.X_OK):
         raise cli.UsageError('--output-dir %s: the folder is not writable; choose another '
                              'folder' % path)
+    for name in (TABLE_FILE, PLOT_FILE):  # found now, not after every setting has trained
+        target = os.path.join(path, name)
+        try:
+            mode = os.lstat(target).st_mode
+        except OSError:
+            continue
+        if not stat.S_ISREG(mode):
+            raise cli.UsageError('--output-dir %s holds %s, which is %s, not a regular file, and '
+                                 'the sweep writes that name; move it away or choose another '
+                                 'folder' % (path, target, files.file_kind(mode)))
 
 
 def _run(args, state):
@@ -296,6 +307,9 @@ def main(argv=None):
                                      'learning rate, for example --lr-per-device %g'
                                      % (e.loss, e.epoch, e.step, _where(state), run, kept,
                                         args.lr_per_device / 10))
+        if isinstance(e, files.OutputError):  # writing the results: a full disk, say
+            return 1, cli.error_line(PROG, '%s%s' % (e, _keep_finished(args, state, 'an error')
+                                                     or ' (the table is printed above)'))
         memory = args is not None and cli.out_of_memory(e)
         if memory:
             kept = _keep_finished(args, state, 'out of memory')
