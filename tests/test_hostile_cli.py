@@ -123,6 +123,14 @@ def test_a_fifo_is_never_replaced(tmp_path, capsys, data_dir):
     assert stat.S_ISFIFO(os.stat(fifo).st_mode) and os.listdir(tmp_path) == ['pipe.png']
 
 
+def test_the_png_beside_an_svg_plot_is_checked_before_training(tmp_path, capsys, data_dir):
+    (tmp_path / 'c.png').mkdir()
+    line = _refused(TINY + ['--data-dir', data_dir, '--plot', str(tmp_path / 'c.svg')], capsys)
+    assert line == ('%s: error: --plot %s also writes %s: it is a folder; name a file in it'
+                    % (PROG, tmp_path / 'c.svg', tmp_path / 'c.png'))
+    assert os.listdir(tmp_path) == ['c.png']
+
+
 @pytest.mark.parametrize('flags,first,second', [
     (['--metrics-json', 'x', '--plot', 'x.png'], None, None),
     (['--metrics-json', 'X.png', '--plot', 'X.png'], '--metrics-json X.png', '--plot X.png'),
@@ -224,6 +232,16 @@ def _argv(flag):
     (_argv('--metrics-json=/dev/null'), r'refuses \(argument --metrics-json: --metrics-json '
                                         r'/dev/null: it is a character device'),
     (lambda r: r.update(argv=[1, 2]), r': argv is \[1, 2\], not a command line'),
+    # argparse would print the help and exit 0, or read another folder: only settings pass.
+    (_argv('--help'), r': argv holds "--help", which is not a setting a run records; the file '
+                      r'was not written by this version'),
+    (_argv('-h'), r': argv holds "-h", which is not a setting a run records'),
+    (_argv('--resume'), r': argv holds "--resume", which is not a setting a run records'),
+    (_argv('--checkpoint-dir=/tmp'), r': argv holds "--checkpoint-dir=/tmp", which is not'),
+    (_argv('--he'), r': argv holds "--he", which is not a setting a run records'),
+    (_argv('--seed'), r': argv holds "--seed", which is not a setting a run records'),
+    (_argv('--quiet=1'), r': argv holds "--quiet=1", which is not a setting a run records'),
+    (_argv('extra'), r': argv holds "extra", which is not a setting a run records'),
     (lambda r: r.pop('argv'), r': argv is null, not a command line'),
     (lambda r: r.update(history='oops'), r': history is not a list of 1 epoch records'),
     (lambda r: r.update(network='vgg(10)'), r': network is "vgg\(10\)", but its command line '

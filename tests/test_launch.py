@@ -524,6 +524,56 @@ def test_a_worker_refusing_its_arguments_stops_the_job():
                      r'other processes of the job', job.stderr), job.stderr
 
 
+def test_a_workers_save_params_path_is_checked_before_training(tmp_path):
+    # Dist jobs keep no checkpoints: a worker's .rank<r> file found unwritable only after the
+    # last epoch would lose the whole run.
+    (tmp_path / 'dist.rank1.params').mkdir()
+    job = _launch('-n', '2', '-s', '1', '--', *TRAIN, '--kvstore', 'dist_sync', '--epochs',
+                  '50', '--save-params', str(tmp_path / 'dist.params'), timeout=120)
+    assert job.returncode == 2, job.stderr
+    assert ('python -m gluon_mgpu.train: error: --save-params %s: worker 1 saves to %s: it is a '
+            'folder; name a file in it\n' % (tmp_path / 'dist.params',
+                                              tmp_path / 'dist.rank1.params')) in job.stderr
+    assert 'epoch 1,' not in job.stdout
+    assert sorted(os.listdir(tmp_path)) == ['dist.rank1.params']
+
+
+FAIL_ON_RANK_1 = '''
+import sys
+from gluon_mgpu.commands import train
+from gluon_mgpu.runtime import files
+joined = train._data_parallel
+
+
+def data_parallel(args, *rest):
+    if args.rank == 1:  # after the job was joined, before the first step
+        raise files.OutputError('here', 'cannot write here (No space left on device)', 28)
+    return joined(args, *rest)
+
+
+train._data_parallel = data_parallel
+sys.exit(train.main(sys.argv[1:]))
+'''
+
+
+def test_a_worker_failing_after_it_joined_ends_the_job_at_once(tmp_path):
+    # Freeing the failed worker's kvstore would wait at MXNet's barrier for the other worker,
+    # itself waiting for this one's first step: the job hung until the launcher was killed.
+    script = tmp_path / 'fail_on_rank_1.py'
+    script.write_text(FAIL_ON_RANK_1)
+    start = time.monotonic()
+    job = _launch('-n', '2', '-s', '1', '--', PY, str(script), *TRAIN[3:], '--kvstore',
+                  'dist_sync', '--train-limit', '2048', '--batch-size', '16', '--epochs', '50',
+                  timeout=120)
+    assert job.returncode == 1, job.stderr
+    assert time.monotonic() - start < 60
+    assert ('python -m gluon_mgpu.train: error: cannot write here (No space left on device); '
+            'nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)\n'
+            in job.stderr), job.stderr
+    assert re.search(r'launch: worker [01] \(pid \d+\) exited with code 1; stopped the 3 '
+                     r'other processes of the job', job.stderr), job.stderr
+
+
 SHARD_CHECK = '''
 import json
 import os

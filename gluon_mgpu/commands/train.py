@@ -5,6 +5,7 @@ job's worker in docs/distributed.md.
 import contextlib
 import json
 import os
+import re
 import secrets
 import shlex
 import sys
@@ -23,6 +24,7 @@ LOADERS = ('array', 'gluon')
 PLOT_SUFFIXES = ('.png', '.svg')
 METHODS = ('data', 'scratch', 'layers', 'channels')
 _NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
+_JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 # Settings that define a run: continuing with other values would be a different run.
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
@@ -136,6 +138,9 @@ def _check_outputs(args):
         if not given:
             continue
         for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
+            problem = path != given and files.output_problem(path)
+            if problem:  # the .png beside an .svg
+                raise UsageError('--plot %s also writes %s: %s' % (given, path, problem))
             real = os.path.realpath(path)
             if real in seen:
                 raise UsageError('%s %s and %s %s would write the same file %s; give each '
@@ -147,6 +152,16 @@ def _check_outputs(args):
                 raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
                                  'otherwise or put it in another folder'
                                  % (flag, path, args.checkpoint_dir))
+
+
+def _recorded_options():
+    """What ``recorded_argv`` may write: each option string, and whether it takes ``=value``."""
+    options = {}
+    for action in build_parser()._actions:
+        if action.dest not in _NOT_RECORDED + ('help',):
+            for option in action.option_strings:
+                options[option] = action.nargs != 0
+    return options
 
 
 def recorded_argv(args):
@@ -260,6 +275,11 @@ def _resume(args):
             isinstance(a, str) and 0 < len(a) <= 4096 and '\0' not in a for a in recorded)):
         raise checkpoint.not_ours(path, 'argv is %s, not a command line'
                                   % json.dumps(recorded)[:40])
+    options = _recorded_options()  # what recorded_argv writes: no --help, --resume or folder
+    foreign = [a for a in recorded if options.get(a.partition('=')[0]) != bool(a.partition('=')[1])]
+    if foreign:
+        raise checkpoint.not_ours(path, 'argv holds %s, which is not a setting a run records'
+                                  % json.dumps(foreign[0])[:40])
     try:  # the command's own parser is the one check of what the run recorded
         before = parse_args(recorded + ['--checkpoint-dir', directory])
     except UsageError as e:
@@ -314,6 +334,8 @@ def _join_job(args, devices, train_iter):
                          'each (every worker takes an equal share, at least one example per '
                          'device); pass --batch-size %d'
                          % (args.batch_size, workers, len(devices), share))
+    if args.save_params is not None and args.kvstore in dist.DIST_KVSTORES:
+        _check_rank_paths(args.save_params, workers)
     try:
         train_iter.set_part(workers, 0)
     except ValueError as e:
@@ -323,11 +345,32 @@ def _join_job(args, devices, train_iter):
         job, kv = horovod, horovod.HorovodKVStore()  # joins the job
     else:
         job, kv = dist, startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
-    # From here on, leaving normally would wait for the other workers (see main).
+    # From here on, leaving normally would wait for the other workers (see main); so would
+    # freeing the kvstore (MXNet's barrier), so it is held until a failed worker's os._exit.
     args.joined = True
+    _JOINED.append(kv)
     train_iter.set_part(kv.num_workers, kv.rank)
     args.seed = train_iter.seed = job.shared_seed(kv, args.seed)
     return kv
+
+
+def _check_rank_paths(path, workers):
+    """Before the job is joined (a worker that fails after it waits for the others at MXNet's
+    barrier): every worker's ``--save-params`` file, ``.rank<r>``, can be written. A dist job
+    keeps no checkpoints, so one found unwritable after the last epoch would lose the run."""
+    from ..parallel import dist
+    root, ext = os.path.splitext(os.path.basename(path))
+    own = re.compile(re.escape(root) + r'\.rank(0|[1-9][0-9]{0,9})' + re.escape(ext) + r'\Z')
+    try:
+        present = os.listdir(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        present = []
+    ranks = {0} | {int(m[1]) for m in map(own.match, present) if m and int(m[1]) < workers}
+    for rank in sorted(ranks):
+        problem = files.output_problem(dist.rank_path(path, rank))
+        if problem:
+            raise UsageError('--save-params %s: worker %d saves to %s: %s'
+                             % (path, rank, dist.rank_path(path, rank), problem))
 
 
 def _split(args, net, devices, test_iter):
@@ -427,10 +470,12 @@ def _run(args, record, interrupt):
                          'computes each operator in the thread that issues it, so the first '
                          'device\'s SyncBatchNorm waits for devices whose work is never issued); '
                          'unset MXNET_ENGINE_TYPE or drop --sync-bn')
-    kvstore, rank = args.kvstore, 0
+    kvstore, rank, save_path = args.kvstore, 0, args.save_params
     if args.kvstore in JOB_KVSTORES:
         kvstore = _join_job(args, devices, train_iter)
         rank = kvstore.rank
+    if save_path is not None and args.kvstore in dist.DIST_KVSTORES:
+        save_path = dist.rank_path(save_path, rank)  # every worker saves its own copy
     lead = rank == 0  # the one worker of a job that prints and writes files
     mode = progress.choose_mode(quiet=args.quiet or not lead)
     if mode != 'quiet':
@@ -456,11 +501,8 @@ def _run(args, record, interrupt):
         bar.close()  # also when training stops with an error
     # --save-params: a dist worker saves to its .rank<r> path; a Horovod worker has the same
     # parameters as rank 0, which saves them.
-    if args.save_params is not None and (lead or args.kvstore != 'horovod'):
-        path = args.save_params
-        if args.kvstore in dist.DIST_KVSTORES:
-            path = dist.rank_path(path, args.rank)
-        with files.atomic_path(path) as tmp:
+    if save_path is not None and (lead or args.kvstore != 'horovod'):
+        with files.atomic_path(save_path) as tmp:
             net.save_parameters(tmp)
     if lead:
         print(metrics.format_summary(history, devices), flush=True)
