@@ -19,7 +19,7 @@ import mxnet as mx
 import pytest
 
 from gluon_mgpu.handlers import checkpoint
-from gluon_mgpu.commands.train import main
+from gluon_mgpu.commands.train import build_parser, main
 from test_checkpoint import cli_dir, cli_run  # noqa: F401  (fixtures: one checkpointed run)
 
 PROG = 'python -m gluon_mgpu.train'
@@ -593,6 +593,21 @@ def test_a_number_of_400_digits_is_one_line(flag, capsys, data_dir):
     line = _refused(['--data-dir', data_dir, flag, _BIG], capsys)
     assert line == ('%s: error: argument %s: %s must be at most 2147483647, got a number of 401 '
                     'digits; for example %s 2 (see --help)' % (PROG, flag, flag, flag))
+
+
+@pytest.mark.parametrize('text,says', [
+    # Python's int() refuses more than 4300 digits: it said "expects a whole number".
+    ('7' * 5000, 'must be at most 2147483647, got a number of 5000 digits'),
+    ('-' + '7' * 5000, 'must be at least 1, got a number of 5000 digits'),
+    ('0' * 5000 + '3', None),
+])
+def test_a_number_longer_than_int_reads_is_one_line(text, says, capsys, data_dir):
+    if says is None:  # leading zeros: the number is 3
+        assert build_parser().parse_args(['--epochs', text]).epochs == 3
+        return
+    line = _refused(['--data-dir', data_dir, '--epochs', text], capsys)
+    assert line == ('%s: error: argument --epochs: --epochs %s; for example --epochs 2 (see '
+                    '--help)' % (PROG, says))
 
 
 def test_fewer_training_images_than_devices_is_bad_input(capsys, data_dir):

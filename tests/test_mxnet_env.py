@@ -73,6 +73,17 @@ def test_a_program_gets_the_same_message_as_an_exception_when_mxnet_starts():
         "set it to a whole number, for example MXNET_OMP_MAX_THREADS=%d, or unset it" % CORES)
 
 
+def test_a_number_longer_than_int_reads_is_named_not_raised():
+    # int() raised "Exceeds the limit (4300 digits)" from the check itself; MXNet reads a C int.
+    for name in ('OMP_NUM_THREADS', 'MXNET_CPU_WORKER_NTHREADS'):
+        message = _message(**{name: '1' * 5000})
+        assert message.startswith("%s='%s' is not a whole number" % (name, '1' * 5000)), name
+    mxnet_env.check_environment({'OMP_NUM_THREADS': '0' * 5000 + '2'}, 2)  # it is 2
+    from gluon_mgpu.runtime import threads
+    with pytest.raises(ValueError, match="^GLUON_MGPU_CPU_DEVICES='1{5000}' is not a whole "):
+        threads.devices_from_environment({'GLUON_MGPU_CPU_DEVICES': '1' * 5000})
+
+
 @pytest.mark.parametrize('value', ['17', '1000', '100000'])
 def test_absurd_thread_counts_are_refused_with_the_limit_and_why(value, monkeypatch):
     monkeypatch.setattr(mxnet_env, 'thread_limit', lambda: (32768, 'kernel.pid_max'))

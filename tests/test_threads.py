@@ -270,3 +270,8 @@ def test_is_digits_accepts_only_what_int_reads_as_a_plain_number():
     # '\u00b2' and '\u0663' are digits to str.isdigit(); int() refuses the first.
     for text in ('', ' 1', '1 ', '-1', '+1', '1.0', '1_0', '\u00b2', '\u0663', '12\n'):
         assert not threads.is_digits(text), repr(text)
+    # int() reads 4300 digits at most (sys.get_int_max_str_digits()).
+    assert threads.is_digits('1' * 4300) and not threads.is_digits('1' * 4301)
+    int('1' * 4300)
+    with pytest.raises(ValueError, match='Exceeds the limit'):
+        int('1' * 4301)

@@ -6,6 +6,7 @@ import argparse
 import errno
 import math
 import os
+import re
 import signal
 import sys
 import traceback
@@ -46,12 +47,12 @@ def whole(flag, minimum=1, maximum=None, example=2):
     """A whole number from ``minimum`` (to ``maximum``; at most a C int, as MXNet's counts are):
     ``--epochs``, ``--port``, ``--seed``."""
     def parse(text):
+        digits = re.fullmatch(r'\s*([-+]?)0*([0-9]+)\s*', text)  # int() reads 4300 at most
         try:
-            value = int(text)
+            value = int(digits[1] + digits[2][:21]) if digits else int(text)
         except ValueError:
             raise _refuse(flag, 'expects a whole number, got %r' % text[:40], example) from None
-        shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % len(
-            text.strip().lstrip('+-'))
+        shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % len(digits[2])
         if maximum is not None and not minimum <= value <= maximum:
             raise _refuse(flag, 'must be between %d and %d, got %s' % (minimum, maximum, shown),
                           example)

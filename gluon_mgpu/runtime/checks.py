@@ -26,8 +26,11 @@ def check_whole(name, value, fix, least=1):
 
 def is_digits(text):
     """Whether ``text`` is ASCII digits only, so ``int(text)`` reads it: ``str.isdigit()`` also
-    accepts '²', which ``int()`` refuses."""
-    return re.fullmatch(r'[0-9]+', text) is not None
+    accepts '²', which ``int()`` refuses, and Python's ``int()`` refuses more than 4300 digits
+    (``sys.get_int_max_str_digits()``)."""
+    import sys
+    return (re.fullmatch(r'[0-9]+', text) is not None
+            and len(text) <= (sys.get_int_max_str_digits() or len(text)))
 
 
 def one_line(e, limit=300):

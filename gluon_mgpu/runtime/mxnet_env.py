@@ -70,7 +70,7 @@ THREADS_PER_CORE = 8  # more spin waiting for each other (docs/devices.md)
 # dmlc::GetEnv reads a whole number with std::istringstream, which skips the C locale's blanks
 # (space, \t, \n, \v, \f, \r) before it, then allows only dmlc::isspace after it (the same
 # without \v); ASCII digits only, a C int.
-_INT = re.compile(r'[ \t\n\v\f\r]*[+-]?[0-9]+[ \t\n\f\r]*')
+_INT = re.compile(r'[ \t\n\v\f\r]*([+-]?)0*([0-9]+)[ \t\n\f\r]*')
 # A double (dmlc::stod): blanks before it (not \v), none after.
 _NUMBER = re.compile(r'[ \t\n\f\r]*[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?')
 _INT_MAX = 2 ** 31 - 1
@@ -90,7 +90,11 @@ def most_threads(cores):
 
 
 def _c_int(value):
-    return int(value) if _INT.fullmatch(value) and abs(int(value)) <= _INT_MAX else None
+    found = _INT.fullmatch(value)
+    if not found or len(found[2]) > 10:  # no C int, and Python's int() reads 4300 digits at most
+        return None
+    number = int(found[1] + found[2])
+    return number if abs(number) <= _INT_MAX else None
 
 
 def _python_int(value):
