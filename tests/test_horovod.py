@@ -250,6 +250,19 @@ def test_without_horovodrun_it_is_one_line_and_exit_2(capsys, data_dir, monkeypa
         "python -m gluon_mgpu.train: error: --kvstore horovod: HOROVOD_RANK is '\u00b2', so "
         'this process was not started by horovodrun; ')
 
+    # A size of 0 said "--batch-size 0 is smaller than --num-gpus 1" (no --batch-size given),
+    # and with one given, divided by it (unexpected ZeroDivisionError).
+    for rank, size in (('0', '0'), ('2', '2')):
+        monkeypatch.setenv('HOROVOD_RANK', rank)
+        monkeypatch.setenv('HOROVOD_SIZE', size)
+        for given in ([], ['--batch-size', '8', '--lr', '0.1']):
+            assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir] + given) == 2
+            assert capsys.readouterr().err == (
+                "python -m gluon_mgpu.train: error: --kvstore horovod: HOROVOD_RANK=%s and "
+                "HOROVOD_SIZE=%s: a rank must be below the job's size, so this process was not "
+                "started by horovodrun; start the job with horovodrun -np 2 -H localhost:2 "
+                "--gloo python -m gluon_mgpu.train --kvstore horovod ...\n" % (rank, size))
+
 
 def test_without_horovod_installed_the_line_names_the_install(capsys, data_dir, monkeypatch):
     import importlib.util

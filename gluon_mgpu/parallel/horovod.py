@@ -87,7 +87,13 @@ def job_env(environ=None):
                              'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
                              'gluon_mgpu.train --kvstore horovod ...'
                              % (name, repr(value) if value else 'not set'))
-    return {'rank': int(environ['HOROVOD_RANK']), 'size': int(environ['HOROVOD_SIZE'])}
+    rank, size = int(environ['HOROVOD_RANK']), int(environ['HOROVOD_SIZE'])
+    if not rank < size:  # horovodrun sets a rank below a size of 1 or more
+        raise ValueError('HOROVOD_RANK=%d and HOROVOD_SIZE=%d: a rank must be below the job\'s '
+                         'size, so this process was not started by horovodrun; start the job '
+                         'with horovodrun -np 2 -H localhost:2 --gloo python -m gluon_mgpu.train '
+                         '--kvstore horovod ...' % (rank, size))
+    return {'rank': rank, 'size': size}
 
 
 def worker_rank(environ=None):
