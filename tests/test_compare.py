@@ -1,5 +1,7 @@
+import gzip
 import os
 import re
+import struct
 import subprocess
 import sys
 
@@ -120,6 +122,32 @@ def test_committed_page_agrees_with_a_run_now(cells):
     assert sorted(now) == ['accuracy', 'bf16', 'diagnosis', 'old-step', 'seconds']
     for name, text in now.items():
         assert blocks[name] == text, name
+
+
+def test_cli_reads_the_data_before_the_cells(tmp_path, data_dir):
+    # Only the files' presence was checked: a damaged or small data set failed after the
+    # chapter's cells had run, as 'unexpected DataError ... bug report' or a ValueError naming
+    # train_limit, which is no flag of compare.
+    for name in os.listdir(data_dir):
+        with gzip.open(os.path.join(data_dir, name)) as f:
+            head = f.read(16 if 'images' in name else 8)
+            count = 100 if 'train' in name else 50
+            body = f.read(count * (784 if 'images' in name else 1))
+        with gzip.open(tmp_path / name, 'wb') as f:
+            f.write(head[:4] + struct.pack('>I', count) + head[8:] + body)
+    result = _run('--data-dir', str(tmp_path))
+    assert (result.returncode, result.stdout) == (2, '')
+    assert result.stderr == (
+        'python -m gluon_mgpu.compare: error: --data-dir %s: the step row trains on 272 images '
+        'and tests on 200, more than it holds (train_limit=272 is more than the 100 training '
+        'images); give the whole data set\n' % tmp_path)
+    damaged = tmp_path / 't10k-labels-idx1-ubyte.gz'
+    damaged.write_bytes(damaged.read_bytes()[:-9])
+    result = _run('--data-dir', str(tmp_path))
+    assert (result.returncode, result.stdout) == (2, '')
+    assert result.stderr.startswith('python -m gluon_mgpu.compare: error: --data-dir %s: %s is not '
+                                    'a complete gzip file' % (tmp_path, damaged)), result.stderr
+    assert len(result.stderr.splitlines()) == 1
 
 
 @pytest.mark.parametrize('args,expected', [

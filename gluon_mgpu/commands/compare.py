@@ -176,6 +176,12 @@ def _most(pairs):
     return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs), default=0.0)
 
 
+def equality_sizes(num_devices):
+    """The batch and the training images of ``epoch_equality`` on ``num_devices``: 4 batches
+    of 32 per device and a short one of 16."""
+    return 32 * num_devices, 4 * 32 * num_devices + 16
+
+
 def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY_SEED,
                    test_limit=EQUALITY_TEST_LIMIT):
     """Train with the chapter's ``train`` as printed (``book_train``, d2lzh's network) and with
@@ -203,8 +209,8 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
     from ..data import load_data_fashion_mnist
     from ..handlers.events import BatchEnd, EpochEnd
 
-    batch_size = 32 * len(devices)
-    lr, train_limit = training.LR_PER_DEVICE * len(devices), 4 * batch_size + 16
+    batch_size, train_limit = equality_sizes(len(devices))
+    lr = training.LR_PER_DEVICE * len(devices)
 
     def load(size):
         return load_data_fashion_mnist(size, data_dir=data_dir, train_limit=train_limit,
@@ -430,16 +436,24 @@ def main(argv=None):
 
 
 def _compare(args):
-    from ..data import DataError, DataNotFoundError, find_data_dir
+    from ..data import DataError, DataNotFoundError, load_data_fashion_mnist
     from ..devices import get_devices
+    batch_size, train_limit = equality_sizes(2)
+    try:  # the step row's data, read now: a damaged file is found before the cells run
+        load_data_fashion_mnist(batch_size, data_dir=args.data_dir, train_limit=train_limit,
+                                test_limit=EQUALITY_TEST_LIMIT)
+    except (DataError, DataNotFoundError) as e:
+        raise cli.data_error(e, args.data_dir) from None
+    except ValueError as e:
+        raise cli.UsageError('%s: the step row trains on %d images and tests on %d, more than '
+                             'it holds (%s); give the whole data set'
+                             % ('--data-dir %s' % args.data_dir if args.data_dir else
+                                'the data', train_limit, EQUALITY_TEST_LIMIT,
+                                str(e).split(';')[0])) from None
     try:
         pair = get_devices(2, args.device)
     except ValueError as e:
         raise cli.UsageError('--device %s: %s' % (args.device, e)) from None
-    try:
-        find_data_dir(args.data_dir)
-    except (DataError, DataNotFoundError) as e:
-        raise cli.UsageError(str(e)) from None
     rows = deterministic_rows(chapter_cells(pair))
     rows.append(step_row(pair, args.data_dir))
     print(describe_devices(pair))
