@@ -41,6 +41,21 @@ def test_collect_describes_this_cpu_environment():
     assert info['data_dir'] == gluon_mgpu.find_data_dir()
 
 
+def test_a_broken_data_folder_is_reported_not_raised(tmp_path, monkeypatch, data_dir):
+    # A folder holding all four names, one of them a folder: the report itself failed with
+    # 'unexpected DataError' (read from the code; here the only candidate is that folder).
+    from gluon_mgpu import data
+    for name in os.listdir(data_dir):
+        os.symlink(os.path.join(data_dir, name), tmp_path / name)
+    os.remove(tmp_path / 't10k-labels-idx1-ubyte.gz')
+    os.mkdir(tmp_path / 't10k-labels-idx1-ubyte.gz')
+    monkeypatch.setattr(data, 'data_dir_candidates', lambda data_dir=None: [str(tmp_path)])
+    info = env.collect()
+    assert info['data_dir'] is None
+    broken = tmp_path / 't10k-labels-idx1-ubyte.gz'
+    assert info['data_error'].startswith('%s is a folder' % broken), info['data_error']
+
+
 def test_the_command_prints_the_report(tmp_path):
     environ = dict(os.environ, MXNET_USE_FUSION='0')
     r = subprocess.run([sys.executable, '-m', 'gluon_mgpu.env'], capture_output=True, text=True,

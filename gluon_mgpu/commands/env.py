@@ -112,13 +112,13 @@ def collect():
     import mxnet as mx
 
     from .. import __version__
-    from ..data import DataNotFoundError, find_data_dir
+    from ..data import DataError, DataNotFoundError, find_data_dir
     features = mx.runtime.Features()
     libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]
     libraries.append((DRIVER_LIBRARY, loaded_from(DRIVER_LIBRARY)))
     try:
         data_dir, data_error = find_data_dir(), None
-    except DataNotFoundError as e:
+    except (DataError, DataNotFoundError) as e:  # the report says what is wrong with the data
         data_dir, data_error = None, str(e)
     return {
         'python': sys.version.split()[0],
