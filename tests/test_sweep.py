@@ -121,6 +121,10 @@ def test_sweep_cli_runs_each_setting_and_writes_table_and_plot(tmp_path, data_di
      r'--output-dir \S+/file is a regular file, not a folder; choose a folder$'),
     (['--num-gpus', '1', '--train-limit', '60001'],
      r'--train-limit=60001 is more than the 60000 training images'),
+    # The 2-device setting's lr, 4e+38, is infinite in float32: found before the first trains.
+    (['--num-gpus', '1', '2', '--lr-per-device', '2e38'],
+     r"--lr-per-device 2e\+38 times 2 devices is 4e\+38, more than MXNet's float32 optimizer "
+     r"can use \(3.4028235e\+38\); pass --lr-per-device 1.70141e\+38 or less$"),
     # Found before training, not when the results are written after the last setting.
     (['--num-gpus', '1', '--output-dir', '{tmp}/taken'],
      r'--output-dir \S+/taken holds \S+/taken/sweep.png, which is a folder, not a regular file, '

@@ -204,7 +204,13 @@ def _run(args, state):
     except ValueError as e:
         raise cli.UsageError('--num-gpus %s --device %s: %s' % (
             ' '.join(map(str, args.num_gpus)), args.device, e)) from None
-    largest = max(settings, key=lambda s: s['num_devices'])['devices']
+    top = max(settings, key=lambda s: s['num_devices'])
+    if top['lr'] > cli.LR_RANGE[1]:  # found now, not when that setting starts
+        raise cli.UsageError('--lr-per-device %g times %d devices is %g, more than MXNet\'s '
+                             'float32 optimizer can use (%.8g); pass --lr-per-device %g or less'
+                             % (args.lr_per_device, top['num_devices'], top['lr'],
+                                cli.LR_RANGE[1], cli.LR_RANGE[1] / top['num_devices']))
+    largest = top['devices']
     cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
         ' '.join(map(str, args.num_gpus)), args.device))
     cli.check_dtype(PROG, args.dtype, largest, args.force_dtype)
