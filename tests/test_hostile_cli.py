@@ -244,6 +244,9 @@ def _argv(flag):
     (_argv('extra'), r': argv holds "extra", which is not a setting a run records'),
     (lambda r: r.pop('argv'), r': argv is null, not a command line'),
     (lambda r: r.update(history='oops'), r': history is not a list of 1 epoch records'),
+    # Finite, but its sum over epochs was not: the summary failed to write at the run's end.
+    (lambda r: r['history'][0].update(images_per_sec=1e308),
+     r'images_per_sec is 1e\+308, not number \(> 0, <= 1000000000000.0\)'),
     (lambda r: r.update(network='vgg(10)'), r': network is "vgg\(10\)", but its command line '
                                             r'trains resnet18\(10\)'),
 ])

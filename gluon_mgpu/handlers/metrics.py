@@ -124,11 +124,12 @@ SCHEMA = {
             'description': 'One entry per finished epoch, in order: what `train()` returns.',
             'items': _object('One epoch.', properties={
                 'epoch': dict(_COUNT, description='Epoch number, from 1.'),
-                'seconds': dict(_POSITIVE, description=(
+                'seconds': dict(_POSITIVE, maximum=1e9, description=(
                     'Training time of the epoch (test evaluation not included), measured '
-                    'after all devices finished.')),
-                'images_per_sec': dict(_POSITIVE, description=(
-                    'Training images per second in this epoch.')),
+                    'after all devices finished; at most 1e9 (31 years), so that sums over '
+                    'epochs stay finite.')),
+                'images_per_sec': dict(_POSITIVE, maximum=1e12, description=(
+                    'Training images per second in this epoch; at most 1e12.')),
                 'train_loss': dict(_LOSS, description=(
                     'Mean softmax cross-entropy over the epoch\'s training images; null if '
                     'it was not finite (training diverged).')),
