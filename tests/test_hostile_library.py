@@ -518,6 +518,29 @@ def test_leftovers_of_a_killed_write_are_deleted_and_nothing_else(tmp_path):
                                              'notes.tmp']
 
 
+@pytest.mark.parametrize('content', [b'my own lock\n', b'12 34\n', b'\xff' * 100])
+def test_a_lock_file_that_is_not_ours_is_left_as_it_is(tmp_path, content):
+    # It was emptied and given this process's pid: --checkpoint-dir can name any folder.
+    (tmp_path / '.lock').write_bytes(content)
+    (tmp_path / '.epoch-0003.params.x.tmp').write_bytes(b'')
+    with pytest.raises(ValueError) as e:
+        checkpoint.lock_dir(str(tmp_path))
+    assert str(e.value) == ('%s holds .lock, which is not the lock file of a gluon_mgpu run (it '
+                            'starts %s) and is left as it is; pass another folder'
+                            % (tmp_path, json.dumps(content[:20].decode('utf-8', 'replace'))))
+    assert (tmp_path / '.lock').read_bytes() == content
+    assert (tmp_path / '.epoch-0003.params.x.tmp').exists()  # nothing of the folder touched
+    os.remove(tmp_path / '.lock')
+    os.mkfifo(tmp_path / '.lock')
+    with pytest.raises(ValueError, match=r'\.lock, which is not the lock file of a gluon_mgpu '
+                                         r'run \(it is a FIFO \(named pipe\)\)'):
+        checkpoint.lock_dir(str(tmp_path))
+    os.remove(tmp_path / '.lock')
+    (tmp_path / '.lock').write_bytes(b'4242\n')  # a killed run's: taken over
+    checkpoint.lock_dir(str(tmp_path)).release()
+    assert (tmp_path / '.lock').read_bytes() == b'%d\n' % os.getpid()
+
+
 def test_a_lock_file_that_is_a_link_is_refused(tmp_path):
     directory = tmp_path / 'ck'
     directory.mkdir()

@@ -83,6 +83,15 @@ def lock_dir(directory):
             p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            mode = os.fstat(lock.fileno()).st_mode
+            held = (lock.read(64) or b'') if stat.S_ISREG(mode) else None
+            if held is None or not re.fullmatch(rb'([0-9]{1,10}\n)?', held):  # ours: a run's pid
+                raise ValueError('%s holds %s, which is not the lock file of a gluon_mgpu run (%s) '
+                                 'and is left as it is; pass another folder' % (
+                                     directory, LOCK_NAME, 'it is %s' % file_kind(mode)
+                                     if held is None else 'it starts %s' % json.dumps(
+                                         held[:20].decode('utf-8', 'replace'))))
+            lock.seek(0)
             tempfile.TemporaryFile(dir=directory).close()
             for name in sorted(os.listdir(directory)):
                 mode = os.lstat(os.path.join(directory, name)).st_mode
