@@ -95,6 +95,10 @@ def _check_line(record, path, number, step):
     if len(record['acc_running']) != record['devices']:
         refuse('acc_running holds %d accuracies for %d devices'
                % (len(record['acc_running']), record['devices']))
+    names = record.get('device_names', [])
+    if not (isinstance(names, list) and len(names) <= record['devices']
+            and all(isinstance(n, str) and len(n) <= 40 for n in names)):
+        refuse('device_names is %s, not a list of device names' % _shown(names))
     if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
         refuse('dtype is %s, not "float32" or "bfloat16"' % _shown(record['dtype']))
 

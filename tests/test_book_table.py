@@ -96,7 +96,10 @@ FIX = r'; fix or delete that line \(the epoch is then trained again\)$'
     ([json.dumps(_line(devices=10 ** 400))], r'line 1: devices is a whole number of 401 digits, '
                                              r'not a whole number from 1 to 1024'),
     ([json.dumps(_line(acc_running=[0.5]))], r'acc_running holds 1 accuracies for 2 devices'),
-    ([json.dumps(_line(seconds=float('nan')))], r'line 1: seconds is NaN, not number \(> 0\)'),
+    ([json.dumps(_line(seconds=float('nan')))], r'line 1: seconds is NaN, not number \(> 0, <= '
+                                                r'1000000000.0\)'),
+    ([json.dumps(_line(device_names=5))], r'line 1: device_names is 5, not a list of device names'
+                                          + FIX),
     ([json.dumps(_line(dtype='float16'))], r'line 1: dtype is "float16", not "float32" or '
                                            r'"bfloat16"' + FIX),
     ([json.dumps(_line()), json.dumps(_line(test_acc=0.3))],

@@ -1163,7 +1163,8 @@ def _set(where, key, value=_DROP):
                                                'digits, not integer (>= 1)'),
     (_set(('history', 0), 'test_acc', 1.5), 'history[0]: test_acc is 1.5, not number (>= 0, '
                                             '<= 1)'),
-    (_set(('history', 0), 'seconds', 0), 'history[0]: seconds is 0, not number (> 0)'),
+    (_set(('history', 0), 'seconds', 0), 'history[0]: seconds is 0, not number (> 0, <= '
+                                         '1000000000.0)'),
     (_set(('history', 0), 'images_per_sec'), 'history[0]: it lacks images_per_sec'),
     (_set(('optimizer',), 'lr', -1), 'optimizer is {"lr": -1, "num_update": 2}, not a learning '
                                      'rate above 0 and an update count'),
