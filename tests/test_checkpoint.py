@@ -560,7 +560,7 @@ def test_cli_refuses_a_checkpoint_of_another_program(cli_dir, capsys):
     (['--num-gpus=2', '--epochs=1.0'], "argument --epochs: --epochs expects a whole number, got "
                                        "'1.0'"),
     (['--num-gpus=%d' % 10 ** 400], 'argument --num-gpus: --num-gpus'),
-    (['--frobnicate'], 'unrecognized arguments: --frobnicate'),
+    (['--model=vgg'], "argument --model: invalid choice: 'vgg'"),
 ])
 def test_cli_refuses_a_recorded_command_line_the_command_refuses(cli_dir, capsys, argv, reason):
     path = _tamper(cli_dir, argv=argv)

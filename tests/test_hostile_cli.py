@@ -242,6 +242,7 @@ def _argv(flag):
     (_argv('--seed'), r': argv holds "--seed", which is not a setting a run records'),
     (_argv('--quiet=1'), r': argv holds "--quiet=1", which is not a setting a run records'),
     (_argv('extra'), r': argv holds "extra", which is not a setting a run records'),
+    (_argv('--frobnicate'), r': argv holds "--frobnicate", which is not a setting a run records'),
     (lambda r: r.pop('argv'), r': argv is null, not a command line'),
     (lambda r: r.update(history='oops'), r': history is not a list of 1 epoch records'),
     # Finite, but its sum over epochs was not: the summary failed to write at the run's end.
