@@ -99,7 +99,11 @@ def test_the_wrong_divisor_is_twice_the_learning_rate(tmp_path):
     script = tmp_path / 'wrong.py'
     script.write_text(WRONG_DIVISOR)
     job = _horovodrun(str(script), str(tmp_path / 'wrong.params'))
-    assert job.returncode == 0, job.stderr[-3000:]
+    # Once in about 30 runs under the full suite, rank 0 ended with SIGABRT ('Aborted') and
+    # horovodrun's traceback hid why: its own lines come first here.
+    assert job.returncode == 0, '\n'.join(
+        [line for line in job.stderr.splitlines() if line.startswith('[0]')][-40:]
+        + ['...'] + job.stderr.splitlines()[-15:])
     wrong = nd.load(str(tmp_path / 'wrong.params'))
     _single('--epochs', '1', '--num-gpus', '2', '--save-params', str(tmp_path / 'one.params'))
     _single('--epochs', '1', '--num-gpus', '2', '--lr', '0.4',
