@@ -138,9 +138,9 @@ def port_problem(port, host='127.0.0.1'):
 
 
 def max_local_processes(each='process loads MXNet', size=(PROCESS_BYTES, PROCESS_THREADS)):
-    """``(n, reason)``: the most processes of a job this machine could hold, each at least
-    MXNet loaded (``size``: bytes and threads; for ssh clients ``SSH_BYTES``, ``SSH_THREADS``),
-    and why; ``(None, None)`` when nothing is known."""
+    """``(n, reason)``: the most processes of a job this machine could hold, each taking at
+    least ``size`` (bytes, threads: MXNet loaded; an ssh client with ``SSH_BYTES``,
+    ``SSH_THREADS``), and why; ``(None, None)`` when nothing is known."""
     memory, (threads, source) = memory_bytes(), thread_limit()
     limits = []
     if memory:
