@@ -3,6 +3,7 @@ Where a reader looks for them: ``is_whole`` for a count given in Python, ``is_di
 read from text (an environment variable, a file), ``one_line`` for an error's message.
 """
 import re
+import sys
 
 __all__ = ['is_whole', 'check_whole', 'is_digits', 'one_line']
 
@@ -28,7 +29,6 @@ def is_digits(text):
     """Whether ``text`` is ASCII digits only, so ``int(text)`` reads it: ``str.isdigit()`` also
     accepts '²', which ``int()`` refuses, and Python's ``int()`` refuses more than 4300 digits
     (``sys.get_int_max_str_digits()``)."""
-    import sys
     return (re.fullmatch(r'[0-9]+', text) is not None
             and len(text) <= (sys.get_int_max_str_digits() or len(text)))
 
