@@ -6,7 +6,7 @@ docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.
 notebooks from the records (the record's reader and the accuracy table made of it are
 ``book_records.py``). docs/notebooks.md ("The book, side by side") explains it.
 
-    .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # ~10 h, 2 cores
+    .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # 10-20 h, 2 cores
     .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
     .venv/bin/python benchmarks/book_table.py --page       # after new record lines (minutes)
     .venv/bin/python benchmarks/book_table.py --tables     # the tables of the records only
