@@ -605,7 +605,8 @@ def test_a_number_of_400_digits_is_one_line(flag, capsys, data_dir):
     ('-' + '7' * 5000, 'must be at least 1, got a number of 5000 digits'),
     ('0' * 5000 + '3', None),
     # What int() reads besides ASCII digits: underscores, other scripts' digits.
-    ('1' + '_000' * 7, 'must be at most 2147483647, got a number of 29 digits'),
+    ('1' + '_000' * 7, 'must be at most 2147483647, got a number of 22 digits'),
+    ('0_0' + '9' * 30, 'must be at most 2147483647, got a number of 30 digits'),
     ('\u0663' * 24, 'must be at most 2147483647, got a number of 24 digits'),
 ])
 def test_a_number_longer_than_int_reads_is_one_line(text, says, capsys, data_dir):

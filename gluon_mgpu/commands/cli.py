@@ -53,7 +53,7 @@ def whole(flag, minimum=1, maximum=None, example=2):
         except ValueError:
             raise _refuse(flag, 'expects a whole number, got %r' % text[:40], example) from None
         shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % (
-            len(digits[2]) if digits else len(text.strip().lstrip('+-')))  # '1_0...', '٣...'
+            len(digits[2]) if digits else len(str(abs(value))))  # '1_0...', '٣...': int() read
         if maximum is not None and not minimum <= value <= maximum:
             raise _refuse(flag, 'must be between %d and %d, got %s' % (minimum, maximum, shown),
                           example)
