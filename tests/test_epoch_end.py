@@ -1,0 +1,73 @@
+"""benchmarks/epoch_end.py: the replay of an epoch from a saved state is the run's own epoch, bit
+for bit, and says so when it is not."""
+import json
+import os
+import subprocess
+import sys
+
+import mxnet as mx
+
+from gluon_mgpu.handlers.checkpoint import checkpoint_path
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import epoch_end  # noqa: E402
+
+# 56 = 3 x 16 + 8: each epoch ends with a short batch, as Fashion-MNIST's do.
+RUN = ['--num-gpus', '2', '--device', 'cpu', '--batch-size', '16', '--lr', '0.2',
+       '--train-limit', '56', '--test-limit', '32', '--seed', '4', '--epochs', '2', '--quiet']
+
+
+def _replay(folder, output, data_dir):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'epoch_end.py'),
+                           '--checkpoint-dir', folder, '--from-epoch', '1', '--test-limit', '32',
+                           '--every', '2', '--last', '1', '--output', output,
+                           '--data-dir', data_dir],
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_probe_steps():
+    assert epoch_end.probe_steps(118, 10, 3) == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110,
+                                                 116, 117, 118]
+    assert epoch_end.probe_steps(4, 0, 1) == [4]
+    assert epoch_end.probe_steps(4, 2, 9) == [1, 2, 3, 4]
+
+
+def test_the_replay_of_a_saved_epoch_is_the_runs_epoch_bit_for_bit(tmp_path, data_dir):
+    folder, output = str(tmp_path / 'run'), str(tmp_path / 'replay.json')
+    # The command chooses its own threads (the replay chooses the same from the record).
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *RUN, '--data-dir', data_dir,
+                           '--checkpoint-dir', folder], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    replayed = _replay(folder, output, data_dir)
+    assert replayed.returncode == 0, replayed.stderr
+    with open(output) as f:
+        found = json.load(f)
+    with open(checkpoint_path(folder, 2, 'json')) as f:
+        saved = json.load(f)
+    params = len(saved_params(folder))
+    assert found['replay'] == {'copies': 2 * params, 'max_abs_difference': 0.0,
+                               'bit_equal': True}
+    assert (found['from_epoch'], found['epoch'], found['steps']) == (1, 2, 4)
+    assert [p['step'] for p in found['probes']] == [2, 4]
+    # What the command printed for epoch 2 (the test set split over the devices) ...
+    assert found['test_acc_split'] == saved['history'][1]['test_acc']
+    # ... and the book's measure after the last step, probed on the same 32 images.
+    assert found['probes'][-1]['acc_device0'] == found['test_acc_device0']
+
+    # A saved weight changed by 1: the replay no longer matches, and says by how much.
+    arrays = saved_params(folder)
+    name = next(k for k in sorted(arrays) if arrays[k].ndim == 4)  # a convolution's weight
+    arrays[name][0, 0, 0, 0] += 1.0
+    mx.nd.save(checkpoint_path(folder, 2, 'params'), arrays)
+    replayed = _replay(folder, output, data_dir)
+    assert replayed.returncode == 1, replayed.stderr
+    with open(output) as f:
+        found = json.load(f)
+    assert found['replay']['bit_equal'] is False
+    assert abs(found['replay']['max_abs_difference'] - 1.0) < 1e-6
+
+
+def saved_params(folder):
+    return mx.nd.load(checkpoint_path(folder, 2, 'params'))
