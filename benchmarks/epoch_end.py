@@ -134,12 +134,22 @@ def main(argv=None):
     parser.add_argument('--output', help='write the result as JSON here')
     parser.add_argument('--data-dir', help="Fashion-MNIST's folder (default: searched)")
     args = parser.parse_args(argv)
-    record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
+    try:
+        record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
+        devices = len(record['devices'])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        parser.error('--checkpoint-dir %s --from-epoch %d: no checkpoint of a run to start from '
+                     '(%s); give a folder of the book table\'s runs and one of its saved epochs'
+                     % (args.checkpoint_dir, args.from_epoch, e))
     # The run's threads: the train command chose them for its device count; with another
     # count the sums run in another order and the replay parts from the run within a few steps.
-    os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(len(record['devices'])))
-    result = replay(args.checkpoint_dir, record, args.test_limit, args.every, args.last,
-                    args.data_dir)
+    os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(devices))
+    from gluon_mgpu.handlers.checkpoint import CheckpointError
+    try:
+        result = replay(args.checkpoint_dir, record, args.test_limit, args.every, args.last,
+                        args.data_dir)
+    except CheckpointError as e:
+        parser.error(str(e))
     print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
     if args.output:
         with open(args.output, 'w') as f:
