@@ -50,7 +50,7 @@ def settings(record):
     return {k: getattr(parsed, k) for k in SETTINGS}
 
 
-def replay(directory, record, test_limit, every, last, data_dir=None):
+def replay(directory, record, test_limit, every, last, data_dir=None, decompose=0):
     """Train the epoch after checkpoint ``record`` again, probing device 0's test accuracy.
 
     Returns
@@ -60,28 +60,59 @@ def replay(directory, record, test_limit, every, last, data_dir=None):
         epoch's test accuracy split over the devices (``test_acc_split``, what the train
         command prints) and on device 0 (``test_acc_device0``, the book's), and ``replay``
         (``bit_equal``, ``max_abs_difference`` over every copy) when the run saved that epoch.
+        For each of the last ``decompose`` steps a probe also gives what the step's two parts
+        do apart on device 0: ``acc_weights_only`` (the step's new weights with the running
+        statistics from before it) and ``acc_stats_only`` (the weights from before it with its
+        new running statistics); the values are put back before training goes on.
     """
     import gluon_mgpu  # noqa: F401  (first: it sets the threads MXNet starts with)
     import numpy as np
     from mxnet import nd
     from gluon_mgpu import data, devices as devices_mod, training
     from gluon_mgpu.handlers import checkpoint
-    from gluon_mgpu.handlers.events import BatchEnd, EpochLine, TrainBegin
+    from gluon_mgpu.handlers.events import BatchBegin, BatchEnd, EpochLine, TrainBegin
 
     class Resume(TrainBegin):
         def train_begin(self, estimator, *args, **kwargs):
             estimator.resume(record['epoch'], record['history'])
 
-    class Probe(BatchEnd):
-        def __init__(self, steps):
-            self.steps, self.step, self.rows = set(steps), 0, []
+    def device0(net):
+        return {name: p.data(devices[0]) for name, p in
+                net._collect_params_with_prefix().items()}
+
+    def is_stat(name):
+        return name.endswith(('running_mean', 'running_var'))
+
+    class Probe(BatchBegin, BatchEnd):
+        def __init__(self, steps, split):
+            self.steps, self.split, self.step, self.rows = set(steps), set(split), 0, []
+            self.before = None
+
+        def batch_begin(self, estimator, *args, **kwargs):
+            if self.step + 1 in self.split:
+                self.before = {k: v.copy() for k, v in device0(estimator.net).items()}
+
+        def acc(self, net):
+            return training.evaluate_accuracy(probe_iter, net, devices[:1])
 
         def batch_end(self, estimator, *args, **kwargs):
             self.step += 1
-            if self.step in self.steps:
-                acc = training.evaluate_accuracy(probe_iter, estimator.net, devices[:1])
-                self.rows.append({'step': self.step, 'acc_device0': acc})
-                print('step %d: device 0 test accuracy %.4f' % (self.step, acc), flush=True)
+            if self.step not in self.steps:
+                return False
+            row = {'step': self.step, 'acc_device0': self.acc(estimator.net)}
+            if self.step in self.split:
+                arrays = device0(estimator.net)
+                after = {k: v.copy() for k, v in arrays.items()}
+                for key, stats in (('acc_weights_only', True), ('acc_stats_only', False)):
+                    for k, v in arrays.items():
+                        v[:] = self.before[k] if is_stat(k) == stats else after[k]
+                    row[key] = self.acc(estimator.net)
+                for k, v in arrays.items():
+                    v[:] = after[k]
+                nd.waitall()
+            self.rows.append(row)
+            print('step %d: %s' % (self.step, ', '.join('%s %.4f' % (k, v) for k, v in row.items()
+                                                        if k != 'step')), flush=True)
             return False
 
     run = settings(record)
@@ -97,7 +128,8 @@ def replay(directory, record, test_limit, every, last, data_dir=None):
     probe_iter = data.ArrayBatches(test_x[:test_limit], test_y[:test_limit], TEST_BATCH)
     train_iter.set_min_batch(len(devices))  # as train() does
     steps = len(train_iter)
-    probe = Probe(probe_steps(steps, every, last))
+    split = probe_steps(steps, 0, decompose) if decompose else []
+    probe = Probe(sorted(set(probe_steps(steps, every, last)) | set(split)), split)
     start = time.time()
     history = training.train(net, train_iter, test_iter, devices, num_epochs=record['epoch'] + 1,
                              trainer=trainer, event_handlers=[Resume(), probe, EpochLine()],
@@ -133,6 +165,9 @@ def main(argv=None):
     parser.add_argument('--last', type=int, default=20)
     parser.add_argument('--output', help='write the result as JSON here')
     parser.add_argument('--data-dir', help="Fashion-MNIST's folder (default: searched)")
+    parser.add_argument('--decompose', type=int, default=0,
+                        help="for each of the last N steps, also test the step's new weights "
+                             "and its new running statistics apart")
     args = parser.parse_args(argv)
     try:
         record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
@@ -147,7 +182,7 @@ def main(argv=None):
     from gluon_mgpu.handlers.checkpoint import CheckpointError
     try:
         result = replay(args.checkpoint_dir, record, args.test_limit, args.every, args.last,
-                        args.data_dir)
+                        args.data_dir, args.decompose)
     except CheckpointError as e:
         parser.error(str(e))
     print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
