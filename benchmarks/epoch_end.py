@@ -70,11 +70,7 @@ def replay(directory, record, test_limit, every, last, data_dir=None, decompose=
     from mxnet import nd
     from gluon_mgpu import data, devices as devices_mod, training
     from gluon_mgpu.handlers import checkpoint
-    from gluon_mgpu.handlers.events import BatchBegin, BatchEnd, EpochLine, TrainBegin
-
-    class Resume(TrainBegin):
-        def train_begin(self, estimator, *args, **kwargs):
-            estimator.resume(record['epoch'], record['history'])
+    from gluon_mgpu.handlers.events import BatchBegin, BatchEnd, EpochLine
 
     def device0(net):
         return {name: p.data(devices[0]) for name, p in
@@ -130,9 +126,11 @@ def replay(directory, record, test_limit, every, last, data_dir=None, decompose=
     steps = len(train_iter)
     split = probe_steps(steps, 0, decompose) if decompose else []
     probe = Probe(sorted(set(probe_steps(steps, every, last)) | set(split)), split)
+    # The run's history and data order, without saving (the train command's --resume).
+    resume = checkpoint.CheckpointHandler(None, {}, resume=record)
     start = time.time()
     history = training.train(net, train_iter, test_iter, devices, num_epochs=record['epoch'] + 1,
-                             trainer=trainer, event_handlers=[Resume(), probe, EpochLine()],
+                             trainer=trainer, event_handlers=[resume, probe, EpochLine()],
                              batch_size=batch_size)
     result = {'checkpoint_dir': os.path.abspath(directory), 'from_epoch': record['epoch'],
               'epoch': record['epoch'] + 1, 'steps': steps, 'test_limit': test_limit,
