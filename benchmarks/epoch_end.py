@@ -178,6 +178,10 @@ def main(argv=None):
     # count the sums run in another order and the replay parts from the run within a few steps.
     os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(devices))
     from gluon_mgpu.handlers.checkpoint import CheckpointError
+    from gluon_mgpu.runtime.files import atomic_path, output_problem
+    problem = args.output and output_problem(args.output)
+    if problem:  # before the epoch's training, not after it
+        parser.error('--output %s: %s' % (args.output, problem))
     try:
         result = replay(args.checkpoint_dir, record, args.test_limit, args.every, args.last,
                         args.data_dir, args.decompose)
@@ -185,7 +189,7 @@ def main(argv=None):
         parser.error(str(e))
     print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
     if args.output:
-        with open(args.output, 'w') as f:
+        with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
             json.dump(result, f, indent=1)
             f.write('\n')
     return 0 if result.get('replay', {}).get('bit_equal', True) else 1

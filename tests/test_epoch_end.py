@@ -69,5 +69,22 @@ def test_the_replay_of_a_saved_epoch_is_the_runs_epoch_bit_for_bit(tmp_path, dat
     assert abs(found['replay']['max_abs_difference'] - 1.0) < 1e-6
 
 
+def test_an_output_that_is_not_a_regular_file_is_refused_before_training(tmp_path):
+    folder = tmp_path / 'run'
+    folder.mkdir()
+    (folder / 'epoch-0001.json').write_text(json.dumps({'devices': ['cpu(0)', 'cpu(1)']}))
+    link = tmp_path / 'link.json'
+    link.symlink_to(tmp_path / 'elsewhere.json')
+    for output in ('/dev/null', str(tmp_path), str(link)):
+        done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'epoch_end.py'),
+                               '--checkpoint-dir', str(folder), '--from-epoch', '1',
+                               '--output', output], capture_output=True, text=True, timeout=120)
+        assert done.returncode == 2
+        last = done.stderr.strip().splitlines()[-1]
+        assert last.startswith('benchmarks/epoch_end.py: error: --output %s: ' % output), last
+        assert 'Traceback' not in done.stderr
+    assert not (tmp_path / 'elsewhere.json').exists()
+
+
 def saved_params(folder):
     return mx.nd.load(checkpoint_path(folder, 2, 'params'))
