@@ -92,6 +92,10 @@ def _check_line(record, path, number, step):
     problem = epoch_problem(record)
     if problem:
         refuse(problem)
+    if (record['batch_size'], record['lr']) != training.book_setting(record['devices']):
+        refuse('batch_size %s and lr %s are not the book\'s for %s (%s and %s)' % (
+            record['batch_size'], record['lr'], plural(record['devices'], 'device'),
+            *training.book_setting(record['devices'])))
     if len(record['acc_running']) != record['devices']:
         refuse('acc_running holds %d accuracies for %d devices'
                % (len(record['acc_running']), record['devices']))

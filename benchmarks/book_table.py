@@ -14,8 +14,11 @@ notebooks from the records (the record's reader and the accuracy table made of i
 Stopped by Ctrl-C, SIGTERM or a reboot, the same command continues where it was: an epoch
 counts once its line is in the record; only the epoch in progress is lost.
 """
+import argparse
 import collections
+import contextlib
 import datetime
+import errno
 import json
 import math
 import os
@@ -38,7 +41,8 @@ from gluon_mgpu.commands import cli, compare  # noqa: E402
 from measuring import cpu_model  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
-from gluon_mgpu.runtime.files import OutputError, atomic_path, output_problem  # noqa: E402
+from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
+                                      output_problem)
 import book_records  # noqa: E402
 from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
                           table_records)
@@ -99,12 +103,20 @@ def append_record(path, record):
     problem = output_problem(path)
     if problem:
         raise OutputError(path, 'cannot append to the record %s: %s' % (path, problem))
-    line = json.dumps(record, sort_keys=True, allow_nan=False) + '\n'
+    line = (json.dumps(record, sort_keys=True, allow_nan=False) + '\n').encode('utf-8')
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
-            os.write(fd, line.encode('utf-8'))
-            os.fsync(fd)
+            size = os.fstat(fd).st_size
+            try:
+                written = os.write(fd, line)
+                if written != len(line):  # a full disk or a file size limit
+                    raise OSError(errno.ENOSPC, 'only %d of the line\'s %d bytes could be '
+                                  'written; the record is left as it was' % (written, len(line)))
+                os.fsync(fd)
+            except OSError:
+                os.ftruncate(fd, size)  # the record keeps whole lines
+                raise
         finally:
             os.close(fd)
     except OSError as e:
@@ -155,6 +167,8 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
                 time.sleep(wait_seconds)
                 continue
             waiting_for, start = None, time.time()
+            if saved:  # what is diagnosed or resumed must be this run's
+                check_run_folder(run, directory, epoch if epoch in saved else saved[-1])
             trained = epoch not in saved
             if trained:
                 done = sum(recorded(records, r, e) for r, e in plan)
@@ -189,21 +203,53 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
     return argv
 
 
+# What a run's settings may differ in from the book table's command line and still be its run:
+# where it runs, how long, and what it prints, writes or checks besides.
+_NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'given', 'argv',
+                  'debug', 'force_dtype', 'quiet', 'plot', 'metrics_json', 'save_params',
+                  'check_replicas'}
+
+
+def settings_difference(run, settings, ignore=()):
+    """How a train command's ``settings`` (``train.parse_args``'s) differ from those with which
+    this script trains ``run``, but in ``ignore``: ``['--seed 1 (the table's run: 0)', ...]``,
+    empty for none."""
+    from gluon_mgpu.commands import train
+    wanted = train.parse_args(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
+                                         False)[3:])
+    return ['--%s %s (the table\'s run: %s)' % (k.replace('_', '-'), v, getattr(wanted, k, None))
+            for k, v in sorted(vars(settings).items())
+            if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
+
+
+def check_run_folder(run, directory, epoch):
+    """Refuse (``CheckpointError``) a checkpoint ``epoch`` in ``run``'s folder that another run
+    wrote, before it is diagnosed or resumed."""
+    from gluon_mgpu.handlers import checkpoint
+    from gluon_mgpu.commands import train
+    differ = settings_difference(run, train.recorded_settings(
+        directory, checkpoint.read_checkpoint(directory, epoch)))
+    if differ:
+        raise checkpoint.CheckpointError(
+            '%s holds a run with other settings than %s: %s; move that folder away or pass '
+            'another --work-dir' % (directory, run.name, ', '.join(differ)[:300]))
+
+
 def _restored(directory, record, devices, hybridize):
     """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in the
     run's dtype."""
     from gluon_mgpu.handlers import checkpoint
-    args = _settings(record)
+    args = _settings(directory, record)
     net = training.new_network('resnet18', hybridize=hybridize, dtype=args.dtype)
     trainer = training.init_training(net, devices, args.lr, dtype=args.dtype)
     checkpoint.restore(directory, record, net, trainer, devices)
     return net
 
 
-def _settings(record):
+def _settings(directory, record):
     """The train command's settings of a checkpoint's run (its recorded command line)."""
     from gluon_mgpu.commands import train
-    return train.parse_args(record['argv'])
+    return train.recorded_settings(directory, record)
 
 
 def batch_norm_layers(net):
@@ -286,7 +332,7 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
 
     record = checkpoint.read_checkpoint(directory, epoch)
     test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
-    test_iter = data.ArrayBatches(test_x, test_y, _settings(record).batch_size)
+    test_iter = data.ArrayBatches(test_x, test_y, _settings(directory, record).batch_size)
     stats_iter = data.ArrayBatches(test_x, test_y, BATCH_STATS_BATCH)
     images, _ = data.load_fashion_mnist_arrays('train', data_dir)
 
@@ -329,6 +375,8 @@ def _is_locked(directory):
             lock_dir(directory).release()
         except CheckpointError as e:
             return str(e)
+        except ValueError as e:  # a folder whose .lock or files are no run's
+            raise CheckpointError(str(e)) from None
     return None
 
 
@@ -347,8 +395,13 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
     """Train ``run`` up to ``epoch`` with the train command, from its last checkpoint; its
     output goes to the end of the run's log."""
     argv = train_argv(run, directory, epoch, bool(list_checkpoints(directory)), device, data_dir)
-    log_path = os.path.join(work_dir, 'logs', run.name + '.log')
-    with open(log_path, 'ab') as log:
+    log_path = log_file(work_dir, run)
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as e:
+        raise OutputError(log_path, 'cannot write the log %s: %s' % (log_path, e.strerror or e),
+                          e.errno) from None
+    with os.fdopen(fd, 'ab') as log:
         log.write(('\n$ %s\n' % ' '.join(argv)).encode())
         log.flush()
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
@@ -365,9 +418,24 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
     if code in (129, 130, 143):
         raise KeyboardInterrupt('the train command of %s was stopped (exit %d)'
                                 % (run.name, code))
+    if code == 2:  # it refused its input: its own line says why
+        raise RunFailed('the train command of %s refused its input: %s (its output is in %s)'
+                        % (run.name, _last_line(log_path), log_path), code)
     if code != 0:
         raise RunFailed('the train command of %s exited with %d; its output is in %s'
                         % (run.name, code, log_path), code)
+
+
+def log_file(work_dir, run):
+    """The log of ``run``'s train commands in ``work_dir``."""
+    return os.path.join(work_dir, 'logs', run.name + '.log')
+
+
+def _last_line(path):
+    with open(path, 'rb') as f:
+        f.seek(max(0, os.fstat(f.fileno()).st_size - 2000))
+        lines = f.read().decode('utf-8', 'replace').strip().splitlines()
+    return lines[-1][:300] if lines else 'no output'
 
 
 def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
@@ -679,18 +747,39 @@ def write_page(devices, data_dir=None, tables_only=False):
                       cells=cells, record=os.path.relpath(DEFAULT_RECORD, ROOT),
                       mxnet_version=mx.__version__, date=datetime.date.today().isoformat())
         blocks = page_blocks(report)
-    with open(PAGE, encoding='utf-8') as f:
-        page = update_page(f.read(), blocks)
-    with atomic_path(PAGE) as tmp, open(tmp, 'w', encoding='utf-8') as f:
-        f.write(page)
+    new = {}  # every file is made before any is written: one that cannot be leaves all as they were
+    with _page_file(PAGE):
+        with open_input(PAGE) as f:
+            new[PAGE] = update_page(f.read().decode('utf-8'), blocks)
     for lang, path in NOTEBOOKS.items():
-        nb = nbformat.read(path, as_version=4)
-        [cell] = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
-        cell.source = fill_notebook_table(cell.source,
-                                          book_records.notebook_table(report['accuracy'], lang))
-        with atomic_path(path) as tmp:
-            nbformat.write(nb, tmp)
-    return [PAGE] + list(NOTEBOOKS.values())
+        with _page_file(path):
+            nb = nbformat.read(path, as_version=4)
+            cells = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
+            if len(cells) != 1:
+                raise ValueError('it holds %d cells tagged book-table, not one' % len(cells))
+            cells[0].source = fill_notebook_table(
+                cells[0].source, book_records.notebook_table(report['accuracy'], lang))
+            new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
+    for path, text in new.items():
+        with atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
+            f.write(text)
+    return list(new)
+
+
+class PageError(ValueError):
+    """A page or notebook whose tables cannot be filled; the message names it and the fix."""
+
+
+@contextlib.contextmanager
+def _page_file(path):
+    try:
+        yield
+    except (OSError, ValueError, KeyError, AttributeError, UnicodeDecodeError) as e:
+        name = os.path.relpath(path, ROOT)
+        raise PageError('%s: %s; its tables are filled in place, so restore it (git checkout -- '
+                        '%s) and run this again; no file was written'
+                        % (name, getattr(e, 'reason', None) or getattr(e, 'strerror', None)
+                           or str(e)[:200] or type(e).__name__, name)) from None
 
 
 def build_parser():
@@ -698,33 +787,52 @@ def build_parser():
                    'are not yet recorded (1 and 2 devices, the book\'s settings, full data, each '
                    'seed), one epoch at a time, resumable; or, with --page, fill the tables of '
                    'docs/book-comparison.md and the notebooks from the records.')
-    p.add_argument('--page', action='store_true',
-                   help='train nothing: fill docs/book-comparison.md\'s tables and the '
-                        'notebooks\' accuracy table from the records (default: off)')
-    p.add_argument('--tables', action='store_true',
-                   help='as --page, but only the tables made of the records (seconds; the '
-                        'chapter\'s cells and the step are not run again)')
-    p.add_argument('--seeds', type=cli.seed, nargs='+', default=[0, 1, 2], metavar='S',
+    pages = p.add_mutually_exclusive_group()
+    pages.add_argument('--page', action='store_true',
+                       help='train nothing: fill docs/book-comparison.md\'s tables and the '
+                            'notebooks\' accuracy table from the records (default: off)')
+    pages.add_argument('--tables', action='store_true',
+                       help='as --page, but only the tables made of the records (seconds; the '
+                            'chapter\'s cells and the step are not run again)')
+    # The run flags' defaults are filled in by _main: None says a flag was not given.
+    p.add_argument('--seeds', type=cli.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
+                   nargs='+', metavar='S',
                    help='the seeds of the runs (default: 0 1 2)')
     p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='also train epoch 1 of each seed on 2 devices with a linear '
                         'learning-rate warmup of N steps, as rows of their own (default: none)')
-    p.add_argument('--epochs', type=cli.whole('--epochs'), default=RUN_EPOCHS,
-                   help='epochs per run (default: %d, the book\'s)' % RUN_EPOCHS)
-    p.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+    p.add_argument('--epochs', type=cli.whole('--epochs', 1, RUN_EPOCHS, example=RUN_EPOCHS),
+                   help='epochs per run, at most the table\'s %d (default: %d, the book\'s)'
+                        % (RUN_EPOCHS, RUN_EPOCHS))
+    p.add_argument('--dtype', choices=('float32', 'bfloat16'),
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
-    p.add_argument('--record', metavar='PATH',
+    p.add_argument('--record', metavar='PATH', type=cli.output_file(
+                       '--record', ('.jsonl',), 'docs/book-table.jsonl'),
                    help='the record to append to (default: docs/book-table.jsonl, or '
                         'docs/bf16-table.jsonl for bfloat16)')
-    p.add_argument('--work-dir', default=DEFAULT_WORK_DIR, metavar='DIR',
+    p.add_argument('--work-dir', metavar='DIR', type=_folder('--work-dir'),
                    help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
                         % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))
     cli.add_device_flag(p)
     cli.add_data_flags(p)
     cli.add_debug_flag(p)
     return p
+
+
+def _folder(flag):
+    def parse(text):
+        if not text.strip():
+            raise argparse.ArgumentTypeError('%s expects a folder, got %r; for example %s '
+                                             '~/book-table' % (flag, text, flag))
+        return os.path.expanduser(text)
+    return parse
+
+
+# What training takes and --page/--tables do not: given with them, they are refused.
+_RUN_FLAGS = ('seeds', 'warmup_steps', 'epochs', 'dtype', 'record', 'work_dir', 'train_limit',
+              'test_limit')
 
 
 def main(argv=None):
@@ -736,10 +844,11 @@ def main(argv=None):
 
 def _explain_failure(e):
     from gluon_mgpu.handlers.checkpoint import CheckpointError
+    if isinstance(e, (RecordError, CheckpointError, PageError)) or getattr(e, 'exit_code',
+                                                                          None) == 2:
+        return 2, cli.error_line(PROG, e)  # bad input: here, or the train command's
     if isinstance(e, (RunFailed, OutputError)):
         return 1, cli.error_line(PROG, e)
-    if isinstance(e, (RecordError, CheckpointError)):
-        return 2, cli.error_line(PROG, e)
     if isinstance(e, KeyboardInterrupt):
         return (getattr(e, 'exit_code', 130),
                 '%s: %s; the finished epochs are recorded, give the same command again to '
@@ -758,9 +867,18 @@ def _main(args):
     except (ValueError, DataError, DataNotFoundError) as e:
         raise cli.UsageError(str(e)) from None
     if args.page or args.tables:
+        given = ['--' + k.replace('_', '-') for k in _RUN_FLAGS if getattr(args, k) is not None]
+        if given:
+            raise cli.UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
+                                 % ('--page' if args.page else '--tables', given[0],
+                                    '--page' if args.page else '--tables', given[0], given[0]))
         for path in write_page(pair, args.data_dir, tables_only=args.tables):
             print('wrote', os.path.relpath(path, ROOT))
         return 0
+    args.seeds = args.seeds or [0, 1, 2]
+    args.epochs = args.epochs or RUN_EPOCHS
+    args.dtype = args.dtype or 'float32'
+    args.work_dir = args.work_dir or DEFAULT_WORK_DIR
     record = args.record or (DEFAULT_BF16_RECORD if args.dtype == 'bfloat16' else DEFAULT_RECORD)
     problem = output_problem(record)
     if problem:
@@ -778,6 +896,11 @@ def _main(args):
             raise cli.UsageError('--dtype bfloat16: %s' % e) from None
     runs = plan_runs(list(dict.fromkeys(args.seeds)), args.warmup_steps or 0, args.epochs,
                      args.train_limit, args.test_limit, args.dtype)
+    for run in runs:  # the train commands' output goes to files of ours only
+        problem = output_problem(log_file(args.work_dir, run))
+        if problem:
+            raise cli.UsageError('--work-dir %s: %s %s; remove it or pass another --work-dir'
+                                 % (args.work_dir, log_file(args.work_dir, run), problem))
     print('running on:', format_devices(pair), flush=True)
     with DeferredInterrupt():
         run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,

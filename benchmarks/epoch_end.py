@@ -14,7 +14,6 @@ replay: every weight and running statistic on every device must come out equal b
 
 An epoch at the book's settings: 30 to 60 minutes on 2 cores, plus about 20 s per probe.
 """
-import argparse
 import json
 import os
 import sys
@@ -23,14 +22,82 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from gluon_mgpu.commands import cli  # noqa: E402  (no MXNet: the threads are chosen later)
+from gluon_mgpu.runtime import files, startup  # noqa: E402
+
+PROG = 'benchmarks/epoch_end.py'
 TEST_BATCH = 500
-SETTINGS = ('batch_size', 'lr', 'seed', 'num_gpus', 'train_limit', 'test_limit')
+JSON_LIMIT = 64 << 20  # bytes, as the package's checkpoints
+# Format 3, the book table's runs (commit 9bf9b9a), recorded its settings as a dict; these are
+# the ones the replay needs, read again as the train command's flags.
+_FORMAT_3 = 'gluon_mgpu checkpoint 3'
+_FORMAT_3_FLAGS = ('num_gpus', 'batch_size', 'lr', 'seed', 'train_limit', 'test_limit', 'dtype',
+                   'model', 'warmup_steps', 'kvstore')
 
 
 def checkpoint_json(directory, epoch):
-    """The JSON of a saved epoch, read with the standard library only (before MXNet starts)."""
-    with open(os.path.join(directory, 'epoch-%04d.json' % epoch)) as f:
-        return json.load(f)
+    """The JSON of a saved epoch, read with the standard library only (before MXNet starts);
+    ``cli.UsageError`` for a file that is none."""
+    path = os.path.join(directory, 'epoch-%04d.json' % epoch)
+    try:
+        with files.open_input(path) as f:
+            raw = f.read(JSON_LIMIT + 1)
+        if len(raw) > JSON_LIMIT:
+            raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
+        record = json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+        if not (isinstance(record, dict) and isinstance(record.get('devices'), list)
+                and 1 <= len(record['devices']) <= 1024):
+            raise ValueError('it lists no devices')
+        return record
+    except files.InputError as e:
+        reason = e.reason
+    except (OSError, ValueError, RecursionError) as e:
+        reason = 'cannot be read (%s)' % ('it is nested too deeply' if isinstance(
+            e, RecursionError) else getattr(e, 'strerror', None) or str(e)[:100] or 'empty')
+    raise cli.UsageError('--checkpoint-dir %s --from-epoch %d: %s %s; give a folder of the book '
+                         'table\'s runs and one of its saved epochs' % (directory, epoch, path,
+                                                                        reason))
+
+
+def _refuse_constant(name):
+    raise ValueError('%s is not a number JSON allows' % name)
+
+
+def read_run(directory, epoch, record):
+    """Checkpoint ``record`` of epoch ``epoch`` in ``directory``, checked as the package checks
+    its own (a format-3 record of the book table's runs is read as the format it would be
+    today), and the run's settings; ``CheckpointError`` for a checkpoint that is not one of the
+    book table's float32 runs."""
+    from gluon_mgpu.commands import train
+    from gluon_mgpu.handlers import checkpoint
+    if record.get('format') == _FORMAT_3:
+        args, optimizer = record.get('args'), record.get('optimizer')
+        files_ = record.get('files')
+        states = optimizer.get('states') if isinstance(optimizer, dict) else None
+        if not (isinstance(args, dict) and isinstance(files_, dict) and isinstance(states, dict)
+                and not any(states.values())):
+            raise checkpoint.not_ours(checkpoint.checkpoint_path(directory, epoch, 'json'),
+                                      'it is no format-3 checkpoint of an SGD run')
+        record = dict(record, format=checkpoint.FORMAT, optimizer={
+            k: optimizer.get(k) for k in ('lr', 'num_update')}, files={
+            k: files_.get(k) for k in checkpoint.KINDS}, argv=[
+            '--%s=%s' % (k.replace('_', '-'), args[k]) for k in _FORMAT_3_FLAGS
+            if args.get(k) is not None])
+    record = checkpoint.checked_record(directory, epoch, record)
+    run = train.recorded_settings(directory, record)
+    import book_table
+    differ = book_table.settings_difference(book_table.Run(
+        run.num_gpus, run.seed, run.warmup_steps or 0, run.epochs, run.train_limit,
+        run.test_limit, run.dtype), run, ignore=('batch_size', 'lr'))  # replayed as they were
+    differ += ['--dtype %s' % run.dtype] if run.dtype != 'float32' else []
+    differ += ['--warmup-steps %d' % run.warmup_steps] if run.warmup_steps else []
+    if differ or len(record['devices']) != run.num_gpus:
+        raise checkpoint.CheckpointError(
+            '%s is not a run the replay trains as it was (%s): it replays the book table\'s '
+            'float32 runs without warmup' % (checkpoint.checkpoint_path(directory, epoch, 'json'),
+                                            ', '.join(differ or ['devices %s' % json.dumps(
+                                                record['devices'])[:60]])[:200]))
+    return record, run
 
 
 def probe_steps(steps_per_epoch, every, last):
@@ -40,18 +107,9 @@ def probe_steps(steps_per_epoch, every, last):
     return sorted(chosen)
 
 
-def settings(record):
-    """The settings of a checkpoint's run that the replay needs, by name (format 3 keeps them
-    as ``args``; format 4 as its command line)."""
-    if 'args' in record:
-        return {k: record['args'][k] for k in SETTINGS}
-    from gluon_mgpu.commands import train
-    parsed = train.parse_args(record['argv'])
-    return {k: getattr(parsed, k) for k in SETTINGS}
-
-
-def replay(directory, record, test_limit, every, last, data_dir=None, decompose=0):
-    """Train the epoch after checkpoint ``record`` again, probing device 0's test accuracy.
+def replay(directory, record, run, test_limit, every, last, data_dir=None, decompose=0):
+    """Train the epoch after checkpoint ``record`` (of ``run``, both from ``read_run``) again,
+    probing device 0's test accuracy.
 
     Returns
     -------
@@ -111,15 +169,14 @@ def replay(directory, record, test_limit, every, last, data_dir=None, decompose=
                                                         if k != 'step')), flush=True)
             return False
 
-    run = settings(record)
-    batch_size = run['batch_size']
-    devices = devices_mod.get_devices(run['num_gpus'])
+    batch_size = run.batch_size
+    devices = devices_mod.get_devices(run.num_gpus)
     net = training.new_network('resnet18', hybridize=True)
-    trainer = training.init_training(net, devices, run['lr'])
+    trainer = training.init_training(net, devices, run.lr)
     checkpoint.restore(directory, record, net, trainer, devices)
     train_iter, test_iter = data.load_data_fashion_mnist(
-        batch_size, data_dir, seed=run['seed'], train_limit=run['train_limit'],
-        test_limit=run['test_limit'])
+        batch_size, data_dir, seed=run.seed, train_limit=run.train_limit,
+        test_limit=run.test_limit)
     test_x, test_y = data.load_fashion_mnist_arrays('test', data_dir)
     probe_iter = data.ArrayBatches(test_x[:test_limit], test_y[:test_limit], TEST_BATCH)
     train_iter.set_min_batch(len(devices))  # as train() does
@@ -152,44 +209,59 @@ def replay(directory, record, test_limit, every, last, data_dir=None, decompose=
     return result
 
 
+def build_parser():
+    p = cli.Parser(prog=PROG, description=__doc__.split('\n\n')[0])
+    p.add_argument('--checkpoint-dir', required=True, help='a run of the book table')
+    p.add_argument('--from-epoch', type=cli.whole('--from-epoch'), required=True,
+                   help='the saved epoch to start from; the next one is trained')
+    p.add_argument('--test-limit', type=cli.whole('--test-limit', 1, 10000), default=2000,
+                   help='the probes test on the first N test images (default: 2000)')
+    p.add_argument('--every', type=cli.whole('--every', 0), default=10,
+                   help='probe every N steps, 0 for none (default: 10)')
+    p.add_argument('--last', type=cli.whole('--last', 0), default=20,
+                   help='probe after each of the last N steps (default: 20)')
+    p.add_argument('--decompose', type=cli.whole('--decompose', 0), default=0,
+                   help="for each of the last N steps, also test the step's new weights and its "
+                        "new running statistics apart (default: 0)")
+    p.add_argument('--output', type=cli.output_file('--output', ('.json',), 'epoch-end.json'),
+                   help='write the result as JSON here (checked before the epoch trains)')
+    p.add_argument('--data-dir', help="Fashion-MNIST's folder (default: searched)")
+    return p
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog='benchmarks/epoch_end.py', description=__doc__.split(
-        '\n\n')[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--checkpoint-dir', required=True, help='a run of the book table')
-    parser.add_argument('--from-epoch', type=int, required=True,
-                        help='the saved epoch to start from; the next one is trained')
-    parser.add_argument('--test-limit', type=int, default=2000)
-    parser.add_argument('--every', type=int, default=10)
-    parser.add_argument('--last', type=int, default=20)
-    parser.add_argument('--output', help='write the result as JSON here')
-    parser.add_argument('--data-dir', help="Fashion-MNIST's folder (default: searched)")
-    parser.add_argument('--decompose', type=int, default=0,
-                        help="for each of the last N steps, also test the step's new weights "
-                             "and its new running statistics apart")
-    args = parser.parse_args(argv)
-    try:
-        record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
-        devices = len(record['devices'])
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        parser.error('--checkpoint-dir %s --from-epoch %d: no checkpoint of a run to start from '
-                     '(%s); give a folder of the book table\'s runs and one of its saved epochs'
-                     % (args.checkpoint_dir, args.from_epoch, e))
+    """Entry point; returns the exit code: 0, 1 when the replay is not the run's epoch or a
+    file cannot be written, 2 for bad input, 130/143 when stopped."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
+                           explain=_explain)
+
+
+def _explain(e):
+    from gluon_mgpu.handlers.checkpoint import CheckpointError
+    if isinstance(e, CheckpointError):
+        return 2, cli.error_line(PROG, e)
+    if isinstance(e, files.OutputError):
+        return 1, cli.error_line(PROG, e)
+    return None
+
+
+def _main(args):
+    record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
     # The run's threads: the train command chose them for its device count; with another
     # count the sums run in another order and the replay parts from the run within a few steps.
-    os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(devices))
-    from gluon_mgpu.handlers.checkpoint import CheckpointError
-    from gluon_mgpu.runtime.files import atomic_path, output_problem
-    problem = args.output and output_problem(args.output)
-    if problem:  # before the epoch's training, not after it
-        parser.error('--output %s: %s' % (args.output, problem))
+    startup.before_mxnet(PROG, len(record['devices']))
+    from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
     try:
-        result = replay(args.checkpoint_dir, record, args.test_limit, args.every, args.last,
-                        args.data_dir, args.decompose)
-    except CheckpointError as e:
-        parser.error(str(e))
+        find_data_dir(args.data_dir)
+    except (DataError, DataNotFoundError) as e:
+        raise cli.data_error(e, args.data_dir) from None
+    record, run = read_run(args.checkpoint_dir, args.from_epoch, record)
+    result = replay(args.checkpoint_dir, record, run, args.test_limit, args.every, args.last,
+                    args.data_dir, args.decompose)
     print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
     if args.output:
-        with atomic_path(args.output) as tmp, open(tmp, 'w') as f:
+        with files.atomic_path(args.output) as tmp, open(tmp, 'w') as f:
             json.dump(result, f, indent=1)
             f.write('\n')
     return 0 if result.get('replay', {}).get('bit_equal', True) else 1

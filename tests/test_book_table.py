@@ -172,8 +172,11 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
         book_table.append_record(record_path, line)
         return line
 
+    checked = []  # each checkpoint found is checked to be the run's before it is used
     monkeypatch.setattr(book_table, '_train', train)
     monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
+    monkeypatch.setattr(book_table, 'check_run_folder',
+                        lambda run, directory, epoch: checked.append(epoch))
     record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
     runs = [book_table.Run(2, 0, 0, 3, None, None)]
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
@@ -183,6 +186,7 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
     _write(record, raw=[lines[0], lines[2], json.dumps(_line(epoch=9, acc_running=[0.5, 0.5]))])
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
     assert trained[3:] == []  # epoch 2's checkpoint is there: diagnosed, not trained
+    assert checked == [1, 2, 2]  # epochs 2 and 3 resumed from 1 and 2, then 2 diagnosed
     epochs = [r['epoch'] for r in book_records.read_records(record)]
     assert sorted(epochs) == [1, 2, 3, 9] and len(epochs) == 4
     # Without its checkpoint, an epoch whose later ones exist is trained again from the start.
@@ -266,8 +270,83 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, 
     assert err.startswith('benchmarks/book_table.py: error: %s, line 1: ' % bad)
     assert len(err.splitlines()) == 1
     assert book_table.main(argv + ['--seeds', '-1']) == 2
-    assert 'argument --seeds: --seed must be between 0 and 2147483647, got -1' in \
+    assert 'argument --seeds: --seeds must be between 0 and 2147483647, got -1' in \
         capsys.readouterr().err
+    # Flags that --tables or --page would ignore, and more epochs than the table has.
+    for extra, message in ((['--tables', '--seeds', '1'], '--tables --seeds: --tables trains '
+                            'nothing, so --seeds would be ignored; leave --seeds out'),
+                           (['--page', '--epochs', '2'], '--page --epochs: --page trains '
+                            'nothing, so --epochs would be ignored; leave --epochs out'),
+                           (['--epochs', '5'], 'argument --epochs: --epochs must be between 1 '
+                            'and 4, got 5; for example --epochs 4 (see --help)'),
+                           (['--work-dir', ''], "argument --work-dir: --work-dir expects a "
+                            "folder, got ''; for example --work-dir ~/book-table (see --help)")):
+        assert book_table.main(['--data-dir', data_dir] + extra) == 2
+        assert capsys.readouterr().err == 'benchmarks/book_table.py: error: %s\n' % message
+    # A log in the work folder that is not ours: refused before any run, and left as it is.
+    logs = work / 'logs'
+    (logs / '2dev-seed0.log').symlink_to(tmp_path / 'not-ours.txt')
+    assert book_table.main(argv + ['--record', str(tmp_path / 'c.jsonl')]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith('benchmarks/book_table.py: error: --work-dir %s: %s ' % (
+        work, logs / '2dev-seed0.log')) and 'symbolic link' in err, err
+    assert not (tmp_path / 'not-ours.txt').exists() and not (tmp_path / 'c.jsonl').exists()
+
+
+def test_a_short_write_leaves_the_record_as_it_was(tmp_path):
+    path = tmp_path / 'rec.jsonl'
+    _write(str(path), _line())
+    kept = path.read_bytes()
+    # A file size limit lets the line's write stop short, as a full disk would.
+    code = ('import resource, signal, sys; sys.path.insert(0, %r); import book_table, json; '
+            'signal.signal(signal.SIGXFSZ, signal.SIG_IGN); '
+            'resource.setrlimit(resource.RLIMIT_FSIZE, (%d, %d)); '
+            'book_table.append_record(%r, json.loads(%r))'
+            % (os.path.join(ROOT, 'benchmarks'), len(kept) + 100, len(kept) + 100, str(path),
+               json.dumps(_line(epoch=2))))
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1].endswith(
+        "cannot append to the record %s: only 100 of the line's %d bytes could be written; the "
+        "record is left as it was" % (path, len(json.dumps(_line(epoch=2), sort_keys=True)) + 1))
+    assert path.read_bytes() == kept
+
+
+def test_a_line_with_other_settings_than_the_books_is_refused(tmp_path):
+    path = str(tmp_path / 'rec.jsonl')
+    _write(path, _line(batch_size=7, lr=5.0))
+    with pytest.raises(book_records.RecordError, match=(
+            r"line 1: batch_size 7 and lr 5.0 are not the book's for 2 devices \(512 and 0.2\)"
+            + FIX)):
+        book_records.read_records(path)
+
+
+def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data_dir):
+    from gluon_mgpu.handlers.checkpoint import CheckpointError, checkpoint_path
+    run = book_table.Run(1, 0, 0, 1, 64, 32)
+    folder = str(tmp_path / run.name)
+    argv = book_table.train_argv(run, folder, 1, False, 'cpu', data_dir)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert book_table.check_run_folder(run, folder, 1) is None
+    with pytest.raises(CheckpointError) as e:
+        book_table.check_run_folder(run._replace(seed=1), folder, 1)
+    assert str(e.value) == (
+        "%s holds a run with other settings than 1dev-seed1-limit64x32: --seed 0 (the table's "
+        "run: 1); move that folder away or pass another --work-dir" % folder)
+    with pytest.raises(CheckpointError, match=r'--batch-size 256 \(the table.s run: 512\), '
+                                              r'--lr 0.1 \(the table.s run: 0.2\), --num-gpus 1'):
+        book_table.check_run_folder(run._replace(devices=2), folder, 1)
+    # A command line no run records (argparse would print the help and exit 0).
+    path = checkpoint_path(folder, 1, 'json')
+    record = json.load(open(path))
+    record['argv'] = ['--help']
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    with pytest.raises(CheckpointError, match='argv holds "--help", which is not a setting a run '
+                                              'records'):
+        book_table.check_run_folder(run, folder, 1)
 
 
 # The diagnosis: BatchNorm statistics at test time.
@@ -416,3 +495,53 @@ def test_fill_notebook_table_keeps_the_rows_titles():
             '(0.89-0.91) |\nmore')
     with pytest.raises(ValueError, match="the notebook's table has 2 rows, the records give 1"):
         book_table.fill_notebook_table(source, [['a', 'b']])
+
+
+def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tmp_path,
+                                                                               monkeypatch):
+    import shutil
+    page = tmp_path / 'book-comparison.md'
+    shutil.copy(book_table.PAGE, page)
+    notebooks = {lang: str(tmp_path / os.path.basename(path))
+                 for lang, path in book_table.NOTEBOOKS.items()}
+    for lang, path in notebooks.items():
+        shutil.copy(book_table.NOTEBOOKS[lang], path)
+    monkeypatch.setattr(book_table, 'PAGE', str(page))
+    monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
+    monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
+    devices = [mx.cpu(0), mx.cpu(1)]
+    # The committed files: filled again, byte for byte the same (main's tests check the tables).
+    book_table.write_page(devices, tables_only=True)
+    assert page.read_bytes() == open(os.path.join(ROOT, 'docs', 'book-comparison.md'),
+                                     'rb').read()
+    for lang, path in notebooks.items():
+        assert open(path, 'rb').read() == open(os.path.join(
+            ROOT, 'notebooks', os.path.basename(path)), 'rb').read()
+    # The Chinese notebook's table cell has lost its tag: nothing is written, one line says so.
+    zh = json.load(open(notebooks['zh']))
+    for cell in zh['cells']:
+        cell['metadata'].pop('tags', None)
+    with open(notebooks['zh'], 'w') as f:
+        json.dump(zh, f)
+    page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
+    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page(devices, tables_only=True)
+    assert str(e.value) == (
+        'multiple-gpus-gluon.zh.ipynb: it holds 0 cells tagged book-table, not one; its tables '
+        'are filled in place, so restore it (git checkout -- multiple-gpus-gluon.zh.ipynb) and '
+        'run this again; no file was written')
+    assert {p: open(p, 'rb').read() for p in before} == before
+
+
+def test_input_the_train_command_refuses_is_its_line_and_exit_2(tmp_path, capsys, data_dir):
+    assert book_table.main(['--data-dir', data_dir, '--seeds', '0', '--epochs', '1',
+                            '--train-limit', '70000', '--record', str(tmp_path / 'r.jsonl'),
+                            '--work-dir', str(tmp_path / 'work')]) == 2
+    err = capsys.readouterr().err
+    log = tmp_path / 'work' / 'logs' / '2dev-seed0-limit70000xall.log'
+    assert err.startswith('benchmarks/book_table.py: error: the train command of '
+                          '2dev-seed0-limit70000xall refused its input: python -m '
+                          'gluon_mgpu.train: error: '), err
+    assert err.endswith(' (its output is in %s)\n' % log) and '70000' in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / 'r.jsonl').exists()

@@ -80,10 +80,48 @@ def test_an_output_that_is_not_a_regular_file_is_refused_before_training(tmp_pat
                                '--checkpoint-dir', str(folder), '--from-epoch', '1',
                                '--output', output], capture_output=True, text=True, timeout=120)
         assert done.returncode == 2
-        last = done.stderr.strip().splitlines()[-1]
-        assert last.startswith('benchmarks/epoch_end.py: error: --output %s: ' % output), last
-        assert 'Traceback' not in done.stderr
+        [line] = done.stderr.splitlines()  # one line: no usage, no traceback
+        assert line.startswith('benchmarks/epoch_end.py: error: argument --output: --output %s: '
+                               % output), line
     assert not (tmp_path / 'elsewhere.json').exists()
+
+
+def test_a_checkpoint_the_replay_cannot_use_is_one_line_before_training(tmp_path, data_dir):
+    folder = str(tmp_path / 'run')
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *RUN, '--epochs', '1',
+                           '--data-dir', data_dir, '--checkpoint-dir', folder],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    path = checkpoint_path(folder, 1, 'json')
+    with open(path) as f:
+        saved = json.load(f)
+
+    def refused(changes, *flags):
+        with open(path, 'w') as f:
+            f.write(changes if isinstance(changes, str) else json.dumps(dict(saved, **changes)))
+        done = subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'epoch_end.py'),
+                               '--checkpoint-dir', folder, '--from-epoch', '1',
+                               '--data-dir', data_dir, *flags],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        return line.replace('benchmarks/epoch_end.py: error: ', '')
+
+    # argparse would print the train command's help and exit 0.
+    assert refused({'argv': ['--help']}) == (
+        '%s: argv holds "--help", which is not a setting a run records; the file was not written '
+        'by this version of gluon_mgpu or was changed: start a new run in an empty '
+        '--checkpoint-dir' % path)
+    assert refused({'optimizer': {'lr': 'x', 'num_update': 4}}).startswith(
+        '%s: optimizer is {"lr": "x", "num_update": 4}, not a learning rate' % path)
+    assert refused({'argv': saved['argv'] + ['--warmup-steps=5']}).startswith(
+        "%s is not a run the replay trains as it was (--warmup-steps 5)" % path)
+    assert refused('[' * 100000 + ']' * 100000) == (
+        "--checkpoint-dir %s --from-epoch 1: %s cannot be read (it is nested too deeply); give a "
+        "folder of the book table's runs and one of its saved epochs" % (folder, path))
+    assert refused({}, '--test-limit', '0') == (
+        'argument --test-limit: --test-limit must be between 1 and 10000, got 0; for example '
+        '--test-limit 2 (see --help)')
 
 
 def saved_params(folder):

@@ -263,12 +263,11 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
-def _resume(args):
-    """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
-    recorded command line parsed again, then with the flags given now) and the record."""
+def recorded_settings(directory, record):
+    """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
+    in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
+    writes, parsed by the command's own parser; else ``CheckpointError`` naming the file."""
     from ..handlers import checkpoint
-    directory = args.checkpoint_dir
-    record = checkpoint.read_checkpoint(directory)
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     recorded = record.get('argv')
     if not (isinstance(recorded, list) and len(recorded) <= 100 and all(
@@ -292,6 +291,16 @@ def _resume(args):
             '%s: network is %s, but its command line trains %s; start a new run in an empty '
             '--checkpoint-dir' % (path, json.dumps(record.get('network'))[:40],
                                   network_name(before)))
+    return before
+
+
+def _resume(args):
+    """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
+    recorded command line parsed again, then with the flags given now) and the record."""
+    from ..handlers import checkpoint
+    directory = args.checkpoint_dir
+    record = checkpoint.read_checkpoint(directory)
+    before = recorded_settings(directory, record)
     changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), args.given[k],
                                               getattr(before, k))
                for k in RUN_SETTINGS if k in args.given and args.given[k] != getattr(before, k)]
@@ -299,7 +308,7 @@ def _resume(args):
         raise ValueError('cannot continue the run with other settings: %s; leave these flags '
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
-    merged = parse_args(recorded + args.argv, complete=True)  # the flags given now win
+    merged = parse_args(record['argv'] + args.argv, complete=True)  # the flags given now win
     done = record['epoch']
     if merged.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done

@@ -22,7 +22,7 @@ from ..runtime.files import InputError, atomic_path, file_kind, non_folder_kind,
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
-           'read_checkpoint', 'nonfinite', 'restore', 'CheckpointHandler']
+           'read_checkpoint', 'checked_record', 'nonfinite', 'restore', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -219,6 +219,12 @@ def read_checkpoint(directory, epoch=None):
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % ((path,) + _OLDER[record['format']]))
+    return checked_record(directory, epoch, record)
+
+
+def checked_record(directory, epoch, record):
+    """JSON ``record`` of checkpoint ``epoch`` in ``directory``, checked as read_checkpoint does."""
+    path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     if not isinstance(record, dict) or record.get('format') != FORMAT \
             or record.get('step') != STEP or record.get('epoch') != epoch \
             or type(record['epoch']) is not int \
