@@ -259,11 +259,11 @@ def _main(args):
     record, run = read_run(args.checkpoint_dir, args.from_epoch, record)
     result = replay(args.checkpoint_dir, record, run, args.test_limit, args.every, args.last,
                     args.data_dir, args.decompose)
-    print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
-    if args.output:
+    if args.output:  # first: a standard output that fails then loses nothing
         with files.atomic_path(args.output) as tmp, open(tmp, 'w') as f:
             json.dump(result, f, indent=1)
             f.write('\n')
+    print(json.dumps({k: v for k, v in result.items() if k != 'probes'}), flush=True)
     return 0 if result.get('replay', {}).get('bit_equal', True) else 1
 
 
