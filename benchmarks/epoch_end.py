@@ -83,7 +83,7 @@ def read_run(directory, epoch, record):
             k: files_.get(k) for k in checkpoint.KINDS}, argv=[
             '--%s=%s' % (k.replace('_', '-'), args[k]) for k in _FORMAT_3_FLAGS
             if args.get(k) is not None])
-    record = checkpoint.checked_record(directory, epoch, record)
+    record = checkpoint.read_checkpoint(directory, epoch, record)
     run = train.recorded_settings(directory, record)
     import book_table
     differ = book_table.settings_difference(book_table.Run(

@@ -474,7 +474,7 @@ def test_a_file_size_limit_is_a_real_os_failure_named_with_the_path(tmp_path, wh
 def test_a_second_run_into_a_locked_folder_is_refused(tmp_path):
     directory = str(tmp_path / 'ck')
     with checkpoint.lock_dir(directory) as lock:
-        assert open(lock.path).read() == '%d\n' % os.getpid()
+        assert open(lock.name).read() == '%d\n' % os.getpid()
         writing = os.path.join(directory, '.epoch-0001.params.abc.tmp')  # the holder's write
         open(writing, 'w').close()
         with pytest.raises(checkpoint.CheckpointError) as e:

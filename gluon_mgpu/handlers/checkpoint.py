@@ -22,7 +22,7 @@ from ..runtime.files import InputError, atomic_path, file_kind, non_folder_kind,
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
-           'read_checkpoint', 'checked_record', 'nonfinite', 'restore', 'CheckpointHandler']
+           'read_checkpoint', 'nonfinite', 'restore', 'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -67,7 +67,6 @@ def list_checkpoints(directory):
 class _Lock(io.FileIO):
     """A checkpoint folder's ``.lock``, locked until ``release()`` or the end of a ``with``."""
     release = io.FileIO.close
-    path = property(lambda self: self.name)
 
 
 def lock_dir(directory):
@@ -192,10 +191,10 @@ def _read(path, limit, fix, listed_in=None):
     raise CheckpointError('%s cannot be read (%s); %s' % (path, reason, fix))
 
 
-def read_checkpoint(directory, epoch=None):
-    """Read the JSON of epoch ``epoch``'s checkpoint (default: the latest) as a dict, once it
-    and the files it lists are checked; else ``CheckpointError`` (the refusals:
-    docs/checkpoints.md)."""
+def read_checkpoint(directory, epoch=None, record=None):
+    """Read the JSON of epoch ``epoch``'s checkpoint (default: the latest) as a dict, or take it
+    as ``record``, once it and the files it lists are checked; else ``CheckpointError`` (the
+    refusals: docs/checkpoints.md)."""
     if epoch is None:
         epochs = list_checkpoints(directory)
         if not epochs:
@@ -206,11 +205,12 @@ def read_checkpoint(directory, epoch=None):
                                   % (directory, what))
         epoch = epochs[-1]
     path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
-    raw = _read(path, JSON_LIMIT, fix)[0]
     try:
-        if len(raw) > JSON_LIMIT:
-            raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
-        record = json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+        if record is None:
+            raw = _read(path, JSON_LIMIT, fix)[0]
+            if len(raw) > JSON_LIMIT:
+                raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
+            record = json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
     except (ValueError, RecursionError) as e:
         raise CheckpointError('%s cannot be read (%s); %s' % (path, 'it is nested too deeply' if
                                                              isinstance(e, RecursionError) else e,
@@ -219,12 +219,6 @@ def read_checkpoint(directory, epoch=None):
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % ((path,) + _OLDER[record['format']]))
-    return checked_record(directory, epoch, record)
-
-
-def checked_record(directory, epoch, record):
-    """JSON ``record`` of checkpoint ``epoch`` in ``directory``, checked as read_checkpoint does."""
-    path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     if not isinstance(record, dict) or record.get('format') != FORMAT \
             or record.get('step') != STEP or record.get('epoch') != epoch \
             or type(record['epoch']) is not int \
