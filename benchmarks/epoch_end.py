@@ -27,7 +27,6 @@ from gluon_mgpu.runtime import files, startup  # noqa: E402
 
 PROG = 'benchmarks/epoch_end.py'
 TEST_BATCH = 500
-JSON_LIMIT = 64 << 20  # bytes, as the package's checkpoints
 # Format 3, the book table's runs (commit 9bf9b9a), recorded its settings as a dict; these are
 # the ones the replay needs, read again as the train command's flags.
 _FORMAT_3 = 'gluon_mgpu checkpoint 3'
@@ -40,27 +39,18 @@ def checkpoint_json(directory, epoch):
     ``cli.UsageError`` for a file that is none."""
     path = os.path.join(directory, 'epoch-%04d.json' % epoch)
     try:
-        with files.open_input(path) as f:
-            raw = f.read(JSON_LIMIT + 1)
-        if len(raw) > JSON_LIMIT:
-            raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
-        record = json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+        record = files.read_json(path)
         if not (isinstance(record, dict) and isinstance(record.get('devices'), list)
                 and 1 <= len(record['devices']) <= 1024):
             raise ValueError('it lists no devices')
         return record
     except files.InputError as e:
         reason = e.reason
-    except (OSError, ValueError, RecursionError) as e:
-        reason = 'cannot be read (%s)' % ('it is nested too deeply' if isinstance(
-            e, RecursionError) else getattr(e, 'strerror', None) or str(e)[:100] or 'empty')
+    except (OSError, ValueError) as e:
+        reason = 'cannot be read (%s)' % (getattr(e, 'strerror', None) or str(e)[:100] or 'empty')
     raise cli.UsageError('--checkpoint-dir %s --from-epoch %d: %s %s; give a folder of the book '
                          'table\'s runs and one of its saved epochs' % (directory, epoch, path,
                                                                         reason))
-
-
-def _refuse_constant(name):
-    raise ValueError('%s is not a number JSON allows' % name)
 
 
 def read_run(directory, epoch, record):

@@ -1114,6 +1114,21 @@ def test_a_json_that_cannot_be_read_is_one_line(ck, text, reason):
     assert reason in message
 
 
+def test_read_json_reads_no_more_than_its_limit(tmp_path):
+    # the one JSON reader of the package's checkpoints and of benchmarks/epoch_end.py
+    path = str(tmp_path / 'big.json')
+    with open(path, 'wb') as f:
+        f.write(b'[' + b'0,' * (1 << 20) + b'0]')  # 2 MB and 2 bytes
+    with pytest.raises(ValueError) as e:
+        files.read_json(path, limit=1 << 20)
+    assert str(e.value) == 'it is larger than 1 MB'
+    assert files.read_json(path, limit=3 << 20) == [0] * ((1 << 20) + 1)
+    os.remove(path)
+    with pytest.raises(files.InputError) as e:
+        files.read_json(path)
+    assert e.value.reason == 'does not exist'
+
+
 def test_a_json_that_is_a_fifo_does_not_block(ck):
     path = checkpoint.checkpoint_path(ck, 1, 'json')
     os.remove(path)

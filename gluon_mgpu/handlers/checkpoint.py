@@ -18,7 +18,8 @@ from mxnet import nd
 from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem, write_json_atomic
 from ..runtime.checks import is_digits, is_whole, one_line
-from ..runtime.files import InputError, atomic_path, file_kind, non_folder_kind, open_input
+from ..runtime.files import (InputError, atomic_path, file_kind, non_folder_kind, open_input,
+                             read_json)
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
@@ -27,7 +28,6 @@ __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'check
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
 LOCK_NAME = '.lock'
-JSON_LIMIT = 64 << 20  # bytes; a history of a thousand epochs is about 200 kB
 # Older formats: what they were, and the last commit that resumes them.
 _OLDER = {'gluon_mgpu checkpoint 1': ('format 1, whose optimizer state is a pickle', '84e04e4'),
           'gluon_mgpu checkpoint 2': ('format 2, trained with the old step ' + OLD_STEP, '03b47ec'),
@@ -170,10 +170,6 @@ def _fix(directory, epoch):
         directory, epoch, '*'), earlier[-1]) if earlier else _NEW_RUN % 'with')
 
 
-def _refuse_constant(name):
-    raise ValueError('%s is not a number JSON allows' % name)
-
-
 def _read(path, limit, fix, listed_in=None):
     """Up to ``limit`` + 1 bytes of file ``path``, and its size (``listed_in``: the JSON file)."""
     try:
@@ -207,14 +203,12 @@ def read_checkpoint(directory, epoch=None, record=None):
     path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     try:
         if record is None:
-            raw = _read(path, JSON_LIMIT, fix)[0]
-            if len(raw) > JSON_LIMIT:
-                raise ValueError('it is larger than %d MB' % (JSON_LIMIT >> 20))
-            record = json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
-    except (ValueError, RecursionError) as e:
-        raise CheckpointError('%s cannot be read (%s); %s' % (path, 'it is nested too deeply' if
-                                                             isinstance(e, RecursionError) else e,
-                                                             fix)) from None
+            record = read_json(path)
+    except InputError as e:
+        raise CheckpointError('%s cannot be read (%s); %s' % (path, e.reason, fix)) from None
+    except (OSError, ValueError) as e:
+        raise CheckpointError('%s cannot be read (%s); %s' % (
+            path, getattr(e, 'strerror', None) or e, fix)) from None
     if isinstance(record, dict) and record.get('format') in _OLDER:
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '

@@ -5,14 +5,16 @@ are written") explains it.
 import contextlib
 import errno
 import fcntl
+import json
 import os
 import stat
 import tempfile
 
 __all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
-           'input_problem', 'file_kind', 'non_folder_kind', 'write_hint']
+           'input_problem', 'read_json', 'file_kind', 'non_folder_kind', 'write_hint']
 
 _PROBE_BYTES = 1 << 20
+JSON_LIMIT = 64 << 20  # bytes; a checkpoint's history of a thousand epochs is about 200 kB
 
 _HINTS = {
     errno.ENOSPC: 'free some space on that disk or write somewhere else',
@@ -247,6 +249,33 @@ def open_input(path):
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return os.fdopen(fd, 'rb')
 
+
+def read_json(path, limit=JSON_LIMIT):
+    """The value of JSON file ``path``, read with the standard library only: nothing in it can
+    run code, and at most ``limit`` bytes are read.
+
+    Raises
+    ------
+    InputError
+        When ``path`` is not a regular file that can be opened (``open_input``).
+    OSError
+        When reading it fails.
+    ValueError
+        When it is larger than ``limit``, not UTF-8 JSON, holds NaN or Infinity, or is nested
+        too deeply; the text is the reason (``'it is nested too deeply'``).
+    """
+    with open_input(path) as f:
+        raw = f.read(limit + 1)
+    if len(raw) > limit:
+        raise ValueError('it is larger than %d MB' % (limit >> 20))
+    try:
+        return json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+    except RecursionError:
+        raise ValueError('it is nested too deeply') from None
+
+
+def _refuse_constant(name):
+    raise ValueError('%s is not a number JSON allows' % name)
 
 def input_problem(path):
     """Return why ``path`` is not a regular file to read (the phrase after the path: ``does
