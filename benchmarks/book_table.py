@@ -227,8 +227,12 @@ def check_run_folder(run, directory, epoch):
     wrote, before it is diagnosed or resumed."""
     from gluon_mgpu.handlers import checkpoint
     from gluon_mgpu.commands import train
-    differ = settings_difference(run, train.recorded_settings(
-        directory, checkpoint.read_checkpoint(directory, epoch)))
+    try:
+        record = checkpoint.read_checkpoint(directory, epoch)
+    except checkpoint.CheckpointError as e:  # the train command's fix, in this script's flag
+        raise checkpoint.CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
+            from None
+    differ = settings_difference(run, train.recorded_settings(directory, record))
     if differ:
         raise checkpoint.CheckpointError(
             '%s holds a run with other settings than %s: %s; move that folder away or pass '

@@ -347,6 +347,16 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
     with pytest.raises(CheckpointError, match='argv holds "--help", which is not a setting a run '
                                               'records'):
         book_table.check_run_folder(run, folder, 1)
+    # A checkpoint of an older format (the table's runs made at 9bf9b9a are format 3): the fix
+    # names this script's flag, not the train command's.
+    record['format'] = 'gluon_mgpu checkpoint 3'
+    with open(path, 'w') as f:
+        json.dump(record, f)
+    with pytest.raises(CheckpointError) as e:
+        book_table.check_run_folder(run, folder, 1)
+    assert str(e.value) == (
+        '%s was written by an older gluon_mgpu (format 3, with an optimizer state file); start a '
+        'new run with another --work-dir, or resume it with gluon_mgpu at commit 452e568' % path)
 
 
 # The diagnosis: BatchNorm statistics at test time.
