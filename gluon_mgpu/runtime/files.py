@@ -277,6 +277,7 @@ def read_json(path, limit=JSON_LIMIT):
 def _refuse_constant(name):
     raise ValueError('%s is not a number JSON allows' % name)
 
+
 def input_problem(path):
     """Return why ``path`` is not a regular file to read (the phrase after the path: ``does
     not exist``, ``is a folder, not a regular file``, ...), or None; ``os.stat`` only, so a
