@@ -204,9 +204,7 @@ def read_checkpoint(directory, epoch=None, record=None):
     try:
         if record is None:
             record = read_json(path)
-    except InputError as e:
-        raise CheckpointError('%s cannot be read (%s); %s' % (path, e.reason, fix)) from None
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # an InputError's strerror is its reason
         raise CheckpointError('%s cannot be read (%s); %s' % (
             path, getattr(e, 'strerror', None) or e, fix)) from None
     if isinstance(record, dict) and record.get('format') in _OLDER:
