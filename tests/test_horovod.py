@@ -225,13 +225,18 @@ def test_a_killed_worker_ends_the_job_within_the_bound_naming_it(tmp_path):
     # first (with its line below).
     assert 'Horovod detected that one or more processes exited with non-zero status' in err
     # The survivor says in one line why it stopped: the job ended under it, or horovodrun's
-    # SIGTERM came first.
-    ours = [line for line in err.splitlines() if line.startswith('[0]<stderr>:python -m')]
+    # SIGTERM came first. Horovod's C++ logger, on its background thread, writes its error to an
+    # unbuffered std::cerr piece by piece ('[', then the time, ...), so our line, one write, can
+    # land right after its '[' (seen once: '[0]<stderr>:[python -m ...'): look for it after the
+    # rank's prefix and at most that one character.
+    ours = [line for line in err.splitlines()
+            if re.match(r'\[0\]<stderr>:\[?python -m gluon_mgpu\.train: ', line)]
     assert len(ours) == 1, err
-    assert ours[0].startswith(('[0]<stderr>:python -m gluon_mgpu.train: error: another process '
-                               'of the Horovod job stopped, so this one cannot go on (horovodrun '
-                               'names it); nothing was saved',
-                               '[0]<stderr>:python -m gluon_mgpu.train: terminated (SIGTERM)')), ours
+    said = ours[0][ours[0].index('python -m'):]
+    assert said.startswith(('python -m gluon_mgpu.train: error: another process of the Horovod '
+                            'job stopped, so this one cannot go on (horovodrun names it); nothing '
+                            'was saved',
+                            'python -m gluon_mgpu.train: terminated (SIGTERM)')), ours
     time.sleep(0.5)
     for pid in ranks.values():
         with pytest.raises(ProcessLookupError):
