@@ -4,7 +4,10 @@ folder per run), diagnosed (the test accuracy with each device's running statist
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
 docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
 notebooks from the records (the record's reader and the accuracy table made of it are
-``book_records.py``). docs/notebooks.md ("The book, side by side") explains it.
+``book_records.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
+names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
+measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), its cap
+``DNNL_MAX_CPU_ISA`` and the thread count; lines recorded before 2026-11-27 name the CPU only.
 
     .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # 10-20 h, 2 cores
     .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
@@ -38,7 +41,7 @@ from gluon_mgpu.training import evaluate_accuracy  # noqa: E402
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from gluon_mgpu.commands import cli, compare  # noqa: E402
-from measuring import cpu_model  # noqa: E402
+from measuring import cpu_model, kernel_setting  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
@@ -455,6 +458,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
                                            'images_per_sec')},
                   device_names=[str(d) for d in devices[:run.devices]],
                   commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
+                  **kernel_setting(compare.child_env()),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))
     if run.dtype != 'float32':  # the book's lines keep the fields they always had

@@ -150,3 +150,33 @@ def cpu_model():
     except OSError:
         pass
     return platform.processor() or 'unknown'
+
+
+# The CPU features oneDNN picks its float32 and bfloat16 kernels by, oldest first.
+KERNEL_FLAGS = ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')
+
+
+def kernel_setting(environ=None):
+    """What, beyond the code and the seed, a float32 result on this CPU depends on
+    (docs/book-comparison.md measured both): the instructions oneDNN may use and its threads.
+
+    Returns ``{'cpu_flags': [...], 'dnnl_max_cpu_isa': str or None, 'threads': int or None}``:
+    which of ``KERNEL_FLAGS`` ``/proc/cpuinfo`` lists (``[]`` where it cannot be read), and from
+    ``environ`` (default ``os.environ``), which a child process inherits, the cap
+    ``DNNL_MAX_CPU_ISA`` (MXNet 1.9.1's oneDNN obeys it) and ``OMP_NUM_THREADS`` (the package
+    sets it on import).
+    """
+    environ = os.environ if environ is None else environ
+    flags = set()
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                if line.startswith('flags'):
+                    flags = set(line.split(':', 1)[1].split())
+                    break
+    except OSError:
+        pass
+    threads = environ.get('OMP_NUM_THREADS', '')
+    return {'cpu_flags': [flag for flag in KERNEL_FLAGS if flag in flags],
+            'dnnl_max_cpu_isa': environ.get('DNNL_MAX_CPU_ISA') or None,
+            'threads': int(threads) if threads.isdigit() else None}

@@ -226,13 +226,22 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data
         'give the same command again to continue')
     [kept] = open(record).read().splitlines()
 
-    second = _script(*args)
+    # Continued with one thread and oneDNN capped at AVX2: float32 results depend on both (the
+    # page measured it), so each line says what its epoch was trained with.
+    second = _script(*args, env=dict(os.environ, OMP_NUM_THREADS='1', DNNL_MAX_CPU_ISA='AVX2'))
     out, err = second.communicate(timeout=1200)
     assert second.returncode == 0, err
     lines = open(record).read().splitlines()
     assert lines[0] == kept
     records = book_records.read_records(record)
     assert [(r['devices'], r['epoch']) for r in records] == [(2, 1), (2, 2), (1, 1), (1, 2)]
+    first_setting = (int(os.environ['OMP_NUM_THREADS']), os.environ.get('DNNL_MAX_CPU_ISA'))
+    assert [(r['threads'], r['dnnl_max_cpu_isa']) for r in records] == \
+        [first_setting] + [(1, 'AVX2')] * 3
+    with open('/proc/cpuinfo') as f:
+        flags = next(line for line in f if line.startswith('flags')).split()
+    assert all(r['cpu_flags'] == [f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')
+                                  if f in flags] for r in records)
     for r in records:
         assert r['train_limit'] == 256 and r['test_limit'] == 128
         assert r['step'] == 'trainer.step(batch_size)'
@@ -555,3 +564,11 @@ def test_input_the_train_command_refuses_is_its_line_and_exit_2(tmp_path, capsys
                           'gluon_mgpu.train: error: '), err
     assert err.endswith(' (its output is in %s)\n' % log) and '70000' in err
     assert len(err.splitlines()) == 1 and not (tmp_path / 'r.jsonl').exists()
+
+
+def test_a_record_line_names_the_kernels_cap_and_threads_from_the_childs_environment():
+    from measuring import kernel_setting
+    capped = kernel_setting({'DNNL_MAX_CPU_ISA': 'AVX2', 'OMP_NUM_THREADS': '3'})
+    assert (capped['dnnl_max_cpu_isa'], capped['threads']) == ('AVX2', 3)
+    assert kernel_setting({'OMP_NUM_THREADS': 'two'})['threads'] is None
+    assert kernel_setting({}) == dict(capped, dnnl_max_cpu_isa=None, threads=None)
