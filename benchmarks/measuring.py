@@ -176,7 +176,9 @@ def kernel_setting(environ=None):
                     break
     except OSError:
         pass
-    threads = environ.get('OMP_NUM_THREADS', '')
+    try:
+        threads = int(environ.get('OMP_NUM_THREADS', ''))
+    except ValueError:  # unset or not a number ('²' is a digit to str.isdigit, not to int)
+        threads = None
     return {'cpu_flags': [flag for flag in KERNEL_FLAGS if flag in flags],
-            'dnnl_max_cpu_isa': environ.get('DNNL_MAX_CPU_ISA') or None,
-            'threads': int(threads) if threads.isdigit() else None}
+            'dnnl_max_cpu_isa': environ.get('DNNL_MAX_CPU_ISA') or None, 'threads': threads}

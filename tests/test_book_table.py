@@ -570,5 +570,6 @@ def test_a_record_line_names_the_kernels_cap_and_threads_from_the_childs_environ
     from measuring import kernel_setting
     capped = kernel_setting({'DNNL_MAX_CPU_ISA': 'AVX2', 'OMP_NUM_THREADS': '3'})
     assert (capped['dnnl_max_cpu_isa'], capped['threads']) == ('AVX2', 3)
-    assert kernel_setting({'OMP_NUM_THREADS': 'two'})['threads'] is None
+    assert [kernel_setting({'OMP_NUM_THREADS': t})['threads'] for t in ('two', '\u00b2', '')] \
+        == [None] * 3
     assert kernel_setting({}) == dict(capped, dnnl_max_cpu_isa=None, threads=None)
