@@ -176,16 +176,36 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
             if trained:
                 done = sum(recorded(records, r, e) for r, e in plan)
                 per_epoch = _seconds_per_epoch(spent, records)
+                left = _epochs_to_train(plan, records, work_dir)
                 say('book table: %d of %d epochs recorded; training %s epoch %d%s'
                     % (done, len(plan), run.name, epoch, '' if per_epoch is None else
-                       ', about %.1f h left at %.0f min per epoch'
-                       % ((len(plan) - done) * per_epoch / 3600, per_epoch / 60)))
+                       ', about %.1f h left (%d epochs to train) at %.0f min per epoch'
+                       % (left * per_epoch / 3600, left, per_epoch / 60)))
                 _train(run, directory, epoch, work_dir, device, data_dir)
             records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
             if trained:  # an epoch found trained says nothing of the time left
-                spent.append(time.time() - start)
+                spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
             say(_diagnosis_line(run, records[-1]))
     return records
+
+
+def _epochs_to_train(plan, records, work_dir):
+    """How many epochs the train command still has to run for ``plan``'s unrecorded epochs:
+    per run, from its last checkpoint (or the start) up to its last unrecorded epoch. An epoch
+    recorded without its checkpoint costs nothing until a later one needs it: then the run
+    trains from the start (as epoch 4 of a run recorded elsewhere does, all four epochs)."""
+    last = {}
+    for run, epoch in plan:
+        if not recorded(records, run, epoch):
+            last[run] = max(last.get(run, 0), epoch)
+    total = 0
+    for run, epoch in last.items():
+        try:
+            saved = [e for e in list_checkpoints(os.path.join(work_dir, run.name)) if e <= epoch]
+        except OSError:  # an estimate: the loop reports an unreadable folder when it gets there
+            saved = []
+        total += epoch - (saved[-1] if saved else 0)
+    return total
 
 
 def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
@@ -576,8 +596,7 @@ def _beside_float32(old, new):
     else:
         low, high = prediction_interval(list(old.values()))
         inside = sum(low <= v <= high for v in new.values())
-        verdict = '%d of %d inside float32\'s %s' % (inside, len(new),
-                                                       interval_text(low, high))
+        verdict = '%d of %d inside float32\'s %s' % (inside, len(new), interval_text(low, high))
     change, seeds = _same_seed_change(old, new)
     return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
             '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-', verdict]
@@ -716,6 +735,7 @@ def update_page(text, blocks):
     if not found:
         raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
                          'page whose tables this script fills')
+
     def fill(m):
         new = blocks.get(m.group(2))
         return m.group(0) if new is None else m.group(1) + new + '\n' + m.group(4)
@@ -852,8 +872,8 @@ def main(argv=None):
 
 def _explain_failure(e):
     from gluon_mgpu.handlers.checkpoint import CheckpointError
-    if isinstance(e, (RecordError, CheckpointError, PageError)) or getattr(e, 'exit_code',
-                                                                          None) == 2:
+    if isinstance(e, (RecordError, CheckpointError, PageError)) or \
+            getattr(e, 'exit_code', None) == 2:
         return 2, cli.error_line(PROG, e)  # bad input: here, or the train command's
     if isinstance(e, (RunFailed, OutputError)):
         return 1, cli.error_line(PROG, e)

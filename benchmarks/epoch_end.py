@@ -82,11 +82,11 @@ def read_run(directory, epoch, record):
     differ += ['--dtype %s' % run.dtype] if run.dtype != 'float32' else []
     differ += ['--warmup-steps %d' % run.warmup_steps] if run.warmup_steps else []
     if differ or len(record['devices']) != run.num_gpus:
+        why = ', '.join(differ or ['devices %s' % json.dumps(record['devices'])[:60]])[:200]
         raise checkpoint.CheckpointError(
             '%s is not a run the replay trains as it was (%s): it replays the book table\'s '
             'float32 runs without warmup' % (checkpoint.checkpoint_path(directory, epoch, 'json'),
-                                            ', '.join(differ or ['devices %s' % json.dumps(
-                                                record['devices'])[:60]])[:200]))
+                                             why))
     return record, run
 
 

@@ -573,3 +573,20 @@ def test_a_record_line_names_the_kernels_cap_and_threads_from_the_childs_environ
     assert [kernel_setting({'OMP_NUM_THREADS': t})['threads'] for t in ('two', '\u00b2', '')] \
         == [None] * 3
     assert kernel_setting({}) == dict(capped, dnnl_max_cpu_isa=None, threads=None)
+
+
+def test_the_time_left_counts_the_epochs_each_run_must_train_from_its_last_checkpoint(tmp_path):
+    # Epochs 1-3 recorded elsewhere, no checkpoint: epoch 4 trains all four. A checkpoint of
+    # epoch 2 leaves two; one of epoch 4 none (it is only diagnosed); a warmup run its one.
+    runs = [book_table.Run(1, s, 0, 4, None, None) for s in (0, 1, 2)]
+    runs.append(book_table.Run(2, 0, 50, 1, None, None))
+    plan = [(run, e) for run in runs for e in range(1, run.epochs + 1)]
+    records = [dict(devices=1, seed=s, warmup_steps=0, epoch=e) for s in (0, 1, 2)
+               for e in (1, 2, 3)]
+    assert book_table._epochs_to_train(plan, records, str(tmp_path)) == 4 + 4 + 4 + 1
+    for seed, epoch in [(1, 2), (2, 4)]:
+        os.makedirs(tmp_path / runs[seed].name)
+        (tmp_path / runs[seed].name / ('epoch-%04d.json' % epoch)).write_text('{}')
+    assert book_table._epochs_to_train(plan, records, str(tmp_path)) == 4 + 2 + 0 + 1
+    records.append(dict(devices=2, seed=0, warmup_steps=50, epoch=1))
+    assert book_table._epochs_to_train(plan, records, str(tmp_path)) == 4 + 2 + 0
