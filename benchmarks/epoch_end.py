@@ -97,6 +97,40 @@ def probe_steps(steps_per_epoch, every, last):
     return sorted(chosen)
 
 
+def _saved_epoch(directory, epoch, net):
+    """The run's own checkpoint of ``epoch``, if it saved one, as ``(params, replicas)`` (dicts
+    of arrays by name; a 1-device run's replicas are empty), read before the replay trains so
+    that a file it cannot compare with is one line, not an error after the epoch. Its sha256 is
+    not checked: a changed file is what the comparison reports."""
+    from mxnet import nd
+    from gluon_mgpu.handlers import checkpoint
+    if epoch not in checkpoint.list_checkpoints(directory):
+        return None
+    found = []
+    for kind in checkpoint.KINDS:
+        path = checkpoint.checkpoint_path(directory, epoch, kind)
+        try:
+            arrays = nd.load(path) or {}  # nd.save of an empty dict loads back as []
+        except Exception as e:  # MXNetError for a file that holds no arrays
+            raise checkpoint.not_ours(path, 'it cannot be loaded (%s)'
+                                      % (str(e).splitlines() or ['empty'])[0][:100]) from None
+        if not isinstance(arrays, dict):
+            raise checkpoint.not_ours(path, 'it holds arrays without names')
+        found.append(arrays)
+    params = net._collect_params_with_prefix()
+    for kind, arrays in zip(checkpoint.KINDS, found):
+        names = {key: key.rsplit('@', 1)[0] if kind == 'replicas' else key for key in arrays}
+        missing = sorted(set(params) - set(names.values())) if kind == 'params' else []
+        wrong = [key for key in sorted(arrays) if names[key] not in params
+                 or arrays[key].shape != params[names[key]].shape]
+        if missing or wrong:
+            raise checkpoint.not_ours(
+                checkpoint.checkpoint_path(directory, epoch, kind),
+                'it lacks %s' % missing[0] if missing else 'it holds %s of shape %s, which is no '
+                'parameter of the network' % (wrong[0][:80], arrays[wrong[0]].shape))
+    return tuple(found)
+
+
 def replay(directory, record, run, test_limit, every, last, data_dir=None, decompose=0):
     """Train the epoch after checkpoint ``record`` (of ``run``, both from ``read_run``) again,
     probing device 0's test accuracy.
@@ -173,6 +207,7 @@ def replay(directory, record, run, test_limit, every, last, data_dir=None, decom
     steps = len(train_iter)
     split = probe_steps(steps, 0, decompose) if decompose else []
     probe = Probe(sorted(set(probe_steps(steps, every, last)) | set(split)), split)
+    target = _saved_epoch(directory, record['epoch'] + 1, net)  # checked before training
     # The run's history and data order, without saving (the train command's --resume).
     resume = checkpoint.CheckpointHandler(None, {}, resume=record)
     start = time.time()
@@ -184,10 +219,8 @@ def replay(directory, record, run, test_limit, every, last, data_dir=None, decom
               'probes': probe.rows, 'test_acc_split': history[-1]['test_acc'],
               'test_acc_device0': training.evaluate_accuracy(test_iter, net, devices[:1]),
               'seconds': time.time() - start}
-    if record['epoch'] + 1 in checkpoint.list_checkpoints(directory):
-        saved = nd.load(checkpoint.checkpoint_path(directory, record['epoch'] + 1, 'params'))
-        replicas = nd.load(checkpoint.checkpoint_path(directory, record['epoch'] + 1,
-                                                      'replicas'))
+    if target:
+        saved, replicas = target
         worst, copies = 0.0, 0
         for name, param in net._collect_params_with_prefix().items():
             for i, copy in enumerate(param.list_data()):

@@ -126,3 +126,35 @@ def test_a_checkpoint_the_replay_cannot_use_is_one_line_before_training(tmp_path
 
 def saved_params(folder):
     return mx.nd.load(checkpoint_path(folder, 2, 'params'))
+
+
+def test_a_one_device_run_replays_and_a_file_it_cannot_compare_with_is_refused_first(
+        tmp_path, data_dir):
+    # A 1-device run saves no replicas (an empty dict, which MXNet loads back as a list): the
+    # replay of such a run once failed after its epoch, losing it.
+    folder, output = str(tmp_path / 'run'), str(tmp_path / 'replay.json')
+    run = RUN[:]
+    run[run.index('--num-gpus') + 1] = '1'
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *run, '--data-dir', data_dir,
+                           '--checkpoint-dir', folder], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    replayed = _replay(folder, output, data_dir)
+    assert replayed.returncode == 0, replayed.stderr
+    with open(output) as f:
+        assert json.load(f)['replay'] == {'copies': len(saved_params(folder)),
+                                          'max_abs_difference': 0.0, 'bit_equal': True}
+    # Epoch 2's parameters without one of them: one line, before the epoch is trained again.
+    arrays = saved_params(folder)
+    name = sorted(arrays)[0]
+    del arrays[name]
+    mx.nd.save(checkpoint_path(folder, 2, 'params'), arrays)
+    os.remove(output)
+    replayed = _replay(folder, output, data_dir)
+    assert replayed.returncode == 2
+    assert replayed.stderr.splitlines()[-2:] == [  # after the no-GPU warning
+        'warning: no GPU found, so training runs on the CPU as [cpu(0)]',
+        'benchmarks/epoch_end.py: error: %s: it lacks %s; the file was not written by this '
+        'version of gluon_mgpu or was changed: start a new run in an empty --checkpoint-dir'
+        % (checkpoint_path(folder, 2, 'params'), name)]
+    assert 'epoch 2' not in replayed.stdout and not os.path.exists(output)
