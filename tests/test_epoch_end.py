@@ -26,6 +26,20 @@ def _replay(folder, output, data_dir):
                           capture_output=True, text=True, timeout=600)
 
 
+def _train_and_replay(run, folder, output, data_dir):
+    """Train ``run`` (the train command's flags) into ``folder``, replay its epoch 2 into
+    ``output``; the replay's JSON."""
+    # The command chooses its own threads (the replay chooses the same from the record).
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *run, '--data-dir', data_dir,
+                           '--checkpoint-dir', folder], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr
+    replayed = _replay(folder, output, data_dir)
+    assert replayed.returncode == 0, replayed.stderr
+    with open(output) as f:
+        return json.load(f)
+
+
 def test_probe_steps():
     assert epoch_end.probe_steps(118, 10, 3) == [10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110,
                                                  116, 117, 118]
@@ -35,15 +49,7 @@ def test_probe_steps():
 
 def test_the_replay_of_a_saved_epoch_is_the_runs_epoch_bit_for_bit(tmp_path, data_dir):
     folder, output = str(tmp_path / 'run'), str(tmp_path / 'replay.json')
-    # The command chooses its own threads (the replay chooses the same from the record).
-    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *RUN, '--data-dir', data_dir,
-                           '--checkpoint-dir', folder], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    replayed = _replay(folder, output, data_dir)
-    assert replayed.returncode == 0, replayed.stderr
-    with open(output) as f:
-        found = json.load(f)
+    found = _train_and_replay(RUN, folder, output, data_dir)
     with open(checkpoint_path(folder, 2, 'json')) as f:
         saved = json.load(f)
     params = len(saved_params(folder))
@@ -135,15 +141,8 @@ def test_a_one_device_run_replays_and_a_file_it_cannot_compare_with_is_refused_f
     folder, output = str(tmp_path / 'run'), str(tmp_path / 'replay.json')
     run = RUN[:]
     run[run.index('--num-gpus') + 1] = '1'
-    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *run, '--data-dir', data_dir,
-                           '--checkpoint-dir', folder], capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr
-    replayed = _replay(folder, output, data_dir)
-    assert replayed.returncode == 0, replayed.stderr
-    with open(output) as f:
-        assert json.load(f)['replay'] == {'copies': len(saved_params(folder)),
-                                          'max_abs_difference': 0.0, 'bit_equal': True}
+    assert _train_and_replay(run, folder, output, data_dir)['replay'] == {
+        'copies': len(saved_params(folder)), 'max_abs_difference': 0.0, 'bit_equal': True}
     # Epoch 2's parameters without one of them: one line, before the epoch is trained again.
     arrays = saved_params(folder)
     name = sorted(arrays)[0]
