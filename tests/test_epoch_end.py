@@ -143,17 +143,37 @@ def test_a_one_device_run_replays_and_a_file_it_cannot_compare_with_is_refused_f
     run[run.index('--num-gpus') + 1] = '1'
     assert _train_and_replay(run, folder, output, data_dir)['replay'] == {
         'copies': len(saved_params(folder)), 'max_abs_difference': 0.0, 'bit_equal': True}
-    # Epoch 2's parameters without one of them: one line, before the epoch is trained again.
+    # A file of epoch 2 it cannot compare with: one line, before the epoch is trained again.
+    os.remove(output)
+    params_path, replicas_path = (checkpoint_path(folder, 2, k) for k in ('params', 'replicas'))
     arrays = saved_params(folder)
     name = sorted(arrays)[0]
+    kept = arrays[name]
+
+    def refused(path):
+        replayed = _replay(folder, output, data_dir)
+        assert replayed.returncode == 2
+        assert 'epoch 2' not in replayed.stdout and not os.path.exists(output)
+        assert replayed.stderr.splitlines()[-2] == (  # after the no-GPU warning
+            'warning: no GPU found, so training runs on the CPU as [cpu(0)]')
+        line = replayed.stderr.splitlines()[-1]
+        start, end = 'benchmarks/epoch_end.py: error: %s: ' % path, (
+            '; the file was not written by this version of gluon_mgpu or was changed: start a '
+            'new run in an empty --checkpoint-dir')
+        assert line.startswith(start) and line.endswith(end), line
+        return line[len(start):-len(end)]
+
     del arrays[name]
-    mx.nd.save(checkpoint_path(folder, 2, 'params'), arrays)
-    os.remove(output)
-    replayed = _replay(folder, output, data_dir)
-    assert replayed.returncode == 2
-    assert replayed.stderr.splitlines()[-2:] == [  # after the no-GPU warning
-        'warning: no GPU found, so training runs on the CPU as [cpu(0)]',
-        'benchmarks/epoch_end.py: error: %s: it lacks %s; the file was not written by this '
-        'version of gluon_mgpu or was changed: start a new run in an empty --checkpoint-dir'
-        % (checkpoint_path(folder, 2, 'params'), name)]
-    assert 'epoch 2' not in replayed.stdout and not os.path.exists(output)
+    mx.nd.save(params_path, arrays)
+    assert refused(params_path) == 'it lacks %s' % name
+    arrays[name] = mx.nd.zeros((1,))
+    mx.nd.save(params_path, arrays)
+    assert refused(params_path) == (
+        'it holds %s of shape (1,), which is no parameter of the network' % name)
+    arrays[name] = kept
+    mx.nd.save(params_path, arrays)
+    mx.nd.save(replicas_path, [mx.nd.zeros((1,))])
+    assert refused(replicas_path) == 'it holds arrays without names'
+    with open(replicas_path, 'wb') as f:
+        f.write(b'not arrays')
+    assert refused(replicas_path).startswith('it cannot be loaded (')
