@@ -494,8 +494,12 @@ def _diagnosis_line(run, record):
                                  record['acc_batch_stats']))
 
 
-def _seconds_per_epoch(spent, records):
-    seconds = spent or [r['seconds'] for r in records]
+def _seconds_per_epoch(spent, records, cpu=None):
+    """Seconds per epoch for the time left: the epochs this call trained, else the recorded
+    epochs of this processor (``cpu``, default this machine's), else every recorded epoch."""
+    cpu = cpu_model() if cpu is None else cpu
+    seconds = spent or [r['seconds'] for r in records if r.get('cpu') == cpu] \
+        or [r['seconds'] for r in records]
     return sum(seconds) / len(seconds) if seconds else None
 
 

@@ -590,3 +590,15 @@ def test_the_time_left_counts_the_epochs_each_run_must_train_from_its_last_check
     assert book_table._epochs_to_train(plan, records, str(tmp_path)) == 4 + 2 + 0 + 1
     records.append(dict(devices=2, seed=0, warmup_steps=50, epoch=1))
     assert book_table._epochs_to_train(plan, records, str(tmp_path)) == 4 + 2 + 0
+
+
+def test_the_first_estimate_takes_its_seconds_from_this_processors_records():
+    # One machine's epochs took 4x the other's: before it has timed an epoch, the runner
+    # estimates from the records made on its own processor, if any.
+    records = [dict(cpu='AMD EPYC', seconds=2400.0), dict(cpu='AMD EPYC', seconds=2600.0),
+               dict(cpu='Intel Xeon', seconds=700.0), dict(seconds=100.0)]
+    assert book_table._seconds_per_epoch([], records, 'Intel Xeon') == 700.0
+    assert book_table._seconds_per_epoch([], records, 'AMD EPYC') == 2500.0
+    assert book_table._seconds_per_epoch([], records, 'Apple M2') == 1450.0  # none of its own
+    assert book_table._seconds_per_epoch([300.0, 500.0], records, 'Intel Xeon') == 400.0  # timed
+    assert book_table._seconds_per_epoch([], [], 'Intel Xeon') is None
