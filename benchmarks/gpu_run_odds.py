@@ -1,0 +1,76 @@
+"""How often the published GPU runs draw as low as ours: exact odds from docs/book-gpu-runs.csv.
+
+The page's verdicts compare a mean over a few seeds with the GPU runs' range. When our runs read
+low, the question is how often the GPU runs would: this counts it exactly, over every draw with
+replacement, from the later MXNet editions' runs of one setting and epoch (their measure splits
+the test set over the GPUs, each with its own statistics, as our train command does).
+
+    .venv/bin/python benchmarks/gpu_run_odds.py --devices 2 --epoch 1 \\
+        --ours 0.7996 0.7249 0.7935 0.7264 0.7499 0.5872
+
+prints how often as many later-edition runs average at most our mean and, with ``--below Y``,
+how often as many of them hold at least as many values below Y as ours do.
+"""
+import argparse
+import csv
+import os
+from fractions import Fraction
+from math import comb
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CSV = os.path.join(ROOT, 'docs', 'book-gpu-runs.csv')
+LATER = 'batch split over GPUs, each own BN stats'  # the later MXNet editions' measure
+
+
+def later_runs(devices, epoch, path=CSV):
+    """The later MXNet editions' test accuracies at ``epoch`` on ``devices`` GPUs."""
+    with open(path, newline='') as f:
+        return [float(r['acc_e%d' % epoch]) for r in csv.DictReader(f)
+                if r['gpus'] == str(devices) and r['eval'] == LATER and r['acc_e%d' % epoch]]
+
+
+def mean_at_most(values, n, x):
+    """Probability that ``n`` draws with replacement from ``values`` average at most ``x``,
+    exact: the values are counted in thousandths and the sum's distribution convolved."""
+    ticks = np.array([round(v * 1000) for v in values])
+    one = np.bincount(ticks).astype(object)  # exact integer counts
+    total = np.array([1], dtype=object)
+    for _ in range(n):
+        total = np.convolve(total, one)
+    limit = int(np.floor(x * 1000 * n + 1e-9))
+    return Fraction(int(total[:limit + 1].sum()), len(values) ** n)
+
+
+def at_least_below(values, n, k, y):
+    """Probability that ``n`` draws with replacement from ``values`` hold ``k`` or more below
+    ``y``."""
+    p = Fraction(sum(v < y for v in values), len(values))
+    return sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--devices', type=int, choices=(1, 2), required=True)
+    p.add_argument('--epoch', type=int, choices=(1, 2, 3, 4), required=True)
+    p.add_argument('--ours', type=float, nargs='+', required=True, metavar='ACC',
+                   help="our runs' test accuracies by the same measure")
+    p.add_argument('--below', type=float, metavar='Y',
+                   help='also count the values below Y')
+    args = p.parse_args(argv)
+    runs = later_runs(args.devices, args.epoch)
+    n, mean = len(args.ours), sum(args.ours) / len(args.ours)
+    print('%d later-edition runs, %d device(s), epoch %d; ours: %d runs, mean %.4f'
+          % (len(runs), args.devices, args.epoch, n, mean))
+    print('%d of them average at most %.4f: %.1f%% of all %d^%d draws'
+          % (n, mean, 100 * float(mean_at_most(runs, n, mean)), len(runs), n))
+    if args.below is not None:
+        k = sum(v < args.below for v in args.ours)
+        print('below %.3f: %d of ours, %d of the %d runs; %d draws hold %d or more: %.1f%%'
+              % (args.below, k, sum(v < args.below for v in runs), len(runs), n, k,
+                 100 * float(at_least_below(runs, n, k, args.below))))
+
+
+if __name__ == '__main__':
+    main()

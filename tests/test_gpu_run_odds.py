@@ -1,0 +1,33 @@
+"""benchmarks/gpu_run_odds.py: the odds the page quotes, exact, from the committed GPU runs."""
+import itertools
+import os
+import sys
+from fractions import Fraction
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import gpu_run_odds  # noqa: E402
+
+
+def test_the_odds_are_exact_against_counting_every_draw():
+    values = [0.5, 0.75, 0.8, 0.9, 0.901]
+    for n, x in [(1, 0.8), (2, 0.775), (3, 0.8), (3, 0.7), (4, 0.9005)]:
+        draws = list(itertools.product(values, repeat=n))
+        count = sum(round(sum(d) * 1000) <= x * 1000 * n + 1e-9 for d in draws)
+        assert gpu_run_odds.mean_at_most(values, n, x) == Fraction(count, len(draws)), (n, x)
+        count = sum(sum(v < 0.85 for v in d) >= 2 for d in draws)
+        assert gpu_run_odds.at_least_below(values, n, 2, 0.85) == Fraction(count, len(draws))
+
+
+def test_the_pages_odds_for_2_devices(capsys):
+    # docs/book-comparison.md, the Xeon runs' paragraph: epoch 1's six runs average 0.730,
+    # which six later-edition runs do 4.9% of the time; at epoch 3 two of six read below
+    # 0.845, as 6 of the 105 later-edition runs do, and six draws hold two or more 4.2% of it.
+    gpu_run_odds.main(['--devices', '2', '--epoch', '1', '--ours', '0.7996', '0.7249', '0.7935',
+                       '0.7264', '0.7499', '0.5872'])
+    gpu_run_odds.main(['--devices', '2', '--epoch', '3', '--ours', '0.8396', '0.8789', '0.8772',
+                       '0.8741', '0.8403', '0.8823', '--below', '0.845'])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == '6 of them average at most 0.7302: 4.9% of all 107^6 draws'
+    assert out[4] == 'below 0.845: 2 of ours, 6 of the 105 runs; 6 draws hold 2 or more: 4.2%'
+    assert sorted(gpu_run_odds.later_runs(2, 1))[:3] == [0.587, 0.588, 0.589]
