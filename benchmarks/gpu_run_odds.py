@@ -50,13 +50,24 @@ def at_least_below(values, n, k, y):
     return sum(comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k, n + 1))
 
 
+def _accuracy(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError('an accuracy is a number from 0 to 1, got %r; for '
+                                         'example 0.8396' % text)
+    return value
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--devices', type=int, choices=(1, 2), required=True)
     p.add_argument('--epoch', type=int, choices=(1, 2, 3, 4), required=True)
-    p.add_argument('--ours', type=float, nargs='+', required=True, metavar='ACC',
+    p.add_argument('--ours', type=_accuracy, nargs='+', required=True, metavar='ACC',
                    help="our runs' test accuracies by the same measure")
-    p.add_argument('--below', type=float, metavar='Y',
+    p.add_argument('--below', type=_accuracy, metavar='Y',
                    help='also count the values below Y')
     args = p.parse_args(argv)
     runs = later_runs(args.devices, args.epoch)

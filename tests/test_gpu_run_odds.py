@@ -4,6 +4,8 @@ import os
 import sys
 from fractions import Fraction
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 import gpu_run_odds  # noqa: E402
@@ -31,3 +33,13 @@ def test_the_pages_odds_for_2_devices(capsys):
     assert out[1] == '6 of them average at most 0.7302: 4.9% of all 107^6 draws'
     assert out[4] == 'below 0.845: 2 of ours, 6 of the 105 runs; 6 draws hold 2 or more: 4.2%'
     assert sorted(gpu_run_odds.later_runs(2, 1))[:3] == [0.587, 0.588, 0.589]
+
+
+def test_an_accuracy_that_is_no_fraction_is_one_line_and_exit_2(capsys):
+    for bad in ('nan', '1.5', 'x'):
+        with pytest.raises(SystemExit) as stop:
+            gpu_run_odds.main(['--devices', '2', '--epoch', '1', '--ours', '0.8', bad])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.splitlines()[-1].endswith(
+            "argument --ours: an accuracy is a number from 0 to 1, got %r; for example 0.8396"
+            % bad)
