@@ -2,8 +2,9 @@
 
 The page's verdicts compare a mean over a few seeds with the GPU runs' range. When our runs read
 low, the question is how often the GPU runs would: this counts it exactly, over every draw with
-replacement, from the later MXNet editions' runs of one setting and epoch (their measure splits
-the test set over the GPUs, each with its own statistics, as our train command does).
+replacement, from the later MXNet editions' runs of one setting and epoch, grouped as the page's
+table groups them (``book_records.read_gpu_runs``; on 2 GPUs their measure splits the test set
+over the GPUs, each with its own statistics, as our train command does).
 
     .venv/bin/python benchmarks/gpu_run_odds.py --devices 2 --epoch 1 \\
         --ours 0.7996 0.7249 0.7935 0.7264 0.7499 0.5872
@@ -12,23 +13,12 @@ prints how often as many later-edition runs average at most our mean and, with `
 how often as many of them hold at least as many values below Y as ours do.
 """
 import argparse
-import csv
-import os
 from fractions import Fraction
 from math import comb
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CSV = os.path.join(ROOT, 'docs', 'book-gpu-runs.csv')
-LATER = 'batch split over GPUs, each own BN stats'  # the later MXNet editions' measure
-
-
-def later_runs(devices, epoch, path=CSV):
-    """The later MXNet editions' test accuracies at ``epoch`` on ``devices`` GPUs."""
-    with open(path, newline='') as f:
-        return [float(r['acc_e%d' % epoch]) for r in csv.DictReader(f)
-                if r['gpus'] == str(devices) and r['eval'] == LATER and r['acc_e%d' % epoch]]
+import book_records  # the GPU runs as the page's table groups them (read_gpu_runs)
 
 
 def mean_at_most(values, n, x):
@@ -70,7 +60,7 @@ def main(argv=None):
     p.add_argument('--below', type=_accuracy, metavar='Y',
                    help='also count the values below Y')
     args = p.parse_args(argv)
-    runs = later_runs(args.devices, args.epoch)
+    runs = book_records.read_gpu_runs()['later', args.devices, args.epoch]
     n, mean = len(args.ours), sum(args.ours) / len(args.ours)
     print('%d later-edition runs, %d device(s), epoch %d; ours: %d runs, mean %.4f'
           % (len(runs), args.devices, args.epoch, n, mean))

@@ -8,6 +8,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import book_records  # noqa: E402
 import gpu_run_odds  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def test_the_pages_odds_for_2_devices(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out[1] == '6 of them average at most 0.7302: 4.9% of all 107^6 draws'
     assert out[4] == 'below 0.845: 2 of ours, 6 of the 105 runs; 6 draws hold 2 or more: 4.2%'
-    assert sorted(gpu_run_odds.later_runs(2, 1))[:3] == [0.587, 0.588, 0.589]
+    assert sorted(book_records.read_gpu_runs()['later', 2, 1])[:3] == [0.587, 0.588, 0.589]
 
 
 def test_an_accuracy_that_is_no_fraction_is_one_line_and_exit_2(capsys):
