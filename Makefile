@@ -7,13 +7,27 @@ PY := $(VENV)/bin/python
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
 
-.PHONY: demo test install data clean gpu-install gpu-demo gpu-test horovod-install
+.PHONY: demo test test-slow bench-test test-all install data clean gpu-install gpu-demo gpu-test \
+	horovod-install
 
 demo: install data
 	$(PY) -m gluon_mgpu.train $(DEMO_ARGS)
 
-test: install data horovod-install
-	$(PY) -m pytest -v --durations=10 tests
+# Three targets share tests/ by marker (docs/testing.md): `make test`, the fast suite to run
+# after every change; `make test-slow`, what trains for long or starts real Horovod jobs;
+# `make bench-test`, the tests of the scripts in benchmarks/. CI runs all three (.ci/run).
+PYTEST := $(PY) -m pytest -v --durations=10
+
+test: install data
+	$(PYTEST) -m 'not slow and not bench' tests
+
+test-slow: install data horovod-install
+	$(PYTEST) -m 'slow and not bench' tests
+
+bench-test: install data
+	$(PYTEST) -m bench tests
+
+test-all: test test-slow bench-test
 
 # One stamp per requirements file: switching files reinstalls (use another VENV for the GPU
 # build: mxnet and mxnet-cu112 are the same module and must not share an environment).

@@ -7,6 +7,11 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 'benchmarks'))
 import run  # noqa: E402
 
+import pytest  # noqa: E402
+
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def _row(rows, start):
     return next(r for r in rows if r[0].startswith(start))

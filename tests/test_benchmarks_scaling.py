@@ -8,6 +8,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 'benchmarks'))
 import scaling  # noqa: E402
 
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def _device_run(count, value, phases, others=0.01):
     """A record of the devices table: ``phases`` seconds per phase, the same in its 2 steps."""

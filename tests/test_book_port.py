@@ -1,9 +1,9 @@
 """The port is the book: the chapter's own train (In [6]) as printed, with its own network, beside
-gluon_mgpu.train and the train command, over whole epochs that end with a short batch."""
-import json
+gluon_mgpu.train and the train command, over whole epochs that end with a short batch.
+
+The runs are tiny (conftest.book_equality); ``python -m gluon_mgpu.compare`` runs the same
+comparison on 4 batches of 32 per device (tests/test_compare.py, slow)."""
 import os
-import subprocess
-import sys
 
 import mxnet as mx
 import numpy as np
@@ -11,42 +11,13 @@ import pytest
 
 import gluon_mgpu
 from gluon_mgpu.commands import compare
-from gluon_mgpu.handlers.checkpoint import checkpoint_path
 
 
-@pytest.fixture(scope='module', params=[1, 2], ids=['1-device', '2-devices'])
-def whole_epochs(request, data_dir, tmp_path_factory):
-    """``compare.epoch_equality`` on 1 or 2 devices, and the train command's checkpoints of the
-    same run: each device's arrays after every epoch, and the JSON record."""
-    n = request.param
-    devices = [mx.cpu(i) for i in range(n)]
-    found = compare.epoch_equality(devices, data_dir)
-    folder = str(tmp_path_factory.mktemp('run'))
-    command = [sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', str(n), '--device',
-               'cpu', '--batch-size', str(found['batch_size']), '--lr', str(found['lr']),
-               '--epochs', str(compare.EQUALITY_EPOCHS), '--seed', str(compare.EQUALITY_SEED),
-               '--train-limit', str(found['train_limit']), '--test-limit',
-               str(found['test_limit']), '--data-dir', data_dir, '--checkpoint-dir', folder,
-               '--quiet']
-    # The same OpenMP threads as this process: another count sums in another order. (Alone, the
-    # command gives each of 2 simulated devices half the cores.)
-    env = {k: v for k, v in os.environ.items() if k != 'GLUON_MGPU_CHOSE'}
-    env['OMP_NUM_THREADS'] = str(gluon_mgpu.thread_settings()['omp_num_threads'])
-    done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
-    assert done.returncode == 0, done.stderr
-    names = list(gluon_mgpu.training.new_network()._collect_params_with_prefix())
-    found['checkpoints'] = []
-    for epoch in range(1, compare.EQUALITY_EPOCHS + 1):
-        params = mx.nd.load(checkpoint_path(folder, epoch, 'params'))
-        # Only the copies that differ from the .params file (device 0's); none: an empty list.
-        replicas = mx.nd.load(checkpoint_path(folder, epoch, 'replicas')) or {}
-        with open(checkpoint_path(folder, epoch, 'json')) as f:
-            record = json.load(f)
-        found['checkpoints'].append({'record': record, 'arrays': [
-            replicas.get('%s@%d' % (name, i), params[name]).asnumpy()
-            for name in names for i in range(n)]})
-    found['n'] = n
-    return found
+@pytest.fixture(params=[1, 2], ids=['1-device', '2-devices'])
+def whole_epochs(request, book_equality):
+    """``compare.epoch_equality`` on 1 or 2 devices with tiny batches (4 of 8 per device and a
+    short one of 4), and the train command's checkpoints of the same run (conftest)."""
+    return book_equality(request.param)
 
 
 def _equal(a, b):
@@ -56,7 +27,7 @@ def _equal(a, b):
 
 def test_every_epoch_ends_with_a_short_batch(whole_epochs):
     n = whole_epochs['n']
-    assert whole_epochs['sizes'] == ([32 * n] * 4 + [16]) * compare.EQUALITY_EPOCHS
+    assert whole_epochs['sizes'] == ([8 * n] * 4 + [4]) * compare.EQUALITY_EPOCHS
 
 
 def test_the_books_train_and_ours_are_bit_equal_over_whole_epochs(whole_epochs):
@@ -72,7 +43,7 @@ def test_each_epochs_test_accuracy_is_the_books(whole_epochs):
     pairs = whole_epochs['test_acc']
     assert len(pairs) == compare.EQUALITY_EPOCHS
     assert all(book == ours for book, ours in pairs)
-    assert all(book in {k / 200 for k in range(201)} for book, _ in pairs)
+    assert all(book in {k / 40 for k in range(41)} for book, _ in pairs)
     if whole_epochs['n'] == 1:  # one device: our evaluation is the book's
         assert [r['test_acc'] for r in whole_epochs['history']] == [b for b, _ in pairs]
     printed = whole_epochs['book_printed']

@@ -21,6 +21,9 @@ sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 import book_records  # noqa: E402
 import book_table  # noqa: E402
 
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def _line(**changes):
     record = {'devices': 2, 'seed': 0, 'warmup_steps': 0, 'epoch': 1, 'batch_size': 512,

@@ -347,7 +347,6 @@ def _wait_for(path, proc, timeout=300):
         time.sleep(0.02)
 
 
-@pytest.mark.slow
 def test_a_run_killed_mid_epoch_resumes_to_bit_equal_parameters(tmp_path, data_dir):
     full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
     proc = _start(killed, '--data-dir', data_dir)
@@ -451,23 +450,6 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
             'from it; %s' % (path, name, 'delete %s to resume from epoch %d instead' % (
                 checkpoint.checkpoint_path(directory, kept, '*'), kept - 1) if kept > 1 else
                 'start a new run with an empty --checkpoint-dir'))
-
-
-@pytest.fixture(scope='module')
-def cli_run(tmp_path_factory, data_dir):
-    """One epoch of the real CLI into a checkpoint folder."""
-    directory = str(tmp_path_factory.mktemp('cli') / 'ck')
-    assert main(['--num-gpus', '2', '--batch-size', '8', '--train-limit', '16', '--test-limit',
-                 '8', '--epochs', '1', '--seed', '5', '--data-dir', data_dir,
-                 '--checkpoint-dir', directory]) == 0
-    return directory
-
-
-@pytest.fixture
-def cli_dir(cli_run, tmp_path):
-    directory = str(tmp_path / 'ck')
-    shutil.copytree(cli_run, directory)
-    return directory
 
 
 def _refused(argv, capsys):

@@ -13,6 +13,11 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 import epoch_end  # noqa: E402
 
+import pytest  # noqa: E402
+
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 # 56 = 3 x 16 + 8: each epoch ends with a short batch, as Fashion-MNIST's do.
 RUN = ['--num-gpus', '2', '--device', 'cpu', '--batch-size', '16', '--lr', '0.2',
        '--train-limit', '56', '--test-limit', '32', '--seed', '4', '--epochs', '2', '--quiet']

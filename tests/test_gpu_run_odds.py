@@ -11,6 +11,9 @@ sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 import book_records  # noqa: E402
 import gpu_run_odds  # noqa: E402
 
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def test_the_odds_are_exact_against_counting_every_draw():
     values = [0.5, 0.75, 0.8, 0.9, 0.901]

@@ -48,6 +48,7 @@ def _rank_lines(out, rank):
             if line.startswith('[%d]<stdout>:' % rank)]
 
 
+@pytest.mark.slow  # a real horovodrun job: make test-slow builds Horovod
 def test_two_processes_equal_one_process_on_two_devices(tmp_path):
     # Each process trains its device with the chapter's step; Horovod sums the gradients of
     # both, the Trainer divides by the global batch (rescale_grad = 1/2, then step(8)): the
@@ -95,6 +96,7 @@ if kv.rank == 0:
 '''
 
 
+@pytest.mark.slow  # a real horovodrun job: make test-slow builds Horovod
 def test_the_wrong_divisor_is_twice_the_learning_rate(tmp_path):
     script = tmp_path / 'wrong.py'
     script.write_text(WRONG_DIVISOR)
@@ -112,6 +114,7 @@ def test_the_wrong_divisor_is_twice_the_learning_rate(tmp_path):
     assert _max_diff(wrong, nd.load(str(tmp_path / 'double.params'))) <= 1e-6
 
 
+@pytest.mark.slow  # a real horovodrun job: make test-slow builds Horovod
 def test_checkpoints_and_resume_equal_an_uninterrupted_job(tmp_path):
     # The optimizer's state lives in every process (not on servers, as with dist_sync): rank 0
     # writes the checkpoints, every process resumes from them, bit for bit.
@@ -190,6 +193,7 @@ def _descendants(pid):
     return found
 
 
+@pytest.mark.slow  # a real horovodrun job: make test-slow builds Horovod
 def test_a_killed_worker_ends_the_job_within_the_bound_naming_it(tmp_path):
     # horovodrun watches its processes: when one dies it stops the others and exits 1, with a
     # line naming the dead one.

@@ -20,7 +20,6 @@ import pytest
 
 from gluon_mgpu.handlers import checkpoint
 from gluon_mgpu.commands.train import build_parser, main
-from test_checkpoint import cli_dir, cli_run  # noqa: F401  (fixtures: one checkpointed run)
 
 PROG = 'python -m gluon_mgpu.train'
 TINY = ['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size', '8',

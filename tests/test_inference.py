@@ -17,6 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
                                 'benchmarks'))
 from fold import FOLD_ATOL, FOLD_RTOL, fold_batchnorm  # noqa: E402
 
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):
     """The chapter's ResNet-18 after ``steps`` SGD steps on real images: running statistics

@@ -15,6 +15,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
 from metrics_schema import schema_markdown  # noqa: E402
 
+# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
+pytestmark = pytest.mark.bench
+
 
 def _record(epoch, seconds, images, loss, train_acc, test_acc):
     return {'epoch': epoch, 'seconds': seconds, 'images_per_sec': images / seconds,

@@ -164,7 +164,7 @@ def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step
 
 
 # The equality of whole epochs: 4 batches of 32 per device and a short last one of 16, twice.
-EQUALITY_EPOCHS, EQUALITY_SEED, EQUALITY_TEST_LIMIT = 2, 7, 200
+EQUALITY_EPOCHS, EQUALITY_SEED, EQUALITY_TEST_LIMIT, EQUALITY_PER_DEVICE = 2, 7, 200, 32
 
 
 def _arrays(net, devices):
@@ -176,18 +176,18 @@ def _most(pairs):
     return max((float(np.max(np.abs(a.astype(np.float64) - b))) for a, b in pairs), default=0.0)
 
 
-def equality_sizes(num_devices):
+def equality_sizes(num_devices, per_device=EQUALITY_PER_DEVICE):
     """The batch and the training images of ``epoch_equality`` on ``num_devices``: 4 batches
-    of 32 per device and a short one of 16."""
-    return 32 * num_devices, 4 * 32 * num_devices + 16
+    of ``per_device`` (32) per device and a short one of half that (16)."""
+    return per_device * num_devices, 4 * per_device * num_devices + per_device // 2
 
 
 def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY_SEED,
-                   test_limit=EQUALITY_TEST_LIMIT):
+                   test_limit=EQUALITY_TEST_LIMIT, per_device=EQUALITY_PER_DEVICE):
     """Train with the chapter's ``train`` as printed (``book_train``, d2lzh's network) and with
     ``gluon_mgpu.train`` (ours, hybridized) from ``mx.random.seed(seed)``, on the same batches
-    (the book's lr per device, 4 batches of 32 per device and a short one of 16 per epoch);
-    compare them after every step and epoch.
+    (the book's lr per device, 4 batches of ``per_device`` per device and a short one of half
+    that per epoch: ``equality_sizes``); compare them after every step and epoch.
 
     Returns
     -------
@@ -209,7 +209,7 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
     from ..data import load_data_fashion_mnist
     from ..handlers.events import BatchEnd, EpochEnd
 
-    batch_size, train_limit = equality_sizes(len(devices))
+    batch_size, train_limit = equality_sizes(len(devices), per_device)
     lr = training.LR_PER_DEVICE * len(devices)
 
     def load(size):
