@@ -9,6 +9,7 @@ import os
 import pickle
 import re
 import resource
+import shutil
 import signal
 import stat
 import subprocess
@@ -690,3 +691,38 @@ def test_nan_weights_with_a_matching_sha256_are_refused_on_resume(cli_dir, capsy
     assert line == ('%s: error: --resume: %s: %s holds NaN or infinite values (the run diverged '
                     'before it was saved, or the file was changed), so training cannot go on from '
                     'it; start a new run with an empty --checkpoint-dir' % (PROG, params, name))
+
+
+# Issue 45, family by family.
+
+T45 = ['--model', 'lenet', '--epochs', '1', '--quiet', '--train-limit', '256', '--test-limit',
+       '128', '--batch-size', '64', '--device', 'cpu']
+
+
+def test_45_3_a_copied_run_resumed_never_writes_over_the_originals_outputs(tmp_path, capsys,
+                                                                          data_dir):
+    first, outputs = str(tmp_path / 'A'), [str(tmp_path / n) for n in ('A.json', 'A.params')]
+    assert main(T45 + ['--data-dir', data_dir, '--checkpoint-dir', first, '--metrics-json',
+                       outputs[0], '--save-params', outputs[1]]) == 0
+    capsys.readouterr()
+    copy = str(tmp_path / 'B')
+    shutil.copytree(first, copy)
+    before = {p: open(p, 'rb').read() for p in outputs}
+    line = _refused(['--checkpoint-dir', copy, '--resume', '--epochs', '2'], capsys)
+    assert line == ("%s: error: --resume: the run was saved in %s, not in %s (a copy of it, or "
+                    "moved to another disk): continuing it would write over the first run's "
+                    "--metrics-json %s, --save-params %s; give --metrics-json, --save-params "
+                    "again with new paths (or the same ones, to replace them)"
+                    % (PROG, first, copy, outputs[0], outputs[1]))
+    assert {p: open(p, 'rb').read() for p in outputs} == before
+    assert checkpoint.list_checkpoints(copy) == [1]
+    # Given again, the copy goes on and writes where it is told; a moved folder keeps its outputs.
+    mine = [str(tmp_path / n) for n in ('B.json', 'B.params')]
+    assert main(['--checkpoint-dir', copy, '--resume', '--epochs', '2', '--metrics-json',
+                 mine[0], '--save-params', mine[1]]) == 0
+    assert {p: open(p, 'rb').read() for p in outputs} == before
+    assert all(os.path.getsize(p) > 0 for p in mine)
+    moved = str(tmp_path / 'C')
+    os.rename(first, moved)
+    assert main(['--checkpoint-dir', moved, '--resume', '--epochs', '2']) == 0
+    assert all(open(p, 'rb').read() != before[p] for p in outputs)

@@ -26,6 +26,8 @@ METHODS = ('data', 'scratch', 'layers', 'channels')
 _NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 _JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 # Settings that define a run: continuing with other values would be a different run.
+# Files a run writes outside its checkpoint folder, recorded with its settings.
+OUTPUTS = ('metrics_json', 'plot', 'save_params')
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
 
@@ -309,6 +311,15 @@ def _resume(args):
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
     merged = parse_args(record['argv'] + args.argv, complete=True)  # the flags given now win
+    original = checkpoint.copied_from(directory, record)
+    reused = ['--%s %s' % (k.replace('_', '-'), getattr(merged, k)) for k in OUTPUTS
+              if getattr(merged, k) is not None and k not in args.given]
+    if original is not None and reused:
+        raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
+                         'disk): continuing it would write over the first run\'s %s; give %s '
+                         'again with new paths (or the same ones, to replace them)'
+                         % (original, directory, ', '.join(reused),
+                            ', '.join(r.partition(' ')[0] for r in reused)))
     done = record['epoch']
     if merged.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done
