@@ -14,6 +14,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -726,3 +727,134 @@ def test_45_3_a_copied_run_resumed_never_writes_over_the_originals_outputs(tmp_p
     os.rename(first, moved)
     assert main(['--checkpoint-dir', moved, '--resume', '--epochs', '2']) == 0
     assert all(open(p, 'rb').read() != before[p] for p in outputs)
+
+
+@pytest.mark.parametrize('flag,example', [('--checkpoint-dir', 'runs/a'),
+                                          ('--metrics-json', 'run.json'),
+                                          ('--plot', 'curves.png'),
+                                          ('--save-params', 'net.params')])
+@pytest.mark.parametrize('value', ['', ' '])
+def test_45_1_an_empty_path_is_refused_before_anything_is_written(flag, example, value, tmp_path,
+                                                                 monkeypatch, capsys, data_dir):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(T45 + ['--data-dir', data_dir, flag, value], capsys)
+    assert line == ('%s: error: argument %s: %s is empty (%r; an unset variable?); for example '
+                    '%s %s (see --help)' % (PROG, flag, flag, value, flag, example))
+    assert os.listdir(tmp_path) == []
+
+
+_MXNET_PATH = ('MXNet writes there and encodes a path as UTF-8, but this path is not UTF-8 (file '
+               'names are %s here), so MXNet would open another file or none; use a name of '
+               'ASCII characters, or a UTF-8 locale (LC_ALL=C.UTF-8) and a UTF-8 name (see --help)')
+
+
+@pytest.mark.parametrize('flag,name', [('--save-params', b'r\xe9sultat.params'),
+                                       ('--checkpoint-dir', b'ck\xff')])
+def test_45_2_a_name_mxnet_would_open_otherwise_is_refused_before_training(flag, name, tmp_path,
+                                                                         data_dir):
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, flag, name], cwd=tmp_path, capture_output=True, timeout=300,
+        env=dict(os.environ, LC_ALL='C.UTF-8'))
+    assert done.returncode == 2
+    assert _one_line(done.stderr.decode()) == '%s: error: argument %s: %s %s: %s' % (
+        PROG, flag, flag, name.decode('ascii', 'backslashreplace'), _MXNET_PATH % 'utf-8')
+    assert os.listdir(tmp_path) == []
+
+
+def test_45_2_in_a_locale_whose_names_are_not_utf8_a_non_ascii_name_is_refused(tmp_path,
+                                                                              data_dir):
+    # No Latin-1 locale here: the C locale without UTF-8 mode names files in ASCII, and a name
+    # of UTF-8 bytes is as foreign to MXNet's UTF-8 as a Latin-1 one would be.
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, '--save-params', 'résultat.params'], cwd=tmp_path,
+        capture_output=True, timeout=300,
+        env=dict(os.environ, LC_ALL='C', PYTHONUTF8='0', PYTHONCOERCECLOCALE='0'))
+    assert done.returncode == 2
+    assert _one_line(done.stderr.decode()) == (
+        '%s: error: argument --save-params: --save-params r\\xc3\\xa9sultat.params: %s'
+        % (PROG, _MXNET_PATH % 'ascii'))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('flag,suffix', [('--save-params', '.params'), ('--plot', '.png'),
+                                         ('--metrics-json', '.json')])
+def test_45_5_a_name_whose_temporary_file_cannot_exist_is_refused_before_training(
+        flag, suffix, tmp_path, capsys, data_dir):
+    name = str(tmp_path / ('a' * (244 - len(suffix)) + suffix))
+    line = _refused(T45 + ['--data-dir', data_dir, flag, name], capsys)
+    assert line == ('%s: error: argument %s: %s %s: its name is 244 bytes long, and the temporary '
+                    'file written beside it first (.NAME.XXXXXXXX.tmp) would be 258, more than '
+                    'the 255 its folder allows; use a name of at most 241 bytes (see --help)'
+                    % (PROG, flag, flag, name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_45_5_fewer_training_images_in_the_folder_than_devices_is_bad_input(tmp_path, capsys):
+    from test_hostile_library import _dataset
+    folder = _dataset(tmp_path / 'd', train=1, test=2)
+    line = _refused(['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size',
+                     '2', '--data-dir', folder], capsys)
+    assert line == ('%s: error: --data-dir %s: the training data holds 1 image, fewer than the 2 '
+                    'devices, so some device would get no data; pass --num-gpus 1 or fewer, or a '
+                    'data folder with more images' % (PROG, folder))
+
+
+def test_45_5_a_sweep_whose_largest_setting_lacks_images_trains_nothing(tmp_path, capsys,
+                                                                        data_dir):
+    from gluon_mgpu.commands import sweep
+    out = str(tmp_path / 'out')
+    assert sweep.main(['--num-gpus', '1', '2', '--train-limit', '1', '--device', 'cpu',
+                       '--data-dir', data_dir, '--output-dir', out]) == 2
+    printed, err = capsys.readouterr()
+    assert _one_line(err) == ('python -m gluon_mgpu.sweep: error: --train-limit 1 gives fewer '
+                              'training images than the 2 devices of the largest setting, so '
+                              'some device would get no data; pass --train-limit 2 or more')
+    assert 'running on' not in printed and not os.path.exists(out)
+    folder = __import__('test_hostile_library')._dataset(tmp_path / 'd', train=1, test=2)
+    assert sweep.main(['--num-gpus', '1', '2', '--device', 'cpu', '--data-dir', folder,
+                       '--output-dir', out]) == 2
+    printed, err = capsys.readouterr()
+    assert _one_line(err) == ('python -m gluon_mgpu.sweep: error: --data-dir %s: the training '
+                              'data holds 1 image, fewer than the 2 devices, so some device '
+                              'would get no data; pass --num-gpus 1 or fewer, or a data folder '
+                              'with more images' % folder)
+    assert 'running on' not in printed
+
+
+_AS_NOBODY = '''
+import os, sys
+import gluon_mgpu, mxnet
+from gluon_mgpu import data, parallel, training
+from gluon_mgpu.commands import train
+from gluon_mgpu.handlers import checkpoint, metrics, plotting
+os.setgid(65534)
+os.setuid(65534)
+sys.exit(train.main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.parametrize('flag,name', [('--metrics-json', 'run.json'), ('--plot', 'run.png'),
+                                       ('--save-params', 'net.params')])
+def test_45_7_a_write_protected_output_is_left_as_it_is(flag, name, data_dir):
+    # As the user nobody, without root's override: a rename would replace the file regardless.
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-45-')
+    try:
+        os.chmod(folder, 0o1777)
+        path = os.path.join(folder, name)
+        with open(path, 'w') as f:
+            f.write('the first run\n')
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o444)
+        done = subprocess.run([sys.executable, '-c', _AS_NOBODY] + T45 + [
+            '--data-dir', data_dir, flag, path], cwd='/', capture_output=True, text=True,
+            timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert _one_line(done.stderr) == (
+            '%s: error: argument %s: %s %s: it is write-protected (mode 0444) and is left as it '
+            'is; make it writable (chmod u+w) or name another file (see --help)'
+            % (PROG, flag, flag, path))
+        assert open(path).read() == 'the first run\n' and os.stat(path).st_mode & 0o777 == 0o444
+        assert os.listdir(folder) == [name]
+    finally:
+        shutil.rmtree(folder)
+

@@ -99,16 +99,42 @@ def learning_rate(flag):
 seed = whole('--seed', 0, 2 ** 31 - 1, example=0)
 
 
-def output_file(flag, suffixes=None, example='run.json'):
-    """A path the command may write (``files.output_problem``), ending in one of ``suffixes``."""
+def shown(path):
+    """``path`` as a message shows it: a byte the locale cannot decode as ``\\xff``."""
+    return os.fsencode(path).decode(sys.getfilesystemencoding(), 'backslashreplace')
+
+
+def _empty(flag, text, example):
+    if not text.strip():  # an unset variable in a script: '' would mean the current folder
+        raise _refuse(flag, 'is empty (%r; an unset variable?)' % text, example)
+
+
+def output_file(flag, suffixes=None, example='run.json', mxnet=False):
+    """A path the command may write (``files.output_problem``), ending in one of ``suffixes``;
+    with ``mxnet``, one MXNet's own writer opens as Python does (``files.mxnet_path_problem``)."""
     def parse(text):
+        _empty(flag, text, example)
         path = os.path.expanduser(text)
-        problem = files.output_problem(path)
+        problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
         if problem:
-            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, text, problem))
+            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
             raise _refuse(flag, '%s: the name must end in %s' % (text, ' or '.join(suffixes)),
                           example)
+        return path
+    return parse
+
+
+def output_folder(flag, example='runs/a'):
+    """A folder the command writes MXNet's files into (made if missing): not empty, no NUL,
+    a path MXNet opens as Python does (``files.mxnet_path_problem``)."""
+    def parse(text):
+        _empty(flag, text, example)
+        path = os.path.expanduser(text)
+        problem = ('it contains a NUL character; name a folder without one' if '\0' in path
+                   else files.mxnet_path_problem(path))
+        if problem:
+            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
         return path
     return parse
 
@@ -199,6 +225,18 @@ def data_error(e, data_dir=None):
     return UsageError(str(e).replace('train_limit', '--train-limit')
                       .replace('test_limit', '--test-limit')
                       .replace('or None for all', 'or leave it out for all'))
+
+
+def check_training_images(train_iter, num_devices, data_dir=None, flag='--num-gpus'):
+    """``UsageError`` when the training data (``train_iter.num_examples``, after any
+    ``--train-limit``) holds fewer images than ``num_devices``: a device would get no data."""
+    count = train_iter.num_examples
+    if count < num_devices:
+        raise UsageError('%sthe training data holds %d image%s, fewer than the %d devices, so '
+                         'some device would get no data; pass %s %d or fewer, or a data folder '
+                         'with more images' % ('' if data_dir is None else '--data-dir %s: '
+                                               % data_dir, count, '' if count == 1 else 's',
+                                               num_devices, flag, count))
 
 
 # Each device's replica of a network and its gradients, in float32 bytes (tests/test_cli.py

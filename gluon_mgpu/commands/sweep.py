@@ -210,6 +210,11 @@ def _run(args, state):
                              'float32 optimizer can use (%.8g); pass --lr-per-device %g or less'
                              % (args.lr_per_device, top['num_devices'], top['lr'],
                                 cli.LR_RANGE[1], cli.LR_RANGE[1] / top['num_devices']))
+    if args.train_limit is not None and args.train_limit < top['num_devices']:
+        raise cli.UsageError('--train-limit %d gives fewer training images than the %d devices '
+                             'of the largest setting, so some device would get no data; pass '
+                             '--train-limit %d or more' % (args.train_limit, top['num_devices'],
+                                                           top['num_devices']))
     largest = top['devices']
     cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
         ' '.join(map(str, args.num_gpus)), args.device))
@@ -225,6 +230,8 @@ def _run(args, state):
                 test_limit=args.test_limit, seed=args.seed)
         except (data.DataError, data.DataNotFoundError, ValueError) as e:
             raise cli.data_error(e) from None
+        if not rows:  # the same images for every setting: checked once, for the largest
+            cli.check_training_images(train_iter, top['num_devices'], args.data_dir)
         print('running on: %s (global batch %d, lr %g%s)' % (
             devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
             '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)

@@ -63,7 +63,7 @@ def build_parser():
                         "the book's DataLoader with ToTensor per image (default: array)")
     cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
                          'each time; with --checkpoint-dir one is chosen and recorded)')
-    p.add_argument('--checkpoint-dir', metavar='DIR',
+    p.add_argument('--checkpoint-dir', metavar='DIR', type=cli.output_folder('--checkpoint-dir'),
                    help='save a checkpoint into DIR at the end of every epoch (default: none)')
     p.add_argument('--resume', action='store_true',
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
@@ -123,7 +123,8 @@ def build_parser():
                    help="with --parallel layers: where to cut ResNet-18 between devices: params "
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
-    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
+    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params',
+                                                     mxnet=True),
                    metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
                         'a dist job every worker saves its own copy, rank r to PATH with '
@@ -481,6 +482,7 @@ def _run(args, record, interrupt):
             test_limit=args.test_limit, seed=args.seed, loader=args.loader)
     except (data.DataError, data.DataNotFoundError, ValueError) as e:
         raise cli.data_error(e, args.data_dir) from None
+    cli.check_training_images(train_iter, args.num_gpus, args.data_dir)
     # After the data: the device check may log a warning, and bad input gets one line only.
     # The split networks of --parallel layers and channels hold no replicas.
     devices = cli.devices(args.num_gpus, args.device,
