@@ -858,3 +858,35 @@ def test_45_7_a_write_protected_output_is_left_as_it_is(flag, name, data_dir):
     finally:
         shutil.rmtree(folder)
 
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('command', ['train', 'env', 'replicas', 'compare', 'sweep'])
+@pytest.mark.parametrize('cause', ['no mxnet', 'warnings as errors', 'a library not MXNet'])
+def test_45_6_mxnet_that_cannot_be_imported_is_one_line_from_every_command(command, cause):
+    python, env = [sys.executable], dict(os.environ, PYTHONPATH=_ROOT)
+    if cause == 'no mxnet':
+        python.append('-S')  # no site-packages: this Python has no MXNet
+    elif cause == 'warnings as errors':
+        env['PYTHONWARNINGS'] = 'error'
+    else:
+        env['MXNET_LIBRARY_PATH'] = '/etc/passwd'
+    flags = ['--num-gpus', '1'] if command == 'sweep' else []
+    done = subprocess.run(python + ['-m', 'gluon_mgpu.' + command] + flags, env=env, cwd='/',
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ''
+    start = 'python -m gluon_mgpu.%s: error: cannot import MXNet' % command
+    assert _one_line(done.stderr) == start + {
+        # compare's module needs numpy, as MXNet does: the first module missing is named.
+        'no mxnet': " (ModuleNotFoundError: No module named '%s') with this Python, %s; run "
+                    "the command with the virtualenv's Python (.venv/bin/python -m ...), or "
+                    "install the requirements into this one (pip install -r requirements.txt)"
+                    % ('numpy' if command == 'compare' else 'mxnet', sys.executable),
+        'warnings as errors': ': a warning inside MXNet 1.9.1 was turned into an error '
+                              '(DeprecationWarning: `np.bool` is a deprecated alias for the '
+                              'builtin `bool`; PYTHONWARNINGS or -W is error); let warnings be '
+                              "warnings (unset PYTHONWARNINGS, or add 'ignore::DeprecationWarning')",
+        'a library not MXNet': ': MXNET_LIBRARY_PATH=/etc/passwd cannot be loaded (OSError: '
+                               '/etc/passwd: invalid ELF header); unset MXNET_LIBRARY_PATH, or '
+                               'point it at a libmxnet.so of MXNet 1.9.1'}[cause]
