@@ -890,3 +890,42 @@ def test_45_6_mxnet_that_cannot_be_imported_is_one_line_from_every_command(comma
         'a library not MXNet': ': MXNET_LIBRARY_PATH=/etc/passwd cannot be loaded (OSError: '
                                '/etc/passwd: invalid ELF header); unset MXNET_LIBRARY_PATH, or '
                                'point it at a libmxnet.so of MXNet 1.9.1'}[cause]
+
+
+def _address_limit(limit):
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return set_limit
+
+
+def test_45_4_devices_beyond_the_processs_memory_limit_are_refused_before_training(data_dir):
+    # 16 replicas of ResNet-18 fit this machine's memory but not 4 GB of address space: the
+    # run crashed in MXNet's exit handlers (134) after the out-of-memory line.
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '16',
+                          '--batch-size', '16', '--device', 'cpu', '--epochs', '1',
+                          '--train-limit', '256', '--test-limit', '128', '--quiet',
+                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
+                         preexec_fn=_address_limit(4000000 * 1024))
+    assert (run.returncode, run.stdout) == (2, ''), run.stderr
+    line = run.stderr.splitlines()[-1]
+    assert re.fullmatch(
+        r"%s: error: --num-gpus 16 --device cpu: 16 simulated devices would need about 6\.2 GiB "
+        r"more address space \(394 MiB each: a replica of resnet18, its gradients and buffers, "
+        r"its threads\), but this process may use 3\.8 GiB \(ulimit -v 4000000\) and needs "
+        r"1\.\d GiB besides; pass --num-gpus [5-7] or fewer, or raise the limit" % PROG, line), line
+    assert 'Traceback' not in run.stderr
+
+
+def test_45_4_memory_running_out_over_simulated_devices_advises_fewer_and_exits_1(data_dir):
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2',
+                          '--batch-size', '1000', '--device', 'cpu', '--epochs', '1',
+                          '--train-limit', '1000', '--test-limit', '32', '--quiet',
+                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
+                         preexec_fn=_address_limit(2500000 * 1024))
+    assert (run.returncode, run.stdout) == (1, ''), run.stderr
+    assert _one_line(run.stderr.split('\n', 1)[1] if run.stderr.startswith('warning') else
+                     run.stderr) == (
+        '%s: error: out of memory (Failed to allocate CPU Memory) with --batch-size 1000 over 2 '
+        'device(s); each simulated device holds a replica of the network: pass fewer devices, for '
+        'example --num-gpus 1, or a smaller --batch-size, for example --batch-size 500; nothing '
+        'was saved (pass --checkpoint-dir DIR to keep every finished epoch)' % PROG)

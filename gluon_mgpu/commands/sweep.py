@@ -289,6 +289,7 @@ def _keep_finished(args, state, why):
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code (docs/outputs.md).
     Settings that finished before a failure are printed and written all the same."""
+    entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args, state = None, {'rows': [], 'setting': None}
 
@@ -325,6 +326,7 @@ def main(argv=None):
                                                      or ' (the table is printed above)'))
         memory = args is not None and cli.out_of_memory(e)
         if memory:
+            failed['memory'] = True
             kept = _keep_finished(args, state, 'out of memory')
             return 1, cli.error_line(PROG, 'out of memory (%s) %s with --batch-size-per-device '
                                            '%d; pass a smaller one, for example '
@@ -335,4 +337,10 @@ def main(argv=None):
         return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
                                  ' (%s)%s' % (_where(state), kept))
 
-    return cli.run_command(PROG, argv, body, explain)
+    failed = {}
+    code = cli.run_command(PROG, argv, body, explain)
+    if code and entry and failed:  # MXNet's exit handlers may crash after memory ran out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

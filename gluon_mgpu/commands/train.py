@@ -724,12 +724,20 @@ def main(argv=None):
             return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
         memory = args is not None and cli.out_of_memory(e)
         if memory:
+            failed['memory'] = True
+            n = args.num_gpus * args.num_workers
+            fix = 'pass a smaller --batch-size, for example --batch-size %d' % max(
+                n, args.batch_size // 2)
+            if args.num_gpus > 1 and _simulated(args.num_gpus, args.device):
+                # Every simulated device holds a replica: fewer devices free the most.
+                fix = ('each simulated device holds a replica of the network: pass fewer '
+                       'devices, for example --num-gpus %d%s' % (
+                           args.num_gpus // 2, ', or a smaller --batch-size, for example '
+                           '--batch-size %d' % (args.batch_size // 2)
+                           if args.batch_size // 2 >= n else ''))
             return 1, cli.error_line(PROG, 'out of memory (%s) with --batch-size %d over %d '
-                                           'device(s); pass a smaller --batch-size, for example '
-                                           '--batch-size %d; %s'
-                                     % (memory, args.batch_size, args.num_gpus * args.num_workers,
-                                        max(args.num_gpus * args.num_workers,
-                                            args.batch_size // 2), _kept(args)))
+                                           'device(s); %s; %s'
+                                     % (memory, args.batch_size, n, fix, _kept(args)))
         if getattr(args, 'kvstore', None) == 'horovod' and \
                 any(text in str(e) for text in horovod.PEER_GONE):
             return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
@@ -737,10 +745,13 @@ def main(argv=None):
                                      % _kept(args))
         return None
 
+    failed = {}
     code = cli.run_command(PROG, argv, body, explain)
-    if code and getattr(args, 'joined', False):
+    if code and (getattr(args, 'joined', False) or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
-        # final barrier for the other workers, which wait for this one's gradients.
+        # final barrier for the other workers, which wait for this one's gradients. After
+        # memory ran out, MXNet's engine may hold half-made arrays: its exit handlers crashed
+        # (a traceback in _notify_shutdown, then 'double free or corruption', exit 134).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
