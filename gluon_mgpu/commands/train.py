@@ -482,11 +482,11 @@ def _run(args, record, interrupt):
             test_limit=args.test_limit, seed=args.seed, loader=args.loader)
     except (data.DataError, data.DataNotFoundError, ValueError) as e:
         raise cli.data_error(e, args.data_dir) from None
-    cli.check_training_images(train_iter, args.num_gpus, args.data_dir)
     # After the data: the device check may log a warning, and bad input gets one line only.
     # The split networks of --parallel layers and channels hold no replicas.
     devices = cli.devices(args.num_gpus, args.device,
                           args.model if args.parallel in ('data', 'scratch') else None)
+    cli.check_training_images(train_iter, args.num_gpus, args.data_dir)
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
                          'computes each operator in the thread that issues it, so the first '
