@@ -2,6 +2,7 @@
 device's copies that differ from those) and ``.json``, each put in place atomically, the JSON
 last; nothing read back can run code. The format, the lock and the refusals: docs/checkpoints.md.
 """
+import errno
 import fcntl
 import hashlib
 import io
@@ -118,6 +119,12 @@ def lock_dir(directory):
         kind = non_folder_kind(directory)
         if kind:
             reason = 'it is %s, not a folder' % kind
+        elif e.errno in (errno.EACCES, errno.EPERM) and e.filename == path \
+                and os.path.isfile(path) and os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError('its lock file %s cannot be opened for writing (%s, mode %04o), '
+                             'though the folder is writable; make it writable (chmod u+w %s) '
+                             'or pass another folder' % (path, e.strerror, stat.S_IMODE(
+                                 os.stat(path).st_mode), path)) from None
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, reason)) from None
 

@@ -131,7 +131,21 @@ def output_problem(path):
         return '%s is not a folder; name a file in a folder' % folder
     if not os.access(folder, os.W_OK | os.X_OK):
         return 'folder %s is not writable; choose another folder' % folder
-    return name_problem(path)
+    return name_problem(path) or _create_problem(path)
+
+
+def _create_problem(path):
+    """Why the temporary file of ``path`` cannot be created, tried as ``atomic_path`` will: what
+    permission bits do not tell (root's writes into /sys or /proc, a read-only mount)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix=_TEMP_SUFFIX)
+    except OSError as e:
+        return ('no file can be created in folder %s (%s); choose another folder'
+                % (folder, e.strerror or e))
+    os.close(fd)
+    os.remove(tmp)
+    return None
 
 
 def temp_name(path):
