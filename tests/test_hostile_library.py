@@ -288,6 +288,31 @@ def test_permission_denied_for_real(tmp_path):
         shutil.rmtree(folder)
 
 
+def test_45_9_a_data_folder_this_user_cannot_enter_is_named_not_called_missing():
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-perm-')
+    try:
+        os.chmod(folder, 0o755)
+        inner = _dataset(os.path.join(folder, 'data'))
+        os.chmod(inner, 0o700)  # root's: the user nobody cannot enter it
+        code = textwrap.dedent('''
+            import os, sys
+            from gluon_mgpu import data
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                data.find_data_dir(sys.argv[1])
+            except (data.DataError, data.DataNotFoundError) as e:
+                print(type(e).__name__, e)
+        ''')
+        out = subprocess.run([PY, '-c', code, inner], capture_output=True, text=True,
+                             timeout=120, cwd='/')
+        assert out.stdout == ('DataError %s cannot be read (Permission denied), so its files '
+                              'cannot be reached; make it readable for this user, or copy it to '
+                              'a folder of your own\n' % inner), out.stderr
+    finally:
+        shutil.rmtree(folder)
+
+
 # --- B, D: outputs --------------------------------------------------------------------------
 
 def _special(tmp_path, kind):
