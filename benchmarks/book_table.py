@@ -162,31 +162,73 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
             if epoch not in saved and saved and saved[-1] > epoch:
                 directory = os.path.join(work_dir, run.name + '-again')
                 continue
-            holder = _is_locked(directory)
+            # One runner per run at a time: two started together both found the folder free,
+            # and the second's train command was refused (exit 2) instead of waiting.
+            runner = _runner_lock(work_dir, run)
+            holder = (_is_locked(directory) if runner is not None else
+                      'another book_table.py trains or diagnoses %s (it holds %s)'
+                      % (run.name, _runner_path(work_dir, run)))
             if holder:  # one training at a time: a run another process holds is waited for
+                if runner is not None:
+                    runner.close()
                 if holder != waiting_for:
                     say('waiting: %s' % holder)
                 waiting_for = holder
                 time.sleep(wait_seconds)
                 continue
-            waiting_for, start = None, time.time()
-            if saved:  # what is diagnosed or resumed must be this run's
-                check_run_folder(run, directory, epoch if epoch in saved else saved[-1])
-            trained = epoch not in saved
-            if trained:
-                done = sum(recorded(records, r, e) for r, e in plan)
-                per_epoch = _seconds_per_epoch(spent, records)
-                left = _epochs_to_train(plan, records, work_dir)
-                say('book table: %d of %d epochs recorded; training %s epoch %d%s'
-                    % (done, len(plan), run.name, epoch, '' if per_epoch is None else
-                       ', about %.1f h left (%d epochs to train) at %.0f min per epoch'
-                       % (left * per_epoch / 3600, left, per_epoch / 60)))
-                _train(run, directory, epoch, work_dir, device, data_dir)
-            records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
-            if trained:  # an epoch found trained says nothing of the time left
-                spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
-            say(_diagnosis_line(run, records[-1]))
+            with runner:
+                records = book_records.read_records(record_path)  # another runner's lines too
+                if recorded(records, run, epoch):
+                    break
+                saved = list_checkpoints(directory)
+                waiting_for, start = None, time.time()
+                if saved:  # what is diagnosed or resumed must be this run's
+                    check_run_folder(run, directory, epoch if epoch in saved else saved[-1])
+                trained = epoch not in saved
+                if trained:
+                    done = sum(recorded(records, r, e) for r, e in plan)
+                    per_epoch = _seconds_per_epoch(spent, records)
+                    left = _epochs_to_train(plan, records, work_dir)
+                    say('book table: %d of %d epochs recorded; training %s epoch %d%s'
+                        % (done, len(plan), run.name, epoch, '' if per_epoch is None else
+                           ', about %.1f h left (%d epochs to train) at %.0f min per epoch'
+                           % (left * per_epoch / 3600, left, per_epoch / 60)))
+                    try:
+                        _train(run, directory, epoch, work_dir, device, data_dir)
+                    except RunFailed as e:
+                        if 'is in use by another run' not in str(e):
+                            raise
+                        # A train command started into the folder since _is_locked looked.
+                        say('waiting: %s is in use by another run' % directory)
+                        time.sleep(wait_seconds)
+                        continue
+                records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
+                if trained:  # an epoch found trained says nothing of the time left
+                    spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
+                say(_diagnosis_line(run, records[-1]))
     return records
+
+
+def _runner_path(work_dir, run):
+    return os.path.join(work_dir, 'logs', run.name + '.runner')
+
+
+def _runner_lock(work_dir, run):
+    """This process's hold on ``run`` (``flock`` on ``logs/<run>.runner``, released when the
+    file is closed or the process ends), or None while another process holds it."""
+    import fcntl
+    path = _runner_path(work_dir, run)
+    try:
+        f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), 'r+b')
+    except OSError as e:
+        raise OutputError(path, 'cannot write the lock %s: %s' % (path, e.strerror or e),
+                          e.errno) from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def _epochs_to_train(plan, records, work_dir):
@@ -400,8 +442,8 @@ def _is_locked(directory):
     if os.path.isdir(directory):
         try:
             lock_dir(directory).release()
-        except CheckpointError as e:
-            return str(e)
+        except CheckpointError as e:  # in this script's words: it has no --checkpoint-dir
+            return str(e).replace('pass another --checkpoint-dir', 'pass another --work-dir')
         except ValueError as e:  # a folder whose .lock or files are no run's
             raise CheckpointError(str(e)) from None
     return None

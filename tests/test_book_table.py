@@ -602,3 +602,65 @@ def test_the_first_estimate_takes_its_seconds_from_this_processors_records():
     assert book_table._seconds_per_epoch([], records, 'Apple M2') == 1450.0  # none of its own
     assert book_table._seconds_per_epoch([300.0, 500.0], records, 'Intel Xeon') == 400.0  # timed
     assert book_table._seconds_per_epoch([], [], 'Intel Xeon') is None
+
+
+def test_45_8_a_second_runner_waits_for_the_first_and_trains_nothing_twice(tmp_path,
+                                                                          monkeypatch):
+    import fcntl
+    import threading
+    trained, said = [], []
+    record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
+    run = book_table.Run(2, 0, 0, 2, None, None)
+
+    def line(epoch):
+        return _line(devices=2, seed=0, epoch=epoch, acc_running=[0.5, 0.5],
+                     test_acc=0.5 + epoch / 100)
+
+    def train(run, directory, epoch, work_dir, device, data_dir):
+        os.makedirs(directory, exist_ok=True)
+        for e in range(1, epoch + 1):
+            open(os.path.join(directory, 'epoch-%04d.json' % e), 'w').close()
+        trained.append(epoch)
+
+    def diagnosed(run, directory, epoch, record_path, devices, data_dir):
+        book_table.append_record(record_path, line(epoch))
+        return line(epoch)
+
+    monkeypatch.setattr(book_table, '_train', train)
+    monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
+    monkeypatch.setattr(book_table, 'check_run_folder', lambda *args: None)
+    # The first runner holds the run and records its epoch 1, then lets go.
+    os.makedirs(os.path.join(work, 'logs'))
+    first = open(os.path.join(work, 'logs', '2dev-seed0.runner'), 'w')
+    fcntl.flock(first, fcntl.LOCK_EX)
+
+    def first_runner_finishes():
+        book_table.append_record(record, line(1))
+        first.close()
+    timer = threading.Timer(0.5, first_runner_finishes)
+    timer.start()
+    book_table.run_table([run], work, record, [mx.cpu(0), mx.cpu(1)], progress=said.append,
+                         wait_seconds=0.1)
+    timer.join()
+    assert said[0] == ('waiting: another book_table.py trains or diagnoses 2dev-seed0 (it holds '
+                       '%s)' % os.path.join(work, 'logs', '2dev-seed0.runner'))
+    assert trained == [2]  # epoch 1 was the first runner's: read from the record, not redone
+    assert [r['epoch'] for r in book_records.read_records(record)] == [1, 2]
+
+
+def test_45_8_a_folder_in_use_names_this_scripts_flag(tmp_path):
+    from gluon_mgpu.handlers import checkpoint
+    directory = str(tmp_path / 'run')
+    code = ('import sys, time; from gluon_mgpu.handlers import checkpoint; '
+            'lock = checkpoint.lock_dir(sys.argv[1]); print("held", flush=True); time.sleep(60)')
+    holder = subprocess.Popen([sys.executable, '-c', code, directory], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        assert book_table._is_locked(directory) == (
+            '%s is in use by another run (pid %d); wait for it to end, or pass another --work-dir'
+            % (directory, holder.pid))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert checkpoint.list_checkpoints(directory) == []
