@@ -781,6 +781,10 @@ def update_page(text, blocks):
     if not found:
         raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
                          'page whose tables this script fills')
+    missing = [name for name in blocks if name not in found]
+    if missing:  # a renamed or deleted marker: that table would silently stay as it was
+        raise ValueError('it holds no block "<!-- begin compare: %s -->" ... "<!-- end compare: '
+                         '%s -->", so that table would not be updated' % (missing[0], missing[0]))
 
     def fill(m):
         new = blocks.get(m.group(2))
@@ -834,6 +838,11 @@ def write_page(devices, data_dir=None, tables_only=False):
             cells[0].source = fill_notebook_table(
                 cells[0].source, book_records.notebook_table(report['accuracy'], lang))
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
+    for path in new:  # a link or a folder found now, not after the page is written
+        with _page_file(path):
+            problem = output_problem(path)
+            if problem:
+                raise ValueError(problem)
     for path, text in new.items():
         with atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)

@@ -498,13 +498,18 @@ def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
 def test_update_page_fills_the_blocks_and_keeps_the_prose():
     page = ('# Title\n\nprose\n<!-- begin compare: a -->\nold\n<!-- end compare: a -->\n'
             'more prose\n<!-- begin compare: b -->\n<!-- end compare: b -->\n')
-    new = book_table.update_page(page, {'a': '| x |', 'b': 'B\nB', 'c': 'unused'})
+    new = book_table.update_page(page, {'a': '| x |', 'b': 'B\nB'})
     assert new == ('# Title\n\nprose\n<!-- begin compare: a -->\n| x |\n<!-- end compare: a '
                    '-->\nmore prose\n<!-- begin compare: b -->\nB\nB\n<!-- end compare: b -->\n')
     assert book_table.read_blocks(new) == {'a': '| x |', 'b': 'B\nB'}
     assert book_table.update_page(new, {}) == new
     with pytest.raises(ValueError, match='holds no "<!-- begin compare: NAME -->" block'):
         book_table.update_page('# a page of mine\n', {'a': 'A'})
+    # Issue 45: a block the page lost (a renamed marker) is an error, not a table left stale.
+    with pytest.raises(ValueError) as e:
+        book_table.update_page(page, {'a': '| x |', 'c': 'C'})
+    assert str(e.value) == ('it holds no block "<!-- begin compare: c -->" ... "<!-- end compare: '
+                            'c -->", so that table would not be updated')
 
 
 def test_fill_notebook_table_keeps_the_rows_titles():
@@ -550,6 +555,45 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
         'multiple-gpus-gluon.zh.ipynb: it holds 0 cells tagged book-table, not one; its tables '
         'are filled in place, so restore it (git checkout -- multiple-gpus-gluon.zh.ipynb) and '
         'run this again; no file was written')
+    assert {p: open(p, 'rb').read() for p in before} == before
+
+
+def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):
+    import shutil
+    page = tmp_path / 'book-comparison.md'
+    shutil.copy(book_table.PAGE, page)
+    notebooks = {lang: str(tmp_path / os.path.basename(path))
+                 for lang, path in book_table.NOTEBOOKS.items()}
+    for lang, path in notebooks.items():
+        shutil.copy(book_table.NOTEBOOKS[lang], path)
+    monkeypatch.setattr(book_table, 'PAGE', str(page))
+    monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
+    monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
+    devices = [mx.cpu(0), mx.cpu(1)]
+    page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
+    real = str(tmp_path / 'elsewhere.ipynb')
+    os.rename(notebooks['zh'], real)
+    os.symlink(real, notebooks['zh'])
+    before = {p: open(p, 'rb').read() for p in [str(page), notebooks['en'], real]}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page(devices, tables_only=True)
+    assert str(e.value) == (
+        'multiple-gpus-gluon.zh.ipynb: it is a symbolic link (to %s), which would be replaced; '
+        'name the file it points to, or a new path; its tables are filled in place, so restore it '
+        '(git checkout -- multiple-gpus-gluon.zh.ipynb) and run this again; no file was written'
+        % real)
+    assert {p: open(p, 'rb').read() for p in before} == before  # the page was written first
+    os.remove(notebooks['zh'])
+    os.rename(real, notebooks['zh'])
+    page.write_text(page.read_text().replace('begin compare: accuracy', 'begin compare: acc'))
+    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page(devices, tables_only=True)
+    assert str(e.value) == (
+        'book-comparison.md: it holds no block "<!-- begin compare: accuracy -->" ... "<!-- end '
+        'compare: accuracy -->", so that table would not be updated; its tables are filled in '
+        'place, so restore it (git checkout -- book-comparison.md) and run this again; no file '
+        'was written')
     assert {p: open(p, 'rb').read() for p in before} == before
 
 
