@@ -929,3 +929,15 @@ def test_45_4_memory_running_out_over_simulated_devices_advises_fewer_and_exits_
         'device(s); each simulated device holds a replica of the network: pass fewer devices, for '
         'example --num-gpus 1, or a smaller --batch-size, for example --batch-size 500; nothing '
         'was saved (pass --checkpoint-dir DIR to keep every finished epoch)' % PROG)
+
+
+def test_45_1_an_empty_sweep_output_folder_is_refused_before_anything(tmp_path, monkeypatch,
+                                                                      capsys):
+    from gluon_mgpu.commands import sweep
+    monkeypatch.chdir(tmp_path)
+    assert sweep.main(['--num-gpus', '1', '--output-dir', '']) == 2
+    out, err = capsys.readouterr()
+    assert out == '' and _one_line(err) == (
+        "python -m gluon_mgpu.sweep: error: argument --output-dir: --output-dir is empty (''; an "
+        "unset variable?); for example --output-dir sweep-results (see --help)")
+    assert os.listdir(tmp_path) == []

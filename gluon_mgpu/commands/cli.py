@@ -125,14 +125,15 @@ def output_file(flag, suffixes=None, example='run.json', mxnet=False):
     return parse
 
 
-def output_folder(flag, example='runs/a'):
-    """A folder the command writes MXNet's files into (made if missing): not empty, no NUL,
-    a path MXNet opens as Python does (``files.mxnet_path_problem``)."""
+def output_folder(flag, example='runs/a', mxnet=True):
+    """A folder the command writes into (made if missing): not empty, no NUL; with ``mxnet``
+    (MXNet's own writers write there), a path MXNet opens as Python does
+    (``files.mxnet_path_problem``)."""
     def parse(text):
         _empty(flag, text, example)
         path = os.path.expanduser(text)
         problem = ('it contains a NUL character; name a folder without one' if '\0' in path
-                   else files.mxnet_path_problem(path))
+                   else mxnet and files.mxnet_path_problem(path))
         if problem:
             raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
         return path

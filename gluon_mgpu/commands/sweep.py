@@ -163,6 +163,7 @@ def build_parser():
     cli.add_hybridize_flag(p)
     cli.add_dtype_flags(p)
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
+                   type=cli.output_folder('--output-dir', 'sweep-results', mxnet=False),
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
     cli.add_debug_flag(p)
