@@ -183,7 +183,8 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
                 saved = list_checkpoints(directory)
                 waiting_for, start = None, time.time()
                 if saved:  # what is diagnosed or resumed must be this run's
-                    check_run_folder(run, directory, epoch if epoch in saved else saved[-1])
+                    check_run_folder(run, directory, epoch if epoch in saved else saved[-1],
+                                     data_dir)
                 trained = epoch not in saved
                 if trained:
                     done = sum(recorded(records, r, e) for r, e in plan)
@@ -287,9 +288,36 @@ def settings_difference(run, settings, ignore=()):
             if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
 
 
-def check_run_folder(run, directory, epoch):
+def _data_digest(folder):
+    """The sha256 of the four Fashion-MNIST files in ``folder``, one after the other."""
+    import hashlib
+    from gluon_mgpu import data
+    digest = hashlib.sha256()
+    for name in data.FILES['train'] + data.FILES['test']:
+        with open_input(os.path.join(folder, name)) as f:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _other_data(recorded, data_dir):
+    """The folder of the data a checkpoint was trained on (its recorded ``--data-dir``, or the
+    default search), when it holds other files than the folder this run reads; else None (the
+    same folder or files, or a folder gone since, which cannot be compared)."""
+    from gluon_mgpu import data
+    try:
+        theirs, ours = data.find_data_dir(recorded), data.find_data_dir(data_dir)
+        if os.path.realpath(theirs) == os.path.realpath(ours):
+            return None
+        return theirs if _data_digest(theirs) != _data_digest(ours) else None
+    except (OSError, ValueError):  # gone or unreadable: the run's own check reports ours
+        return None
+
+
+def check_run_folder(run, directory, epoch, data_dir=None):
     """Refuse (``CheckpointError``) a checkpoint ``epoch`` in ``run``'s folder that another run
-    wrote, before it is diagnosed or resumed."""
+    wrote, or that was trained on other data than ``data_dir``'s (files that differ), before it
+    is diagnosed or resumed."""
     from gluon_mgpu.handlers import checkpoint
     from gluon_mgpu.commands import train
     try:
@@ -297,11 +325,18 @@ def check_run_folder(run, directory, epoch):
     except checkpoint.CheckpointError as e:  # the train command's fix, in this script's flag
         raise checkpoint.CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
             from None
-    differ = settings_difference(run, train.recorded_settings(directory, record))
+    settings = train.recorded_settings(directory, record)
+    differ = settings_difference(run, settings)
     if differ:
         raise checkpoint.CheckpointError(
             '%s holds a run with other settings than %s: %s; move that folder away or pass '
             'another --work-dir' % (directory, run.name, ', '.join(differ)[:300]))
+    other = _other_data(settings.data_dir, data_dir)
+    if other is not None:
+        raise checkpoint.CheckpointError(
+            '%s holds a run trained on the data in %s, whose files differ from those this run '
+            'reads (%s); pass --data-dir %s, or move that folder away or pass another --work-dir'
+            % (directory, other, data_dir or 'the default search', other))
 
 
 def _restored(directory, record, devices, hybridize):

@@ -176,7 +176,7 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
     monkeypatch.setattr(book_table, '_train', train)
     monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
     monkeypatch.setattr(book_table, 'check_run_folder',
-                        lambda run, directory, epoch: checked.append(epoch))
+                        lambda run, directory, epoch, data_dir: checked.append(epoch))
     record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
     runs = [book_table.Run(2, 0, 0, 3, None, None)]
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
@@ -339,6 +339,20 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert book_table.check_run_folder(run, folder, 1) is None
+    # Issue 45: the same run's checkpoint, but trained on other files than this run reads.
+    other = tmp_path / 'other-data'
+    other.mkdir()
+    for name in os.listdir(data_dir):
+        with open(os.path.join(data_dir, name), 'rb') as f:
+            (other / name).write_bytes(f.read())
+    assert book_table.check_run_folder(run, folder, 1, str(other)) is None  # the same files
+    (other / 't10k-labels-idx1-ubyte.gz').write_bytes(b'changed')
+    with pytest.raises(CheckpointError) as e:
+        book_table.check_run_folder(run, folder, 1, str(other))
+    assert str(e.value) == (
+        '%s holds a run trained on the data in %s, whose files differ from those this run reads '
+        '(%s); pass --data-dir %s, or move that folder away or pass another --work-dir'
+        % (folder, data_dir, other, data_dir))
     with pytest.raises(CheckpointError) as e:
         book_table.check_run_folder(run._replace(seed=1), folder, 1)
     assert str(e.value) == (
