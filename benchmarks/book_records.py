@@ -147,7 +147,7 @@ def read_records(path, step=training.STEP):
         raise RecordError('%s cannot be read (%s); pass --record with a readable file'
                           % (path, getattr(e, 'strerror', None) or e)) from None
     records, seen = [], {}
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split('\n'), 1):
         if not line.strip():
             continue
         try:

@@ -162,31 +162,74 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
             if epoch not in saved and saved and saved[-1] > epoch:
                 directory = os.path.join(work_dir, run.name + '-again')
                 continue
-            holder = _is_locked(directory)
+            # One runner per run at a time: two started together both found the folder free,
+            # and the second's train command was refused (exit 2) instead of waiting.
+            runner = _runner_lock(work_dir, run)
+            holder = (_is_locked(directory) if runner is not None else
+                      'another book_table.py trains or diagnoses %s (it holds %s)'
+                      % (run.name, _runner_path(work_dir, run)))
             if holder:  # one training at a time: a run another process holds is waited for
+                if runner is not None:
+                    runner.close()
                 if holder != waiting_for:
                     say('waiting: %s' % holder)
                 waiting_for = holder
                 time.sleep(wait_seconds)
                 continue
-            waiting_for, start = None, time.time()
-            if saved:  # what is diagnosed or resumed must be this run's
-                check_run_folder(run, directory, epoch if epoch in saved else saved[-1])
-            trained = epoch not in saved
-            if trained:
-                done = sum(recorded(records, r, e) for r, e in plan)
-                per_epoch = _seconds_per_epoch(spent, records)
-                left = _epochs_to_train(plan, records, work_dir)
-                say('book table: %d of %d epochs recorded; training %s epoch %d%s'
-                    % (done, len(plan), run.name, epoch, '' if per_epoch is None else
-                       ', about %.1f h left (%d epochs to train) at %.0f min per epoch'
-                       % (left * per_epoch / 3600, left, per_epoch / 60)))
-                _train(run, directory, epoch, work_dir, device, data_dir)
-            records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
-            if trained:  # an epoch found trained says nothing of the time left
-                spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
-            say(_diagnosis_line(run, records[-1]))
+            with runner:
+                records = book_records.read_records(record_path)  # another runner's lines too
+                if recorded(records, run, epoch):
+                    break
+                saved = list_checkpoints(directory)
+                waiting_for, start = None, time.time()
+                if saved:  # what is diagnosed or resumed must be this run's
+                    check_run_folder(run, directory, epoch if epoch in saved else saved[-1],
+                                     data_dir)
+                trained = epoch not in saved
+                if trained:
+                    done = sum(recorded(records, r, e) for r, e in plan)
+                    per_epoch = _seconds_per_epoch(spent, records)
+                    left = _epochs_to_train(plan, records, work_dir)
+                    say('book table: %d of %d epochs recorded; training %s epoch %d%s'
+                        % (done, len(plan), run.name, epoch, '' if per_epoch is None else
+                           ', about %.1f h left (%d epochs to train) at %.0f min per epoch'
+                           % (left * per_epoch / 3600, left, per_epoch / 60)))
+                    try:
+                        _train(run, directory, epoch, work_dir, device, data_dir)
+                    except RunFailed as e:
+                        if 'is in use by another run' not in str(e):
+                            raise
+                        # A train command started into the folder since _is_locked looked.
+                        say('waiting: %s is in use by another run' % directory)
+                        time.sleep(wait_seconds)
+                        continue
+                records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
+                if trained:  # an epoch found trained says nothing of the time left
+                    spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
+                say(_diagnosis_line(run, records[-1]))
     return records
+
+
+def _runner_path(work_dir, run):
+    return os.path.join(work_dir, 'logs', run.name + '.runner')
+
+
+def _runner_lock(work_dir, run):
+    """This process's hold on ``run`` (``flock`` on ``logs/<run>.runner``, released when the
+    file is closed or the process ends), or None while another process holds it."""
+    import fcntl
+    path = _runner_path(work_dir, run)
+    try:
+        f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), 'r+b')
+    except OSError as e:
+        raise OutputError(path, 'cannot write the lock %s: %s' % (path, e.strerror or e),
+                          e.errno) from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.close()
+        return None
+    return f
 
 
 def _epochs_to_train(plan, records, work_dir):
@@ -245,9 +288,36 @@ def settings_difference(run, settings, ignore=()):
             if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
 
 
-def check_run_folder(run, directory, epoch):
+def _data_digest(folder):
+    """The sha256 of the four Fashion-MNIST files in ``folder``, one after the other."""
+    import hashlib
+    from gluon_mgpu import data
+    digest = hashlib.sha256()
+    for name in data.FILES['train'] + data.FILES['test']:
+        with open_input(os.path.join(folder, name)) as f:
+            for block in iter(lambda: f.read(1 << 20), b''):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def _other_data(recorded, data_dir):
+    """The folder of the data a checkpoint was trained on (its recorded ``--data-dir``, or the
+    default search), when it holds other files than the folder this run reads; else None (the
+    same folder or files, or a folder gone since, which cannot be compared)."""
+    from gluon_mgpu import data
+    try:
+        theirs, ours = data.find_data_dir(recorded), data.find_data_dir(data_dir)
+        if os.path.realpath(theirs) == os.path.realpath(ours):
+            return None
+        return theirs if _data_digest(theirs) != _data_digest(ours) else None
+    except (OSError, ValueError):  # gone or unreadable: the run's own check reports ours
+        return None
+
+
+def check_run_folder(run, directory, epoch, data_dir=None):
     """Refuse (``CheckpointError``) a checkpoint ``epoch`` in ``run``'s folder that another run
-    wrote, before it is diagnosed or resumed."""
+    wrote, or that was trained on other data than ``data_dir``'s (files that differ), before it
+    is diagnosed or resumed."""
     from gluon_mgpu.handlers import checkpoint
     from gluon_mgpu.commands import train
     try:
@@ -255,11 +325,18 @@ def check_run_folder(run, directory, epoch):
     except checkpoint.CheckpointError as e:  # the train command's fix, in this script's flag
         raise checkpoint.CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
             from None
-    differ = settings_difference(run, train.recorded_settings(directory, record))
+    settings = train.recorded_settings(directory, record)
+    differ = settings_difference(run, settings)
     if differ:
         raise checkpoint.CheckpointError(
             '%s holds a run with other settings than %s: %s; move that folder away or pass '
             'another --work-dir' % (directory, run.name, ', '.join(differ)[:300]))
+    other = _other_data(settings.data_dir, data_dir)
+    if other is not None:
+        raise checkpoint.CheckpointError(
+            '%s holds a run trained on the data in %s, whose files differ from those this run '
+            'reads (%s); pass --data-dir %s, or move that folder away or pass another --work-dir'
+            % (directory, other, data_dir or 'the default search', other))
 
 
 def _restored(directory, record, devices, hybridize):
@@ -400,8 +477,8 @@ def _is_locked(directory):
     if os.path.isdir(directory):
         try:
             lock_dir(directory).release()
-        except CheckpointError as e:
-            return str(e)
+        except CheckpointError as e:  # in this script's words: it has no --checkpoint-dir
+            return str(e).replace('pass another --checkpoint-dir', 'pass another --work-dir')
         except ValueError as e:  # a folder whose .lock or files are no run's
             raise CheckpointError(str(e)) from None
     return None
@@ -739,6 +816,10 @@ def update_page(text, blocks):
     if not found:
         raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
                          'page whose tables this script fills')
+    missing = [name for name in blocks if name not in found]
+    if missing:  # a renamed or deleted marker: that table would silently stay as it was
+        raise ValueError('it holds no block "<!-- begin compare: %s -->" ... "<!-- end compare: '
+                         '%s -->", so that table would not be updated' % (missing[0], missing[0]))
 
     def fill(m):
         new = blocks.get(m.group(2))
@@ -792,6 +873,11 @@ def write_page(devices, data_dir=None, tables_only=False):
             cells[0].source = fill_notebook_table(
                 cells[0].source, book_records.notebook_table(report['accuracy'], lang))
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
+    for path in new:  # a link or a folder found now, not after the page is written
+        with _page_file(path):
+            problem = output_problem(path)
+            if problem:
+                raise ValueError(problem)
     for path, text in new.items():
         with atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
             f.write(text)

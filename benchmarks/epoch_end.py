@@ -131,7 +131,8 @@ def _saved_epoch(directory, epoch, net):
     return tuple(found)
 
 
-def replay(directory, record, run, test_limit, every, last, data_dir=None, decompose=0):
+def replay(directory, record, run, test_limit, every, last, data_dir=None, decompose=0,
+           interrupt=None):
     """Train the epoch after checkpoint ``record`` (of ``run``, both from ``read_run``) again,
     probing device 0's test accuracy.
 
@@ -212,7 +213,8 @@ def replay(directory, record, run, test_limit, every, last, data_dir=None, decom
     resume = checkpoint.CheckpointHandler(None, {}, resume=record)
     start = time.time()
     history = training.train(net, train_iter, test_iter, devices, num_epochs=record['epoch'] + 1,
-                             trainer=trainer, event_handlers=[resume, probe, EpochLine()],
+                             trainer=trainer, event_handlers=[resume, probe, EpochLine()] + (
+                                 [interrupt] if interrupt is not None else []),
                              batch_size=batch_size)
     result = {'checkpoint_dir': os.path.abspath(directory), 'from_epoch': record['epoch'],
               'epoch': record['epoch'] + 1, 'steps': steps, 'test_limit': test_limit,
@@ -270,10 +272,19 @@ def _explain(e):
 
 
 def _main(args):
-    record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
-    # The run's threads: the train command chose them for its device count; with another
-    # count the sums run in another order and the replay parts from the run within a few steps.
-    startup.before_mxnet(PROG, len(record['devices']))
+    # SIGTERM or SIGHUP, before MXNet or while it loads: one line and 143 or 129, never silent.
+    with startup.starting(PROG):
+        record = checkpoint_json(args.checkpoint_dir, args.from_epoch)
+        # The run's threads: the train command chose them for its device count; with another
+        # count the sums run in another order and the replay parts from the run within a few
+        # steps.
+        startup.before_mxnet(PROG, len(record['devices']))
+        from gluon_mgpu.handlers.interrupts import DeferredInterrupt
+    with DeferredInterrupt() as interrupt:  # then as the train command: raised after the step
+        return _replay(args, record, interrupt)
+
+
+def _replay(args, record, interrupt):
     from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
     try:
         find_data_dir(args.data_dir)
@@ -281,7 +292,7 @@ def _main(args):
         raise cli.data_error(e, args.data_dir) from None
     record, run = read_run(args.checkpoint_dir, args.from_epoch, record)
     result = replay(args.checkpoint_dir, record, run, args.test_limit, args.every, args.last,
-                    args.data_dir, args.decompose)
+                    args.data_dir, args.decompose, interrupt)
     if args.output:  # first: a standard output that fails then loses nothing
         with files.atomic_path(args.output) as tmp, open(tmp, 'w') as f:
             json.dump(result, f, indent=1)

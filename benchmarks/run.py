@@ -449,16 +449,29 @@ def load_raw(parser, path, keep, required):
     if keep:
         try:
             with open(path) as f:
-                return json.load(f)
+                raw = json.load(f)
         except FileNotFoundError:
             if required:
                 parser.exit(2, '%s: error: no raw records at %s: run without --report-only\n'
                             % (parser.prog, path))
+        except (OSError, ValueError) as e:  # not JSON, not UTF-8, unreadable
+            parser.exit(2, '%s: error: %s cannot be read as raw records (%s); restore it (git '
+                           'checkout %s) or delete it and measure every setting again\n'
+                        % (parser.prog, path, ' '.join(str(e).split())[:120], path))
+        else:
+            if not (isinstance(raw, dict) and isinstance(raw.get('records'), list)
+                    and isinstance(raw.get('runs'), list)
+                    and all(isinstance(r, dict) for r in raw['records'] + raw['runs'])):
+                parser.exit(2, '%s: error: %s holds no raw records (a JSON object with lists '
+                               '"records" and "runs" of objects); restore it (git checkout %s) '
+                               'or delete it and measure every setting again\n'
+                            % (parser.prog, path, path))
+            return raw
     return {'records': [], 'runs': []}
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog='run.py', description=__doc__.splitlines()[0])
     p.add_argument('--quick', action='store_true', help='tiny step counts (smoke run)')
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
@@ -475,6 +488,9 @@ def main(argv=None):
                    help='the raw records, read with --only, written always (default: the '
                    'report\'s path with .json)')
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.retries < 0:  # --repeats 0 measured nothing and dropped records
+        p.exit(2, '%s: error: --repeats %d --retries %d: pass --repeats 1 or more and '
+               '--retries 0 or more\n' % (p.prog, args.repeats, args.retries))
     raw_path = args.raw or os.path.splitext(args.out)[0] + '.json'
     names = [n for n in NAMES if n not in TORCH or has_torch()]
     if args.only:

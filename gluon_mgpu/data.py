@@ -72,6 +72,10 @@ def find_data_dir(data_dir=None):
             return folder
         if broken is None and all(os.path.lexists(p) for p in paths):
             broken = next((p, problem) for p, problem in problems if problem)
+        elif broken is None and os.path.isdir(folder) and all(
+                (problem or '').startswith('cannot be read') for _, problem in problems):
+            broken = folder, 'cannot be read (%s), so its files cannot be reached' % (
+                problems[0][1][len('cannot be read ('):-1])  # a folder this user cannot enter
     if broken is not None:
         path, problem = broken
         raise DataError('%s %s; %s' % (path, problem, _input_fix(problem, path)))

@@ -86,3 +86,42 @@ def test_the_emulated_bfloat16_row_compares_with_float32_under_the_same_cap():
     med = {'ours-bf16-1-avx512_core': 29.35, 'ours-hyb-1-avx512_core': 80.6}
     assert _row(run.targets(med, dict(med)), 'bfloat16 >= float32 on a CPU without')[1:] == (
         '0.36x', '0.36x', False)
+
+
+import subprocess  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+def _script(name, args, cwd):
+    return subprocess.run([sys.executable, os.path.join(os.path.dirname(run.HERE), 'benchmarks',
+                                                        name)] + args,
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_45_8_repeats_0_is_refused_and_the_records_are_kept(tmp_path):
+    raw = tmp_path / 'b.json'
+    raw.write_text('{"records": [{"name": "gemm"}], "runs": []}\n')
+    done = _script('run.py', ['--only', 'gemm', '--repeats', '0', '--raw', str(raw), '--out',
+                              str(tmp_path / 'b.md')], tmp_path)
+    assert (done.returncode, done.stdout) == (2, '')
+    assert done.stderr == ('run.py: error: --repeats 0 --retries 1: pass --repeats 1 or more and '
+                           '--retries 0 or more\n')
+    assert raw.read_text() == '{"records": [{"name": "gemm"}], "runs": []}\n'
+    assert not (tmp_path / 'b.md').exists()
+
+
+@pytest.mark.parametrize('script', ['run.py', 'scaling.py'])
+@pytest.mark.parametrize('content,says', [
+    ('{"records": [1\n', "cannot be read as raw records (Expecting ',' delimiter: line 2 column 1 "
+                       "(char 15))"),
+    ('[]\n', 'holds no raw records (a JSON object with lists "records" and "runs" of objects)')])
+def test_45_8_report_only_with_a_corrupt_record_is_one_line(script, content, says, tmp_path):
+    raw = tmp_path / 'r.json'
+    raw.write_text(content)
+    flags = ['--raw', str(raw)] if script == 'run.py' else []
+    done = _script(script, ['--report-only', '--out', str(tmp_path / 'r.md')] + flags, tmp_path)
+    assert (done.returncode, done.stdout) == (2, '')
+    assert done.stderr == ('%s: error: %s %s; restore it (git checkout %s) or delete it and '
+                           'measure every setting again\n' % (script, raw, says, raw))
+    assert raw.read_text() == content and not (tmp_path / 'r.md').exists()

@@ -1,6 +1,7 @@
 """The research record's reader and the tables made of it (benchmarks/book_records.py): the
 rows of seconds per epoch and the speed-up, the published GPU runs and the accuracy table judged
 against them. The records' lines and the runner are tests/test_book_table.py's."""
+import json
 import os
 import sys
 
@@ -119,3 +120,13 @@ def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
 def test_a_file_that_is_no_record_is_one_error_naming_it(name, message):
     with pytest.raises(book_records.RecordError, match=message):
         book_records.read_records(os.path.join(ROOT, name))
+
+
+def test_45_9_a_line_separator_inside_a_string_is_part_of_its_line(tmp_path):
+    # str.splitlines() also splits at U+2028, which JSON allows raw inside a string.
+    with open(os.path.join(ROOT, 'docs', 'book-table.jsonl'), encoding='utf-8') as f:
+        record = json.loads(f.readline())
+    record['cpu'] = 'AMD\u2028EPYC'
+    path = tmp_path / 'record.jsonl'
+    path.write_text(json.dumps(record, ensure_ascii=False) + '\n', encoding='utf-8')
+    assert book_records.read_records(str(path))[0]['cpu'] == 'AMD\u2028EPYC'

@@ -179,7 +179,7 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
     monkeypatch.setattr(book_table, '_train', train)
     monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
     monkeypatch.setattr(book_table, 'check_run_folder',
-                        lambda run, directory, epoch: checked.append(epoch))
+                        lambda run, directory, epoch, data_dir: checked.append(epoch))
     record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
     runs = [book_table.Run(2, 0, 0, 3, None, None)]
     book_table.run_table(runs, work, record, [mx.cpu(0), mx.cpu(1)])
@@ -342,6 +342,20 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert book_table.check_run_folder(run, folder, 1) is None
+    # Issue 45: the same run's checkpoint, but trained on other files than this run reads.
+    other = tmp_path / 'other-data'
+    other.mkdir()
+    for name in os.listdir(data_dir):
+        with open(os.path.join(data_dir, name), 'rb') as f:
+            (other / name).write_bytes(f.read())
+    assert book_table.check_run_folder(run, folder, 1, str(other)) is None  # the same files
+    (other / 't10k-labels-idx1-ubyte.gz').write_bytes(b'changed')
+    with pytest.raises(CheckpointError) as e:
+        book_table.check_run_folder(run, folder, 1, str(other))
+    assert str(e.value) == (
+        '%s holds a run trained on the data in %s, whose files differ from those this run reads '
+        '(%s); pass --data-dir %s, or move that folder away or pass another --work-dir'
+        % (folder, data_dir, other, data_dir))
     with pytest.raises(CheckpointError) as e:
         book_table.check_run_folder(run._replace(seed=1), folder, 1)
     assert str(e.value) == (
@@ -501,13 +515,18 @@ def test_the_bfloat16_rows_judge_each_seed_against_float32s_spread():
 def test_update_page_fills_the_blocks_and_keeps_the_prose():
     page = ('# Title\n\nprose\n<!-- begin compare: a -->\nold\n<!-- end compare: a -->\n'
             'more prose\n<!-- begin compare: b -->\n<!-- end compare: b -->\n')
-    new = book_table.update_page(page, {'a': '| x |', 'b': 'B\nB', 'c': 'unused'})
+    new = book_table.update_page(page, {'a': '| x |', 'b': 'B\nB'})
     assert new == ('# Title\n\nprose\n<!-- begin compare: a -->\n| x |\n<!-- end compare: a '
                    '-->\nmore prose\n<!-- begin compare: b -->\nB\nB\n<!-- end compare: b -->\n')
     assert book_table.read_blocks(new) == {'a': '| x |', 'b': 'B\nB'}
     assert book_table.update_page(new, {}) == new
     with pytest.raises(ValueError, match='holds no "<!-- begin compare: NAME -->" block'):
         book_table.update_page('# a page of mine\n', {'a': 'A'})
+    # Issue 45: a block the page lost (a renamed marker) is an error, not a table left stale.
+    with pytest.raises(ValueError) as e:
+        book_table.update_page(page, {'a': '| x |', 'c': 'C'})
+    assert str(e.value) == ('it holds no block "<!-- begin compare: c -->" ... "<!-- end compare: '
+                            'c -->", so that table would not be updated')
 
 
 def test_fill_notebook_table_keeps_the_rows_titles():
@@ -553,6 +572,45 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
         'multiple-gpus-gluon.zh.ipynb: it holds 0 cells tagged book-table, not one; its tables '
         'are filled in place, so restore it (git checkout -- multiple-gpus-gluon.zh.ipynb) and '
         'run this again; no file was written')
+    assert {p: open(p, 'rb').read() for p in before} == before
+
+
+def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):
+    import shutil
+    page = tmp_path / 'book-comparison.md'
+    shutil.copy(book_table.PAGE, page)
+    notebooks = {lang: str(tmp_path / os.path.basename(path))
+                 for lang, path in book_table.NOTEBOOKS.items()}
+    for lang, path in notebooks.items():
+        shutil.copy(book_table.NOTEBOOKS[lang], path)
+    monkeypatch.setattr(book_table, 'PAGE', str(page))
+    monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
+    monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
+    devices = [mx.cpu(0), mx.cpu(1)]
+    page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
+    real = str(tmp_path / 'elsewhere.ipynb')
+    os.rename(notebooks['zh'], real)
+    os.symlink(real, notebooks['zh'])
+    before = {p: open(p, 'rb').read() for p in [str(page), notebooks['en'], real]}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page(devices, tables_only=True)
+    assert str(e.value) == (
+        'multiple-gpus-gluon.zh.ipynb: it is a symbolic link (to %s), which would be replaced; '
+        'name the file it points to, or a new path; its tables are filled in place, so restore it '
+        '(git checkout -- multiple-gpus-gluon.zh.ipynb) and run this again; no file was written'
+        % real)
+    assert {p: open(p, 'rb').read() for p in before} == before  # the page was written first
+    os.remove(notebooks['zh'])
+    os.rename(real, notebooks['zh'])
+    page.write_text(page.read_text().replace('begin compare: accuracy', 'begin compare: acc'))
+    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page(devices, tables_only=True)
+    assert str(e.value) == (
+        'book-comparison.md: it holds no block "<!-- begin compare: accuracy -->" ... "<!-- end '
+        'compare: accuracy -->", so that table would not be updated; its tables are filled in '
+        'place, so restore it (git checkout -- book-comparison.md) and run this again; no file '
+        'was written')
     assert {p: open(p, 'rb').read() for p in before} == before
 
 
@@ -605,3 +663,65 @@ def test_the_first_estimate_takes_its_seconds_from_this_processors_records():
     assert book_table._seconds_per_epoch([], records, 'Apple M2') == 1450.0  # none of its own
     assert book_table._seconds_per_epoch([300.0, 500.0], records, 'Intel Xeon') == 400.0  # timed
     assert book_table._seconds_per_epoch([], [], 'Intel Xeon') is None
+
+
+def test_45_8_a_second_runner_waits_for_the_first_and_trains_nothing_twice(tmp_path,
+                                                                          monkeypatch):
+    import fcntl
+    import threading
+    trained, said = [], []
+    record, work = str(tmp_path / 'rec.jsonl'), str(tmp_path / 'work')
+    run = book_table.Run(2, 0, 0, 2, None, None)
+
+    def line(epoch):
+        return _line(devices=2, seed=0, epoch=epoch, acc_running=[0.5, 0.5],
+                     test_acc=0.5 + epoch / 100)
+
+    def train(run, directory, epoch, work_dir, device, data_dir):
+        os.makedirs(directory, exist_ok=True)
+        for e in range(1, epoch + 1):
+            open(os.path.join(directory, 'epoch-%04d.json' % e), 'w').close()
+        trained.append(epoch)
+
+    def diagnosed(run, directory, epoch, record_path, devices, data_dir):
+        book_table.append_record(record_path, line(epoch))
+        return line(epoch)
+
+    monkeypatch.setattr(book_table, '_train', train)
+    monkeypatch.setattr(book_table, '_diagnosed', diagnosed)
+    monkeypatch.setattr(book_table, 'check_run_folder', lambda *args: None)
+    # The first runner holds the run and records its epoch 1, then lets go.
+    os.makedirs(os.path.join(work, 'logs'))
+    first = open(os.path.join(work, 'logs', '2dev-seed0.runner'), 'w')
+    fcntl.flock(first, fcntl.LOCK_EX)
+
+    def first_runner_finishes():
+        book_table.append_record(record, line(1))
+        first.close()
+    timer = threading.Timer(0.5, first_runner_finishes)
+    timer.start()
+    book_table.run_table([run], work, record, [mx.cpu(0), mx.cpu(1)], progress=said.append,
+                         wait_seconds=0.1)
+    timer.join()
+    assert said[0] == ('waiting: another book_table.py trains or diagnoses 2dev-seed0 (it holds '
+                       '%s)' % os.path.join(work, 'logs', '2dev-seed0.runner'))
+    assert trained == [2]  # epoch 1 was the first runner's: read from the record, not redone
+    assert [r['epoch'] for r in book_records.read_records(record)] == [1, 2]
+
+
+def test_45_8_a_folder_in_use_names_this_scripts_flag(tmp_path):
+    from gluon_mgpu.handlers import checkpoint
+    directory = str(tmp_path / 'run')
+    code = ('import sys, time; from gluon_mgpu.handlers import checkpoint; '
+            'lock = checkpoint.lock_dir(sys.argv[1]); print("held", flush=True); time.sleep(60)')
+    holder = subprocess.Popen([sys.executable, '-c', code, directory], stdout=subprocess.PIPE,
+                              text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        assert book_table._is_locked(directory) == (
+            '%s is in use by another run (pid %d); wait for it to end, or pass another --work-dir'
+            % (directory, holder.pid))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert checkpoint.list_checkpoints(directory) == []

@@ -182,3 +182,32 @@ def test_a_one_device_run_replays_and_a_file_it_cannot_compare_with_is_refused_f
     with open(replicas_path, 'wb') as f:
         f.write(b'not arrays')
     assert refused(replicas_path).startswith('it cannot be loaded (')
+
+
+import signal  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.mark.parametrize('signum,code,name', [(signal.SIGTERM, 143, 'SIGTERM'),
+                                              (signal.SIGHUP, 129, 'SIGHUP')])
+def test_45_8_sigterm_and_sighup_end_it_with_one_line_and_their_code(signum, code, name,
+                                                                    tmp_path, data_dir):
+    # The docstring promises 143 and 129; the process died silently, killed by the signal.
+    folder = str(tmp_path / 'run')
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', *RUN, '--epochs', '1',
+                           '--data-dir', data_dir, '--checkpoint-dir', folder],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    replay = subprocess.Popen([sys.executable, os.path.join(ROOT, 'benchmarks', 'epoch_end.py'),
+                               '--checkpoint-dir', folder, '--from-epoch', '1', '--data-dir',
+                               data_dir], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, preexec_fn=lambda: [signal.signal(s, signal.SIG_DFL)
+                                                             for s in (signal.SIGINT,
+                                                                       signal.SIGHUP)])
+    warning = replay.stderr.readline()  # get_devices': MXNet is loaded, the replay starts
+    assert warning.startswith('warning: no GPU found'), warning
+    replay.send_signal(signum)
+    out, err = replay.communicate(timeout=120)
+    assert replay.returncode == code, err  # not -signum: killed silently
+    assert err == 'benchmarks/epoch_end.py: terminated (%s)\n' % name

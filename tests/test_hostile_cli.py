@@ -9,10 +9,12 @@ import os
 import pickle
 import re
 import resource
+import shutil
 import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 
 import mxnet as mx
@@ -689,3 +691,252 @@ def test_nan_weights_with_a_matching_sha256_are_refused_on_resume(cli_dir, capsy
     assert line == ('%s: error: --resume: %s: %s holds NaN or infinite values (the run diverged '
                     'before it was saved, or the file was changed), so training cannot go on from '
                     'it; start a new run with an empty --checkpoint-dir' % (PROG, params, name))
+
+
+# Issue 45, family by family.
+
+T45 = ['--model', 'lenet', '--epochs', '1', '--quiet', '--train-limit', '256', '--test-limit',
+       '128', '--batch-size', '64', '--device', 'cpu']
+
+
+def test_45_3_a_copied_run_resumed_never_writes_over_the_originals_outputs(tmp_path, capsys,
+                                                                          data_dir):
+    first, outputs = str(tmp_path / 'A'), [str(tmp_path / n) for n in ('A.json', 'A.params')]
+    assert main(T45 + ['--data-dir', data_dir, '--checkpoint-dir', first, '--metrics-json',
+                       outputs[0], '--save-params', outputs[1]]) == 0
+    capsys.readouterr()
+    copy = str(tmp_path / 'B')
+    shutil.copytree(first, copy)
+    before = {p: open(p, 'rb').read() for p in outputs}
+    line = _refused(['--checkpoint-dir', copy, '--resume', '--epochs', '2'], capsys)
+    assert line == ("%s: error: --resume: the run was saved in %s, not in %s (a copy of it, or "
+                    "moved to another disk): continuing it would write over the first run's "
+                    "--metrics-json %s, --save-params %s; give --metrics-json, --save-params "
+                    "again with new paths (or the same ones, to replace them)"
+                    % (PROG, first, copy, outputs[0], outputs[1]))
+    assert {p: open(p, 'rb').read() for p in outputs} == before
+    assert checkpoint.list_checkpoints(copy) == [1]
+    # Given again, the copy goes on and writes where it is told; a moved folder keeps its outputs.
+    mine = [str(tmp_path / n) for n in ('B.json', 'B.params')]
+    assert main(['--checkpoint-dir', copy, '--resume', '--epochs', '2', '--metrics-json',
+                 mine[0], '--save-params', mine[1]]) == 0
+    assert {p: open(p, 'rb').read() for p in outputs} == before
+    assert all(os.path.getsize(p) > 0 for p in mine)
+    moved = str(tmp_path / 'C')
+    os.rename(first, moved)
+    assert main(['--checkpoint-dir', moved, '--resume', '--epochs', '2']) == 0
+    assert all(open(p, 'rb').read() != before[p] for p in outputs)
+
+
+@pytest.mark.parametrize('flag,example', [('--checkpoint-dir', 'runs/a'),
+                                          ('--metrics-json', 'run.json'),
+                                          ('--plot', 'curves.png'),
+                                          ('--save-params', 'net.params')])
+@pytest.mark.parametrize('value', ['', ' '])
+def test_45_1_an_empty_path_is_refused_before_anything_is_written(flag, example, value, tmp_path,
+                                                                 monkeypatch, capsys, data_dir):
+    monkeypatch.chdir(tmp_path)
+    line = _refused(T45 + ['--data-dir', data_dir, flag, value], capsys)
+    assert line == ('%s: error: argument %s: %s is empty (%r; an unset variable?); for example '
+                    '%s %s (see --help)' % (PROG, flag, flag, value, flag, example))
+    assert os.listdir(tmp_path) == []
+
+
+_MXNET_PATH = ('MXNet writes there and encodes a path as UTF-8, but this path is not UTF-8 (file '
+               'names are %s here), so MXNet would open another file or none; use a name of '
+               'ASCII characters, or a UTF-8 locale (LC_ALL=C.UTF-8) and a UTF-8 name (see --help)')
+
+
+@pytest.mark.parametrize('flag,name', [('--save-params', b'r\xe9sultat.params'),
+                                       ('--checkpoint-dir', b'ck\xff')])
+def test_45_2_a_name_mxnet_would_open_otherwise_is_refused_before_training(flag, name, tmp_path,
+                                                                         data_dir):
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, flag, name], cwd=tmp_path, capture_output=True, timeout=300,
+        env=dict(os.environ, LC_ALL='C.UTF-8'))
+    assert done.returncode == 2
+    assert _one_line(done.stderr.decode()) == '%s: error: argument %s: %s %s: %s' % (
+        PROG, flag, flag, name.decode('ascii', 'backslashreplace'), _MXNET_PATH % 'utf-8')
+    assert os.listdir(tmp_path) == []
+
+
+def test_45_2_in_a_locale_whose_names_are_not_utf8_a_non_ascii_name_is_refused(tmp_path,
+                                                                              data_dir):
+    # No Latin-1 locale here: the C locale without UTF-8 mode names files in ASCII, and a name
+    # of UTF-8 bytes is as foreign to MXNet's UTF-8 as a Latin-1 one would be.
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, '--save-params', 'résultat.params'], cwd=tmp_path,
+        capture_output=True, timeout=300,
+        env=dict(os.environ, LC_ALL='C', PYTHONUTF8='0', PYTHONCOERCECLOCALE='0'))
+    assert done.returncode == 2
+    assert _one_line(done.stderr.decode()) == (
+        '%s: error: argument --save-params: --save-params r\\xc3\\xa9sultat.params: %s'
+        % (PROG, _MXNET_PATH % 'ascii'))
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('flag,suffix', [('--save-params', '.params'), ('--plot', '.png'),
+                                         ('--metrics-json', '.json')])
+def test_45_5_a_name_whose_temporary_file_cannot_exist_is_refused_before_training(
+        flag, suffix, tmp_path, capsys, data_dir):
+    name = str(tmp_path / ('a' * (244 - len(suffix)) + suffix))
+    line = _refused(T45 + ['--data-dir', data_dir, flag, name], capsys)
+    assert line == ('%s: error: argument %s: %s %s: its name is 244 bytes long, and the temporary '
+                    'file written beside it first (.NAME.XXXXXXXX.tmp) would be 258, more than '
+                    'the 255 its folder allows; use a name of at most 241 bytes (see --help)'
+                    % (PROG, flag, flag, name))
+    assert os.listdir(tmp_path) == []
+
+
+def test_45_5_fewer_training_images_in_the_folder_than_devices_is_bad_input(tmp_path, capsys):
+    from test_hostile_library import _dataset
+    folder = _dataset(tmp_path / 'd', train=1, test=2)
+    line = _refused(['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size',
+                     '2', '--data-dir', folder], capsys)
+    assert line == ('%s: error: --data-dir %s: the training data holds 1 image, fewer than the 2 '
+                    'devices, so some device would get no data; pass --num-gpus 1 or fewer, or a '
+                    'data folder with more images' % (PROG, folder))
+
+
+def test_45_5_a_sweep_whose_largest_setting_lacks_images_trains_nothing(tmp_path, capsys,
+                                                                        data_dir):
+    from gluon_mgpu.commands import sweep
+    out = str(tmp_path / 'out')
+    assert sweep.main(['--num-gpus', '1', '2', '--train-limit', '1', '--device', 'cpu',
+                       '--data-dir', data_dir, '--output-dir', out]) == 2
+    printed, err = capsys.readouterr()
+    assert _one_line(err) == ('python -m gluon_mgpu.sweep: error: --train-limit 1 gives fewer '
+                              'training images than the 2 devices of the largest setting, so '
+                              'some device would get no data; pass --train-limit 2 or more')
+    assert 'running on' not in printed and not os.path.exists(out)
+    folder = __import__('test_hostile_library')._dataset(tmp_path / 'd', train=1, test=2)
+    assert sweep.main(['--num-gpus', '1', '2', '--device', 'cpu', '--data-dir', folder,
+                       '--output-dir', out]) == 2
+    printed, err = capsys.readouterr()
+    assert _one_line(err) == ('python -m gluon_mgpu.sweep: error: --data-dir %s: the training '
+                              'data holds 1 image, fewer than the 2 devices, so some device '
+                              'would get no data; pass --num-gpus 1 or fewer, or a data folder '
+                              'with more images' % folder)
+    assert 'running on' not in printed
+
+
+_AS_NOBODY = '''
+import os, sys
+import gluon_mgpu, mxnet
+from gluon_mgpu import data, parallel, training
+from gluon_mgpu.commands import train
+from gluon_mgpu.handlers import checkpoint, metrics, plotting
+os.setgid(65534)
+os.setuid(65534)
+sys.exit(train.main(sys.argv[1:]))
+'''
+
+
+@pytest.mark.parametrize('flag,name', [('--metrics-json', 'run.json'), ('--plot', 'run.png'),
+                                       ('--save-params', 'net.params')])
+def test_45_7_a_write_protected_output_is_left_as_it_is(flag, name, data_dir):
+    # As the user nobody, without root's override: a rename would replace the file regardless.
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-45-')
+    try:
+        os.chmod(folder, 0o1777)
+        path = os.path.join(folder, name)
+        with open(path, 'w') as f:
+            f.write('the first run\n')
+        os.chown(path, 65534, 65534)
+        os.chmod(path, 0o444)
+        done = subprocess.run([sys.executable, '-c', _AS_NOBODY] + T45 + [
+            '--data-dir', data_dir, flag, path], cwd='/', capture_output=True, text=True,
+            timeout=300)
+        assert done.returncode == 2, done.stderr
+        assert _one_line(done.stderr) == (
+            '%s: error: argument %s: %s %s: it is write-protected (mode 0444) and is left as it '
+            'is; make it writable (chmod u+w) or name another file (see --help)'
+            % (PROG, flag, flag, path))
+        assert open(path).read() == 'the first run\n' and os.stat(path).st_mode & 0o777 == 0o444
+        assert os.listdir(folder) == [name]
+    finally:
+        shutil.rmtree(folder)
+
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.parametrize('command', ['train', 'env', 'replicas', 'compare', 'sweep'])
+@pytest.mark.parametrize('cause', ['no mxnet', 'warnings as errors', 'a library not MXNet'])
+def test_45_6_mxnet_that_cannot_be_imported_is_one_line_from_every_command(command, cause):
+    python, env = [sys.executable], dict(os.environ, PYTHONPATH=_ROOT)
+    if cause == 'no mxnet':
+        python.append('-S')  # no site-packages: this Python has no MXNet
+    elif cause == 'warnings as errors':
+        env['PYTHONWARNINGS'] = 'error'
+    else:
+        env['MXNET_LIBRARY_PATH'] = '/etc/passwd'
+    flags = ['--num-gpus', '1'] if command == 'sweep' else []
+    done = subprocess.run(python + ['-m', 'gluon_mgpu.' + command] + flags, env=env, cwd='/',
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and done.stdout == ''
+    start = 'python -m gluon_mgpu.%s: error: cannot import MXNet' % command
+    assert _one_line(done.stderr) == start + {
+        # compare's module needs numpy, as MXNet does: the first module missing is named.
+        'no mxnet': " (ModuleNotFoundError: No module named '%s') with this Python, %s; run "
+                    "the command with the virtualenv's Python (.venv/bin/python -m ...), or "
+                    "install the requirements into this one (pip install -r requirements.txt)"
+                    % ('numpy' if command == 'compare' else 'mxnet', sys.executable),
+        'warnings as errors': ': a warning inside MXNet 1.9.1 was turned into an error '
+                              '(DeprecationWarning: `np.bool` is a deprecated alias for the '
+                              'builtin `bool`; PYTHONWARNINGS or -W is error); let warnings be '
+                              "warnings (unset PYTHONWARNINGS, or add 'ignore::DeprecationWarning')",
+        'a library not MXNet': ': MXNET_LIBRARY_PATH=/etc/passwd cannot be loaded (OSError: '
+                               '/etc/passwd: invalid ELF header); unset MXNET_LIBRARY_PATH, or '
+                               'point it at a libmxnet.so of MXNet 1.9.1'}[cause]
+
+
+def _address_limit(limit):
+    def set_limit():
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return set_limit
+
+
+def test_45_4_devices_beyond_the_processs_memory_limit_are_refused_before_training(data_dir):
+    # 16 replicas of ResNet-18 fit this machine's memory but not 4 GB of address space: the
+    # run crashed in MXNet's exit handlers (134) after the out-of-memory line.
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '16',
+                          '--batch-size', '16', '--device', 'cpu', '--epochs', '1',
+                          '--train-limit', '256', '--test-limit', '128', '--quiet',
+                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
+                         preexec_fn=_address_limit(4000000 * 1024))
+    assert (run.returncode, run.stdout) == (2, ''), run.stderr
+    line = run.stderr.splitlines()[-1]
+    assert re.fullmatch(
+        r"%s: error: --num-gpus 16 --device cpu: 16 simulated devices would need about 6\.2 GiB "
+        r"more address space \(394 MiB each: a replica of resnet18, its gradients and buffers, "
+        r"its threads\), but this process may use 3\.8 GiB \(ulimit -v 4000000\) and needs "
+        r"1\.\d GiB besides; pass --num-gpus [5-7] or fewer, or raise the limit" % PROG, line), line
+    assert 'Traceback' not in run.stderr
+
+
+def test_45_4_memory_running_out_over_simulated_devices_advises_fewer_and_exits_1(data_dir):
+    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2',
+                          '--batch-size', '1000', '--device', 'cpu', '--epochs', '1',
+                          '--train-limit', '1000', '--test-limit', '32', '--quiet',
+                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
+                         preexec_fn=_address_limit(2500000 * 1024))
+    assert (run.returncode, run.stdout) == (1, ''), run.stderr
+    assert _one_line(run.stderr.split('\n', 1)[1] if run.stderr.startswith('warning') else
+                     run.stderr) == (
+        '%s: error: out of memory (Failed to allocate CPU Memory) with --batch-size 1000 over 2 '
+        'device(s); each simulated device holds a replica of the network: pass fewer devices, for '
+        'example --num-gpus 1, or a smaller --batch-size, for example --batch-size 500; nothing '
+        'was saved (pass --checkpoint-dir DIR to keep every finished epoch)' % PROG)
+
+
+def test_45_1_an_empty_sweep_output_folder_is_refused_before_anything(tmp_path, monkeypatch,
+                                                                      capsys):
+    from gluon_mgpu.commands import sweep
+    monkeypatch.chdir(tmp_path)
+    assert sweep.main(['--num-gpus', '1', '--output-dir', '']) == 2
+    out, err = capsys.readouterr()
+    assert out == '' and _one_line(err) == (
+        "python -m gluon_mgpu.sweep: error: argument --output-dir: --output-dir is empty (''; an "
+        "unset variable?); for example --output-dir sweep-results (see --help)")
+    assert os.listdir(tmp_path) == []

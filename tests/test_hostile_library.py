@@ -288,6 +288,31 @@ def test_permission_denied_for_real(tmp_path):
         shutil.rmtree(folder)
 
 
+def test_45_9_a_data_folder_this_user_cannot_enter_is_named_not_called_missing():
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-perm-')
+    try:
+        os.chmod(folder, 0o755)
+        inner = _dataset(os.path.join(folder, 'data'))
+        os.chmod(inner, 0o700)  # root's: the user nobody cannot enter it
+        code = textwrap.dedent('''
+            import os, sys
+            from gluon_mgpu import data
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                data.find_data_dir(sys.argv[1])
+            except (data.DataError, data.DataNotFoundError) as e:
+                print(type(e).__name__, e)
+        ''')
+        out = subprocess.run([PY, '-c', code, inner], capture_output=True, text=True,
+                             timeout=120, cwd='/')
+        assert out.stdout == ('DataError %s cannot be read (Permission denied), so its files '
+                              'cannot be reached; make it readable for this user, or copy it to '
+                              'a folder of your own\n' % inner), out.stderr
+    finally:
+        shutil.rmtree(folder)
+
+
 # --- B, D: outputs --------------------------------------------------------------------------
 
 def _special(tmp_path, kind):
@@ -394,6 +419,19 @@ def test_output_problem(tmp_path, monkeypatch, path, expected):
     (tmp_path / 'file').write_text('')
     expected = expected and expected.format(tmp=tmp_path)
     assert files.output_problem(path) == expected
+
+
+def test_45_9_a_folder_where_no_file_can_be_created_is_refused_also_for_root(tmp_path):
+    # Root passes os.access on /sys and /proc; creating the temporary file is what fails.
+    root = os.geteuid() == 0
+    assert files.output_problem('/sys/run.json') == (
+        'no file can be created in folder /sys (Permission denied); choose another folder'
+        if root else 'folder /sys is not writable; choose another folder')
+    assert files.output_problem('/proc/run.json') == (
+        'no file can be created in folder /proc (No such file or directory); choose another '
+        'folder' if root else 'folder /proc is not writable; choose another folder')
+    assert files.output_problem(str(tmp_path / 'run.json')) is None
+    assert os.listdir(tmp_path) == []  # the trial file is gone
 
 
 def test_a_full_disk_is_named_with_the_path_and_the_fix(tmp_path):
@@ -539,6 +577,38 @@ def test_a_lock_file_that_is_not_ours_is_left_as_it_is(tmp_path, content):
     (tmp_path / '.lock').write_bytes(b'4242\n')  # a killed run's: taken over
     checkpoint.lock_dir(str(tmp_path)).release()
     assert (tmp_path / '.lock').read_bytes() == b'%d\n' % os.getpid()
+
+
+def test_45_9_a_read_only_lock_file_is_named_not_the_folder():
+    # As the user nobody: root may open a 0444 file for writing.
+    folder = tempfile.mkdtemp(prefix='gluon-mgpu-lock-')
+    try:
+        os.chmod(folder, 0o1777)
+        directory = os.path.join(folder, 'ck')
+        os.mkdir(directory)
+        lock = os.path.join(directory, checkpoint.LOCK_NAME)
+        open(lock, 'w').close()
+        os.chmod(lock, 0o444)
+        for path in (directory, lock):
+            os.chown(path, 65534, 65534)
+        code = textwrap.dedent('''
+            import os, sys
+            from gluon_mgpu.handlers import checkpoint
+            os.setgid(65534)
+            os.setuid(65534)
+            try:
+                checkpoint.lock_dir(sys.argv[1])
+            except ValueError as e:
+                print(e)
+        ''')
+        out = subprocess.run([PY, '-c', code, directory], capture_output=True, text=True,
+                             timeout=120, cwd='/')
+        assert out.stdout == ('its lock file %s cannot be opened for writing (Permission denied, '
+                              'mode 0444), though the folder is writable; make it writable (chmod '
+                              'u+w %s) or pass another folder\n' % (lock, lock)), out.stderr
+        assert os.listdir(directory) == [checkpoint.LOCK_NAME]
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_a_lock_file_that_is_a_link_is_refused(tmp_path):

@@ -57,6 +57,12 @@ def _pids(log):
      r"--hostfile /dev/null is a character device, not a regular file; name a regular file"),
     (['-n', '2', '--env', 'A-B', '--', 'python'], r"--env A-B: 'A-B' is not a variable name"),
     (['-n', '2', '--port', '70000', '--', 'python'], r'--port 70000 is not a TCP port'),
+    # Issue 45: a name the remote shell refuses; a port below 1024, which the help excludes.
+    (['-n', '2', '--env', '\u00e9=1', '--', 'python'],
+     r"--env \u00e9=1: '\u00e9' is not a variable name; for example --env MXNET_HOME"),
+    (['-n', '2', '--port', '80', '--', 'python'], r'^python -m gluon_mgpu.launch: error: --port '
+                                                  r'80 is not a TCP port; pass one from 1024 to '
+                                                  r'65535, or leave it out for a free one\n$'),
     (['-n', '2', '--grace', '0', '--', 'python'], r'--grace expects a number of seconds above '
                                                   r"0, got '0'"),
 ])
@@ -90,6 +96,8 @@ def test_hostfile_format(tmp_path):
 @pytest.mark.parametrize('line', [
     'a b c', '-oProxyCommand=true', '-p', 'user@node1', 'node1:0', 'node1:65536',
     'node1:22:33', '[10.0.0.1]:22', '[::1', '10.0.0.256', 'n\u00f6de', 'node1\v', 'node1;id',
+    # Issue 45: Python's ipaddress takes any scope id; these reached ssh.
+    'fe80::1%a;reboot', '::1%$(id)', '[fe80::1%a b]:22',
 ])
 def test_a_hostfile_line_that_is_not_a_host_is_refused_with_file_and_line(line, tmp_path,
                                                                           capsys):
@@ -105,9 +113,11 @@ def test_a_hostfile_line_that_is_not_a_host_is_refused_with_file_and_line(line, 
 
 def test_hosts_and_addresses_with_ports_are_read(tmp_path):
     hostfile = tmp_path / 'hosts'
-    hostfile.write_text('node-1.example.com.\n[fe80::1]:2200\nfe80::2\n10.0.0.2:22\r\n')
+    hostfile.write_text('node-1.example.com.\n[fe80::1]:2200\nfe80::2\n10.0.0.2:22\r\n'
+                        'fe80::3%eth0\n[fe80::4%2]:22\n')
     assert launch.read_hostfile(str(hostfile)) == [
-        ('node-1.example.com.', 22), ('fe80::1', 2200), ('fe80::2', 22), ('10.0.0.2', 22)]
+        ('node-1.example.com.', 22), ('fe80::1', 2200), ('fe80::2', 22), ('10.0.0.2', 22),
+        ('fe80::3%eth0', 22), ('fe80::4%2', 22)]
     hostfile.write_bytes(b'node1\nnode\xff2\n')
     with pytest.raises(ValueError, match=r'^line 2 is not UTF-8 text; write one host name or '
                                          r'address per line$'):

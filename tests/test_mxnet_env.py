@@ -233,3 +233,20 @@ def test_mxnet_itself_fails_on_exactly_what_the_check_refuses(name, value):
     assert (run.returncode != 0) == refused, run.stderr[-500:]
     if refused and name != 'MXNET_ENABLE_CYTHON':
         assert run.returncode == -6  # SIGABRT
+
+
+@pytest.mark.parametrize('value,what', [('/nonexistent/libmxnet.so', 'an existing file'),
+                                        ('libmxnet.so', 'an absolute path')])
+def test_45_9_a_library_path_mxnet_would_ignore_is_refused_so_no_root_logger_is_made(value,
+                                                                                    what):
+    # MXNet logs "MXNET_LIBRARY_PATH ... doesn't exist" through the root logger, which made
+    # every later warning read "WARNING:gluon_mgpu:warning: ...", and loads another library.
+    with pytest.raises(ValueError) as e:
+        mxnet_env.check_environment({'MXNET_LIBRARY_PATH': value}, 2)
+    assert str(e.value) == ('MXNET_LIBRARY_PATH=%r is not %s, so MXNet would load its own '
+                            'library instead of it; point it at a libmxnet.so by its absolute '
+                            'path, or unset it' % (value, what))
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.replicas'], capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, MXNET_LIBRARY_PATH=value))
+    assert (done.returncode, done.stdout) == (2, '')
+    assert done.stderr == 'python -m gluon_mgpu.replicas: error: %s\n' % e.value

@@ -3,6 +3,7 @@ servers and workers, here or over ssh, and stops them all when one dies (docs/di
 """
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -79,7 +80,7 @@ def parse_args(argv=None):
                          'gluon_mgpu.train --kvstore dist_sync')
     if args.num_servers is None:
         args.num_servers = args.num_workers
-    if args.port is not None and args.port > 65535:
+    if args.port is not None and not 1024 <= args.port <= 65535:
         raise UsageError('--port %d is not a TCP port; pass one from 1024 to 65535, or leave '
                          'it out for a free one' % args.port)
     args.hosts = None
@@ -100,7 +101,7 @@ def parse_args(argv=None):
                          'reach it, for example --host-ip 10.0.0.5' % (args.host_ip, problem))
     for item in args.env:
         name = item.split('=', 1)[0]
-        if not name.isidentifier():
+        if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):  # what a POSIX shell takes
             raise UsageError('--env %s: %r is not a variable name; for example --env '
                              'MXNET_HOME or --env MXNET_HOME=/data' % (item, name))
     return args

@@ -163,6 +163,7 @@ def build_parser():
     cli.add_hybridize_flag(p)
     cli.add_dtype_flags(p)
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
+                   type=cli.output_folder('--output-dir', 'sweep-results', mxnet=False),
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
     cli.add_debug_flag(p)
@@ -210,6 +211,11 @@ def _run(args, state):
                              'float32 optimizer can use (%.8g); pass --lr-per-device %g or less'
                              % (args.lr_per_device, top['num_devices'], top['lr'],
                                 cli.LR_RANGE[1], cli.LR_RANGE[1] / top['num_devices']))
+    if args.train_limit is not None and args.train_limit < top['num_devices']:
+        raise cli.UsageError('--train-limit %d gives fewer training images than the %d devices '
+                             'of the largest setting, so some device would get no data; pass '
+                             '--train-limit %d or more' % (args.train_limit, top['num_devices'],
+                                                           top['num_devices']))
     largest = top['devices']
     cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
         ' '.join(map(str, args.num_gpus)), args.device))
@@ -225,6 +231,8 @@ def _run(args, state):
                 test_limit=args.test_limit, seed=args.seed)
         except (data.DataError, data.DataNotFoundError, ValueError) as e:
             raise cli.data_error(e) from None
+        if not rows:  # the same images for every setting: checked once, for the largest
+            cli.check_training_images(train_iter, top['num_devices'], args.data_dir)
         print('running on: %s (global batch %d, lr %g%s)' % (
             devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
             '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
@@ -282,6 +290,7 @@ def _keep_finished(args, state, why):
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.sweep``; returns the exit code (docs/outputs.md).
     Settings that finished before a failure are printed and written all the same."""
+    entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
     args, state = None, {'rows': [], 'setting': None}
 
@@ -318,6 +327,7 @@ def main(argv=None):
                                                      or ' (the table is printed above)'))
         memory = args is not None and cli.out_of_memory(e)
         if memory:
+            failed['memory'] = True
             kept = _keep_finished(args, state, 'out of memory')
             return 1, cli.error_line(PROG, 'out of memory (%s) %s with --batch-size-per-device '
                                            '%d; pass a smaller one, for example '
@@ -328,4 +338,10 @@ def main(argv=None):
         return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
                                  ' (%s)%s' % (_where(state), kept))
 
-    return cli.run_command(PROG, argv, body, explain)
+    failed = {}
+    code = cli.run_command(PROG, argv, body, explain)
+    if code and entry and failed:  # MXNet's exit handlers may crash after memory ran out
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code

@@ -26,6 +26,8 @@ METHODS = ('data', 'scratch', 'layers', 'channels')
 _NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 _JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 # Settings that define a run: continuing with other values would be a different run.
+# Files a run writes outside its checkpoint folder, recorded with its settings.
+OUTPUTS = ('metrics_json', 'plot', 'save_params')
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
 
@@ -61,7 +63,7 @@ def build_parser():
                         "the book's DataLoader with ToTensor per image (default: array)")
     cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
                          'each time; with --checkpoint-dir one is chosen and recorded)')
-    p.add_argument('--checkpoint-dir', metavar='DIR',
+    p.add_argument('--checkpoint-dir', metavar='DIR', type=cli.output_folder('--checkpoint-dir'),
                    help='save a checkpoint into DIR at the end of every epoch (default: none)')
     p.add_argument('--resume', action='store_true',
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
@@ -121,7 +123,8 @@ def build_parser():
                    help="with --parallel layers: where to cut ResNet-18 between devices: params "
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
-    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
+    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params',
+                                                     mxnet=True),
                    metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
                         'a dist job every worker saves its own copy, rank r to PATH with '
@@ -309,6 +312,15 @@ def _resume(args):
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
     merged = parse_args(record['argv'] + args.argv, complete=True)  # the flags given now win
+    original = checkpoint.copied_from(directory, record)
+    reused = ['--%s %s' % (k.replace('_', '-'), getattr(merged, k)) for k in OUTPUTS
+              if getattr(merged, k) is not None and k not in args.given]
+    if original is not None and reused:
+        raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
+                         'disk): continuing it would write over the first run\'s %s; give %s '
+                         'again with new paths (or the same ones, to replace them)'
+                         % (original, directory, ', '.join(reused),
+                            ', '.join(r.partition(' ')[0] for r in reused)))
     done = record['epoch']
     if merged.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done
@@ -474,6 +486,7 @@ def _run(args, record, interrupt):
     # The split networks of --parallel layers and channels hold no replicas.
     devices = cli.devices(args.num_gpus, args.device,
                           args.model if args.parallel in ('data', 'scratch') else None)
+    cli.check_training_images(train_iter, args.num_gpus, args.data_dir)
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
                          'computes each operator in the thread that issues it, so the first '
@@ -711,12 +724,20 @@ def main(argv=None):
             return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
         memory = args is not None and cli.out_of_memory(e)
         if memory:
+            failed['memory'] = True
+            n = args.num_gpus * args.num_workers
+            fix = 'pass a smaller --batch-size, for example --batch-size %d' % max(
+                n, args.batch_size // 2)
+            if args.num_gpus > 1 and _simulated(args.num_gpus, args.device):
+                # Every simulated device holds a replica: fewer devices free the most.
+                fix = ('each simulated device holds a replica of the network: pass fewer '
+                       'devices, for example --num-gpus %d%s' % (
+                           args.num_gpus // 2, ', or a smaller --batch-size, for example '
+                           '--batch-size %d' % (args.batch_size // 2)
+                           if args.batch_size // 2 >= n else ''))
             return 1, cli.error_line(PROG, 'out of memory (%s) with --batch-size %d over %d '
-                                           'device(s); pass a smaller --batch-size, for example '
-                                           '--batch-size %d; %s'
-                                     % (memory, args.batch_size, args.num_gpus * args.num_workers,
-                                        max(args.num_gpus * args.num_workers,
-                                            args.batch_size // 2), _kept(args)))
+                                           'device(s); %s; %s'
+                                     % (memory, args.batch_size, n, fix, _kept(args)))
         if getattr(args, 'kvstore', None) == 'horovod' and \
                 any(text in str(e) for text in horovod.PEER_GONE):
             return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
@@ -724,10 +745,13 @@ def main(argv=None):
                                      % _kept(args))
         return None
 
+    failed = {}
     code = cli.run_command(PROG, argv, body, explain)
-    if code and getattr(args, 'joined', False):
+    if code and (getattr(args, 'joined', False) or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
-        # final barrier for the other workers, which wait for this one's gradients.
+        # final barrier for the other workers, which wait for this one's gradients. After
+        # memory ran out, MXNet's engine may hold half-made arrays: its exit handlers crashed
+        # (a traceback in _notify_shutdown, then 'double free or corruption', exit 134).
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)

@@ -2,6 +2,7 @@
 device's copies that differ from those) and ``.json``, each put in place atomically, the JSON
 last; nothing read back can run code. The format, the lock and the refusals: docs/checkpoints.md.
 """
+import errno
 import fcntl
 import hashlib
 import io
@@ -23,7 +24,8 @@ from ..runtime.files import (InputError, atomic_path, file_kind, non_folder_kind
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
-           'read_checkpoint', 'nonfinite', 'restore', 'CheckpointHandler']
+           'read_checkpoint', 'nonfinite', 'restore', 'folder_identity', 'copied_from',
+           'CheckpointHandler']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -117,6 +119,12 @@ def lock_dir(directory):
         kind = non_folder_kind(directory)
         if kind:
             reason = 'it is %s, not a folder' % kind
+        elif e.errno in (errno.EACCES, errno.EPERM) and e.filename == path \
+                and os.path.isfile(path) and os.access(directory, os.W_OK | os.X_OK):
+            raise ValueError('its lock file %s cannot be opened for writing (%s, mode %04o), '
+                             'though the folder is writable; make it writable (chmod u+w %s) '
+                             'or pass another folder' % (path, e.strerror, stat.S_IMODE(
+                                 os.stat(path).st_mode), path)) from None
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, reason)) from None
 
@@ -160,8 +168,29 @@ def save_checkpoint(directory, epoch, net, trainer, info):
     files['replicas'] = _write(checkpoint_path(directory, epoch, 'replicas'),
                                lambda tmp: nd.save(tmp, replicas))
     write_json_atomic(checkpoint_path(directory, epoch, 'json'), dict(
-        info, format=FORMAT, step=STEP, epoch=epoch, files=files, optimizer={
+        info, format=FORMAT, step=STEP, epoch=epoch, files=files,
+        folder=folder_identity(directory), optimizer={
             'lr': trainer.learning_rate, 'num_update': trainer._optimizer.num_update}))
+
+
+def folder_identity(directory):
+    """What tells checkpoint folder ``directory`` from a copy of it: its absolute path, its
+    device and inode (a ``cp -r`` gets another inode, a ``mv`` within a disk keeps it)."""
+    st = os.stat(directory)
+    return {'path': os.path.realpath(directory), 'device': st.st_dev, 'inode': st.st_ino}
+
+
+def copied_from(directory, record):
+    """The folder checkpoint ``record`` was written in, when ``directory`` is not that folder
+    (a copy of it, or a folder moved to another disk); None when it is, or when the record is
+    older than this check (it names no folder)."""
+    folder = record.get('folder')
+    if folder is None:
+        return None
+    here = folder_identity(directory)
+    same = here['inode'] == folder['inode'] and (here['device'] == folder['device']
+                                                  or here['path'] == folder['path'])
+    return None if same else folder['path']
 
 
 def _fix(directory, epoch):
@@ -223,6 +252,12 @@ def read_checkpoint(directory, epoch=None, record=None):
         problem = epoch_problem(entry) or (entry['epoch'] != i + 1 and 'epoch is not %d' % (i + 1))
         if problem:
             raise not_ours(path, 'history[%d]: %s' % (i, problem))
+    folder = record.get('folder')
+    if folder is not None and not (isinstance(folder, dict) and set(folder) == {
+            'path', 'device', 'inode'} and isinstance(folder['path'], str) and all(
+            type(folder[k]) is int and 0 <= folder[k] < 2 ** 64 for k in ('device', 'inode'))):
+        raise not_ours(path, 'folder is %s, not a path, a device and an inode'
+                       % json.dumps(folder)[:40])
     lr, updates = (optimizer.get(k) if isinstance(optimizer, dict) else None
                    for k in ('lr', 'num_update'))
     if not (type(lr) in (int, float) and 0 < lr < float('inf') and is_whole(updates, 0)):

@@ -5,8 +5,6 @@ apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is ``gluon_mgpu/comm
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..devices import format_devices, plural
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
@@ -210,6 +208,7 @@ def get_replica(param, ctx, what='data'):
 def _difference(replica, first):
     """``(max |replica - first|, that / max(|replica|, |first|))``; ``first`` is a numpy array.
     Identical replicas cost one copy to the host and one pass in place."""
+    import numpy as np  # here: python -m gluon_mgpu.replicas says why MXNet cannot be imported
     d = replica.asnumpy()
     with np.errstate(invalid='ignore', over='ignore'):
         np.subtract(d, first, out=d)

@@ -8,12 +8,16 @@ import fcntl
 import json
 import os
 import stat
+import sys
 import tempfile
 
 __all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
-           'input_problem', 'read_json', 'file_kind', 'non_folder_kind', 'write_hint']
+           'input_problem', 'read_json', 'file_kind', 'non_folder_kind', 'write_hint',
+           'name_problem', 'mxnet_path_problem', 'temp_name']
 
 _PROBE_BYTES = 1 << 20
+_TEMP_RANDOM = 8  # the characters tempfile.mkstemp adds to a prefix
+_TEMP_SUFFIX = '.tmp'
 JSON_LIMIT = 64 << 20  # bytes; a checkpoint's history of a thousand epochs is about 200 kB
 
 _HINTS = {
@@ -24,6 +28,7 @@ _HINTS = {
     errno.EACCES: 'choose a folder you can write to',
     errno.EPERM: 'choose a folder you can write to',
     errno.EIO: 'check the disk; the earlier files are kept',
+    errno.ENAMETOOLONG: 'use a shorter name',
 }
 
 
@@ -90,6 +95,10 @@ def _target_problem(path):
     except OSError:
         return None  # absent, or not ours to look at: writing will say why
     if stat.S_ISREG(st.st_mode):
+        # A rename needs only the folder's permission; cp and > refuse such a file, so do we.
+        if not os.access(path, os.W_OK, effective_ids=os.access in os.supports_effective_ids):
+            return ('it is write-protected (mode %04o) and is left as it is; make it writable '
+                    '(chmod u+w) or name another file' % stat.S_IMODE(st.st_mode))
         return None
     if stat.S_ISDIR(st.st_mode):
         return 'it is a folder; name a file in it'
@@ -122,7 +131,70 @@ def output_problem(path):
         return '%s is not a folder; name a file in a folder' % folder
     if not os.access(folder, os.W_OK | os.X_OK):
         return 'folder %s is not writable; choose another folder' % folder
+    return name_problem(path) or _create_problem(path)
+
+
+def _create_problem(path):
+    """Why the temporary file of ``path`` cannot be created, tried as ``atomic_path`` will: what
+    permission bits do not tell (root's writes into /sys or /proc, a read-only mount)."""
+    folder, name = os.path.split(os.path.abspath(path))
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix=_TEMP_SUFFIX)
+    except OSError as e:
+        return ('no file can be created in folder %s (%s); choose another folder'
+                % (folder, e.strerror or e))
+    os.close(fd)
+    os.remove(tmp)
     return None
+
+
+def temp_name(path):
+    """The longest name ``atomic_path`` gives the temporary file of ``path`` (``.NAME.`` and
+    mkstemp's 8 random characters, then ``.tmp``), with ``X`` for the random ones."""
+    return '.%s.%s%s' % (os.path.basename(path), 'X' * _TEMP_RANDOM, _TEMP_SUFFIX)
+
+
+def name_problem(path):
+    """Why the file system would refuse the name of ``path`` or of the temporary file written
+    beside it first (``temp_name``): longer than the folder's limit (``NAME_MAX``, 255 bytes on
+    most file systems) or the whole path longer than ``PATH_MAX``; else None."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        name_max, path_max = (os.pathconf(folder, n) for n in ('PC_NAME_MAX', 'PC_PATH_MAX'))
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    name = os.path.basename(path)
+    encoded, temp = (len(os.fsencode(n)) for n in (name, temp_name(path)))
+    extra = temp - encoded
+    if temp > name_max:
+        return ('its name is %d bytes long, and the temporary file written beside it first (%s) '
+                'would be %d, more than the %d its folder allows; use a name of at most %d bytes'
+                % (encoded, '.NAME.%s%s' % ('X' * _TEMP_RANDOM, _TEMP_SUFFIX), temp, name_max,
+                   name_max - extra))
+    full = len(os.fsencode(os.path.join(folder, temp_name(path))))
+    if full >= path_max:
+        return ('the path of the temporary file written beside it first is %d bytes long, more '
+                'than the %d the system allows; use a shorter path' % (full, path_max - 1))
+    return None
+
+
+def mxnet_path_problem(path):
+    """Why MXNet's own writers (``nd.save``, ``save_parameters``) would not open ``path`` as
+    Python does, or None: MXNet encodes a path as UTF-8, Python with the file-system encoding,
+    so a name that is not valid UTF-8 (a byte like ``\\xff``), or any non-ASCII name in a
+    Latin-1 locale, names another file for MXNet, or none."""
+    full = os.path.abspath(path)
+    mine = os.fsencode(full)
+    try:
+        theirs = full.encode('utf-8')
+    except UnicodeEncodeError:
+        theirs = None
+    if theirs == mine:
+        return None
+    return ('MXNet writes there and encodes a path as UTF-8, but this path is not UTF-8 (file '
+            'names are %s here), so MXNet would open another file or none; use a name of ASCII '
+            'characters, or a UTF-8 locale (LC_ALL=C.UTF-8) and a UTF-8 name'
+            % sys.getfilesystemencoding())
 
 
 def write_hint(code, default='write somewhere else'):
@@ -177,7 +249,7 @@ def atomic_path(path):
         raise OutputError(path, 'cannot write %s: %s' % (path, problem))
     folder, name = os.path.split(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix='.tmp')
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix=_TEMP_SUFFIX)
     except OSError as e:
         raise _os_failure(path, e) from None
     os.close(fd)

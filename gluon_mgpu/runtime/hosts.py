@@ -32,6 +32,11 @@ def host_problem(host):
     if not host:
         return 'is empty'
     if _ip_version(host):
+        scope = host.partition('%')[2]  # fe80::1%eth0: ipaddress takes any text after the %
+        if '%' in host and not re.fullmatch(r'[A-Za-z0-9_.-]{1,15}', scope):
+            return ('is an IPv6 address whose scope id %r is not a network interface (a name '
+                    'of up to 15 letters, digits, dots, dashes or underscores, or its number)'
+                    % scope)
         return None
     if len(host) > 253 or not _NAME.fullmatch(host):
         return 'is not a host name or an IP address'

@@ -2,6 +2,7 @@
 the process on a value it cannot parse: ``check_environment`` names the variable, the value and
 the fix (docs/devices.md, "Values MXNet would abort on").
 """
+import os
 import re
 
 from .hosts import job_problem
@@ -140,6 +141,14 @@ def check_environment(environ, cores=1):
     cores : int, default 1
         Usable cores, for the example in a message.
     """
+    library = environ.get('MXNET_LIBRARY_PATH', '')
+    if library and not (os.path.isabs(library) and os.path.isfile(library)):
+        # MXNet would log a warning through the root logger (which then prefixes every later
+        # warning with WARNING:<logger>:) and load another library than the one asked for.
+        raise ValueError('MXNET_LIBRARY_PATH=%r is not %s, so MXNet would load its own library '
+                         'instead of it; point it at a libmxnet.so by its absolute path, or unset '
+                         'it' % (library, 'an existing file' if os.path.isabs(library)
+                                 else 'an absolute path'))
     for name, least in THREAD_COUNTS.items():
         value = environ.get(name, '')
         if value == '':

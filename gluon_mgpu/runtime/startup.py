@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-__all__ = ['before_mxnet', 'prepare_mxnet', 'interruptible', 'join_job', 'starting']
+__all__ = ['before_mxnet', 'import_failure', 'prepare_mxnet', 'interruptible', 'join_job', 'starting']
 
 _SIGNALS = {signal.SIGINT: 'interrupted (Ctrl-C)', signal.SIGTERM: 'terminated (SIGTERM)',
             signal.SIGHUP: 'terminated (SIGHUP)'}
@@ -126,6 +126,10 @@ def starting(command):
             if isinstance(e, KeyboardInterrupt) or seen:
                 signum = seen[0] if seen else signal.SIGINT
                 _end(lines[signum], signum)
+            if isinstance(e, ImportError) and e.name in ('mxnet', 'numpy'):  # a command's module
+                sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
+                sys.stderr.flush()
+                raise SystemExit(2) from None
             raise
 
 
@@ -168,7 +172,34 @@ def before_mxnet(command, devices=None, mxnet=True):
     if not mxnet:
         return
     with starting(command):
-        import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
+        try:
+            import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
+        except Exception as e:  # noqa: BLE001 (whatever stops MXNet's import: one line)
+            sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
+            sys.stderr.flush()
+            raise SystemExit(2)
+
+
+def import_failure(e):
+    """The message for error ``e`` raised by ``import mxnet``: the cause and the fix."""
+    from .checks import one_line
+    what = '%s: %s' % (type(e).__name__, one_line(e, 200))
+    library = os.environ.get('MXNET_LIBRARY_PATH')
+    if isinstance(e, ModuleNotFoundError):
+        return ('cannot import MXNet (%s) with this Python, %s; run the command with the '
+                "virtualenv's Python (.venv/bin/python -m ...), or install the requirements "
+                'into this one (pip install -r requirements.txt)' % (what, sys.executable))
+    if isinstance(e, Warning):
+        what = '%s: %s' % (type(e).__name__, one_line(e).split('. ')[0])
+        return ('cannot import MXNet: a warning inside MXNet 1.9.1 was turned into an error '
+                '(%s; PYTHONWARNINGS or -W is %s); let warnings be warnings (unset '
+                "PYTHONWARNINGS, or add 'ignore::%s')"
+                % (what, ','.join(sys.warnoptions) or 'error', type(e).__name__))
+    if library and isinstance(e, OSError):
+        return ('cannot import MXNet: MXNET_LIBRARY_PATH=%s cannot be loaded (%s); unset '
+                'MXNET_LIBRARY_PATH, or point it at a libmxnet.so of MXNet 1.9.1' % (library, what))
+    return ('cannot import MXNet (%s); check the installation with pip install -r '
+            'requirements.txt, and unset MXNET_LIBRARY_PATH if you set it' % what)
 
 
 def join_job(kvstore, command='gluon_mgpu', root=None):

@@ -76,6 +76,37 @@ def memory_bytes(path='/proc/meminfo'):
     return None
 
 
+def memory_limits():
+    """The limits on this process's memory besides the machine's: ``[(bytes, what, kind)]``,
+    ``kind`` ``'address'`` for address space (``ulimit -v``, which counts every mapping, also
+    what is reserved and never touched) or ``'resident'`` (the cgroup's ``memory.max``, v2, or
+    ``memory.limit_in_bytes``, v1); empty when nothing limits it."""
+    limits = []
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    if soft != resource.RLIM_INFINITY:
+        limits.append((soft, 'ulimit -v %d' % (soft // 1024), 'address'))
+    for line in _read('/proc/self/cgroup').splitlines():
+        _, controllers, path = line.split(':', 2)
+        if controllers == '' or 'memory' in controllers.split(','):
+            name = 'memory.limit_in_bytes' if controllers else 'memory.max'
+            found = _read_int('/sys/fs/cgroup%s%s/%s' % ('/memory' if controllers else '',
+                                                         path.rstrip('/'), name))
+            if found is not None and found < 2 ** 62:  # v1 says "no limit" as 2**63 - 4096
+                limits.append((found, "the cgroup's %s" % name, 'resident'))
+    return limits
+
+
+def memory_used():
+    """``(address space, resident)`` of this process in bytes (``/proc/self/status``), 0 when
+    unknown."""
+    found = {}
+    for line in _read('/proc/self/status').splitlines():
+        key, _, value = line.partition(':')
+        if key in ('VmSize', 'VmRSS') and value.split()[:1] and is_digits(value.split()[0]):
+            found[key] = int(value.split()[0]) * 1024
+    return found.get('VmSize', 0), found.get('VmRSS', 0)
+
+
 def thread_limit():
     """``(n, source)``: the most threads this process could have, and which limit says so
     (``'ulimit -u'``, ``'kernel.threads-max'``, ``'kernel.pid_max'``: every thread takes a
