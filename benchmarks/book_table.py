@@ -8,6 +8,7 @@ notebooks from the records (the record's reader and the accuracy table made of i
 names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
 measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), its cap
 ``DNNL_MAX_CPU_ISA`` and the thread count; lines recorded before 2026-11-27 name the CPU only.
+From issue 45 on, a line also names its data: ``data_sha256``, of the four files in order.
 
     .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # 10-20 h, 2 cores
     .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
@@ -543,8 +544,10 @@ def _last_line(path):
 
 
 def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
-    """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it."""
+    """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it.
+    The line names the data it was trained on: the sha256 of the four files, in order."""
     import mxnet
+    from gluon_mgpu.data import find_data_dir
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
     batch_size, lr = training.book_setting(run.devices)
@@ -555,6 +558,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
                                            'images_per_sec')},
                   device_names=[str(d) for d in devices[:run.devices]],
                   commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
+                  data_sha256=_data_digest(find_data_dir(data_dir)),
                   **kernel_setting(compare.child_env()),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))

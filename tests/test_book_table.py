@@ -245,9 +245,16 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data
         flags = next(line for line in f if line.startswith('flags')).split()
     assert all(r['cpu_flags'] == [f for f in ('avx2', 'avx512f', 'avx512_bf16', 'amx_bf16')
                                   if f in flags] for r in records)
+    import hashlib
+    digest = hashlib.sha256()
+    for name in ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+                 't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz'):
+        with open(os.path.join(data_dir, name), 'rb') as f:
+            digest.update(f.read())
     for r in records:
         assert r['train_limit'] == 256 and r['test_limit'] == 128
         assert r['step'] == 'trainer.step(batch_size)'
+        assert r['data_sha256'] == digest.hexdigest()  # the line names the data it was run on
         assert r['test_acc'] in {k / 128 for k in range(129)}
         assert len(r['acc_running']) == r['devices']
         if r['devices'] == 1:
