@@ -545,8 +545,8 @@ def test_fill_notebook_table_keeps_the_rows_titles():
         book_table.fill_notebook_table(source, [['a', 'b']])
 
 
-def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tmp_path,
-                                                                               monkeypatch):
+def _page_copies(tmp_path, monkeypatch):
+    """Copies of the page and both notebooks in ``tmp_path``, which book_table then fills."""
     import shutil
     page = tmp_path / 'book-comparison.md'
     shutil.copy(book_table.PAGE, page)
@@ -557,6 +557,12 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
     monkeypatch.setattr(book_table, 'PAGE', str(page))
     monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
     monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
+    return page, notebooks
+
+
+def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tmp_path,
+                                                                               monkeypatch):
+    page, notebooks = _page_copies(tmp_path, monkeypatch)
     devices = [mx.cpu(0), mx.cpu(1)]
     # The committed files: filled again, byte for byte the same (main's tests check the tables).
     book_table.write_page(devices, tables_only=True)
@@ -583,16 +589,7 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
 
 
 def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):
-    import shutil
-    page = tmp_path / 'book-comparison.md'
-    shutil.copy(book_table.PAGE, page)
-    notebooks = {lang: str(tmp_path / os.path.basename(path))
-                 for lang, path in book_table.NOTEBOOKS.items()}
-    for lang, path in notebooks.items():
-        shutil.copy(book_table.NOTEBOOKS[lang], path)
-    monkeypatch.setattr(book_table, 'PAGE', str(page))
-    monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
-    monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
+    page, notebooks = _page_copies(tmp_path, monkeypatch)
     devices = [mx.cpu(0), mx.cpu(1)]
     page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
     real = str(tmp_path / 'elsewhere.ipynb')
