@@ -247,7 +247,19 @@ def test_a_killed_worker_ends_the_job_within_the_bound_naming_it(tmp_path):
             os.kill(pid, 0)
 
 
+def _horovod_found(monkeypatch, found):
+    """Make ``job_env`` see Horovod installed (``found``) or not, whatever this environment
+    holds: the fast suite runs before ``make horovod-install``, the slow one after it."""
+    import importlib.machinery
+    import importlib.util
+    find_spec = importlib.util.find_spec
+    spec = importlib.machinery.ModuleSpec('horovod', None) if found else None
+    monkeypatch.setattr(importlib.util, 'find_spec',
+                        lambda name, *a: spec if name == 'horovod' else find_spec(name, *a))
+
+
 def test_without_horovodrun_it_is_one_line_and_exit_2(capsys, data_dir, monkeypatch):
+    _horovod_found(monkeypatch, True)
     monkeypatch.delenv('HOROVOD_RANK', raising=False)
     assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir]) == 2
     assert capsys.readouterr().err == (
@@ -278,10 +290,7 @@ def test_without_horovodrun_it_is_one_line_and_exit_2(capsys, data_dir, monkeypa
 
 
 def test_without_horovod_installed_the_line_names_the_install(capsys, data_dir, monkeypatch):
-    import importlib.util
-    find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, 'find_spec',
-                        lambda name, *a: None if name == 'horovod' else find_spec(name, *a))
+    _horovod_found(monkeypatch, False)
     assert train_main(['--kvstore', 'horovod', '--data-dir', data_dir]) == 2
     assert capsys.readouterr().err == (
         'python -m gluon_mgpu.train: error: --kvstore horovod: Horovod is not installed in '
