@@ -162,7 +162,12 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore)
+    # The optimizer runs in Python (Trainer._update), where its exceptions reach the caller: on
+    # the kvstore MXNet calls it from C, which prints and drops them. Dist kvstores keep their
+    # update on the servers (docs/distributed.md).
+    kind = kvstore.type if isinstance(kvstore, mx.kv.KVStoreBase) else kvstore
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore,
+                            update_on_kvstore=None if 'dist' in str(kind) else False)
     return precision.init_trainer(trainer, dtype)
 
 
