@@ -7,7 +7,7 @@ from mxnet.gluon import nn
 
 from .runtime.checks import check_whole
 
-__all__ = ['Residual', 'resnet_block', 'resnet18', 'sync_batch_norm', 'lenet']
+__all__ = ['Residual', 'resnet_block', 'resnet18', 'sync_batch_norm', 'lenet', 'network_name']
 
 
 class Residual(nn.HybridBlock):
@@ -104,3 +104,10 @@ def lenet(num_classes=10):
             nn.Dense(84, activation='sigmoid'),
             nn.Dense(num_classes))
     return net
+
+
+def network_name(model='resnet18', sync_bn_devices=None):
+    """How checkpoints name a network: ``resnet18(10)``, ``lenet(10)``, or with SyncBatchNorm."""
+    if model == 'resnet18' and sync_bn_devices:
+        return 'resnet18(10, norm_layer=sync_batch_norm(%d))' % sync_bn_devices
+    return '%s(10)' % model

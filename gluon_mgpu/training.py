@@ -1,27 +1,26 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
-epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md).
+epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md); the
+checks of arguments and batches live in ``runtime.train_checks``.
 """
 import time
-import weakref
 
 import mxnet as mx
-import numpy as np
 from mxnet import autograd, gluon, init, nd
-from mxnet.gluon import loss as gloss, nn, utils as gutils
+from mxnet.gluon import loss as gloss, utils as gutils
 
-from .devices import format_devices, try_all_gpus
+from .devices import try_all_gpus
 from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, LossNotFiniteError,
                               TrainingState, format_epoch)
-from .model import lenet, resnet18, sync_batch_norm
+from .model import lenet, network_name, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
-from .runtime.checks import check_whole
-from .runtime.updates import UpdateError, guard_updates
+from .runtime.train_checks import (check_batch, check_batch_size, check_init_dtype,
+                                   check_network, check_once, check_split, check_train, simulated)
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
            'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch',
-           'train_batch', 'train_batch_per_device', 'choose_step', 'check_batch', 'run_epoch',
-           'train_epoch', 'evaluate_accuracy', 'run_epochs', 'train', 'check_batch_size',
-           'format_epoch', 'LossNotFiniteError', 'UpdateError']
+           'train_batch', 'train_batch_per_device', 'choose_step', 'check_batch', 'train_epoch',
+           'evaluate_accuracy', 'train', 'check_batch_size', 'format_epoch',
+           'LossNotFiniteError']
 
 # The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
 # train(num_gpus=2, batch_size=512, lr=0.2); weights drawn from Normal(sigma=0.01).
@@ -48,7 +47,7 @@ def train_batch(net, X, y, loss, trainer, devices, split_f=split_batch, batch_si
     ``trainer.step(batch_size)`` sums the gradients of all devices, divides by ``batch_size``
     (default: this batch's size; see ``train``) and updates every replica the same way.
     """
-    _check_once(X, y, net, 'the batch given to train_batch', devices)
+    check_once(X, y, net, devices, 'the batch given to train_batch', one_thread=True)
     batch_size = X.shape[0] if batch_size is None else batch_size
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
@@ -80,22 +79,7 @@ def train_batch_per_device(net, X, y, loss, trainer, devices, split_f=split_batc
 def choose_step(devices):
     """The step ``train()`` runs: ``train_batch``, or on two or more CPU contexts the same step
     issued from one thread per device (``train_batch_per_device``, docs/devices.md)."""
-    return train_batch_per_device if _simulated(devices) else train_batch
-
-
-def _simulated(devices):
-    return sum(d.device_type == 'cpu' for d in devices) > 1
-
-
-def check_split(X, y, devices):
-    """``ValueError`` unless ``X`` and ``y`` hold as many examples, and at least one per device."""
-    n = X.shape[0]
-    if y.shape[0] != n:
-        raise ValueError('X holds %d examples but y holds %d labels; pass one label per '
-                         'example' % (n, y.shape[0]))
-    if n < len(devices):
-        raise ValueError('a batch of %d examples cannot give each of %d devices one; use '
-                         'batches of %d or more' % (n, len(devices), len(devices)))
+    return train_batch_per_device if simulated(devices) else train_batch
 
 
 def book_setting(num_devices):
@@ -103,32 +87,13 @@ def book_setting(num_devices):
     return BATCH_SIZE_PER_DEVICE * num_devices, LR_PER_DEVICE * num_devices
 
 
-def network_name(model='resnet18', sync_bn_devices=None):
-    """How checkpoints name a network: ``resnet18(10)``, ``lenet(10)``, or with SyncBatchNorm."""
-    if model == 'resnet18' and sync_bn_devices:
-        return 'resnet18(10, norm_layer=sync_batch_norm(%d))' % sync_bn_devices
-    return '%s(10)' % model
-
-
 def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='float32'):
-    """A fresh, uninitialized network for Fashion-MNIST's 10 classes.
-
-    Parameters
-    ----------
-    model : {'resnet18', 'lenet'}
-    hybridize : bool, default True
-        Compile it into one graph (``static_alloc``; docs/speed.md says why not static_shape).
-    sync_bn_devices : int, optional
-        ResNet-18 with ``SyncBatchNorm`` over this many devices instead of BatchNorm.
-    dtype : {'float32', 'bfloat16'}, default 'float32'
-        bfloat16 turns on MXNet's AMP for the whole process (``precision.use_dtype``,
-        docs/precision.md); pass the same dtype to ``init_training``.
-    """
-    if model not in MODELS:
-        raise ValueError('model must be one of %s, got %r' % ('/'.join(MODELS), model))
-    if dtype == 'bfloat16' and sync_bn_devices:
-        raise ValueError('dtype=\'bfloat16\' with SyncBatchNorm was never run; pass '
-                         'sync_bn_devices=None or dtype=\'float32\'')
+    """A fresh, uninitialized ``model`` (``MODELS``) for Fashion-MNIST's 10 classes, compiled
+    into one graph if ``hybridize`` (``static_alloc``; docs/speed.md says why not static_shape);
+    ResNet-18 with ``SyncBatchNorm`` over ``sync_bn_devices`` devices when given. ``dtype``
+    'bfloat16' turns on MXNet's AMP for the whole process (``precision.use_dtype``,
+    docs/precision.md); pass the same dtype to ``init_training``."""
+    check_network(model, MODELS, sync_bn_devices, dtype)
     precision.use_dtype(dtype)
     if model == 'lenet':
         net = lenet(10)
@@ -148,12 +113,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     A kvstore of several processes gets ``rescale_grad = 1 / num_workers``
     (docs/distributed.md); ``dtype='bfloat16'`` as in ``precision.check_dtype``.
     """
-    precision.check_dtype(dtype, devices, force_dtype)
-    active = precision.active_dtype()
-    if active != dtype and (active is not None or dtype == 'bfloat16'):
-        raise RuntimeError('init_training(dtype=%r), but the networks of this process compute '
-                           'in %s; build the network with new_network(..., dtype=%r)'
-                           % (dtype, active or 'float32', dtype))
+    check_init_dtype(dtype, devices, force_dtype)
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
         kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
@@ -162,96 +122,12 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)
-    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore)
+    # Updates in Python (Trainer._update), so an optimizer's exception reaches trainer.step's
+    # caller (MXNet drops it on the kvstore); a dist kvstore updates on its servers.
+    servers = isinstance(kvstore, mx.kv.KVStoreBase) and 'dist' in kvstore.type
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore,
+                            update_on_kvstore=None if servers else False)
     return precision.init_trainer(trainer, dtype)
-
-
-def _layers(block, kind):
-    """The layers of type ``kind`` in ``block``, in order."""
-    for child in block._children.values():
-        if isinstance(child, kind):
-            yield child
-        yield from _layers(child, kind)
-
-
-def _expected_input(net):
-    """``(dtype, channels, classes)`` of ``net``'s input and output, each None when unknown."""
-    if not isinstance(net, nn.Block):  # a split network (gluon_mgpu.parallel) says nothing
-        return None, None, None
-    params = list(net.collect_params().values())
-    dtype = np.dtype(params[0].dtype) if params else None
-    convs = list(_layers(net, (nn.Conv1D, nn.Conv2D, nn.Conv3D)))
-    channels = convs[0].weight.shape[1] if convs and convs[0].weight.shape else 0
-    denses = list(_layers(net, nn.Dense))
-    classes = denses[-1]._units if denses else None
-    return dtype, channels or None, classes
-
-
-def check_batch(X, y, net, where='the first batch'):
-    """Raise ``ValueError`` if ``(X, y)`` is not a batch ``net`` can be trained or scored on.
-
-    ``X``: 4-D images of the network's type and channels; ``y``: one whole-number class index
-    per image. It reads the labels: call it on the first batch only. ``where`` names the batch.
-    """
-    for name, v in (('X', X), ('y', y)):
-        if not isinstance(v, nd.NDArray):
-            raise ValueError('%s: %s is a %s, not an mxnet NDArray; convert it, for example '
-                             'nd.array(%s)' % (where, name, '%s.%s' % (
-                                 type(v).__module__, type(v).__name__), name))
-    dtype, channels, classes = _expected_input(net)
-    if X.ndim != 4:
-        raise ValueError('%s: X has shape %s, but the network takes 4-D images (batch, channels, '
-                         'height, width); add the channel axis, for example '
-                         'X.reshape((-1, 1) + X.shape[1:])' % (where, X.shape))
-    if dtype is not None and np.dtype(X.dtype) != dtype:
-        raise ValueError("%s: X has type %s, but the network computes in %s; convert the "
-                         "images, for example X.astype('%s')"
-                         % (where, np.dtype(X.dtype).name, dtype.name, dtype.name))
-    if channels is not None and X.shape[1] != channels:
-        raise ValueError('%s: X has %d channels (shape %s), but the network\'s first layer takes '
-                         '%d; pass images with %d channels' % (where, X.shape[1], X.shape,
-                                                               channels, channels))
-    pixels = X.asnumpy()
-    if not np.isfinite(pixels).all():
-        image = int(np.argwhere(~np.isfinite(pixels))[0][0])
-        raise ValueError('%s: X holds NaN or infinite values (image %d of the batch); pass '
-                         'images of finite values, such as ToTensor\'s 0 to 1' % (where, image))
-    if y.ndim != 1:
-        raise ValueError('%s: y has shape %s, but labels must be 1-D, one class index per image; '
-                         'flatten them, for example y.reshape((-1,))' % (where, y.shape))
-    if y.shape[0] != X.shape[0]:
-        raise ValueError('%s: X holds %d images but y holds %d labels; pass one label per image'
-                         % (where, X.shape[0], y.shape[0]))
-    labels = y.asnumpy()
-    if labels.size == 0:
-        return
-    top = '%d' % (classes - 1) if classes else 'the number of classes - 1'
-    if not np.issubdtype(labels.dtype, np.integer):
-        bad = labels[~(np.isfinite(labels) & (np.floor(labels) == labels))]
-        if bad.size:
-            raise ValueError('%s: y holds %r, which is not a class index; labels are whole '
-                             'numbers 0 to %s' % (where, float(bad[0]), top))
-    low, high = labels.min(), labels.max()
-    if low < 0 or (classes and high >= classes):
-        raise ValueError('%s: y holds labels from %d to %d, but the network has %s classes (0 to '
-                         '%s); map the labels to 0..%s, or build the network with as many '
-                         'outputs as classes' % (where, low, high, classes or 'its', top, top))
-
-
-# The networks train_batch has checked a batch for; each is checked once.
-_CHECKED = weakref.WeakSet()
-
-
-def _check_once(X, y, net, where, devices):
-    if net not in _CHECKED:
-        check_batch(X, y, net, where)
-        from mxnet.gluon.contrib.nn import SyncBatchNorm
-        if _simulated(devices) and any(_layers(net, SyncBatchNorm)):
-            raise ValueError('%s: the network has SyncBatchNorm layers, which wait for each other '
-                             'and deadlock when one thread issues the calls of several CPU '
-                             'devices; run the step choose_step(devices) returns '
-                             '(train_batch_per_device), as train() does' % where)
-        _CHECKED.add(net)
 
 
 def evaluate_accuracy(data_iter, net, devices=None):
@@ -261,7 +137,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     (``check_batch``). A split network (``gluon_mgpu.parallel``) passes its first device.
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    call = dispatch.call if _simulated(devices) else _call_here
+    call = dispatch.call if simulated(devices) else _call_here
     correct = [None] * len(devices)
     n = 0
     for X, y in data_iter:
@@ -290,23 +166,23 @@ def _add(total, new):
     return new if total is None else [a + b for a, b in zip(total, new)]
 
 
-def run_epoch(step, train_iter, events=None, check=None):
-    """Run ``step(X, y)`` over ``train_iter``; return ``seconds``, ``train_loss``, ``train_acc``
-    and ``examples``: the epoch loop of every way to split.
-
-    ``step`` returns ``(losses, outputs, labels)`` as ``train_batch``, or ``([loss_sum], None,
-    None)`` (no ``train_acc``). ``check(X, y)`` runs on the first batch; ``batch_end`` returning
-    True ends the epoch.
-    """
+def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
+                step=None, batch_size=None):
+    """Run ``step`` (default ``choose_step(devices)``) over ``train_iter``; return ``seconds``,
+    ``train_loss``, ``train_acc``, ``examples``. ``batch_size`` as in ``train``; ``batch_end``
+    True ends the epoch. ``step`` as ``train_batch``, or returning ``([loss_sum], None, None)``
+    (no ``train_acc``: ``parallel.train_split``)."""
+    step = choose_step(devices) if step is None else step
     loss_sum = correct = None
     n = 0
     start = time.time()
     for X, y in train_iter:
-        if n == 0 and check is not None:
-            check(X, y)
+        if n == 0:
+            check_once(X, y, net, devices, 'the first batch of train_iter', again=True)
+            batch_size = X.shape[0] if batch_size is None else batch_size
         if events:
             events.batch_begin(batch=(X, y))
-        ls, outs, ys = step(X, y)
+        ls, outs, ys = step(net, X, y, loss, trainer, devices, split_f, batch_size)
         loss_sum = _add(loss_sum, [l.sum() for l in ls])
         ended = {'batch': (X, y), 'loss': ls}
         if outs is not None:
@@ -325,53 +201,8 @@ def run_epoch(step, train_iter, events=None, check=None):
             'examples': n}
 
 
-def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, events=None,
-                step=None, batch_size=None):
-    """Run ``step`` (default ``choose_step(devices)``) over ``train_iter`` with ``run_epoch``,
-    checking the first batch; ``batch_size`` as in ``train``."""
-    step = choose_step(devices) if step is None else step
-
-    def check(X, y):
-        check_batch(X, y, net, 'the first batch of train_iter')
-        _CHECKED.add(net)
-
-    def one_step(X, y):
-        nonlocal batch_size
-        if batch_size is None:
-            batch_size = X.shape[0]
-        return step(net, X, y, loss, trainer, devices, split_f, batch_size)
-
-    return run_epoch(one_step, train_iter, events, check)
-
-
-def run_epochs(state, events, train_one_epoch, evaluate):
-    """The epoch loop of ``train()`` and ``train_split`` from ``state.epoch + 1``; return the
-    history. ``train_one_epoch()`` gives ``run_epoch``'s numbers; ``epoch_end`` True stops."""
-    events.train_begin()
-    for epoch in range(state.epoch + 1, state.num_epochs + 1):
-        state.epoch = epoch
-        events.epoch_begin()
-        stats = train_one_epoch()
-        state.record = {'epoch': epoch, 'seconds': stats['seconds'],
-                        'train_loss': stats['train_loss'], 'train_acc': stats['train_acc'],
-                        'test_acc': evaluate(),
-                        'images_per_sec': stats['examples'] / stats['seconds']}
-        state.history.append(state.record)
-        if events.epoch_end():
-            break
-    events.train_end()
-    return state.history
-
-
-def check_batch_size(batch_size, name='batch_size'):
-    """``ValueError`` unless ``batch_size`` is None or a whole number >= 1."""
-    if batch_size is not None:
-        check_whole(name, batch_size, 'for example %s=256, the nominal batch size trainer.step '
-                                      'divides by' % name)
-
-
-def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, trainer=None,
-          split_f=split_batch, event_handlers=None, batch_size=None):
+def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
+          event_handlers=None, batch_size=None):
     """Train ``net`` data-parallel on ``devices``; print the book's line per epoch; return
     the history.
 
@@ -383,16 +214,13 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         For example from ``load_data_fashion_mnist``; each batch is split over the devices.
     devices : list of mxnet.Context, optional
         Default ``try_all_gpus()``.
-    lr : float, optional
-        Without ``trainer``: the book's set-up at this rate (``init_training``; default 0.1).
     num_epochs : int, default 4
     trainer : mxnet.gluon.Trainer, optional
-        Train with it and the parameters ``net`` already holds on ``devices``.
-    split_f : callable, default ``split_batch``
-        ``split_f(X, y, devices)`` gives the slices (``parallel.weighted.split_by_weights``).
+        Train with it and the parameters ``net`` already holds on ``devices``, for example
+        ``init_training(net, devices, lr)``. Default: the book's set-up at lr 0.1.
     event_handlers : list, optional
         Default ``[EpochLine(), LossGuard()]``: the book's line after each epoch, and a stop
-        when the loss is not finite (docs/events.md).
+        when the loss is not finite (docs/events.md). ``SplitBatches`` slices batches unevenly.
     batch_size : int, optional
         What ``trainer.step`` divides by, as the chapter's. Default: the size of each epoch's
         first batch, so a short last batch moves the weights by its share of a step (README).
@@ -403,39 +231,30 @@ def train(net, train_iter, test_iter, devices=None, lr=None, num_epochs=4, train
         One per epoch: ``epoch``, ``seconds`` (training only), ``train_loss``, ``train_acc``,
         ``test_acc``, ``images_per_sec``.
 
-    Raises
-    ------
-    ValueError
-        Before any step, for bad arguments or a first batch the network cannot take.
-    LossNotFiniteError, UpdateError
-        A loss not finite (``LossGuard``); the optimizer raised inside ``trainer.step``.
+    ``ValueError`` before any step for bad arguments or a first batch the network cannot take;
+    ``LossNotFiniteError`` for a loss not finite (``LossGuard``); what the optimizer raises comes
+    out of ``trainer.step`` as it is (``runtime.train_checks.check_trainer``).
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    if not devices:
-        raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
-                         'mx.cpu(1)], or leave it out for try_all_gpus()')
-    repeated = [d for i, d in enumerate(devices) if d in devices[:i]]
-    if repeated:
-        raise ValueError('devices %s lists %s twice; a device holds one replica, so list each '
-                         'once' % (format_devices(devices), repeated[0]))
-    check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
-    if lr is not None and trainer is not None:
-        raise ValueError('lr=%g and a trainer were both given, but the trainer has its own '
-                         'learning rate; pass one of them (trainer.set_learning_rate(%g) '
-                         'changes it)' % (lr, lr))
+    check_train(devices, num_epochs, trainer)
     check_batch_size(batch_size)
-    if trainer is None:
-        trainer = init_training(net, devices, LR_PER_DEVICE if lr is None else lr)
+    trainer = init_training(net, devices, LR_PER_DEVICE) if trainer is None else trainer
     if hasattr(train_iter, 'set_min_batch'):
         train_iter.set_min_batch(len(devices))  # no device may be left without data
     loss = gloss.SoftmaxCrossEntropyLoss()
     state = TrainingState(net, trainer, loss, devices, train_iter, test_iter, num_epochs)
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
+    events.train_begin()
     step = choose_step(devices)
-    with guard_updates(trainer):  # raises what MXNet would drop inside trainer.step
-        return run_epochs(
-            state, events,
-            lambda: train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step,
-                                batch_size),
-            lambda: evaluate_accuracy(test_iter, net, devices))
+    split_f = state.split_f or split_batch  # events.SplitBatches may set another
+    for epoch in range(state.epoch + 1, num_epochs + 1):
+        state.epoch = epoch
+        events.epoch_begin()
+        stats = train_epoch(net, train_iter, loss, trainer, devices, split_f, events, step,
+                            batch_size)
+        state.end_epoch(stats, evaluate_accuracy(test_iter, net, devices))
+        if events.epoch_end():
+            break
+    events.train_end()
+    return state.history

@@ -7,6 +7,7 @@ from mxnet import gluon, init, nd
 
 import gluon_mgpu
 from gluon_mgpu import training
+from gluon_mgpu.runtime import train_checks
 
 DEVICES = [mx.cpu(0), mx.cpu(1)]
 B = 8
@@ -80,8 +81,8 @@ def test_train_batch_checks_only_the_first_batch_it_gets_for_a_network(monkeypat
     net, trainer = _net()
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     calls = []
-    check = training.check_batch
-    monkeypatch.setattr(training, 'check_batch', lambda *a: calls.append(a[3]) or check(*a))
+    check = train_checks.check_batch
+    monkeypatch.setattr(train_checks, 'check_batch', lambda *a: calls.append(a[3]) or check(*a))
     for _ in range(3):
         training.train_batch(net, X, Y, loss, trainer, DEVICES)
     assert calls == ['the batch given to train_batch']

@@ -168,7 +168,8 @@ def test_an_optimizer_with_state_is_refused_before_anything_is_written(tmp_path,
     net = _bn_cnn()
     training.init_training(net, two_cpus, 0.5, seed=1)
     trainer = mx.gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5,
-                                                             'momentum': 0.9})
+                                                             'momentum': 0.9},
+                               update_on_kvstore=False)
     with pytest.raises(checkpoint.CheckpointError, match=r'^the optimizer SGD keeps state '
                        r'\(momentum or the like\), which a checkpoint does not hold; train with '
                        r'SGD without momentum, as the chapter does$'):

@@ -81,7 +81,7 @@ def test_an_optimizer_failure_stops_the_run_and_keeps_the_finished_epoch(tmp_pat
     line = _refused(TINY + ['--data-dir', data_dir, '--epochs', '3', '--checkpoint-dir',
                             directory, '--metrics-json', metrics], capsys, code=1)
     assert re.fullmatch(
-        r"%s: error: the optimizer failed while updating parameter \S+ on \S+: RuntimeError: "
+        r"%s: error: the optimizer failed inside trainer.step: RuntimeError: "
         r"simulated optimizer failure; the step was not completed, so training stops "
         r"\(--lr 0\.2\); the checkpoint of epoch 1 in %s is complete; to resume: %s "
         r"--checkpoint-dir %s --resume" % (PROG, re.escape(directory), PROG,

@@ -11,7 +11,8 @@ import gluon_mgpu
 from gluon_mgpu.parallel import weighted
 from gluon_mgpu import data, training
 from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
-                                        LossGuard, TrainBegin, TrainEnd, TrainingState)
+                                        LossGuard, SplitBatches, TrainBegin, TrainEnd,
+                                        TrainingState)
 from conftest import max_abs_diff
 
 
@@ -389,9 +390,9 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
         net = gluon_mgpu.model.lenet()
         history = gluon_mgpu.train(
             net, train_iter, test_iter, two_cpus, num_epochs=1,
-            trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0), event_handlers=[],
-            split_f=gluon_mgpu.split_batch if weights is None else
-            weighted.split_by_weights(weights))
+            trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0),
+            event_handlers=[] if weights is None else
+            [SplitBatches(weighted.split_by_weights(weights))])
         nets.append((net, history))
     (even, h_even), (by_weights, h_weighted) = nets
     assert h_weighted[0]['test_acc'] == h_even[0]['test_acc']
@@ -506,7 +507,7 @@ def test_train_names_the_epoch_of_a_diverging_loss_and_saves_nothing_of_it(monke
     with pytest.raises(gluon_mgpu.LossNotFiniteError,
                        match=r'^the training loss became nan at epoch 2, step 2 with learning '
                              r'rate 0\.1: '):
-        gluon_mgpu.train(_small_cnn(), train_iter, test_iter, two_cpus, lr=0.1, num_epochs=3,
+        gluon_mgpu.train(_small_cnn(), train_iter, test_iter, two_cpus, num_epochs=3,
                          event_handlers=[LossGuard(), recorder])
     assert [r['epoch'] for r in recorder.records] == [1]
 
@@ -565,14 +566,34 @@ def test_batch_end_gets_the_losses_from_which_the_epoch_loss_is_summed(data_dir)
     (dict(num_epochs=0), r'^num_epochs must be a whole number >= 1, got 0; for example '
                          r'num_epochs=4$'),
     (dict(num_epochs=2.5), r'^num_epochs must be a whole number >= 1, got 2\.5'),
-    (dict(lr=0.5, trainer='the trainer'), r'^lr=0\.5 and a trainer were both given, but the '
-                                          r'trainer has its own learning rate; pass one of them'),
 ])
 def test_train_refuses_bad_arguments_before_training(kwargs, message):
     args = dict(devices=[mx.cpu(0)], num_epochs=1)
     args.update(kwargs)
     with pytest.raises(ValueError, match=message):
         gluon_mgpu.train(_small_cnn(), [], [], event_handlers=[], **args)
+
+
+@pytest.mark.parametrize('settings', [{}, dict(update_on_kvstore=True), dict(kvstore='local')])
+def test_a_trainer_that_would_drop_an_optimizers_error_is_refused_in_one_line(settings,
+                                                                             two_cpus):
+    # MXNet's default on 2 devices updates on the kvstore, from C, where an exception of the
+    # optimizer is printed and dropped (tests/test_hostile_library.py shows it).
+    net = _small_cnn()
+    net.initialize(ctx=two_cpus)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}, **settings)
+    with pytest.raises(ValueError, match=r"^the trainer would run its optimizer on the kvstore, "
+                                         r"where MXNet drops an optimizer's exception; create it "
+                                         r"with gluon\.Trainer\(\.\.\., update_on_kvstore=False\), "
+                                         r"as init_training does$"):
+        gluon_mgpu.train(net, [], [], two_cpus, trainer=trainer, event_handlers=[])
+    # One device has no kvstore; update_on_kvstore=False updates in Python: both train.
+    for devices, settings in (([two_cpus[0]], {}), (two_cpus, dict(update_on_kvstore=False))):
+        net = _small_cnn()
+        net.initialize(ctx=devices)
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.1}, **settings)
+        batch = (nd.zeros((4, 1, 28, 28)), nd.zeros(4))
+        assert len(gluon_mgpu.train(net, [batch], [batch], devices, 1, trainer, [])) == 1
 
 
 @pytest.mark.parametrize('train_iter', [[], iter([(nd.zeros((2, 1, 28, 28)), nd.zeros(2))])],
@@ -622,3 +643,37 @@ def test_the_readme_shows_the_step_that_runs():
     end = source.index('"""\n', start + 7) + 4
     assert block == source[:start] + source[end:]
     assert '    with autograd.record():\n' in block and '    trainer.step(batch_size)\n' in block
+
+
+def test_train_reaches_the_forward_through_at_most_6_package_frames(two_cpus):
+    # train > train_epoch > train_batch_per_device > <listcomp> > dispatch.call, then the
+    # device thread's _Job.run (its serving loop, _serve, is not counted): the chapter's loop
+    # is in train, as in the book, with one epoch body and one step under it.
+    import os
+    import sys
+    import threading
+    import traceback
+    package, caller = os.path.dirname(gluon_mgpu.__file__), threading.current_thread()
+    chains = []
+
+    def hook(block, inputs, output):
+        if not autograd.is_training():
+            return
+        stacks = [traceback.extract_stack()]
+        if threading.current_thread() is not caller:
+            stacks.insert(0, traceback.extract_stack(sys._current_frames()[caller.ident]))
+        names = [f.name for stack in stacks for f in stack
+                 if f.filename.startswith(package) and f.name != '_serve']
+        chains.append(names[names.index('train'):])
+
+    net = _small_cnn()
+    net.register_forward_hook(hook)
+    X, y = nd.random.uniform(shape=(8, 1, 28, 28)), nd.array(np.arange(8) % 10)
+    gluon_mgpu.train(net, [(X, y)] * 2, [(X, y)], two_cpus, num_epochs=1, event_handlers=[])
+    assert len(chains) == 4  # 2 steps, 2 devices
+    assert max(map(len, chains)) <= 6, chains
+    assert chains[-1] == ['train', 'train_epoch', 'train_batch_per_device', '<listcomp>', 'call',
+                          'run']
+    # The epoch loop itself is in train.
+    import inspect
+    assert 'for epoch in range(' in inspect.getsource(training.train)

@@ -249,7 +249,8 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
     ours, watch = training.new_network('resnet18'), Watch()
     train_iter, test_iter = load(batch_size)
     mx.random.seed(seed)
-    history = training.train(ours, train_iter, test_iter, devices, lr=lr, num_epochs=epochs,
+    history = training.train(ours, train_iter, test_iter, devices, num_epochs=epochs,
+                             trainer=training.init_training(ours, devices, lr),
                              event_handlers=[watch])
     grads = [p.grad_req != 'null' for p in ours.collect_params().values() for _ in devices]
 

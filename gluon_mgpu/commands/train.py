@@ -395,8 +395,8 @@ def _check_rank_paths(path, workers):
 
 
 def _split(args, net, devices, test_iter):
-    """The split of --device-weights, or measured for --balance auto; and its line, or None."""
-    from .. import training
+    """The split of --device-weights, or measured for --balance auto (None: the book's even
+    split); and its line, or None."""
     from ..parallel import weighted
     weights, measured = args.device_weights, args.balance == 'auto'
     if measured:
@@ -404,7 +404,7 @@ def _split(args, net, devices, test_iter):
         share = max(1, min(X.shape[0], args.batch_size // args.num_workers // len(devices)))
         weights = weighted.measure_device_speeds(net, X[:share], y[:share], devices)
     if weights is None:
-        return training.split_batch, None
+        return None, None
     batch = args.batch_size // args.num_workers
     values = ', '.join('%s %s' % (d, ('%.1f' % w) if measured else ('%g' % w))
                        for d, w in zip(devices, weights))
@@ -557,6 +557,8 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
             'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
             'devices': [str(d) for d in devices]}, resume=record))
     split_f, line = _split(args, net, devices, test_iter)
+    if split_f is not None:
+        handlers.append(events.SplitBatches(split_f))
     if line is not None and mode != 'quiet':
         print(line, flush=True)
     if args.check_replicas is not None:
@@ -565,7 +567,7 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     def fit(train_iter, test_iter, handlers):
         # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
         return training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
-                              trainer=trainer, split_f=split_f, event_handlers=handlers,
+                              trainer=trainer, event_handlers=handlers,
                               batch_size=args.batch_size // args.num_workers)
     return net, None, fit
 
@@ -617,6 +619,15 @@ def _saved_epochs(args):
         return None
     done = checkpoint.list_checkpoints(args.checkpoint_dir)
     return done[-1] if done else 0
+
+
+def _in_optimizer(e):
+    """Whether ``e`` came out of MXNet's optimizer package (``trainer.step`` updating), as its
+    traceback says."""
+    import traceback
+    import mxnet
+    where = os.path.dirname(mxnet.optimizer.__file__) + os.sep
+    return any(f.filename.startswith(where) for f in traceback.extract_tb(e.__traceback__))
 
 
 def _kept(args):
@@ -707,15 +718,17 @@ def main(argv=None):
     def explain(e):
         if isinstance(e, UsageError):  # the default line; a bad flag never starts MXNet
             return None
-        from .. import training
         from ..handlers import checkpoint, events, replica_check
         from ..parallel import horovod
         if isinstance(e, KeyboardInterrupt):
             joint = ' before the first epoch finished, so ' if _saved_epochs(args) == 0 else '; '
             return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (PROG, cli.stopped_by(e), joint,
                                                                  _kept(args))
-        if isinstance(e, training.UpdateError):
-            return 1, cli.error_line(PROG, '%s (--lr %g); %s' % (e, args.lr, _kept(args)))
+        if _in_optimizer(e):
+            return 1, cli.error_line(PROG, 'the optimizer failed inside trainer.step: %s: %s; the '
+                                           'step was not completed, so training stops (--lr %g); '
+                                           '%s' % (type(e).__name__, cli.one_line(e), args.lr,
+                                                   _kept(args)))
         if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
             return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))
         if isinstance(e, events.LossNotFiniteError):

@@ -1,13 +1,19 @@
-"""The epochs of a split network (``make_parallel``): ``train()``'s loop around the split
-network's own ``train_batch(X, y)``, so that the command line's handlers work for every way of
-splitting (docs/three-ways.md).
+"""The epochs of a split network (``make_parallel``): ``train()``'s epoch body
+(``training.train_epoch``) around the split network's own ``train_batch(X, y, batch_size)``, so
+that the command line's handlers work for every way of splitting (docs/three-ways.md).
 """
 from types import SimpleNamespace
 
 from ..handlers.events import EpochLine, Events, LossGuard, TrainingState
-from ..training import check_batch_size, run_epoch, run_epochs
+from ..training import check_batch_size, train_epoch
 
-__all__ = ['train_split']
+__all__ = ['train_split', 'split_step']
+
+
+def split_step(split, X, y, loss, trainer, devices, split_f, batch_size):
+    """The step of a split network, in ``train_batch``'s arguments: ``([loss_sum], None, None)``,
+    the sum over the batch on one device (``loss``, ``trainer``, ``split_f`` are the split's)."""
+    return [split.train_batch(X, y, batch_size)], None, None
 
 
 def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=None,
@@ -28,13 +34,14 @@ def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=N
     state = TrainingState(split, trainer, None, split.devices, train_iter, test_iter, num_epochs)
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
-
-    def step(X, y):
-        nonlocal batch_size
-        if batch_size is None:
-            batch_size = X.shape[0]
-        # The sum over the batch, on one device.
-        return [split.train_batch(X, y, batch_size)], None, None
-
-    return run_epochs(state, events, lambda: run_epoch(step, train_iter, events),
-                      lambda: split.evaluate_accuracy(test_iter))
+    events.train_begin()
+    for epoch in range(state.epoch + 1, num_epochs + 1):
+        state.epoch = epoch
+        events.epoch_begin()
+        stats = train_epoch(split, train_iter, None, trainer, split.devices, None, events,
+                            split_step, batch_size)
+        state.end_epoch(stats, split.evaluate_accuracy(test_iter))
+        if events.epoch_end():
+            break
+    events.train_end()
+    return state.history
