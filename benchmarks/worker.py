@@ -199,16 +199,14 @@ def _with_phases(value, times, interval):
 def phase_speed(cfg):
     """Images/s of the package's step (``train_speed``), then its phases with waits.
 
-    The phases use a second Trainer on the same network with ``update_on_kvstore=False``, so
-    that the gradient sum (``allreduce_grads``: the kvstore adds the devices' gradients and
-    hands the sum back to every device) and the update (``update``: every device updates its
-    replica) are separate calls. The package's Trainer on 2 or more devices does both inside
-    the kvstore (one update on the summed gradient, then the weights are copied back).
+    The package's Trainer is made with ``update_on_kvstore=False`` (``init_training``), so its
+    step is two calls that are timed apart: the gradient sum (``allreduce_grads``: the kvstore
+    adds the devices' gradients and hands the sum back to every device) and the update
+    (``update``: every device updates its replica).
     """
     setup = _training(cfg, cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps'])
     value = train_speed(cfg, setup)
-    trainer = gluon.Trainer(setup[1].collect_params(), 'sgd',
-                            {'learning_rate': training.LR_PER_DEVICE}, update_on_kvstore=False)
+    trainer = setup[2]
     finish = [('gradient sum', lambda n: trainer.allreduce_grads()), ('update', trainer.update)]
     return _with_phases(value, *_phases(cfg, setup, finish))
 
