@@ -400,6 +400,14 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
         assert max_abs_diff(pw.data(two_cpus[1]), pe.data(two_cpus[1])) <= 1e-6
 
 
+@pytest.mark.parametrize('split_f', [None, [3, 1], 'even'])
+def test_split_batches_refuses_what_is_not_a_function(split_f):
+    with pytest.raises(ValueError) as e:
+        SplitBatches(split_f)
+    assert str(e.value) == ('split_f must be a function split_f(X, y, devices) -> (Xs, ys), '
+                            'got %r; pass one such as split_by_weights([3, 1])' % (split_f,))
+
+
 def test_measure_device_speeds_leaves_the_network_as_it_was(two_cpus, real_batch):
     mx.random.seed(3)
     net = gluon_mgpu.resnet18(10)
