@@ -332,7 +332,8 @@ def report(raw):
                 if raw['retries'] else 'none was measured again: --retries 0'),
              '', 'Images/s: %s The best run is the top of the spread.' % TABLE_LEGEND]
     configs = raw['configs']
-    older = any(r['part'] == 'devices' and r['utc'] < KVSTORE_UPDATE_UNTIL for r in every)
+    older = any(r['part'] == 'devices' and r.get('utc', KVSTORE_UPDATE_UNTIL)
+                < KVSTORE_UPDATE_UNTIL for r in every)  # a record without a date: a new one
     texts = {'devices': DEVICES_TEXT % ((run.GLOBAL_BATCH,) + _steps(configs['devices'])
                                         + (KVSTORE_UPDATE_TEXT if older else '',)),
              'workers': WORKERS_TEXT % ((JOB_BATCH,) + _steps(configs['workers']))}
