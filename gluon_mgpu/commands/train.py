@@ -567,13 +567,12 @@ def _run(args, record, interrupt):
 
 def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
-    from .. import training
     from ..handlers import checkpoint, events, replica_check
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
-    net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
-                               args.dtype)
-    trainer = training.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
-                                     args.force_dtype)
+    # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
+    net, trainer, fit = cli.data_parallel(
+        devices, args.lr, args.epochs, args.model, args.hybridize, args.seed, args.dtype,
+        args.force_dtype, kvstore, args.sync_bn, args.batch_size // args.num_workers)
     if args.warmup_steps is not None:
         handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
     if record is not None:
@@ -597,12 +596,6 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-
-    def fit(train_iter, test_iter, handlers):
-        # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
-        return training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
-                              trainer=trainer, event_handlers=handlers,
-                              batch_size=args.batch_size // args.num_workers)
     return net, None, fit
 
 
