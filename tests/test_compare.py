@@ -78,7 +78,8 @@ def _run(*args):
 def test_the_step_row_of_the_shared_run_says_bit_for_bit(book_equality, two_cpus, data_dir,
                                                          monkeypatch):
     # The tiny run of test_book_port (conftest), judged as the command judges its own.
-    monkeypatch.setattr(compare, 'epoch_equality', lambda devices, data_dir: book_equality(2))
+    found = book_equality(2)  # trained before epoch_equality, which it calls, is replaced
+    monkeypatch.setattr(compare, 'epoch_equality', lambda devices, data_dir: found)
     row = compare.step_row(two_cpus, data_dir)
     assert row['what'] == "the book's train, 2 epochs of 5 batches (16, ..., 4) on 2 devices"
     assert row['verdict'] == 'match (bit for bit)'
@@ -179,3 +180,23 @@ def test_cli_bad_input_is_one_line_and_exit_2(args, expected):
     assert result.stdout == ''
     assert len(result.stderr.splitlines()) == 1
     assert re.fullmatch(expected, result.stderr.strip()), result.stderr
+
+
+def test_without_d2lzh_the_command_names_what_to_install_in_one_line_before_mxnet():
+    # After a plain pip install . (d2lzh is in the test extra only): d2lzh hidden.
+    done = subprocess.run([sys.executable, '-c', (
+        'import runpy, sys\n'
+        'sys.modules["d2lzh"] = None\n'
+        'sys.argv = ["x"]\n'
+        'try:\n'
+        '    runpy.run_module("gluon_mgpu.compare", run_name="__main__", alter_sys=True)\n'
+        'except SystemExit as e:\n'
+        '    print(e.code, "mxnet" in sys.modules)\n')],
+        capture_output=True, text=True, timeout=120)
+    assert done.stdout == '2 False\n'
+    assert done.stderr == (
+        "python -m gluon_mgpu.compare: error: the step row trains the book's own network, from "
+        "its package d2lzh, which is not installed for %s; install it with pip install "
+        "d2lzh==1.0.0 (or gluon_mgpu's test extra: pip install '.[test]')\n" % sys.executable)
+    setup = open(os.path.join(ROOT, 'setup.py')).read()
+    assert "'test': ['pytest', '%s'," % compare.BOOK_PACKAGE in setup

@@ -143,11 +143,20 @@ def test_simulated_devices_respect_each_variable_the_user_set():
     assert env == {} and settings['temp_copy_source'] == 'mxnet'
 
 
+# python -m gluon_mgpu.train, in a process where os.execve fails: the command starts once.
+TRAIN_WITHOUT_EXECVE = (
+    'import os, runpy, sys\n'
+    'def execve(*args):\n'
+    '    raise SystemExit("os.execve was called")\n'
+    'os.execve = execve\n'
+    'runpy.run_module("gluon_mgpu.train", run_name="__main__", alter_sys=True)\n')
+
+
 def _train_threads(tmp_path, *argv, **env):
     """The thread settings a train command ran with, from its --metrics-json."""
     import json
     out = tmp_path / ('m%d.json' % len(os.listdir(tmp_path)))
-    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--model', 'lenet',
+    done = subprocess.run([sys.executable, '-c', TRAIN_WITHOUT_EXECVE, '--model', 'lenet',
                            '--train-limit', '16', '--test-limit', '8', '--batch-size', '8',
                            '--epochs', '1', '--quiet', '--device', 'cpu', '--metrics-json',
                            str(out)] + list(argv),
@@ -168,12 +177,42 @@ def test_the_train_command_reads_its_flags_before_mxnet_starts_and_chooses_the_t
     assert _train_threads(tmp_path, '--num-gpus', '2', OMP_NUM_THREADS='2')[1:] == (2, 'user')
     assert _train_threads(tmp_path, GLUON_MGPU_CPU_DEVICES='2') == (2, max(1, cores // 2),
                                                                      'gluon_mgpu')
-    # A run resumed without --num-gpus starts again (the same process) with the threads of the
-    # devices it trained on, so that it goes on computing as it did.
+    # A run resumed without --num-gpus reads its devices from its checkpoint before MXNet
+    # starts, and computes with their threads as it did before the stop.
     folder = str(tmp_path / 'ck')
     assert _train_threads(tmp_path, '--num-gpus', '2', '--checkpoint-dir', folder)[0] == 2
     assert _train_threads(tmp_path, '--checkpoint-dir', folder, '--resume', '--epochs',
                           '2') == (2, max(1, cores // 2), 'gluon_mgpu')
+
+
+def test_a_resume_reads_the_runs_devices_from_its_checkpoint_without_mxnet(tmp_path):
+    import json
+    from gluon_mgpu.commands import train
+    folder = tmp_path / 'ck'
+    folder.mkdir()
+
+    def run_flags(record, *given):
+        (folder / 'epoch-0002.json').write_text(json.dumps(record))
+        on = train._run_flags(train.read_flags(['--resume', '--checkpoint-dir', str(folder)] +
+                                               list(given)))
+        return on.num_gpus, on.device
+
+    (folder / 'epoch-0001.json').write_text('{"argv": ["--num-gpus=3"]}')  # not the latest
+    assert run_flags({'argv': ['--num-gpus=2', '--device=cpu', '--seed=5']}) == (2, 'cpu')
+    assert run_flags({'argv': ['--num-gpus=2']}, '--num-gpus', '4') == (4, 'auto')  # given wins
+    # What cannot be read falls through to the flags given: the checks after MXNet say why.
+    for record in ({'argv': ['--num-gpus=2', '--help']}, {'argv': ['--num-gpus=0']},
+                   {'argv': ['--num-g=2']}, {'argv': '--num-gpus=2'}, ['--num-gpus=2'], {}):
+        assert run_flags(record) == (1, 'auto'), record
+    (folder / 'epoch-0002.json').write_text('{"argv": ["--num-gpus=2"]')
+    assert train._run_flags(train.read_flags(
+        ['--resume', '--checkpoint-dir', str(folder)])).num_gpus == 1
+    (folder / 'epoch-0002.json').write_text('{"argv": ["--num-gpus=2"]}')
+    out = _child('import sys\n'
+                 'from gluon_mgpu.commands import train\n'
+                 'on = train._run_flags(train.read_flags(["--resume", "--checkpoint-dir", %r]))\n'
+                 'print(on.num_gpus, "mxnet" in sys.modules)' % str(folder))
+    assert out == '2 False'
 
 
 @pytest.mark.parametrize('command, flag', [

@@ -298,6 +298,28 @@ def check_memory(devices, model, flags):
                                 '%d or fewer' % fit if fit > 1 else '1'))
 
 
+def data_parallel(devices, lr, num_epochs, model='resnet18', hybridize=True, seed=None,
+                  dtype='float32', force_dtype=False, kvstore='device', sync_bn=False,
+                  batch_size=None):
+    """The chapter's training as the train command and the sweep run it: a fresh ``model``
+    (``training.new_network``; with ``sync_bn``, BatchNorm over all ``devices``), its trainer on
+    ``devices`` (``training.init_training``) and ``fit(train_iter, test_iter, handlers)``, which
+    trains them for ``num_epochs`` with ``training.train`` and returns the history.
+
+    ``batch_size`` is what ``trainer.step`` divides by (default: each epoch's first batch).
+    Returns ``(net, trainer, fit)``: a handler that needs the network or the trainer (restoring
+    a checkpoint, measuring the devices) is made before ``fit`` is called.
+    """
+    from .. import training
+    net = training.new_network(model, hybridize, len(devices) if sync_bn else None, dtype)
+    trainer = training.init_training(net, devices, lr, seed, kvstore, dtype, force_dtype)
+
+    def fit(train_iter, test_iter, handlers):
+        return training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
+                              trainer=trainer, event_handlers=handlers, batch_size=batch_size)
+    return net, trainer, fit
+
+
 def debug_requested(argv):
     """``--debug`` in ``argv``, or ``GLUON_MGPU_DEBUG`` set and not 0."""
     return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')

@@ -4,6 +4,7 @@ epochs. The accuracy table over seeds is ``benchmarks/book_table.py``'s, in docs
 Library functions return rows; only ``main`` prints. docs/notebooks.md explains each row.
 """
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -411,6 +412,11 @@ ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and 
                   'from the record, docs/book-table.jsonl)')
 
 
+# The book's own package, whose network the step row trains: gluon_mgpu's test extra, not a
+# requirement of the package (setup.py).
+BOOK_PACKAGE = 'd2lzh==1.0.0'
+
+
 def build_parser():
     p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its train, and print '
                    'a table: the book\'s printed values, ours, the difference, a verdict. The '
@@ -426,11 +432,16 @@ def build_parser():
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code: 1 when a row of
-    the port is a mismatch, 2 for bad input."""
+    the port is a mismatch, 2 for bad input or without d2lzh (``BOOK_PACKAGE``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
 
     def body():
         args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
+        if importlib.util.find_spec('d2lzh') is None:  # after a plain pip install .
+            raise cli.UsageError(
+                "the step row trains the book's own network, from its package d2lzh, which is "
+                "not installed for %s; install it with pip install %s (or gluon_mgpu's test "
+                "extra: pip install '.[test]')" % (sys.executable, BOOK_PACKAGE))
         startup.before_mxnet(PROG)  # threads, checks, then MXNet
         return _compare(args)
     return cli.run_command(PROG, argv, body)

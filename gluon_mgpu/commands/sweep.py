@@ -60,15 +60,12 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         their ``sec_per_epoch`` and ``images_per_sec``, ``test_acc``, ``cpu`` (all devices are
         CPU contexts), ``line`` (the summary line) and ``history``.
     """
-    from .. import training
     from ..handlers import metrics
     from ..handlers.events import LossGuard
     devices = setting['devices']
-    net = training.new_network('resnet18', hybridize, dtype=dtype)
-    trainer = training.init_training(net, devices, setting['lr'], seed, dtype=dtype,
-                                 force_dtype=force_dtype)
-    history = training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
-                             trainer=trainer, event_handlers=[LossGuard()] + list(event_handlers))
+    fit = cli.data_parallel(devices, setting['lr'], num_epochs, hybridize=hybridize, seed=seed,
+                            dtype=dtype, force_dtype=force_dtype)[2]
+    history = fit(train_iter, test_iter, [LossGuard()] + list(event_handlers))
     summary = metrics.summarize(history, devices)
     # Epoch 1 also pays one-time set-up (graph building, memory allocation): time the later
     # epochs when there are any.

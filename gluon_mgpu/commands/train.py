@@ -183,6 +183,23 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
+def read_flags(argv):
+    """The command line as argparse alone reads it (no MXNet): ``args.given`` holds the
+    settings given explicitly, ``args.argv`` the line; ``UsageError`` for bad input."""
+    parser, absent = build_parser(), object()
+    defaults = {a.dest: a.default for a in parser._actions if a.dest != 'help'}
+    parser.set_defaults(**dict.fromkeys(defaults, absent))  # what is left absent: not given
+    args = parser.parse_args(argv)
+    args.given = {k: v for k, v in vars(args).items() if v is not absent}
+    for k in defaults.keys() - args.given.keys():
+        setattr(args, k, defaults[k])
+    args.argv = list(argv)
+    if args.resume and args.checkpoint_dir is None:
+        raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
+                         'checkpoints in')
+    return args
+
+
 def parse_args(argv=None, complete=False):
     """Parse the command line and fill in the per-device defaults; ``UsageError`` for bad input.
 
@@ -190,19 +207,15 @@ def parse_args(argv=None, complete=False):
     the checkpoint: the flags are checked against each other once they are merged with the
     run's (``complete``).
     """
+    args = read_flags(sys.argv[1:] if argv is None else argv)
+    return args if args.resume and not complete else _complete(args)
+
+
+def _complete(args):
+    """``read_flags``'s ``args`` with the per-device defaults filled in, once checked against
+    each other (MXNet starts here)."""
     from .. import parallel, training
     from ..parallel import dist, horovod
-    argv = sys.argv[1:] if argv is None else list(argv)
-    parser, absent = build_parser(), object()
-    args = parser.parse_args(argv)
-    parser.set_defaults(**dict.fromkeys(vars(args), absent))  # what is left absent: not given
-    args.given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not absent}
-    args.argv = argv
-    if args.resume and args.checkpoint_dir is None:
-        raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
-                         'checkpoints in')
-    if args.resume and not complete:
-        return args
     args.num_workers = 1
     if args.kvstore in dist.DIST_KVSTORES and args.checkpoint_dir is not None:
         raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the optimizer '
@@ -266,6 +279,33 @@ def _resume_command(directory, extra=''):
     return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
 
 
+def _unrecordable(recorded):
+    """Why ``recorded`` (a checkpoint's ``argv``) is not a line ``recorded_argv`` writes, or
+    None: it may hold no --help, --resume, folder or abbreviation."""
+    if not (isinstance(recorded, list) and len(recorded) <= 100 and all(
+            isinstance(a, str) and 0 < len(a) <= 4096 and '\0' not in a for a in recorded)):
+        return 'argv is %s, not a command line' % json.dumps(recorded)[:40]
+    options = _recorded_options()
+    foreign = [a for a in recorded if options.get(a.partition('=')[0]) != bool(a.partition('=')[1])]
+    if foreign:
+        return 'argv holds %s, which is not a setting a run records' % json.dumps(foreign[0])[:40]
+    return None
+
+
+def _run_flags(args):
+    """``--resume``, before MXNet starts: the flags of the run in ``--checkpoint-dir`` (the
+    command line its latest checkpoint records, parsed by this command's parser) with those
+    given now; ``args`` when that line cannot be read or parsed (``_resume`` says why later)."""
+    from ..handlers import checkpoint_names
+    recorded = checkpoint_names.latest_argv(args.checkpoint_dir)
+    if recorded is None or _unrecordable(recorded):
+        return args
+    try:
+        return build_parser().parse_args(recorded + args.argv)  # the flags given now win
+    except UsageError:
+        return args
+
+
 def recorded_settings(directory, record):
     """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
     in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
@@ -273,15 +313,9 @@ def recorded_settings(directory, record):
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     recorded = record.get('argv')
-    if not (isinstance(recorded, list) and len(recorded) <= 100 and all(
-            isinstance(a, str) and 0 < len(a) <= 4096 and '\0' not in a for a in recorded)):
-        raise checkpoint.not_ours(path, 'argv is %s, not a command line'
-                                  % json.dumps(recorded)[:40])
-    options = _recorded_options()  # what recorded_argv writes: no --help, --resume or folder
-    foreign = [a for a in recorded if options.get(a.partition('=')[0]) != bool(a.partition('=')[1])]
-    if foreign:
-        raise checkpoint.not_ours(path, 'argv holds %s, which is not a setting a run records'
-                                  % json.dumps(foreign[0])[:40])
+    problem = _unrecordable(recorded)
+    if problem:
+        raise checkpoint.not_ours(path, problem)
     try:  # the command's own parser is the one check of what the run recorded
         before = parse_args(recorded + ['--checkpoint-dir', directory])
     except UsageError as e:
@@ -533,13 +567,12 @@ def _run(args, record, interrupt):
 
 def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
     """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
-    from .. import training
     from ..handlers import checkpoint, events, replica_check
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
-    net = training.new_network(args.model, args.hybridize, len(devices) if args.sync_bn else None,
-                               args.dtype)
-    trainer = training.init_training(net, devices, args.lr, args.seed, kvstore, args.dtype,
-                                     args.force_dtype)
+    # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
+    net, trainer, fit = cli.data_parallel(
+        devices, args.lr, args.epochs, args.model, args.hybridize, args.seed, args.dtype,
+        args.force_dtype, kvstore, args.sync_bn, args.batch_size // args.num_workers)
     if args.warmup_steps is not None:
         handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
     if record is not None:
@@ -563,12 +596,6 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-
-    def fit(train_iter, test_iter, handlers):
-        # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
-        return training.train(net, train_iter, test_iter, devices, num_epochs=args.epochs,
-                              trainer=trainer, event_handlers=handlers,
-                              batch_size=args.batch_size // args.num_workers)
     return net, None, fit
 
 
@@ -671,32 +698,12 @@ def _simulated(num_gpus, device):
     return num_gpus if device == 'cpu' or (device == 'auto' and not has_gpu()) else None
 
 
-def _threads_for_the_run(args, argv):
-    """``--resume`` without ``--num-gpus``: the threads were chosen for one device before MXNet
-    started; for a run of several simulated devices start again (``os.execve``, the same pid)
-    with ``GLUON_MGPU_CPU_DEVICES`` set, so that it computes as it did before the stop."""
-    from ..handlers import checkpoint
-    from ..runtime import threads
-    settings = threads.thread_settings()
-    if settings.get('source') != 'gluon_mgpu' or os.environ.get(threads.DEVICES_ENV):
-        return
-    try:
-        run = _resume(args)[0]
-    except (checkpoint.CheckpointError, UsageError, ValueError):
-        return  # the run itself says what is wrong
-    n = _simulated(run.num_gpus, run.device)
-    if n and n != settings['devices']:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, '-m', 'gluon_mgpu.train'] + argv,
-                  dict(os.environ, **{threads.DEVICES_ENV: str(n)}))
-
-
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.train``; returns the exit code (docs/outputs.md).
 
     The flags are read first, by argparse alone: the threads are chosen for the devices they
-    name before MXNet starts (``startup.before_mxnet``), then the rest of the package loads.
+    name (with ``--resume``, those of the run it continues) before MXNet starts
+    (``startup.before_mxnet``), then the rest of the package loads.
     """
     entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -704,14 +711,13 @@ def main(argv=None):
 
     def body():
         nonlocal args
-        flags = build_parser().parse_args(argv)  # no MXNet yet
+        flags = read_flags(argv)  # no MXNet yet
+        on = _run_flags(flags) if flags.resume else flags  # a resumed run's devices
         # From the entry file, a signal before DeferredInterrupt takes over is one line too.
         with startup.starting(PROG) if entry else contextlib.nullcontext():
-            startup.before_mxnet(PROG, _simulated(flags.num_gpus, flags.device))
+            startup.before_mxnet(PROG, _simulated(on.num_gpus, on.device))
             from ..handlers.interrupts import DeferredInterrupt
-            args = parse_args(argv)
-        if entry and args.resume and 'num_gpus' not in args.given:
-            _threads_for_the_run(args, argv)
+            args = flags if flags.resume else _complete(flags)
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 

@@ -16,6 +16,7 @@ import mxnet as mx
 import numpy as np
 from mxnet import nd
 
+from .checkpoint_names import EPOCH_FILE, checkpoint_path, list_checkpoints
 from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
 from .metrics import epoch_problem, write_json_atomic
 from ..runtime.checks import is_digits, is_whole, one_line
@@ -34,7 +35,6 @@ LOCK_NAME = '.lock'
 _OLDER = {'gluon_mgpu checkpoint 1': ('format 1, whose optimizer state is a pickle', '84e04e4'),
           'gluon_mgpu checkpoint 2': ('format 2, trained with the old step ' + OLD_STEP, '03b47ec'),
           'gluon_mgpu checkpoint 3': ('format 3, with an optimizer state file', '452e568')}
-_NAME = re.compile(r'epoch-(\d{4,})\.(json|params|replicas|states)$')
 _TEMP = re.compile(r'\.epoch-\d{4,}\.\w+\.\w+\.tmp$')  # atomic_path's: .epoch-0003.params.*.tmp
 _NEW_RUN = 'start a new run %s an empty --checkpoint-dir'
 
@@ -50,20 +50,9 @@ def not_ours(path, what):
                            'changed: %s' % (path, what, _NEW_RUN % 'in'))
 
 
-def checkpoint_path(directory, epoch, kind):
-    """The path of one file of epoch ``epoch``'s checkpoint (``kind``: params, replicas, json)."""
-    return os.path.join(directory, 'epoch-%04d.%s' % (epoch, kind))
-
-
 def is_checkpoint_file(name):
     """Whether ``name`` is a checkpoint folder's own: a checkpoint file, its temporary, the lock."""
-    return bool(_NAME.match(name) or _TEMP.match(name)) or name == LOCK_NAME
-
-
-def list_checkpoints(directory):
-    """The epochs with a committed checkpoint (a JSON file) in ``directory``, sorted."""
-    names = os.listdir(directory) if os.path.isdir(directory) else []  # none yet, or not a folder
-    return sorted(int(m[1]) for m in map(_NAME.match, names) if m and m[2] == 'json')
+    return bool(EPOCH_FILE.match(name) or _TEMP.match(name)) or name == LOCK_NAME
 
 
 class _Lock(io.FileIO):
