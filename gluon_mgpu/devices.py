@@ -5,13 +5,14 @@ import logging
 import os
 
 from .runtime.checks import check_whole
+from .runtime.choices import DEVICES
 from .runtime.threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
            'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count']
 
-DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
+DEVICE_CHOICES = DEVICES  # runtime/choices.py, shared with the parsers
 
 logger = logging.getLogger('gluon_mgpu')
 

@@ -13,6 +13,7 @@ from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, Loss
                               TrainingState, format_epoch)
 from .model import lenet, network_name, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
+from .runtime.choices import MODELS
 from .runtime.train_checks import (check_batch, check_batch_size, check_init_dtype,
                                    check_network, check_once, check_split, check_train, simulated)
 
@@ -27,7 +28,6 @@ __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'ST
 BATCH_SIZE_PER_DEVICE = 256
 LR_PER_DEVICE = 0.1
 INIT_SIGMA = 0.01
-MODELS = ('resnet18', 'lenet')
 
 
 def split_batch(X, y, devices):

@@ -220,22 +220,41 @@ def test_a_broken_pipe_elsewhere_is_still_an_unexpected_error(capsys):
         'python -m gluon_mgpu.x: error: unexpected BrokenPipeError: [Errno 32] Broken pipe')
 
 
-def test_the_flags_choices_spelled_before_mxnet_starts_are_the_librarys():
-    # The entry files parse their flags before MXNet is imported, so the choices are spelled
-    # there as literals: each must equal what the library that takes the value accepts.
+def test_each_list_of_choices_is_defined_once_for_the_parsers_and_the_library():
+    # The entry files parse their flags before MXNet is imported: runtime/choices.py, which
+    # imports nothing, holds each list; the parsers offer it and the library takes it from there.
+    import ast
+    import glob
+    import os
     from gluon_mgpu import training
-    from gluon_mgpu.commands import cli, train
+    from gluon_mgpu.commands import cli, sweep, train
     from gluon_mgpu.handlers import plotting
     from gluon_mgpu.parallel import dist, options
-    from gluon_mgpu.runtime import precision
-    assert train.MODELS == training.MODELS
-    assert set(train.LOADERS) == set(data.LOADERS)
+    from gluon_mgpu.runtime import choices, precision
+    source = open(choices.__file__).read()
+    assert not [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.Import,
+                                                                         ast.ImportFrom))]
+    offered = {a.dest: tuple(a.choices) for a in train.build_parser()._actions if a.choices}
+    assert {k: offered[k] for k in ('model', 'kvstore', 'loader', 'parallel', 'device',
+                                    'dtype')} == {
+        'model': choices.MODELS, 'kvstore': choices.KVSTORES, 'loader': choices.LOADERS,
+        'parallel': choices.METHODS, 'device': choices.DEVICES, 'dtype': choices.DTYPES}
+    offered = {a.dest: tuple(a.choices) for a in sweep.build_parser()._actions if a.choices}
+    assert offered['device'] == choices.DEVICES and offered['dtype'] == choices.DTYPES
+    assert training.MODELS is choices.MODELS and options.METHODS is choices.METHODS
+    assert dist.DIST_KVSTORES is choices.DIST_KVSTORES and precision.DTYPES is choices.DTYPES
+    assert devices.DEVICE_CHOICES is choices.DEVICES
+    assert tuple(data.LOADERS) == choices.LOADERS
+    # No second spelling of a list anywhere in the package.
+    package = os.path.dirname(gluon_mgpu.__file__)
+    for path in glob.glob(os.path.join(package, '**', '*.py'), recursive=True):
+        if path != choices.__file__:
+            text = open(path).read()
+            for spelled in map(repr, (choices.MODELS, choices.DTYPES, choices.DEVICES,
+                                      choices.LOADERS, choices.METHODS, choices.DIST_KVSTORES)):
+                assert spelled not in text, (path, spelled)
     assert train.PLOT_SUFFIXES == plotting.PLOT_SUFFIXES
-    assert train.METHODS == options.METHODS
     assert cli.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
-    assert train.JOB_KVSTORES == dist.DIST_KVSTORES + ('horovod',)
-    assert cli.DEVICE_CHOICES == devices.DEVICE_CHOICES
-    assert cli.DTYPES == precision.DTYPES
 
 
 def test_the_readmes_synopsis_lists_every_flag_of_the_train_command():

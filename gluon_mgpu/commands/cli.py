@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from ..runtime import files
+from ..runtime import choices, files
 from ..runtime.checks import one_line
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
@@ -153,15 +153,9 @@ def weights(text):
     return values
 
 
-# The choices as the library names them (devices.DEVICE_CHOICES, precision.DTYPES; tests/test_cli.py
-# checks they agree), written here so that a parser imports no MXNet.
-DEVICE_CHOICES = ('auto', 'gpu', 'cpu')
-DTYPES = ('float32', 'bfloat16')
-
-
 def add_device_flag(parser):
     """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
-    parser.add_argument('--device', choices=DEVICE_CHOICES, default='auto',
+    parser.add_argument('--device', choices=choices.DEVICES, default='auto',
                         help='auto: GPUs if there are enough, simulated CPU devices if there is '
                              'no GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
 
@@ -190,7 +184,7 @@ def add_hybridize_flag(parser):
 
 
 def add_dtype_flags(parser):
-    parser.add_argument('--dtype', choices=DTYPES, default='float32',
+    parser.add_argument('--dtype', choices=choices.DTYPES, default='float32',
                         help='what the network computes in: float32 (the book) or bfloat16 '
                              "(MXNet's AMP casts convolutions and dense layers, the parameters "
                              'stay float32; faster on a CPU with avx512_bf16, docs/bf16.md) '

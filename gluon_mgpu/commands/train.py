@@ -12,17 +12,11 @@ import sys
 
 from . import cli
 from ..runtime import files, startup
+from ..runtime.choices import JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
 from .cli import UsageError
 
 PROG = 'python -m gluon_mgpu.train'
-# The flags' values, as the library names them (tests/test_cli.py checks they agree): written
-# here so that the parser imports no MXNet, and a run sets its threads before MXNet starts.
-JOB_KVSTORES = ('dist_sync', 'dist_device_sync', 'horovod')  # a job of several processes
-KVSTORES = ('device', 'local') + JOB_KVSTORES
-MODELS = ('resnet18', 'lenet')
-LOADERS = ('array', 'gluon')
 PLOT_SUFFIXES = ('.png', '.svg')
-METHODS = ('data', 'scratch', 'layers', 'channels')
 _NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 _JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 # Settings that define a run: continuing with other values would be a different run.

@@ -5,11 +5,11 @@ import os
 
 import numpy as np
 
+from ..runtime.choices import DIST_KVSTORES
 from ..runtime.hosts import JOB_VARIABLES, job_problem
 
 __all__ = ['DIST_KVSTORES', 'JOB_VARIABLES', 'job_env', 'shared_seed', 'rank_path']
 
-DIST_KVSTORES = ('dist_sync', 'dist_device_sync')
 # kvstore key of the shared seed; the Trainer uses keys 0, 1, ... (one per parameter).
 _SEED_KEY = 2 ** 30
 

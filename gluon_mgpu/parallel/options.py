@@ -2,6 +2,7 @@
 constructor the command line calls (docs/three-ways.md).
 """
 from ..runtime.checks import is_whole
+from ..runtime.choices import METHODS
 from .channels import ChannelSplitNet
 from .common import check_devices
 from .layers import CUT_RULES, LayerSplit
@@ -11,7 +12,6 @@ __all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel']
 
 # 'data': the chapter's Gluon Trainer; 'scratch': the same by hand (the book's LeNet);
 # 'layers' and 'channels': the chapter's methods 1 and 2.
-METHODS = ('data', 'scratch', 'layers', 'channels')
 
 
 def parse_cut(text):

@@ -8,11 +8,11 @@ import re
 import subprocess
 import sys
 
+from .choices import DTYPES
 
 __all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'cpu_flags', 'check_dtype',
            'probe_bfloat16', 'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
 
-DTYPES = ('float32', 'bfloat16')
 BF16_CPU_FLAGS = ('avx512_bf16', 'amx_bf16')
 # oneDNN's avx512_core: without it MXNet 1.9.1 has no bfloat16 convolution (docs/precision.md).
 AVX512_CORE_FLAGS = ('avx512f', 'avx512bw', 'avx512vl', 'avx512dq')
