@@ -1,8 +1,16 @@
+import os
+import re
+
 from setuptools import find_packages, setup
+
+# The version is gluon_mgpu/_version.py's, read as text: importing the package would start it.
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'gluon_mgpu',
+                       '_version.py')) as f:
+    VERSION = re.search(r"__version__ = '([^']+)'", f.read())[1]
 
 setup(
     name='gluon_mgpu',
-    version='0.1.0',
+    version=VERSION,
     description='The d2l chapter "Gluon Implementation for Multi-GPU Computation", '
                 'runnable with or without GPUs',
     packages=find_packages(include=['gluon_mgpu', 'gluon_mgpu.*']),

@@ -12,7 +12,7 @@ import sys
 
 from .runtime.threads import configure_threads, thread_settings, warn_if_imported_late
 
-__version__ = '0.1.0'
+from ._version import __version__
 
 _EXPORTS = {
     'data': ('DataError', 'DataNotFoundError', 'find_data_dir', 'get_fashion_mnist_labels',

@@ -78,7 +78,7 @@ def test_no_module_imports_one_that_imports_it_back():
 
 # The package's layers, lowest first: a module imports modules of its own layer or below only.
 # Above them: the entry files (gluon_mgpu/train.py, ..., replicas/__main__.py) and __init__.
-LAYERS = (('runtime',), ('devices', 'data', 'model', 'replicas'), ('handlers',), ('training',),
+LAYERS = (('runtime', '_version'), ('devices', 'data', 'model', 'replicas'), ('handlers',), ('training',),
           ('parallel',), ('commands',))
 
 
@@ -137,3 +137,23 @@ def test_nothing_in_the_package_uses_pickle():
                     for a in node.names}
         imported |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
         assert not imported & {'pickle', 'cPickle', 'dill', 'shelve'}, name
+
+
+def test_the_version_is_written_once():
+    # gluon_mgpu/_version.py holds it; setup.py reads that file, the modules import it from
+    # there (not from the package above them).
+    import importlib.metadata
+    from gluon_mgpu import _version
+    assert gluon_mgpu.__version__ == _version.__version__ == importlib.metadata.version(
+        'gluon_mgpu')
+    written = []
+    for m, p in _modules().items():
+        with open(p) as f:
+            text = f.read()
+        pattern = r'^\s*__version__ = |from \.+ import __version__'
+        if m != 'gluon_mgpu._version' and re.search(pattern, text, re.M):
+            written.append(m)
+    assert written == []
+    with open(os.path.join(os.path.dirname(os.path.dirname(gluon_mgpu.__file__)),
+                           'setup.py')) as f:
+        assert "version=VERSION," in f.read()

@@ -111,7 +111,7 @@ def collect():
     """Return the facts of the report as a dict (see ``format_report`` for the keys' meaning)."""
     import mxnet as mx
 
-    from .. import __version__
+    from .._version import __version__
     from ..data import DataError, DataNotFoundError, find_data_dir
     features = mx.runtime.Features()
     libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]

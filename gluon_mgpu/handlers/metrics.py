@@ -234,7 +234,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
 
     def __init__(self, path, arguments, devices, placement=None):
         import mxnet as mx
-        from .. import __version__
+        from .._version import __version__
         from ..runtime.threads import thread_settings
         self.path = path
         self.data = {'format': FORMAT,
