@@ -282,8 +282,19 @@ def _markdown_table(text):
 
 @pytest.mark.parametrize('lang', sorted(NOTEBOOKS))
 def test_the_accuracy_table_beside_the_training_cells_is_the_records(lang):
-    table = _markdown_table(_cell(_read(NOTEBOOKS[lang]), 'book-table').source)
+    source = _cell(_read(NOTEBOOKS[lang]), 'book-table').source
+    table = _markdown_table(source)
     assert [row[1:] for row in table] == _book_table_from_records(lang)
+    # Each value names its machine; the legend under the table is the record's machines.
+    records = book_records.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    legend = book_records.machine_legend(records)
+    assert source.split('<!-- begin machines -->\n')[1].split('<!-- end machines -->')[0] == \
+        ''.join(line + '\n' for line in book_records.notebook_legend(legend, lang))
+    keys = {(m['cpu'], m['kernels'], m['threads']): m['key'] for m in legend}
+    for r in book_records.book_cell_records(records):
+        row = table[6 * (r['devices'] - 1) + 4]  # ours, each seed
+        assert 's%d %.3f %s' % (r['seed'], r['acc_running'][0], keys[
+            book_records.machine_of(r)]) in row[r['epoch']]
     # The rows' titles say what each row is, in the notebook's language.
     assert table[1][0] == {'en': 'same code on GPUs, 9 runs: median (range)',
                            'zh': '原样代码在 GPU 上，9 次运行：中位数（范围）'}[lang]
