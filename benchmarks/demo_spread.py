@@ -212,11 +212,11 @@ def run(candidates, seeds, settings, path=RECORDS):
                 if notebook and seed != seeds[0]:
                     continue  # the notebook sets no seed
                 args = NOTEBOOK_CANDIDATES[candidate] if notebook else CANDIDATES[candidate]
-                seed = None if notebook else seed
+                run_seed = None if notebook else seed
                 have = [r for r in read_records(path)
                         if (r['candidate'], r['args'], r['setting'], r['seed'], r['cpu_model'])
-                        == (candidate, args, setting, seed, model)]
-                if have or not claim(candidate, setting, -1 if seed is None else seed):
+                        == (candidate, args, setting, run_seed, model)]
+                if have or not claim(candidate, setting, -1 if notebook else seed):
                     continue
                 if setting not in isa:
                     isa[setting] = onednn_isa(setting)
@@ -229,7 +229,7 @@ def run(candidates, seeds, settings, path=RECORDS):
                 record = {
                     'candidate': candidate, 'args': args, 'setting': setting,
                     'dnnl_max_cpu_isa': SETTINGS[setting][0],
-                    'omp_num_threads': SETTINGS[setting][1], 'seed': seed,
+                    'omp_num_threads': SETTINGS[setting][1], 'seed': run_seed,
                     'test_acc': [h['test_acc'] for h in result['history']],
                     'train_loss': [h['train_loss'] for h in result['history']],
                     'seconds': [round(h['seconds'], 1) for h in result['history']],
@@ -242,7 +242,7 @@ def run(candidates, seeds, settings, path=RECORDS):
                 with open(path, 'a') as f:
                     f.write(json.dumps(record, sort_keys=True) + '\n')
                 print('%s %s seed %s: test_acc %s (%.0f s)'
-                      % (candidate, setting, seed,
+                      % (candidate, setting, run_seed,
                          ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
 
 
