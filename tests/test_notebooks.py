@@ -240,14 +240,15 @@ def _settings(environ):
     nb = _read(NOTEBOOKS['en'])
     namespace = {'os': type('FakeOs', (), {'environ': environ}), 'gluon_mgpu': gluon_mgpu}
     exec(_cell(nb, 'settings').source, namespace)
-    return tuple(namespace[k] for k in ('num_epochs', 'batch_per_device', 'train_limit',
-                                        'test_limit'))
+    return tuple(namespace[k] for k in ('num_epochs', 'batch_per_device', 'lr_per_device',
+                                        'train_limit', 'test_limit'))
 
 
 def test_training_settings_are_the_books_unless_quick():
-    assert _settings({}) == (4, 256, None, None)
-    assert _settings({'GLUON_MGPU_QUICK': '0'}) == (4, 256, None, None)
-    assert _settings({'GLUON_MGPU_QUICK': '1'}) == (2, 32, 256, 100)
+    assert _settings({}) == (4, 256, 0.1, None, None)
+    assert _settings({'GLUON_MGPU_QUICK': '0'}) == (4, 256, 0.1, None, None)
+    # Quick: per device the batch and learning rate of `make demo` (docs/demo-spread.md).
+    assert _settings({'GLUON_MGPU_QUICK': '1'}) == (2, 16, 0.0125, 2000, 500)
     with pytest.raises(ValueError, match=r"GLUON_MGPU_QUICK must be 1 \(a quick look\) or 0 "
                                          r"\(the book's settings\), got 'yes'"):
         _settings({'GLUON_MGPU_QUICK': 'yes'})
