@@ -72,6 +72,9 @@ NOTEBOOK_CANDIDATES = {
     'notebook-quick': None,
     'notebook-quick-lr0.025-1024': 'num_epochs, batch_per_device, lr_per_device, train_limit, '
                                    'test_limit = 2, 32, 0.025, 1024, 500',
+    # Per device what the demo's batch of 32 at 0.025 gives each of its 2 devices.
+    'notebook-quick-lr0.0125-b16-2000': 'num_epochs, batch_per_device, lr_per_device, '
+                                        'train_limit, test_limit = 2, 16, 0.0125, 2000, 500',
 }
 
 NOTEBOOK_RUNNER = r'''
