@@ -98,6 +98,8 @@ print('RESULT ' + json.dumps({'history_1': namespace['history_1'],
                               'threads': namespace['gluon_mgpu'].thread_settings()}))
 ''' % QUICK_LINE
 
+CHOSEN, CHOSEN_QUICK = 'demo-lr0.025-b32', 'notebook-quick-lr0.0125-b16-2000'
+
 # name -> (DNNL_MAX_CPU_ISA or None, OMP_NUM_THREADS per device)
 SETTINGS = {
     'avx2-1t': ('AVX2', 1),
@@ -249,6 +251,10 @@ def run(candidates, seeds, settings, path=RECORDS):
                          ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
 
 
+def _count(n, noun):
+    return '%d %s%s' % (n, noun, '' if n == 1 else 's')
+
+
 def _spread(values):
     return max(values) - min(values)
 
@@ -286,10 +292,11 @@ def candidate_section(candidate, records):
         if len(seeds) > 1:
             for seed in seeds:
                 these = [r['test_acc'][e] for r in rows if r['seed'] == seed]
-                per_seed.append('seed %s: %.3f-%.3f (spread %.3f, %d settings)'
-                                % (seed, min(these), max(these), _spread(these), len(these)))
-        lines.append('- %s: %d runs %.3f-%.3f (spread %.3f, mean %.3f)%s.'
-                     % (head, len(accs), min(accs), max(accs), _spread(accs),
+                per_seed.append('seed %s: %.3f-%.3f (spread %.3f, %s)'
+                                % (seed, min(these), max(these), _spread(these),
+                                   _count(len(these), 'setting')))
+        lines.append('- %s: %s %.3f-%.3f (spread %.3f, mean %.3f)%s.'
+                     % (head, _count(len(accs), 'run'), min(accs), max(accs), _spread(accs),
                         statistics.mean(accs), ''.join('; ' + p for p in per_seed)))
     if not notebook:
         rise = [r['test_acc'][-1] - r['test_acc'][0] for r in rows]
@@ -308,20 +315,29 @@ def report(path=RECORDS, out=REPORT):
              '0.38 then 0.48 with AVX-512 kernels, same command and seed. In float32, a run '
              'depends on the instructions oneDNN uses and on its thread count, so each candidate '
              'setting below was trained under four kernel settings (oneDNN capped at AVX2 or not '
-             'capped, 1 or 2 OpenMP threads per simulated device) and a few seeds, each run a '
+             'capped, 1 or 2 OpenMP threads per simulated device), each run a '
              'fresh `python -m gluon_mgpu.train` process (`benchmarks/demo_spread.py run`). '
-             'A cell is deterministic for its setting on its CPU; the seconds are not (the '
-             'machine was shared with other jobs).', '']
+             'The seconds are only an indication: the machine was shared with other jobs, '
+             'at times 20 to 35 processes wanting its 2 cores.', '',
+             'Chosen: `%s` for `make demo` (the Makefile\'s `DEMO_ARGS`, with `--seed 0`) and '
+             '`%s` for the notebooks\' quick mode. A candidate was judged by how little its '
+             'test accuracy after each epoch moves across the kernel settings while clearly '
+             'rising; with the CPU budget at hand (a shared 2-core machine), only the first seed '
+             'was run under all four settings.' % (CHOSEN, CHOSEN_QUICK), '']
     machines = sorted({(r['cpu_model'], tuple(r['cpu_flags'])) for r in records})
     for model, flags in machines:
         isas = sorted({(r['setting'], r['onednn_isa']) for r in records
                        if r['cpu_model'] == model})
-        ident = sorted({r.get('cpu_id') or '' for r in records if r['cpu_model'] == model})
+        ident = sorted({r['cpu_id'] for r in records if r['cpu_model'] == model
+                        and r.get('cpu_id')})
+        if 'cpu family 25, model 17, stepping 1' in ident:
+            ident.append('AMD Zen 4')
         lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
             model, ', '.join(ident), ', '.join(flags),
             '/'.join(sorted({str(r['threads']['cores']) for r in records
                              if r['cpu_model'] == model})),
-            '; '.join('%s: %s' % (s, i) for s, i in isas)))
+            '; '.join('%s: %s' % (s, i) for s, i in isas)
+            + ' (oneDNN names its kernels after Intel\'s instruction sets, on AMD as well)'))
         lines.append('')
     versions = sorted({json.dumps(r['versions'], sort_keys=True) for r in records
                        if r['versions']})
