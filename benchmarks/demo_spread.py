@@ -328,8 +328,8 @@ def report(path=RECORDS, out=REPORT):
              'Issue 46, item 4: the old demo printed 0.54 then 0.72 with oneDNN capped at AVX2 and '
              '0.38 then 0.48 with AVX-512 kernels, same command and seed. In float32, a run '
              'depends on the instructions oneDNN uses and on its thread count, so each candidate '
-             'setting below was trained under four kernel settings (oneDNN capped at AVX2 or not '
-             'capped, 1 or 2 OpenMP threads per simulated device), each run a '
+             'setting below was trained under up to four kernel settings (oneDNN capped at AVX2 '
+             'or not capped, 1 or 2 OpenMP threads per simulated device), each run a '
              'fresh `python -m gluon_mgpu.train` process (`benchmarks/demo_spread.py run`). '
              'The seconds are only an indication: the machine was shared with other jobs, '
              'at times 20 to 35 processes wanting its 2 cores.', '',
