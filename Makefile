@@ -5,7 +5,7 @@ VENV ?= .venv
 REQUIREMENTS ?= requirements.txt
 PY := $(VENV)/bin/python
 
-DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 --test-limit 1000 --seed 0
+DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.025 --train-limit 3000 --test-limit 1000 --seed 0
 
 .PHONY: demo test test-slow bench-test test-all install data clean gpu-install gpu-demo gpu-test \
 	horovod-install

@@ -103,6 +103,18 @@ def _check_line(record, path, number, step):
     if not (isinstance(names, list) and len(names) <= record['devices']
             and all(isinstance(n, str) and len(n) <= 40 for n in names)):
         refuse('device_names is %s, not a list of device names' % _shown(names))
+    # The machine's fields (book_table.py writes them; older lines lack some): the table names
+    # each value's machine from them.
+    flags = record.get('cpu_flags', [])
+    if not (isinstance(flags, list) and all(isinstance(f, str) and len(f) <= 40 for f in flags)):
+        refuse('cpu_flags is %s, not a list of CPU flags' % _shown(flags))
+    for name in ('cpu', 'dnnl_max_cpu_isa'):
+        if not (record.get(name) is None or isinstance(record[name], str)
+                and 0 < len(record[name]) <= 100):
+            refuse('%s is %s, not a name' % (name, _shown(record[name])))
+    if not (record.get('threads') is None or _whole(1, 10 ** 6)[0](record['threads'])):
+        refuse('threads is %s, not a whole number from 1 to 1000000'
+               % _shown(record['threads']))
     if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
         refuse('dtype is %s, not "float32" or "bfloat16"' % _shown(record['dtype']))
 
@@ -123,8 +135,11 @@ def record_key(record):
 
 def read_records(path, step=training.STEP):
     """Read a record file (JSON, one epoch per line; none if it does not exist); return the
-    checked lines as dicts, in order. An epoch recorded twice must carry the same accuracies (a
-    retrained run repeats itself bit for bit) and counts once. Every line must have been
+    checked lines as dicts, in order. An epoch recorded twice (the same ``record_key`` and
+    epoch) must carry the same accuracies (a run trained again on the same machine repeats
+    itself bit for bit) and counts once, as its first line: so a cell of the table holds one
+    value per seed, made by the machine its line names, and the same seed and epoch run on
+    another machine, which differs, is refused (keep it in a record of its own, ``--record``). Every line must have been
     trained with ``step`` (a line without ``step`` was trained with ``training.OLD_STEP``).
 
     Raises
@@ -179,6 +194,98 @@ def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit
                 and r['epoch'] <= epochs:
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
+
+
+# Each run's machine: what a line records of it. A float32 result depends on the CPU's kernels
+# and threads (docs/book-comparison.md measured both), so the accuracy table names the machine
+# of every value. Lines recorded before 2026-11-27 name the CPU only.
+NOT_RECORDED = 'not recorded'
+
+
+_KERNEL_WORDS = {
+    'en': {'capped': 'capped at %s by DNNL_MAX_CPU_ISA (the CPU offers %s: %s)',
+           'free': '%s (%s; no DNNL_MAX_CPU_ISA cap)', 'none': 'none of avx2, avx512f',
+           'no AVX2': 'no AVX2', NOT_RECORDED: NOT_RECORDED},
+    'zh': {'capped': '由 DNNL_MAX_CPU_ISA 限制为 %s（CPU 提供 %s：%s）',
+           'free': '%s（%s；未设 DNNL_MAX_CPU_ISA 上限）', 'none': '没有 avx2、avx512f',
+           'no AVX2': '没有 AVX2', NOT_RECORDED: '未记录'},
+}
+
+
+def kernels(record, lang='en'):
+    """The oneDNN kernels a line's run could use, in words (``lang``: 'en' or 'zh'): the best
+    of AVX-512 (``avx512f``) and AVX2 the CPU offered, the cap ``DNNL_MAX_CPU_ISA`` when one
+    was set, and the flags; ``NOT_RECORDED`` (in its words) for a line without ``cpu_flags``."""
+    words = _KERNEL_WORDS[lang]
+    flags = record.get('cpu_flags')
+    if flags is None:
+        return words[NOT_RECORDED]
+    best = 'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else words['no AVX2']
+    cap = record.get('dnnl_max_cpu_isa')
+    listed = ', '.join(flags) or words['none']
+    if cap:
+        return words['capped'] % (cap, best, listed)
+    return words['free'] % (best, listed)
+
+
+def machine_of(record):
+    """What identifies a line's machine: ``(cpu, kernels, threads)``, each a text
+    (``NOT_RECORDED`` where the line has no such field)."""
+    threads = record.get('threads')
+    return (record.get('cpu') or NOT_RECORDED, kernels(record),
+            NOT_RECORDED if threads is None else 'OMP_NUM_THREADS=%d' % threads)
+
+
+def machine_keys(records):
+    """A short key per machine of ``records`` (``machine_of``), ``{machine: 'A', ...}``,
+    lettered in the order of each machine's first line: lines appended later never rename
+    the machines before them."""
+    keys = {}
+    for r in records:
+        keys.setdefault(machine_of(r), _letters(len(keys)))
+    return keys
+
+
+def _letters(i):
+    return chr(ord('A') + i) if i < 26 else _letters(i // 26 - 1) + chr(ord('A') + i % 26)
+
+
+def book_cell_records(records, train_limit=None, test_limit=None):
+    """The lines the accuracy table is made of, in record order: 1 and 2 devices, no warmup,
+    float32, epochs 1 to ``RUN_EPOCHS``."""
+    chosen = {id(r) for n in (1, 2) for rs in table_records(
+        records, n, 0, train_limit, test_limit).values() for r in rs}
+    return [r for r in records if id(r) in chosen]
+
+
+def machine_legend(records, train_limit=None, test_limit=None):
+    """The machines of the accuracy table's lines, one dict each in key order: ``key``,
+    ``cpu``, ``kernels``, ``threads`` (``machine_of``), ``kernels_zh`` (the kernels in
+    Chinese, for the Chinese notebook), ``made``, what its lines are, as
+    ``(devices, seeds, first epoch, last epoch)`` tuples (consecutive epochs with the same
+    seeds joined), and ``recorded``, the dates of its first and last line (``(first, last)``,
+    None when no line has one)."""
+    table = book_cell_records(records, train_limit, test_limit)
+    legend = []
+    for machine, key in machine_keys(table).items():
+        mine = [r for r in table if machine_of(r) == machine]
+        made = []
+        for n in (1, 2):
+            seeds = {}
+            for r in mine:
+                if r['devices'] == n:
+                    seeds.setdefault(r['epoch'], set()).add(r['seed'])
+            for e in sorted(seeds):
+                group = (n, tuple(sorted(seeds[e])))
+                if made and made[-1][:2] == group and made[-1][3] == e - 1:
+                    made[-1] = group + (made[-1][2], e)
+                else:
+                    made.append(group + (e, e))
+        dates = sorted(r['recorded'][:10] for r in mine if isinstance(r.get('recorded'), str))
+        legend.append({'key': key, 'cpu': machine[0], 'kernels': machine[1],
+                       'kernels_zh': kernels(mine[0], 'zh'), 'threads': machine[2], 'made': made,
+                       'recorded': (dates[0], dates[-1]) if dates else None})
+    return legend
 
 
 def summarize(values):
@@ -247,11 +354,15 @@ def accuracy_cells(records, runs, train_limit=None, test_limit=None):
     (``summarize`` over seeds of device 0's test accuracy, the book's measure, and of precise
     BatchNorm's; None when not run), ``verdict`` and ``status``.
 
+    ``runs`` lists each seed's value of ``ours`` with its machine's key (``machine_keys``):
+    ``[{'seed', 'acc', 'machine'}]`` by seed.
+
     A cell is judged with ``MIN_SEEDS`` seeds or more: our mean, printed to two digits as the
     runs are, must lie in the same-code runs' range (lowest-highest); at the last epoch it is
     also compared with their median.
     """
     cells = []
+    keys = machine_keys(book_cell_records(records, train_limit, test_limit))
     for n in (1, 2):
         by_epoch = table_records(records, n, 0, train_limit, test_limit)
         for e, book in enumerate(BOOK_TRAINING[n]['test_acc'], 1):
@@ -260,7 +371,10 @@ def accuracy_cells(records, runs, train_limit=None, test_limit=None):
                     'same': gpu_summary(runs['same', n, e]),
                     'later': gpu_summary(runs['later', n, e]),
                     'ours': summarize([r['acc_running'][0] for r in rs]),
-                    'precise': summarize([r['acc_precise_bn'] for r in rs])}
+                    'precise': summarize([r['acc_precise_bn'] for r in rs]),
+                    'runs': [{'seed': r['seed'], 'acc': r['acc_running'][0],
+                              'machine': keys[machine_of(r)]}
+                             for r in sorted(rs, key=lambda r: r['seed'])]}
             cell['verdict'], cell['status'] = _gpu_verdict(cell, e == len(
                 BOOK_TRAINING[n]['test_acc']))
             cells.append(cell)
@@ -301,9 +415,17 @@ def mean_low_high(s, digits=2):
     return '%.*f (%.*f-%.*f)' % (digits, s['mean'], digits, s['low'], digits, s['high'])
 
 
+def each_seed(cell):
+    """A cell's values seed by seed with their machines' keys: ``'s0 0.800 A, s1 0.725 A'``;
+    ``'-'`` for none."""
+    return ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine'])
+                     for r in cell['runs']) or '-'
+
+
 ACCURACY_TITLES = ['setting', 'epoch', 'book', 'same code on GPUs: median (range)',
                    'later MXNet editions on GPUs: median (10th-90th pct.)',
-                   'ours: mean (lowest-highest)', 'seeds', 'ours, precise BatchNorm',
+                   'ours: mean (lowest-highest)', 'seeds',
+                   'each seed: device 0 and machine (legend below)', 'ours, precise BatchNorm',
                    'verdict']
 
 
@@ -312,8 +434,59 @@ def format_accuracy_cells(cells):
     return [ACCURACY_TITLES] + [
         [plural(c['devices'], 'device'), str(c['epoch']), '%.2f' % c['book'],
          _median_range(c['same']), _median_p10_p90(c['later']), mean_low_high(c['ours']),
-         str(c['ours']['n'] if c['ours'] else 0), mean_low_high(c['precise'], 3),
+         str(c['ours']['n'] if c['ours'] else 0), each_seed(c), mean_low_high(c['precise'], 3),
          c['verdict']] for c in cells]
+
+
+MACHINE_TITLES = ['machine', 'CPU (model name)', 'oneDNN kernels', 'threads',
+                  'its values in the table', 'recorded']
+# A legend's words in each notebook's language (the page's are English). The CPU's name and
+# the kernels as recorded stay as they are.
+LEGEND_WORDS = {
+    'en': {'line': '- %s: %s; oneDNN kernels: %s; threads: %s; %s; recorded %s',
+           'made': '%s, %s %s, %s', 'seed': ('seed', 'seeds'), 'join': '; ', 'epoch': 'epoch %d', 'epochs': 'epochs %d-%d',
+           'to': '%s to %s', NOT_RECORDED: NOT_RECORDED},
+    'zh': {'line': '- %s：%s；oneDNN 内核：%s；线程：%s；%s；记录于 %s',
+           'made': '%s，%s %s，%s', 'seed': ('随机种子', '随机种子'), 'join': '；', 'epoch': '第 %d 个迭代周期',
+           'epochs': '第 %d-%d 个迭代周期', 'to': '%s 至 %s', NOT_RECORDED: '未记录'},
+}
+
+
+def _made(made, lang):
+    words = LEGEND_WORDS[lang]
+    return words['join'].join(words['made'] % (
+        plural(n, 'device') if lang == 'en' else '%d 个设备' % n,
+        words['seed'][len(seeds) > 1], ' '.join(map(str, seeds)),
+        words['epoch'] % a if a == b else words['epochs'] % (a, b))
+        for n, seeds, a, b in made)
+
+
+def _recorded(recorded, lang):
+    words = LEGEND_WORDS[lang]
+    if recorded is None:
+        return words[NOT_RECORDED]
+    return recorded[0] if recorded[0] == recorded[1] else words['to'] % recorded
+
+
+def format_machine_legend(legend):
+    """``machine_legend`` as lists of cell texts, headed by ``MACHINE_TITLES``."""
+    return [MACHINE_TITLES] + [[m['key'], m['cpu'], m['kernels'], m['threads'],
+                               _made(m['made'], 'en'), _recorded(m['recorded'], 'en')]
+                              for m in legend]
+
+
+def notebook_legend(legend, lang='en'):
+    """The notebooks' legend of ``machine_legend``: one Markdown list line per machine, in the
+    notebook's language (``lang``)."""
+    words = LEGEND_WORDS[lang]
+
+    def said(text):
+        return words[NOT_RECORDED] if text == NOT_RECORDED else text
+    return [words['line'] % (m['key'], said(m['cpu']),
+                             m['kernels'] if lang == 'en' else m['kernels_%s' % lang],
+                             said(m['threads']),
+                             _made(m['made'], lang), _recorded(m['recorded'], lang))
+            for m in legend]
 
 
 # The notebooks' verdict words (the rows' titles are each notebook's own).
@@ -323,7 +496,8 @@ VERDICT_WORDS = {'en': {'inside': 'inside', 'BELOW': 'BELOW', 'ABOVE': 'ABOVE'},
 
 def notebook_table(cells, lang='en'):
     """The notebooks' table: per device count, the rows book, same-code GPU runs, later
-    editions, ours and the verdict, one column per epoch, without the rows' titles (each
+    editions, ours, ours seed by seed with each value's machine (``each_seed``; the legend is
+    ``notebook_legend``) and the verdict, one column per epoch, without the rows' titles (each
     notebook has its own, in its language; ``lang`` picks the verdict's words)."""
     words = VERDICT_WORDS[lang]
     rows = []
@@ -333,9 +507,11 @@ def notebook_table(cells, lang='en'):
                  [_median_range(c['same']) for c in mine],
                  [_median_p10_p90(c['later']) for c in mine],
                  [mean_low_high(c['ours']) for c in mine],
+                 [each_seed(c) for c in mine],
                  [words[c['verdict'].split(' ')[0]] if c['status'] in ('match', 'mismatch')
                   else '-' for c in mine]]
     return rows
+
 
 
 # Our 2-device speed-up divided by the book's 1.95x must fall in this range (1.46x to 2.15x).

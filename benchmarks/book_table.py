@@ -15,6 +15,11 @@ From issue 45 on, a line also names its data: ``data_sha256``, of the four files
     .venv/bin/python benchmarks/book_table.py --page       # after new record lines (minutes)
     .venv/bin/python benchmarks/book_table.py --tables     # the tables of the records only
 
+Every value of the accuracy table names its run's machine (a key, and a legend of the machines:
+the CPU, oneDNN's kernels and the threads). A table of one machine's runs is made the same way
+from a record of its own: ``--seeds 0 1 2 --record mine.jsonl``, then ``--tables --record
+mine.jsonl``.
+
 Stopped by Ctrl-C, SIGTERM or a reboot, the same command continues where it was: an epoch
 counts once its line is in the record; only the epoch in progress is lost.
 """
@@ -751,10 +756,12 @@ def _markdown_table(lines):
 def record_report(records, old_records, bf16_records, devices):
     """The parts of a report that come from the records alone: ``seconds`` (rows of seconds
     per epoch and the speed-up in ``compare``'s table, for ``devices``), ``accuracy``,
-    ``old_step``, ``diagnosis`` and ``dtypes`` (see ``page_blocks``)."""
+    ``machines`` (the legend of the machines its values name), ``old_step``, ``diagnosis`` and
+    ``dtypes`` (see ``page_blocks``)."""
     warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
     return {'seconds': book_records.training_rows(devices, records),
             'accuracy': book_records.accuracy_cells(records, book_records.read_gpu_runs()),
+            'machines': book_records.machine_legend(records),
             'old_step': old_step_cells(records, old_records),
             'diagnosis': diagnosis_rows(records, warmups),
             'dtypes': dtype_rows(records, bf16_records)}
@@ -764,6 +771,7 @@ def record_blocks(report):
     """The page's tables made of ``record_report``'s parts, ``{name: Markdown text}``."""
     tables = {'seconds': compare._table(report['seconds']),
               'accuracy': book_records.format_accuracy_cells(report['accuracy']),
+              'machines': book_records.format_machine_legend(report['machines']),
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
     return {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
@@ -845,13 +853,35 @@ def fill_notebook_table(source, cells):
     return '\n'.join(lines)
 
 
-def write_page(devices, data_dir=None, tables_only=False):
-    """Fill docs/book-comparison.md's tables and the notebooks' from the records; the chapter's
-    cells and the step run again (a few minutes), unless ``tables_only``: then only the tables
-    made of the records change (seconds)."""
+_LEGEND = re.compile(r'(<!-- begin machines -->\n)(.*?)(<!-- end machines -->)', re.S)
+
+
+def fill_notebook_legend(source, lines):
+    """``source`` (the Markdown cell of the table) with the lines between its ``<!-- begin
+    machines -->`` and ``<!-- end machines -->`` markers replaced by ``lines``
+    (``book_records.notebook_legend``).
+
+    Raises
+    ------
+    ValueError
+        When the cell holds no such markers.
+    """
+    if len(_LEGEND.findall(source)) != 1:
+        raise ValueError('its book-table cell holds no "<!-- begin machines -->" ... "<!-- end '
+                         'machines -->" lines, so the legend of the machines would not be '
+                         'written')
+    return _LEGEND.sub(lambda m: m.group(1) + ''.join(line + '\n' for line in lines) +
+                       m.group(3), source)
+
+
+def write_page(devices, data_dir=None, tables_only=False, record=None):
+    """Fill docs/book-comparison.md's tables and the notebooks' from the records (``record``,
+    default ``DEFAULT_RECORD``); the chapter's cells and the step run again (a few minutes),
+    unless ``tables_only``: then only the tables made of the records change (seconds)."""
     import mxnet as mx
     import nbformat
-    records = book_records.read_records(DEFAULT_RECORD)
+    record = record or DEFAULT_RECORD
+    records = book_records.read_records(record)
     report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,
                                                               step=training.OLD_STEP),
                            book_records.read_records(DEFAULT_BF16_RECORD), devices)
@@ -861,7 +891,7 @@ def write_page(devices, data_dir=None, tables_only=False):
         cells = compare.chapter_cells(devices)
         report.update(rows=compare.deterministic_rows(cells) + [compare.step_row(devices,
                                                                                  data_dir)],
-                      cells=cells, record=os.path.relpath(DEFAULT_RECORD, ROOT),
+                      cells=cells, record=os.path.relpath(record, ROOT),
                       mxnet_version=mx.__version__, date=datetime.date.today().isoformat())
         blocks = page_blocks(report)
     new = {}  # every file is made before any is written: one that cannot be leaves all as they were
@@ -874,8 +904,9 @@ def write_page(devices, data_dir=None, tables_only=False):
             cells = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
             if len(cells) != 1:
                 raise ValueError('it holds %d cells tagged book-table, not one' % len(cells))
-            cells[0].source = fill_notebook_table(
-                cells[0].source, book_records.notebook_table(report['accuracy'], lang))
+            cells[0].source = fill_notebook_legend(fill_notebook_table(
+                cells[0].source, book_records.notebook_table(report['accuracy'], lang)),
+                book_records.notebook_legend(report['machines'], lang))
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
     for path in new:  # a link or a folder found now, not after the page is written
         with _page_file(path):
@@ -932,8 +963,9 @@ def build_parser():
                         '(default: float32, the book\'s)')
     p.add_argument('--record', metavar='PATH', type=cli.output_file(
                        '--record', ('.jsonl',), 'docs/book-table.jsonl'),
-                   help='the record to append to (default: docs/book-table.jsonl, or '
-                        'docs/bf16-table.jsonl for bfloat16)')
+                   help='the record to append to, or with --page or --tables, to make the '
+                        'tables of (default: docs/book-table.jsonl, or docs/bf16-table.jsonl '
+                        'for bfloat16)')
     p.add_argument('--work-dir', metavar='DIR', type=_folder('--work-dir'),
                    help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
                         % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))
@@ -952,8 +984,9 @@ def _folder(flag):
     return parse
 
 
-# What training takes and --page/--tables do not: given with them, they are refused.
-_RUN_FLAGS = ('seeds', 'warmup_steps', 'epochs', 'dtype', 'record', 'work_dir', 'train_limit',
+# What training takes and --page/--tables do not: given with them, they are refused. --record
+# is taken by both: the tables are made of the record it names.
+_RUN_FLAGS = ('seeds', 'warmup_steps', 'epochs', 'dtype', 'work_dir', 'train_limit',
               'test_limit')
 
 
@@ -994,7 +1027,8 @@ def _main(args):
             raise cli.UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
                                  % ('--page' if args.page else '--tables', given[0],
                                     '--page' if args.page else '--tables', given[0], given[0]))
-        for path in write_page(pair, args.data_dir, tables_only=args.tables):
+        for path in write_page(pair, args.data_dir, tables_only=args.tables,
+                               record=args.record):
             print('wrote', os.path.relpath(path, ROOT))
         return 0
     args.seeds = args.seeds or [0, 1, 2]

@@ -103,14 +103,76 @@ def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
         'not judged: 1 seed so far, 3 needed', 'not judged')
     lines = book_records.format_accuracy_cells(book_records.accuracy_cells(records, runs))
     assert lines[0] == book_records.ACCURACY_TITLES
+    # None of these lines names its machine: one machine, A, of which nothing is recorded.
     assert lines[1] == ['1 device', '1', '0.86', '0.88 (0.86-0.89)', '0.880 (0.864-0.892)',
-                        '0.86 (0.85-0.87)', '3', '0.900 (0.900-0.900)',
-                        "inside the same-code GPU runs' range (0.86-0.89)"]
+                        '0.86 (0.85-0.87)', '3', 's0 0.850 A, s1 0.860 A, s2 0.870 A',
+                        '0.900 (0.900-0.900)', "inside the same-code GPU runs' range (0.86-0.89)"]
+    assert lines[3][7] == '-'  # 1 device, epoch 3: not run
     table = book_records.notebook_table(book_records.accuracy_cells(records, runs))
     assert table[0] == ['0.86', '0.91', '0.91', '0.93']
     assert table[3] == ['0.86 (0.85-0.87)', '0.81 (0.80-0.82)', '-', '0.92 (0.91-0.92)']
-    assert table[4] == ['inside', 'BELOW', '-', 'inside']
-    assert table[9] == ['-', '-', '-', 'inside']
+    assert table[4] == ['s0 0.850 A, s1 0.860 A, s2 0.870 A', 's0 0.800 A, s1 0.810 A, s2 0.820 A',
+                        '-', 's0 0.910 A, s1 0.915 A, s2 0.920 A']
+    assert table[5] == ['inside', 'BELOW', '-', 'inside']
+    assert table[10] == ['s0 0.790 A', '-', '-', 's0 0.860 A, s1 0.880 A, s2 0.920 A']
+    assert table[11] == ['-', '-', '-', 'inside']
+
+
+def _on(record, cpu, flags=None, cap=None, threads=None, day='2026-11-27'):
+    """``record`` as made on a machine: what book_table.py writes of it (``flags`` None: a
+    line of before 2026-11-27, which names the CPU only)."""
+    record = dict(record, cpu=cpu, recorded=day + 'T10:00:00Z')
+    if flags is not None:
+        record.update(cpu_flags=flags, dnnl_max_cpu_isa=cap, threads=threads)
+    return record
+
+
+def test_each_value_names_its_machine_and_the_legend_says_what_each_line_recorded():
+    runs = book_records.read_gpu_runs()
+    epyc, xeon = 'AMD EPYC', 'Intel(R) Xeon(R) Processor'
+    zen4 = ['avx2', 'avx512f', 'avx512_bf16']
+    records = [_on(_record(2, s, 1, acc), epyc, day='2026-11-26')
+               for s, acc in ((0, 0.8), (1, 0.73))]
+    records += [_on(_record(2, 0, 4, 0.894), xeon),
+                _on(_record(2, 3, 1, 0.792), epyc, zen4, threads=2),
+                _on(_record(2, 3, 2, 0.881), epyc, zen4, threads=2),
+                _on(_record(1, 4, 1, 0.85), epyc, zen4, cap='AVX2', threads=1),
+                _on(_record(2, 1, 2, 0.861), epyc, day='2026-11-27')]
+    # A warmup run is no value of the table, so its machine is not in the legend.
+    records.append(_on(_record(2, 0, 1, 0.5, warmup=50), 'Some other CPU', ['avx2'], threads=4))
+    cells = {(c['devices'], c['epoch']): c for c in book_records.accuracy_cells(records, runs)}
+    assert cells[2, 1]['runs'] == [{'seed': 0, 'acc': 0.8, 'machine': 'A'},
+                                   {'seed': 1, 'acc': 0.73, 'machine': 'A'},
+                                   {'seed': 3, 'acc': 0.792, 'machine': 'C'}]
+    assert book_records.each_seed(cells[2, 1]) == 's0 0.800 A, s1 0.730 A, s3 0.792 C'
+    assert book_records.each_seed(cells[2, 2]) == 's1 0.861 A, s3 0.881 C'
+    assert book_records.each_seed(cells[2, 4]) == 's0 0.894 B'
+    assert book_records.each_seed(cells[1, 1]) == 's4 0.850 D'
+    assert book_records.each_seed(cells[1, 2]) == '-'
+    legend = book_records.machine_legend(records)
+    assert book_records.format_machine_legend(legend) == [
+        book_records.MACHINE_TITLES,
+        ['A', epyc, 'not recorded', 'not recorded',
+         '2 devices, seeds 0 1, epoch 1; 2 devices, seed 1, epoch 2', '2026-11-26 to 2026-11-27'],
+        ['B', xeon, 'not recorded', 'not recorded', '2 devices, seed 0, epoch 4', '2026-11-27'],
+        ['C', epyc, 'AVX-512 (avx2, avx512f, avx512_bf16; no DNNL_MAX_CPU_ISA cap)',
+         'OMP_NUM_THREADS=2', '2 devices, seed 3, epochs 1-2', '2026-11-27'],
+        ['D', epyc, 'capped at AVX2 by DNNL_MAX_CPU_ISA (the CPU offers AVX-512: avx2, avx512f, '
+         'avx512_bf16)', 'OMP_NUM_THREADS=1', '1 device, seed 4, epoch 1', '2026-11-27']]
+    assert book_records.notebook_legend(legend[2:3]) == [
+        '- C: AMD EPYC; oneDNN kernels: AVX-512 (avx2, avx512f, avx512_bf16; no DNNL_MAX_CPU_ISA '
+        'cap); threads: OMP_NUM_THREADS=2; 2 devices, seed 3, epochs 1-2; recorded 2026-11-27']
+    assert book_records.notebook_legend(legend[:1] + legend[3:], 'zh') == [
+        '- A：AMD EPYC；oneDNN 内核：未记录；线程：未记录；2 个设备，随机种子 0 1，第 1 个迭代周期；'
+        '2 个设备，随机种子 1，第 2 个迭代周期；记录于 2026-11-26 至 2026-11-27',
+        '- D：AMD EPYC；oneDNN 内核：由 DNNL_MAX_CPU_ISA 限制为 AVX2（CPU 提供 AVX-512：avx2, '
+        'avx512f, avx512_bf16）；线程：OMP_NUM_THREADS=1；1 个设备，随机种子 4，第 1 个迭代周期；'
+        '记录于 2026-11-27']
+    # The keys follow each machine's first line: lines appended later rename none of them.
+    later = records + [_on(_record(1, 0, 1, 0.86), 'Another CPU', ['avx2'], threads=2)]
+    assert [m['key'] for m in book_records.machine_legend(later)] == ['A', 'B', 'C', 'D', 'E']
+    assert book_records.each_seed({'runs': book_records.accuracy_cells(later, runs)[0]['runs']}) \
+        == 's0 0.860 E, s4 0.850 D'
 
 
 @pytest.mark.parametrize('name,message', [

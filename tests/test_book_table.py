@@ -72,9 +72,12 @@ def test_records_round_trip_and_an_identical_repeat_counts_once(tmp_path):
     book_table.append_record(path, _line())
     book_table.append_record(path, _line(epoch=2, test_acc=0.6, acc_running=[0.6, 0.61]))
     book_table.append_record(path, _line())  # retrained from scratch: the same numbers
+    # The same numbers under another machine's name: the first line's machine stays the cell's.
+    book_table.append_record(path, _line(cpu='Another CPU', cpu_flags=['avx2'], threads=1))
     records = book_records.read_records(path)
     assert [r['epoch'] for r in records] == [1, 2]
     assert records[0] == _line()
+    assert book_records.machine_of(records[0]) == ('not recorded',) * 3
     run = book_table.Run(2, 0, 0, 4, None, None)
     assert [book_table.recorded(records, run, e) for e in (1, 2, 3)] == [True, True, False]
     assert not book_table.recorded(records, run._replace(seed=1), 1)
@@ -108,6 +111,18 @@ FIX = r'; fix or delete that line \(the epoch is then trained again\)$'
     ([json.dumps(_line()), json.dumps(_line(test_acc=0.3))],
      r'line 2: epoch 1 of this run is recorded twice with different accuracies \(0.49, then '
      r'0.3\); keep one of the two lines'),
+    # The same seed and epoch from another machine: its accuracies differ, so it is refused.
+    ([json.dumps(_line(cpu='AMD EPYC')), json.dumps(_line(cpu='Intel(R) Xeon(R) Processor',
+                                                          test_acc=0.5))],
+     r'line 2: epoch 1 of this run is recorded twice with different accuracies \(0.49, then '
+     r'0.5\); keep one of the two lines'),
+    # The machine's fields, which the table names each value's machine by.
+    ([json.dumps(_line(threads=0))], r'line 1: threads is 0, not a whole number from 1 to '
+                                     r'1000000' + FIX),
+    ([json.dumps(_line(cpu_flags='avx2'))], r'line 1: cpu_flags is "avx2", not a list of CPU '
+                                            r'flags' + FIX),
+    ([json.dumps(_line(cpu=''))], r'line 1: cpu is "", not a name' + FIX),
+    ([json.dumps(_line(dnnl_max_cpu_isa=2))], r'line 1: dnnl_max_cpu_isa is 2, not a name' + FIX),
     (['[1, 2]'], r'line 1: not a JSON object' + FIX),
     (['{"seed": 0, "step": "trainer.step(batch_size)"}'], r'line 1: it lacks devices' + FIX),
 ])
@@ -545,6 +560,17 @@ def test_fill_notebook_table_keeps_the_rows_titles():
         book_table.fill_notebook_table(source, [['a', 'b']])
 
 
+def test_fill_notebook_legend_replaces_the_lines_between_its_markers():
+    source = 'text\n<!-- begin machines -->\n- old\n<!-- end machines -->\nmore'
+    assert book_table.fill_notebook_legend(source, ['- A: one', '- B: two']) == (
+        'text\n<!-- begin machines -->\n- A: one\n- B: two\n<!-- end machines -->\nmore')
+    with pytest.raises(ValueError) as e:
+        book_table.fill_notebook_legend('text\n- A: one\n', ['- A: one'])
+    assert str(e.value) == ('its book-table cell holds no "<!-- begin machines -->" ... "<!-- end '
+                            'machines -->" lines, so the legend of the machines would not be '
+                            'written')
+
+
 def _page_copies(tmp_path, monkeypatch):
     """Copies of the page and both notebooks in ``tmp_path``, which book_table then fills."""
     import shutil
@@ -586,6 +612,44 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
         'are filled in place, so restore it (git checkout -- multiple-gpus-gluon.zh.ipynb) and '
         'run this again; no file was written')
     assert {p: open(p, 'rb').read() for p in before} == before
+
+
+def test_46_a_record_of_one_machine_makes_tables_whose_values_all_name_it(tmp_path,
+                                                                           monkeypatch, capsys,
+                                                                           data_dir):
+    # What a reader who reproduces the table on one machine runs: --tables --record theirs.
+    page, notebooks = _page_copies(tmp_path, monkeypatch)
+    mine = tmp_path / 'mine.jsonl'
+    machine = dict(cpu='Some CPU', cpu_flags=['avx2'], dnnl_max_cpu_isa=None, threads=2,
+                   recorded='2026-12-01T08:00:00Z')
+    _write(str(mine), *[dict(_record(n, s, e, 0.6 + 0.01 * s + 0.02 * e), batch_size=256 * n,
+                             lr=0.1 * n, **machine)
+                        for n in (2, 1) for e in (1, 2) for s in (0, 1, 2)])
+    assert book_table.main(['--tables', '--record', str(mine), '--data-dir', data_dir]) == 0
+    blocks = book_table.read_blocks(page.read_text())
+    assert blocks['machines'].split('\n')[2:] == [
+        '| A | Some CPU | AVX2 (avx2; no DNNL_MAX_CPU_ISA cap) | OMP_NUM_THREADS=2 | 1 device, '
+        'seeds 0 1 2, epochs 1-2; 2 devices, seeds 0 1 2, epochs 1-2 | 2026-12-01 |']
+    rows = [line.split(' | ') for line in blocks['accuracy'].split('\n')[2:]]
+    assert [row[7] for row in rows] == ['s0 0.620 A, s1 0.630 A, s2 0.640 A',
+                                        's0 0.640 A, s1 0.650 A, s2 0.660 A', '-', '-'] * 2
+    for lang, path in notebooks.items():
+        [cell] = [c for c in json.load(open(path))['cells']
+                  if 'book-table' in c['metadata'].get('tags', [])]
+        text = ''.join(cell['source'])
+        legend = text.split('<!-- begin machines -->\n')[1].split('<!-- end machines -->')[0]
+        assert legend == {
+            'en': '- A: Some CPU; oneDNN kernels: AVX2 (avx2; no DNNL_MAX_CPU_ISA cap); threads: '
+                  'OMP_NUM_THREADS=2; 1 device, seeds 0 1 2, epochs 1-2; 2 devices, seeds 0 1 '
+                  '2, epochs 1-2; recorded 2026-12-01\n',
+            'zh': '- A：Some CPU；oneDNN 内核：AVX2（avx2；未设 DNNL_MAX_CPU_ISA 上限）；线程：'
+                  'OMP_NUM_THREADS=2；1 个设备，随机种子 0 1 2，第 1-2 个迭代周期；2 个设备，随机种子 0 1 '
+                  '2，第 1-2 个迭代周期；记录于 2026-12-01\n'}[lang]
+        assert '| s0 0.620 A, s1 0.630 A, s2 0.640 A | s0 0.640 A, s1 0.650 A, s2 0.660 A | - | - |' \
+            in text
+    assert capsys.readouterr().out.splitlines()[-3:] == [
+        'wrote book-comparison.md', 'wrote multiple-gpus-gluon.ipynb',
+        'wrote multiple-gpus-gluon.zh.ipynb']
 
 
 def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):

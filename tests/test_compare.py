@@ -132,7 +132,16 @@ def test_committed_page_agrees_with_a_run_now(cells):
     # The tables of the records alone: exactly the committed ones.
     now = book_table.record_blocks(book_table.record_report(records, old, bf16,
                                                             [mx.cpu(0), mx.cpu(1)]))
-    assert sorted(now) == ['accuracy', 'bf16', 'diagnosis', 'old-step', 'seconds']
+    assert sorted(now) == ['accuracy', 'bf16', 'diagnosis', 'machines', 'old-step', 'seconds']
+    # Every value of the accuracy table names its line's machine, which the legend describes.
+    legend = {m['key']: m for m in book_records.machine_legend(records)}
+    for r in book_records.book_cell_records(records):
+        [key] = [k for k, m in legend.items()
+                 if (m['cpu'], m['kernels'], m['threads']) == book_records.machine_of(r)]
+        row = '| %d device%s | %d | ' % (r['devices'], 's' * (r['devices'] > 1), r['epoch'])
+        [line] = [l for l in blocks['accuracy'].split('\n') if l.startswith(row)]
+        assert 's%d %.3f %s' % (r['seed'], r['acc_running'][0], key) in line, (row, r['seed'])
+        assert '| %s | %s | %s | %s |' % (key, *book_records.machine_of(r)) in blocks['machines']
     for name, text in now.items():
         assert blocks[name] == text, name
 

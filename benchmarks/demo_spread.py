@@ -1,0 +1,386 @@
+"""How much `make demo`'s accuracies move with the CPU's kernels (issue 46, item 4).
+
+In float32 a run's numbers depend, beyond the code and the seed, on the instructions oneDNN may
+use and on its thread count (docs/book-comparison.md). This script trains a candidate demo
+setting (``python -m gluon_mgpu.train`` in a fresh process) under four kernel settings:
+
+- ``avx2-1t``, ``avx2-2t``: oneDNN capped at AVX2 (``DNNL_MAX_CPU_ISA=AVX2``), 1 or 2 OpenMP
+  threads per simulated device (``OMP_NUM_THREADS``);
+- ``native-1t``, ``native-2t``: no cap (on an AVX-512 CPU, its AVX-512 kernels), 1 or 2 threads;
+
+for one or more seeds, appends one JSON line per run to ``docs/demo-spread.jsonl`` (with the CPU
+model, its flags and the instruction set oneDNN reported using), and writes
+``docs/demo-spread.md`` from those lines.
+
+    .venv/bin/python benchmarks/demo_spread.py run --candidate demo-old --seeds 0 1
+    .venv/bin/python benchmarks/demo_spread.py report
+
+A run already in the records (same candidate, arguments, setting, seed and CPU model) is not
+trained again. The accuracies are deterministic for a given setting on a given CPU, so one run
+per cell is enough; the seconds depend on the machine's load and are kept only as an indication.
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from measuring import cpu_model, kernel_setting  # noqa: E402
+
+RECORDS = os.path.join(ROOT, 'docs', 'demo-spread.jsonl')
+REPORT = os.path.join(ROOT, 'docs', 'demo-spread.md')
+
+# Each candidate: the training command's arguments, without --seed.
+CANDIDATES = {
+    # The demo before issue 46 (Makefile DEMO_ARGS).
+    'demo-old': '--num-gpus 2 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 3000 '
+                '--test-limit 1000',
+    # A smaller step for the same data and batch.
+    'demo-lr0.05-b64': '--num-gpus 2 --epochs 2 --batch-size 64 --lr 0.05 --train-limit 3000 '
+                       '--test-limit 1000',
+    # The same step size per image as the batch of 64 at 0.05, twice the steps per epoch.
+    'demo-lr0.025-b32': '--num-gpus 2 --epochs 2 --batch-size 32 --lr 0.025 --train-limit 3000 '
+                        '--test-limit 1000',
+    # The same step size per image as the old demo's batch of 32, but 64 images per device's
+    # BatchNorm, and a few warmup steps.
+    'demo-lr0.1-b128-w20': '--num-gpus 2 --epochs 2 --batch-size 128 --lr 0.1 --train-limit 3000 '
+                           '--test-limit 1000 --warmup-steps 20',
+    # The notebooks' quick mode before issue 46, as the command line (the notebook trains 1
+    # device then 2, from MXNet's default seed).
+    'quick-old-1dev': '--num-gpus 1 --epochs 2 --batch-size 32 --lr 0.1 --train-limit 256 '
+                      '--test-limit 100',
+    'quick-old-2dev': '--num-gpus 2 --epochs 2 --batch-size 64 --lr 0.2 --train-limit 256 '
+                      '--test-limit 100',
+}
+
+# The notebooks' quick mode: the English notebook's code cells run in order in a fresh process
+# with GLUON_MGPU_QUICK=1 (no seed: MXNet's default, as in the notebook), its quick line (the
+# one assigning num_epochs in the branch for QUICK == '1') replaced by the candidate's (None: the
+# notebook's own). Recorded: the 1-device and then the 2-device run.
+NOTEBOOK = os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb')
+QUICK_LINE = '    num_epochs, batch_per_device, '
+NOTEBOOK_CANDIDATES = {
+    # The quick mode before issue 46: 2, 32, 256, 100 (lr 0.1 per device, the book's).
+    'notebook-quick': None,
+    'notebook-quick-lr0.025-1024': 'num_epochs, batch_per_device, lr_per_device, train_limit, '
+                                   'test_limit = 2, 32, 0.025, 1024, 500',
+    # Per device what the demo's batch of 32 at 0.025 gives each of its 2 devices.
+    'notebook-quick-lr0.0125-b16-2000': 'num_epochs, batch_per_device, lr_per_device, '
+                                        'train_limit, test_limit = 2, 16, 0.0125, 2000, 500',
+}
+
+NOTEBOOK_RUNNER = r'''
+import json, sys
+nb = json.load(open(sys.argv[1]))
+quick = sys.argv[2]
+namespace = {}
+for cell in nb['cells']:
+    if cell['cell_type'] != 'code':
+        continue
+    source = ''.join(cell['source'])
+    if 'settings' in cell['metadata'].get('tags', []) and quick:
+        lines = source.splitlines()
+        found = [i for i, line in enumerate(lines) if line.startswith(%r)]
+        assert len(found) == 1, 'no quick line'
+        lines[found[0]] = '    ' + quick
+        source = '\n'.join(lines) + '\n'
+    exec(compile(source, 'cell', 'exec'), namespace)
+print('RESULT ' + json.dumps({'history_1': namespace['history_1'],
+                              'history_2': namespace['history_2'],
+                              'threads': namespace['gluon_mgpu'].thread_settings()}))
+''' % QUICK_LINE
+
+CHOSEN, CHOSEN_QUICK = 'demo-lr0.025-b32', 'notebook-quick-lr0.0125-b16-2000'
+
+# name -> (DNNL_MAX_CPU_ISA or None, OMP_NUM_THREADS per device)
+SETTINGS = {
+    'avx2-1t': ('AVX2', 1),
+    'avx2-2t': ('AVX2', 2),
+    'native-1t': (None, 1),
+    'native-2t': (None, 2),
+}
+
+ISA_PROBE = r'''
+import gluon_mgpu, mxnet as mx
+x = mx.nd.ones((1, 3, 8, 8)); w = mx.nd.ones((4, 3, 3, 3))
+mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+'''
+
+
+def child_env(setting):
+    isa, threads = SETTINGS[setting]
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(threads))
+    for name in ('DNNL_MAX_CPU_ISA', 'MKLDNN_MAX_CPU_ISA', 'GLUON_MGPU_CHOSE', 'DNNL_VERBOSE',
+                 'MKLDNN_VERBOSE', 'MXNET_OMP_MAX_THREADS'):
+        env.pop(name, None)
+    if isa:
+        env['DNNL_MAX_CPU_ISA'] = isa
+    return env
+
+
+def onednn_isa(setting):
+    """The instruction set oneDNN says it uses under ``setting`` (its verbose 'isa' line)."""
+    env = child_env(setting)
+    env['DNNL_VERBOSE'] = '1'
+    out = subprocess.run([sys.executable, '-c', ISA_PROBE], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=300).stdout
+    found = re.search(r'isa:([^\n]*)', out)
+    return found.group(1).strip() if found else None
+
+
+def cpu_id():
+    """'cpu family F, model M, stepping S' from /proc/cpuinfo (AMD family 25 model 17: Zen 4)."""
+    found = {}
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                key = key.strip()
+                if key in ('cpu family', 'model', 'stepping') and key not in found:
+                    found[key] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        pass
+    return ', '.join('%s %s' % (k, found[k]) for k in ('cpu family', 'model', 'stepping')
+                     if k in found)
+
+
+def read_records(path=RECORDS):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def train_once(candidate, setting, seed):
+    args = CANDIDATES[candidate].split() + ['--seed', str(seed), '--quiet']
+    with tempfile.TemporaryDirectory() as tmp:
+        metrics = os.path.join(tmp, 'run.json')
+        command = [sys.executable, '-m', 'gluon_mgpu.train'] + args + ['--metrics-json', metrics]
+        start = time.time()
+        done = subprocess.run(command, env=child_env(setting), cwd=ROOT, capture_output=True,
+                              text=True)
+        wall = time.time() - start
+        if done.returncode != 0:
+            raise SystemExit('%s %s seed %d failed (exit %d): %s'
+                             % (candidate, setting, seed, done.returncode, done.stderr[-2000:]))
+        with open(metrics) as f:
+            run = json.load(f)
+    return run, wall
+
+
+def claim(candidate, setting, seed):
+    """Whether this process may train the run: False when another instance of the script has
+    claimed it already (instances may share the machine's cores, each with other settings)."""
+    folder = os.path.join(tempfile.gettempdir(), 'demo-spread-claims')
+    os.makedirs(folder, exist_ok=True)
+    name = '%s_%s_%s_%d' % (cpu_model(), candidate, setting, seed)
+    try:
+        os.close(os.open(os.path.join(folder, re.sub(r'[^\w.-]', '_', name)),
+                         os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    return True
+
+
+def notebook_once(candidate, setting):
+    env = child_env(setting)
+    env['GLUON_MGPU_QUICK'] = '1'
+    start = time.time()
+    done = subprocess.run([sys.executable, '-c', NOTEBOOK_RUNNER, NOTEBOOK,
+                           NOTEBOOK_CANDIDATES[candidate] or ''],
+                          env=env, cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit('%s %s failed (exit %d): %s'
+                         % (candidate, setting, done.returncode, done.stderr[-2000:]))
+    line = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')][-1]
+    return json.loads(line[len('RESULT '):]), wall
+
+
+def run(candidates, seeds, settings, path=RECORDS):
+    model = cpu_model()
+    isa = {}
+    for candidate in candidates:
+        for seed in seeds:
+            for setting in settings:
+                notebook = candidate in NOTEBOOK_CANDIDATES
+                if notebook and seed != seeds[0]:
+                    continue  # the notebook sets no seed
+                args = NOTEBOOK_CANDIDATES[candidate] if notebook else CANDIDATES[candidate]
+                run_seed = None if notebook else seed
+                have = [r for r in read_records(path)
+                        if (r['candidate'], r['args'], r['setting'], r['seed'], r['cpu_model'])
+                        == (candidate, args, setting, run_seed, model)]
+                if have or not claim(candidate, setting, -1 if notebook else seed):
+                    continue
+                if setting not in isa:
+                    isa[setting] = onednn_isa(setting)
+                if notebook:
+                    out, wall = notebook_once(candidate, setting)
+                    result = {'history': out['history_1'] + out['history_2'],
+                              'threads': out['threads'], 'versions': {}}
+                else:
+                    result, wall = train_once(candidate, setting, seed)
+                record = {
+                    'candidate': candidate, 'args': args, 'setting': setting,
+                    'dnnl_max_cpu_isa': SETTINGS[setting][0],
+                    'omp_num_threads': SETTINGS[setting][1], 'seed': run_seed,
+                    'test_acc': [h['test_acc'] for h in result['history']],
+                    'train_loss': [h['train_loss'] for h in result['history']],
+                    'seconds': [round(h['seconds'], 1) for h in result['history']],
+                    'wall_seconds': round(wall, 1), 'cpu_model': model,
+                    'cpu_flags': kernel_setting()['cpu_flags'], 'cpu_id': cpu_id(),
+                    'onednn_isa': isa[setting],
+                    'threads': result['threads'], 'versions': result['versions'],
+                    'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+                }
+                with open(path, 'a') as f:
+                    f.write(json.dumps(record, sort_keys=True) + '\n')
+                print('%s %s seed %s: test_acc %s (%.0f s)'
+                      % (candidate, setting, run_seed,
+                         ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
+
+
+def _count(n, noun):
+    return '%d %s%s' % (n, noun, '' if n == 1 else 's')
+
+
+def _spread(values):
+    return max(values) - min(values)
+
+
+def candidate_section(candidate, records):
+    notebook = candidate in NOTEBOOK_CANDIDATES
+    rows = sorted(records, key=lambda r: (r['seed'] or 0, list(SETTINGS).index(r['setting'])))
+    epochs = max(len(r['test_acc']) for r in rows)
+    if notebook:
+        half = epochs // 2
+        heads = ['%d device%s, epoch %d' % (n, 's' if n > 1 else '', e + 1)
+                 for n in (1, 2) for e in range(half)]
+        command = ('the English notebook\'s code cells with `GLUON_MGPU_QUICK=1`, %s'
+                   % ('its own quick settings' if rows[0]['args'] is None else
+                      'the quick line `%s`' % rows[0]['args']))
+    else:
+        heads = ['epoch %d' % (e + 1) for e in range(epochs)]
+        command = '`python -m gluon_mgpu.train %s --seed S`' % rows[0]['args']
+    lines = ['### `%s`' % candidate, '', command, '',
+             '| seed | kernels | threads per device | oneDNN reported | %s | train loss, last epoch '
+             '| s per epoch |' % ' | '.join('test acc, ' + h for h in heads),
+             '|' + '---|' * (6 + epochs)]
+    for r in rows:
+        lines.append('| %s | %s | %d | %s | %s | %.3f | %s |' % (
+            'MXNet default' if r['seed'] is None else r['seed'],
+            'AVX2 (`DNNL_MAX_CPU_ISA=AVX2`)' if r['dnnl_max_cpu_isa'] else 'no cap',
+            r['omp_num_threads'], r['onednn_isa'] or '?',
+            ' | '.join('%.3f' % a for a in r['test_acc']), r['train_loss'][-1],
+            ' '.join('%.0f' % s for s in r['seconds'])))
+    lines.append('')
+    seeds = sorted({r['seed'] for r in rows}, key=lambda s: -1 if s is None else s)
+    for e, head in enumerate(heads):
+        accs = [r['test_acc'][e] for r in rows]
+        per_seed = []
+        if len(seeds) > 1:
+            for seed in seeds:
+                these = [r['test_acc'][e] for r in rows if r['seed'] == seed]
+                per_seed.append('seed %s: %.3f-%.3f (spread %.3f, %s)'
+                                % (seed, min(these), max(these), _spread(these),
+                                   _count(len(these), 'setting')))
+        lines.append('- %s: %s %.3f-%.3f (spread %.3f, mean %.3f)%s.'
+                     % (head, _count(len(accs), 'run'), min(accs), max(accs), _spread(accs),
+                        statistics.mean(accs), ''.join('; ' + p for p in per_seed)))
+    if not notebook:
+        rise = [r['test_acc'][-1] - r['test_acc'][0] for r in rows]
+        lines.append('- rise from epoch 1 to epoch %d: %+.3f to %+.3f.'
+                     % (epochs, min(rise), max(rise)))
+    lines.append('')
+    return lines
+
+
+def _settings_run(candidate, records):
+    """Which of ``SETTINGS`` ``records`` hold a run of ``candidate`` under, and which not, in
+    words: ``'under avx2-1t and avx2-2t only (not run: native-1t, native-2t)'``."""
+    run = [s for s in SETTINGS if any(r['candidate'] == candidate and r['setting'] == s
+                                      for r in records)]
+    missing = [s for s in SETTINGS if s not in run]
+    if not missing:
+        return 'under all four'
+    if not run:
+        return 'under none of them'
+    said = ', '.join(run[:-1]) + (' and ' if len(run) > 1 else '') + run[-1]
+    return 'under %s only (not run: %s)' % (said, ', '.join(missing))
+
+
+def report(path=RECORDS, out=REPORT):
+    records = read_records(path)
+    lines = ['# How `make demo` learns under different CPU kernels', '',
+             '<!-- Written by `benchmarks/demo_spread.py report` from docs/demo-spread.jsonl. -->',
+             '',
+             'Issue 46, item 4: the old demo printed 0.54 then 0.72 with oneDNN capped at AVX2 and '
+             '0.38 then 0.48 with AVX-512 kernels, same command and seed. In float32, a run '
+             'depends on the instructions oneDNN uses and on its thread count, so each candidate '
+             'setting below was trained under up to four kernel settings (oneDNN capped at AVX2 '
+             'or not capped, 1 or 2 OpenMP threads per simulated device), each run a '
+             'fresh `python -m gluon_mgpu.train` process (`benchmarks/demo_spread.py run`). '
+             'The seconds are only an indication: the machine was shared with other jobs, '
+             'at times 20 to 35 processes wanting its 2 cores.', '',
+             'Chosen: `%s` for `make demo` (the Makefile\'s `DEMO_ARGS`, with `--seed 0`) and '
+             '`%s` for the notebooks\' quick mode. A candidate was judged by how little its '
+             'test accuracy after each epoch moves across the kernel settings while clearly '
+             'rising; with the CPU budget at hand (a shared 2-core machine), only seed 0 was run '
+             'under all four settings, a second seed under some, and the chosen quick mode %s.'
+             % (CHOSEN, CHOSEN_QUICK, _settings_run(CHOSEN_QUICK, records)), '']
+    machines = sorted({(r['cpu_model'], tuple(r['cpu_flags'])) for r in records})
+    for model, flags in machines:
+        isas = sorted({(r['setting'], r['onednn_isa']) for r in records
+                       if r['cpu_model'] == model})
+        ident = sorted({r['cpu_id'] for r in records if r['cpu_model'] == model
+                        and r.get('cpu_id')})
+        if 'cpu family 25, model 17, stepping 1' in ident:
+            ident.append('AMD Zen 4')
+        lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
+            model, ', '.join(ident), ', '.join(flags),
+            '/'.join(sorted({str(r['threads']['cores']) for r in records
+                             if r['cpu_model'] == model})),
+            '; '.join('%s: %s' % (s, i) for s, i in isas)
+            + ' (oneDNN names its kernels after Intel\'s instruction sets, on AMD as well)'))
+        lines.append('')
+    versions = sorted({json.dumps(r['versions'], sort_keys=True) for r in records
+                       if r['versions']})
+    lines.append('Software: %s.' % '; '.join(
+        ', '.join('%s %s' % kv for kv in sorted(json.loads(v).items())) for v in versions))
+    lines.append('')
+    order = list(CANDIDATES) + list(NOTEBOOK_CANDIDATES)
+    for candidate in sorted({r['candidate'] for r in records}, key=order.index):
+        lines += candidate_section(candidate, [r for r in records if r['candidate'] == candidate])
+    with open(out, 'w') as f:
+        f.write('\n'.join(lines).rstrip('\n') + '\n')
+    print('wrote %s (%d runs)' % (os.path.relpath(out, ROOT), len(records)))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    r = sub.add_parser('run', help='train what is missing, then write the report')
+    r.add_argument('--candidate', nargs='+', choices=list(CANDIDATES) + list(NOTEBOOK_CANDIDATES),
+                   required=True)
+    r.add_argument('--seeds', nargs='+', type=int, default=[0])
+    r.add_argument('--settings', nargs='+', choices=list(SETTINGS), default=list(SETTINGS))
+    sub.add_parser('report', help='write docs/demo-spread.md from the records')
+    args = parser.parse_args(argv)
+    if args.command == 'run':
+        run(args.candidate, args.seeds, args.settings)
+    report()
+
+
+if __name__ == '__main__':
+    main()
