@@ -586,6 +586,16 @@ def _page_copies(tmp_path, monkeypatch):
     return page, notebooks
 
 
+def _refused(paths):
+    """The ``PageError`` text of ``book_table.write_page(tables_only=True)``, once it is checked
+    that none of ``paths`` changed."""
+    before = {p: open(p, 'rb').read() for p in map(str, paths)}
+    with pytest.raises(book_table.PageError) as e:
+        book_table.write_page([mx.cpu(0), mx.cpu(1)], tables_only=True)
+    assert {p: open(p, 'rb').read() for p in before} == before
+    return str(e.value)
+
+
 def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tmp_path,
                                                                                monkeypatch):
     page, notebooks = _page_copies(tmp_path, monkeypatch)
@@ -604,14 +614,10 @@ def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tm
     with open(notebooks['zh'], 'w') as f:
         json.dump(zh, f)
     page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
-    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
-    with pytest.raises(book_table.PageError) as e:
-        book_table.write_page(devices, tables_only=True)
-    assert str(e.value) == (
+    assert _refused([page] + list(notebooks.values())) == (
         'multiple-gpus-gluon.zh.ipynb: it holds 0 cells tagged book-table, not one; its tables '
         'are filled in place, so restore it (git checkout -- multiple-gpus-gluon.zh.ipynb) and '
         'run this again; no file was written')
-    assert {p: open(p, 'rb').read() for p in before} == before
 
 
 def test_46_a_record_of_one_machine_makes_tables_whose_values_all_name_it(tmp_path,
@@ -654,32 +660,23 @@ def test_46_a_record_of_one_machine_makes_tables_whose_values_all_name_it(tmp_pa
 
 def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):
     page, notebooks = _page_copies(tmp_path, monkeypatch)
-    devices = [mx.cpu(0), mx.cpu(1)]
     page.write_text(page.read_text().replace('| 1 device | 1 | 0.86 |', '| 1 device | 1 | 0.80 |'))
     real = str(tmp_path / 'elsewhere.ipynb')
     os.rename(notebooks['zh'], real)
     os.symlink(real, notebooks['zh'])
-    before = {p: open(p, 'rb').read() for p in [str(page), notebooks['en'], real]}
-    with pytest.raises(book_table.PageError) as e:
-        book_table.write_page(devices, tables_only=True)
-    assert str(e.value) == (
+    assert _refused([page, notebooks['en'], real]) == (
         'multiple-gpus-gluon.zh.ipynb: it is a symbolic link (to %s), which would be replaced; '
         'name the file it points to, or a new path; its tables are filled in place, so restore it '
         '(git checkout -- multiple-gpus-gluon.zh.ipynb) and run this again; no file was written'
-        % real)
-    assert {p: open(p, 'rb').read() for p in before} == before  # the page was written first
+        % real)  # and the page, which is written first, is as it was
     os.remove(notebooks['zh'])
     os.rename(real, notebooks['zh'])
     page.write_text(page.read_text().replace('begin compare: accuracy', 'begin compare: acc'))
-    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
-    with pytest.raises(book_table.PageError) as e:
-        book_table.write_page(devices, tables_only=True)
-    assert str(e.value) == (
+    assert _refused([page] + list(notebooks.values())) == (
         'book-comparison.md: it holds no block "<!-- begin compare: accuracy -->" ... "<!-- end '
         'compare: accuracy -->", so that table would not be updated; its tables are filled in '
         'place, so restore it (git checkout -- book-comparison.md) and run this again; no file '
         'was written')
-    assert {p: open(p, 'rb').read() for p in before} == before
 
 
 def test_input_the_train_command_refuses_is_its_line_and_exit_2(tmp_path, capsys, data_dir):

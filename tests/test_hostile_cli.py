@@ -897,14 +897,20 @@ def _address_limit(limit):
     return set_limit
 
 
+def _train_under_ulimit_v(kbytes, data_dir, *flags):
+    """One quiet epoch of the train command on CPU devices with ``flags``, its address space
+    limited to ``kbytes`` KiB (as ``ulimit -v kbytes``)."""
+    return subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--device', 'cpu',
+                           '--epochs', '1', '--quiet', '--data-dir', data_dir] + list(flags),
+                          capture_output=True, text=True, timeout=300,
+                          preexec_fn=_address_limit(kbytes * 1024))
+
+
 def test_45_4_devices_beyond_the_processs_memory_limit_are_refused_before_training(data_dir):
     # 16 replicas of ResNet-18 fit this machine's memory but not 4 GB of address space: the
     # run crashed in MXNet's exit handlers (134) after the out-of-memory line.
-    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '16',
-                          '--batch-size', '16', '--device', 'cpu', '--epochs', '1',
-                          '--train-limit', '256', '--test-limit', '128', '--quiet',
-                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
-                         preexec_fn=_address_limit(4000000 * 1024))
+    run = _train_under_ulimit_v(4000000, data_dir, '--num-gpus', '16', '--batch-size', '16',
+                                '--train-limit', '256', '--test-limit', '128')
     assert (run.returncode, run.stdout) == (2, ''), run.stderr
     line = run.stderr.splitlines()[-1]
     assert re.fullmatch(
@@ -916,11 +922,8 @@ def test_45_4_devices_beyond_the_processs_memory_limit_are_refused_before_traini
 
 
 def test_45_4_memory_running_out_over_simulated_devices_advises_fewer_and_exits_1(data_dir):
-    run = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train', '--num-gpus', '2',
-                          '--batch-size', '1000', '--device', 'cpu', '--epochs', '1',
-                          '--train-limit', '1000', '--test-limit', '32', '--quiet',
-                          '--data-dir', data_dir], capture_output=True, text=True, timeout=300,
-                         preexec_fn=_address_limit(2500000 * 1024))
+    run = _train_under_ulimit_v(2500000, data_dir, '--num-gpus', '2', '--batch-size', '1000',
+                                '--train-limit', '1000', '--test-limit', '32')
     assert (run.returncode, run.stdout) == (1, ''), run.stderr
     assert _one_line(run.stderr.split('\n', 1)[1] if run.stderr.startswith('warning') else
                      run.stderr) == (
