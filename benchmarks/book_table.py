@@ -52,6 +52,7 @@ from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
                                       output_problem)
+import book_dips  # noqa: E402
 import book_records  # noqa: E402
 from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
                           table_records)
@@ -753,14 +754,17 @@ def _markdown_table(lines):
     return [row(lines[0]), '|' + '---|' * len(lines[0])] + [row(line) for line in lines[1:]]
 
 
-def record_report(records, old_records, bf16_records, devices):
+def record_report(records, old_records, bf16_records, devices, other_runs=()):
     """The parts of a report that come from the records alone: ``seconds`` (rows of seconds
     per epoch and the speed-up in ``compare``'s table, for ``devices``), ``accuracy``,
-    ``machines`` (the legend of the machines its values name), ``old_step``, ``diagnosis`` and
-    ``dtypes`` (see ``page_blocks``)."""
+    ``machines`` (the legend of the machines its values name), ``old_step``, ``diagnosis``,
+    ``dtypes`` (see ``page_blocks``) and ``dips`` (``book_dips.dip_cells`` of the records and
+    ``other_runs``, ``book_dips.read_other_runs``)."""
     warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
+    gpu_runs = book_records.read_gpu_runs()
     return {'seconds': book_records.training_rows(devices, records),
-            'accuracy': book_records.accuracy_cells(records, book_records.read_gpu_runs()),
+            'accuracy': book_records.accuracy_cells(records, gpu_runs),
+            'dips': book_dips.dip_cells(records, other_runs, gpu_runs),
             'machines': book_records.machine_legend(records),
             'old_step': old_step_cells(records, old_records),
             'diagnosis': diagnosis_rows(records, warmups),
@@ -774,7 +778,9 @@ def record_blocks(report):
               'machines': book_records.format_machine_legend(report['machines']),
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
-    return {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
+    blocks = {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
+    blocks['dips'] = '\n'.join(book_dips.format_dips(report['dips']))
+    return blocks
 
 
 def page_blocks(report):
@@ -853,25 +859,33 @@ def fill_notebook_table(source, cells):
     return '\n'.join(lines)
 
 
-_LEGEND = re.compile(r'(<!-- begin machines -->\n)(.*?)(<!-- end machines -->)', re.S)
-
-
-def fill_notebook_legend(source, lines):
+def _fill_marked(source, name, lines, what):
     """``source`` (the Markdown cell of the table) with the lines between its ``<!-- begin
-    machines -->`` and ``<!-- end machines -->`` markers replaced by ``lines``
-    (``book_records.notebook_legend``).
+    NAME -->`` and ``<!-- end NAME -->`` markers replaced by ``lines``.
 
     Raises
     ------
     ValueError
-        When the cell holds no such markers.
+        When the cell holds no such markers (naming ``what`` would not be written).
     """
-    if len(_LEGEND.findall(source)) != 1:
-        raise ValueError('its book-table cell holds no "<!-- begin machines -->" ... "<!-- end '
-                         'machines -->" lines, so the legend of the machines would not be '
-                         'written')
-    return _LEGEND.sub(lambda m: m.group(1) + ''.join(line + '\n' for line in lines) +
-                       m.group(3), source)
+    marked = re.compile(r'(<!-- begin %s -->\n)(.*?)(<!-- end %s -->)' % (name, name), re.S)
+    if len(marked.findall(source)) != 1:
+        raise ValueError('its book-table cell holds no "<!-- begin %s -->" ... "<!-- end %s -->" '
+                         'lines, so %s would not be written' % (name, name, what))
+    return marked.sub(lambda m: m.group(1) + ''.join(line + '\n' for line in lines) +
+                      m.group(3), source)
+
+
+def fill_notebook_legend(source, lines):
+    """``source`` with the legend of the machines (``book_records.notebook_legend``) between
+    its ``machines`` markers (``_fill_marked``)."""
+    return _fill_marked(source, 'machines', lines, 'the legend of the machines')
+
+
+def fill_notebook_dips(source, lines):
+    """``source`` with the answer to the dip question (``book_dips.format_dips``) between its
+    ``dips`` markers (``_fill_marked``)."""
+    return _fill_marked(source, 'dips', lines, 'the answer to the dip question')
 
 
 def write_page(devices, data_dir=None, tables_only=False, record=None):
@@ -882,9 +896,11 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     import nbformat
     record = record or DEFAULT_RECORD
     records = book_records.read_records(record)
+    # The other runs' machines are the default record's: a record of one's own stands alone.
+    other = book_dips.read_other_runs() if os.path.abspath(record) == DEFAULT_RECORD else []
     report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,
                                                               step=training.OLD_STEP),
-                           book_records.read_records(DEFAULT_BF16_RECORD), devices)
+                           book_records.read_records(DEFAULT_BF16_RECORD), devices, other)
     if tables_only:
         blocks = record_blocks(report)
     else:
@@ -904,9 +920,10 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
             cells = [c for c in nb.cells if 'book-table' in c.metadata.get('tags', [])]
             if len(cells) != 1:
                 raise ValueError('it holds %d cells tagged book-table, not one' % len(cells))
-            cells[0].source = fill_notebook_legend(fill_notebook_table(
+            cells[0].source = fill_notebook_dips(fill_notebook_legend(fill_notebook_table(
                 cells[0].source, book_records.notebook_table(report['accuracy'], lang)),
-                book_records.notebook_legend(report['machines'], lang))
+                book_records.notebook_legend(report['machines'], lang)),
+                book_dips.format_dips(report['dips'], lang))
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
     for path in new:  # a link or a folder found now, not after the page is written
         with _page_file(path):

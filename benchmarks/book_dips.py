@@ -1,0 +1,263 @@
+"""Do our 2-device runs dip more often than the GPU runs? Each 2-device cell of the book's table
+(epochs 1-4) holds every run of ours that reached it, measured as the later MXNet editions
+measure on 2 GPUs (the test set split over both devices, each with its own running statistics:
+the record's ``test_acc``), beside those editions' GPU runs (``book_records.read_gpu_runs``).
+Per cell two exact odds (``gpu_run_odds``, every draw with replacement counted):
+
+- how often as many GPU runs average as low as ours;
+- how often as many GPU runs hold as many values below the GPU runs' own 10th percentile.
+
+The runs are the record's (docs/book-table.jsonl, one per seed and epoch) and the other runs of
+the same code whose epochs are not in it (docs/book-table-other-runs.jsonl: runs of a seed the
+record holds from another machine at those epochs). The question is answered once every cell
+holds ``MIN_DIP_SEEDS`` seeds of the record: our runs dip more often than the GPU runs when one
+of the eight odds is below ``FAMILY_ODDS`` shared over the eight (Bonferroni), as the GPU runs
+do otherwise. ``book_table.py --tables`` writes the answer into docs/book-comparison.md and
+both notebooks; functions here return data and text.
+"""
+import json
+import os
+from fractions import Fraction
+
+import book_records
+from book_records import RecordError, machine_keys, machine_of, table_records
+from gpu_run_odds import at_least_below, mean_at_most
+
+OTHER_RUNS = os.path.join(book_records.ROOT, 'docs', 'book-table-other-runs.jsonl')
+DEVICES = 2
+MIN_DIP_SEEDS = 6
+FAMILY_ODDS = Fraction(5, 100)  # shared by the cells' odds: 2 per epoch
+OTHER_LIMIT = 1 << 20  # bytes
+_MACHINE = ('cpu', 'cpu_flags', 'dnnl_max_cpu_isa', 'threads')
+_OTHER_FIELDS = ('devices', 'seed', 'epoch', 'test_acc', 'note') + _MACHINE
+
+
+def read_other_runs(path=None):
+    """The other runs' epochs: one dict per JSON line with ``devices``, ``seed``, ``epoch``,
+    ``test_acc`` (the split measure), ``note`` (where the value comes from) and the machine's
+    fields of a record line (``cpu``; ``cpu_flags``, ``dnnl_max_cpu_isa``, ``threads`` where
+    known). A missing file is no runs. ``path`` defaults to ``OTHER_RUNS``.
+
+    Raises
+    ------
+    RecordError
+        Naming the file, the line and what is wrong.
+    """
+    path = path or OTHER_RUNS
+
+    def refuse(number, what):
+        raise RecordError('%s, line %d: %s; fix the line or restore the file: git checkout %s'
+                          % (path, number, what, os.path.relpath(path, book_records.ROOT)))
+    try:
+        with book_records.open_input(path) as f:
+            data = f.read(OTHER_LIMIT + 1)
+    except book_records.InputError as e:
+        if e.reason == 'does not exist':
+            return []
+        raise RecordError('%s %s; restore it: git checkout %s' % (
+            path, e.reason, os.path.relpath(path, book_records.ROOT))) from None
+    if len(data) > OTHER_LIMIT:
+        raise RecordError('%s holds more than %d MB; restore it: git checkout %s' % (
+            path, OTHER_LIMIT >> 20, os.path.relpath(path, book_records.ROOT)))
+    runs = []
+    for number, line in enumerate(data.decode('utf-8', 'replace').split('\n'), 1):
+        if not line.strip():
+            continue
+        try:
+            run = json.loads(line, parse_constant=lambda c: float('nan'))
+        except (ValueError, RecursionError):
+            refuse(number, 'not JSON')
+        if not isinstance(run, dict):
+            refuse(number, 'not a JSON object')
+        unknown = sorted(set(run) - set(_OTHER_FIELDS))
+        if unknown:
+            refuse(number, 'unknown field %s' % book_records._shown(unknown[0]))
+        for name, (test, kind) in (('devices', book_records._whole(1, 1024)),
+                                   ('seed', book_records._whole(0, 2 ** 31 - 1)),
+                                   ('epoch', book_records._whole(1, book_records.RUN_EPOCHS)),
+                                   ('test_acc', book_records._ACCURACY)):
+            if not test(run.get(name)):
+                refuse(number, '%s is %s, not %s' % (name, book_records._shown(run.get(name)),
+                                                     kind))
+        for name in ('cpu', 'note'):
+            if not (isinstance(run.get(name), str) and 0 < len(run[name]) <= 200):
+                refuse(number, '%s is %s, not a text' % (name, book_records._shown(
+                    run.get(name))))
+        flags = run.get('cpu_flags', [])
+        if not (isinstance(flags, list) and all(isinstance(f, str) and 0 < len(f) <= 40
+                                                for f in flags)):
+            refuse(number, 'cpu_flags is %s, not a list of CPU flags'
+                   % book_records._shown(flags))
+        cap, threads = run.get('dnnl_max_cpu_isa'), run.get('threads')
+        if not (cap is None or isinstance(cap, str) and 0 < len(cap) <= 100):
+            refuse(number, 'dnnl_max_cpu_isa is %s, not a name' % book_records._shown(cap))
+        if not (threads is None or book_records._whole(1, 10 ** 6)[0](threads)):
+            refuse(number, 'threads is %s, not a whole number from 1 to 1000000'
+                   % book_records._shown(threads))
+        runs.append(run)
+    return runs
+
+
+def cell_runs(records, other_runs, devices=DEVICES, path=None):
+    """Every run of ours per epoch, ``{epoch: [{'seed', 'acc', 'machine', 'recorded'}]}``
+    (``acc`` the split measure, ``machine`` the legend's key, ``recorded`` False for an other
+    run), the record's first, each ordered by seed.
+
+    Raises
+    ------
+    RecordError
+        When an other run's machine is none of the table's (it would have no line in the
+        legend) or the record holds the same seed and epoch from the same machine.
+    """
+    keys = machine_keys(book_records.book_cell_records(records))
+    cells = {}
+    for e, rs in table_records(records, devices).items():
+        cells[e] = [{'seed': r['seed'], 'acc': r['test_acc'], 'machine': keys[machine_of(r)],
+                     'recorded': True} for r in sorted(rs, key=lambda r: r['seed'])]
+    for run in other_runs:
+        if run['devices'] != devices:
+            continue
+        key = keys.get(machine_of(run))
+        if key is None:
+            raise RecordError('%s: the run of seed %d, epoch %d names a machine (%s) that no '
+                              'line of the record names, so the legend would not say what it '
+                              'is; record one of its epochs or delete the line'
+                              % (path or OTHER_RUNS, run['seed'], run['epoch'], run['cpu']))
+        mine = cells.setdefault(run['epoch'], [])
+        if any(r['recorded'] and (r['seed'], r['machine']) == (run['seed'], key) for r in mine):
+            raise RecordError('%s: seed %d, epoch %d on machine %s is in the record already; '
+                              'delete the line (a run counts once)' % (path or OTHER_RUNS,
+                                                                      run['seed'],
+                                                                      run['epoch'], key))
+        mine.append({'seed': run['seed'], 'acc': run['test_acc'], 'machine': key,
+                     'recorded': False})
+    return {e: sorted(rs, key=lambda r: (not r['recorded'], r['seed'])) for e, rs in
+            sorted(cells.items())}
+
+
+def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
+    """One dict per epoch 1-4: ``epoch``, ``runs`` (``cell_runs``), ``seeds`` (the record's),
+    ``mean``, ``gpu`` (the later editions' ``gpu_summary``), ``p_mean`` (the odds that as many
+    GPU runs average at most our mean), ``below`` (ours below the GPU runs' 10th percentile),
+    ``p_below`` (the odds that as many GPU runs hold as many or more below it), ``expected``
+    (how many of ours would, at the GPU runs' rate); the odds are Fractions, None without runs.
+    """
+    by_epoch = cell_runs(records, other_runs, devices, path)
+    cells = []
+    for e in range(1, book_records.RUN_EPOCHS + 1):
+        runs = by_epoch.get(e, [])
+        gpu = gpu_runs['later', devices, e]
+        summary = book_records.gpu_summary(gpu)
+        values = [r['acc'] for r in runs]
+        cell = {'epoch': e, 'runs': runs, 'seeds': len({r['seed'] for r in runs
+                                                        if r['recorded']}),
+                'gpu': summary, 'mean': None, 'p_mean': None, 'below': None, 'p_below': None,
+                'expected': None}
+        if values:
+            p10 = summary['p10']
+            cell.update(mean=sum(values) / len(values),
+                        below=sum(v < p10 for v in values),
+                        expected=len(values) * sum(v < p10 for v in gpu) / len(gpu))
+            cell.update(p_mean=mean_at_most(gpu, len(values), cell['mean']),
+                        p_below=at_least_below(gpu, len(values), cell['below'], p10))
+        cells.append(cell)
+    return cells
+
+
+def threshold(cells):
+    """The odds below which one cell's count says our runs dip more: ``FAMILY_ODDS`` shared
+    over every odds of ``cells`` (two per cell)."""
+    return FAMILY_ODDS / (2 * len(cells))
+
+
+def answer(cells):
+    """``(status, lowest)``: status 'open' (a cell holds fewer than ``MIN_DIP_SEEDS`` seeds of
+    the record), 'more' (an odds is below ``threshold``) or 'as often'; ``lowest`` the lowest
+    odds as ``(odds, epoch, 'mean' or 'below')``, None without runs."""
+    odds = [(c[k], c['epoch'], k[2:]) for c in cells for k in ('p_mean', 'p_below')
+            if c[k] is not None]
+    lowest = min(odds) if odds else None
+    if any(c['seeds'] < MIN_DIP_SEEDS for c in cells):
+        return 'open', lowest
+    return ('more' if lowest[0] < threshold(cells) else 'as often'), lowest
+
+
+WORDS = {
+    'en': {
+        'row': '- epoch %(epoch)d, %(n)s (%(seeds)d seeds of the record): %(runs)s; mean '
+               '%(mean).3f, GPU runs %(gpu_median).3f (10th percentile %(p10).3f): %(p_mean)s '
+               'of %(n_draws)s draws average as low; below %(p10).3f %(below)d of ours '
+               '(%(expected).1f expected), %(p_below)s of draws hold as many',
+        'empty': '- epoch %(epoch)d: no run yet',
+        'runs': ('run', 'runs'),
+        'open': 'Not answered yet: %s of the record, %d needed in each. So far the lowest of '
+                'the odds is %s (epoch %d, %s).',
+        'more': 'Our 2-device runs dip **more often** than the GPU runs: at epoch %d the odds '
+                '%s (%s) are below %s, the 5%% shared over the %d odds.',
+        'as often': 'Our 2-device runs dip **as the GPU runs do**: the lowest of the %d odds '
+                    'is %s (epoch %d, %s), above %s, the 5%% shared over them; in all %d of '
+                    'our %d values read below the GPU runs\' 10th percentile, where %.1f would '
+                    'at their rate.',
+        'mean': 'the mean', 'below': 'the count below the 10th percentile',
+        'few': 'epoch %d holds %s', 'seed': ('seed', 'seeds'), 'join': ', ',
+    },
+    'zh': {
+        'row': '- 第 %(epoch)d 个迭代周期，%(n)s（记录中 %(seeds)d 个随机种子）：%(runs)s；均值 '
+               '%(mean).3f，GPU 运行 %(gpu_median).3f（第 10 百分位 %(p10).3f）：%(n_draws)s '
+               '次抽取的均值这么低的概率为 %(p_mean)s；低于 %(p10).3f 的，我们有 %(below)d 次'
+               '（按 GPU 的比例应有 %(expected).1f 次），抽取中同样多或更多的概率为 %(p_below)s',
+        'empty': '- 第 %(epoch)d 个迭代周期：尚无运行',
+        'runs': ('次运行', '次运行'),
+        'open': '尚未回答：%s，每格需要 %d 个。目前各概率中最低的是 %s（第 %d 个迭代周期，%s）。',
+        'more': '我们的 2 设备运行比 GPU 运行**更常下探**：第 %d 个迭代周期的概率 %s（%s）低于 %s，'
+                '即 5%% 由 %d 个概率分担后的份额。',
+        'as often': '我们的 2 设备运行**与 GPU 运行一样**偶尔下探：%d 个概率中最低的是 %s（第 %d '
+                    '个迭代周期，%s），高于 %s，即 5%% 由它们分担后的份额；总计我们 %d 个数值中'
+                    '有 %d 个低于 GPU 运行的第 10 百分位，按 GPU 的比例应有 %.1f 个。',
+        'mean': '均值', 'below': '低于第 10 百分位的个数',
+        'few': '第 %d 个迭代周期记录了 %s', 'seed': ('个随机种子', '个随机种子'), 'join': '，',
+    },
+}
+
+
+def percent(odds):
+    """Odds as a percentage with one decimal, or two below 1%."""
+    value = 100 * float(odds)
+    return '%.*f%%' % (2 if value < 1 else 1, value)
+
+
+def format_dips(cells, lang='en'):
+    """The answer in ``lang`` ('en' or 'zh'): one Markdown list line per epoch, then the
+    verdict's paragraph."""
+    words = WORDS[lang]
+    lines = []
+    for c in cells:
+        if not c['runs']:
+            lines.append(words['empty'] % c)
+            continue
+        n = len(c['runs'])
+        lines.append(words['row'] % dict(
+            c, n='%d %s' % (n, words['runs'][n > 1]) if lang == 'en' else '%d %s' % (
+                n, words['runs'][0]),
+            runs=', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine'])
+                           for r in c['runs']),
+            gpu_median=c['gpu']['median'], p10=c['gpu']['p10'], n_draws='%d^%d' % (
+                c['gpu']['n'], n), p_mean=percent(c['p_mean']), p_below=percent(c['p_below'])))
+    status, lowest = answer(cells)
+    if lowest is None:
+        return lines
+    said = (percent(lowest[0]), lowest[1], words[lowest[2]])
+    if status == 'open':
+        few = words['join'].join(
+            words['few'] % (c['epoch'], '%d %s' % (c['seeds'], words['seed'][c['seeds'] != 1]))
+            for c in cells if c['seeds'] < MIN_DIP_SEEDS)
+        text = words['open'] % ((few, MIN_DIP_SEEDS) + said)
+    elif status == 'more':
+        text = words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]],
+                                percent(threshold(cells)), 2 * len(cells))
+    else:
+        ran = [c for c in cells if c['runs']]
+        text = words['as often'] % ((2 * len(cells),) + said + (
+            percent(threshold(cells)), sum(c['below'] for c in ran),
+            sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
+    return lines + ['', text]
