@@ -184,14 +184,13 @@ def answer(cells):
 
 WORDS = {
     'en': {
-        'row': '- epoch %(epoch)d, %(n)s (%(seeds)d seeds of the record): %(runs)s; mean '
+        'row': '- epoch %(epoch)d, %(n)d runs (%(seeds)d seeds of the record): %(runs)s; mean '
                '%(mean).3f, GPU runs %(gpu_median).3f (10th percentile %(p10).3f): %(p_mean)s '
                'of %(n_draws)s draws average as low; below %(p10).3f %(below)d of ours '
                '(%(expected).1f expected), %(p_below)s of draws hold as many',
         'empty': '- epoch %(epoch)d: no run yet',
-        'runs': ('run', 'runs'),
-        'open': 'Not answered yet: %s of the record, %d needed in each. So far the lowest of '
-                'the odds is %s (epoch %d, %s).',
+        'open': 'Not answered yet: the record holds %s seeds at epochs 1-%d, %d needed at '
+                'each. So far the lowest of the odds is %s (epoch %d, %s).',
         'more': 'Our 2-device runs dip **more often** than the GPU runs: at epoch %d the odds '
                 '%s (%s) are below %s, the 5%% shared over the %d odds.',
         'as often': 'Our 2-device runs dip **as the GPU runs do**: the lowest of the %d odds '
@@ -199,23 +198,23 @@ WORDS = {
                     'our %d values read below the GPU runs\' 10th percentile, where %.1f would '
                     'at their rate.',
         'mean': 'the mean', 'below': 'the count below the 10th percentile',
-        'few': 'epoch %d holds %s', 'seed': ('seed', 'seeds'), 'join': ', ',
+        'counts': lambda counts: ', '.join(counts[:-1]) + ' and ' + counts[-1],
     },
     'zh': {
-        'row': '- 第 %(epoch)d 个迭代周期，%(n)s（记录中 %(seeds)d 个随机种子）：%(runs)s；均值 '
+        'row': '- 第 %(epoch)d 个迭代周期，%(n)d 次运行（记录中 %(seeds)d 个随机种子）：%(runs)s；均值 '
                '%(mean).3f，GPU 运行 %(gpu_median).3f（第 10 百分位 %(p10).3f）：%(n_draws)s '
                '次抽取的均值这么低的概率为 %(p_mean)s；低于 %(p10).3f 的，我们有 %(below)d 次'
                '（按 GPU 的比例应有 %(expected).1f 次），抽取中同样多或更多的概率为 %(p_below)s',
         'empty': '- 第 %(epoch)d 个迭代周期：尚无运行',
-        'runs': ('次运行', '次运行'),
-        'open': '尚未回答：%s，每格需要 %d 个。目前各概率中最低的是 %s（第 %d 个迭代周期，%s）。',
+        'open': '尚未回答：记录中各格的随机种子数为 %s（第 1-%d 个迭代周期），每格需要 %d 个。目前各'
+                '概率中最低的是 %s（第 %d 个迭代周期，%s）。',
         'more': '我们的 2 设备运行比 GPU 运行**更常下探**：第 %d 个迭代周期的概率 %s（%s）低于 %s，'
                 '即 5%% 由 %d 个概率分担后的份额。',
         'as often': '我们的 2 设备运行**与 GPU 运行一样**偶尔下探：%d 个概率中最低的是 %s（第 %d '
                     '个迭代周期，%s），高于 %s，即 5%% 由它们分担后的份额；总计我们 %d 个数值中'
                     '有 %d 个低于 GPU 运行的第 10 百分位，按 GPU 的比例应有 %.1f 个。',
         'mean': '均值', 'below': '低于第 10 百分位的个数',
-        'few': '第 %d 个迭代周期记录了 %s', 'seed': ('个随机种子', '个随机种子'), 'join': '，',
+        'counts': lambda counts: '、'.join(counts),
     },
 }
 
@@ -226,38 +225,62 @@ def percent(odds):
     return '%.*f%%' % (2 if value < 1 else 1, value)
 
 
-def format_dips(cells, lang='en'):
-    """The answer in ``lang`` ('en' or 'zh'): one Markdown list line per epoch, then the
-    verdict's paragraph."""
-    words = WORDS[lang]
-    lines = []
+def _runs(cell):
+    return ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine']) for r in cell['runs'])
+
+
+DIP_TITLES = ['epoch', 'our runs: seed, accuracy split over both devices, machine',
+              'runs (seeds of the record)', 'our mean',
+              'later editions on 2 GPUs: runs, median (10th pct.)',
+              'odds: as many GPU runs average as low', 'ours below their 10th pct. (expected)',
+              'odds: as many GPU runs hold as many below']
+
+
+def dip_rows(cells):
+    """The page's table of ``dip_cells``: lists of cell texts, headed by ``DIP_TITLES``."""
+    rows = [DIP_TITLES]
     for c in cells:
         if not c['runs']:
-            lines.append(words['empty'] % c)
+            rows.append([str(c['epoch']), '-', '0 (0)'] + ['-'] * 5)
             continue
-        n = len(c['runs'])
-        lines.append(words['row'] % dict(
-            c, n='%d %s' % (n, words['runs'][n > 1]) if lang == 'en' else '%d %s' % (
-                n, words['runs'][0]),
-            runs=', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine'])
-                           for r in c['runs']),
-            gpu_median=c['gpu']['median'], p10=c['gpu']['p10'], n_draws='%d^%d' % (
-                c['gpu']['n'], n), p_mean=percent(c['p_mean']), p_below=percent(c['p_below'])))
+        g = c['gpu']
+        rows.append([str(c['epoch']), _runs(c), '%d (%d)' % (len(c['runs']), c['seeds']),
+                     '%.3f' % c['mean'], '%d, %.3f (%.3f)' % (g['n'], g['median'], g['p10']),
+                     percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
+                     percent(c['p_below'])])
+    return rows
+
+
+def dip_list(cells, lang='en'):
+    """The notebooks' lines of ``dip_cells`` in ``lang`` ('en' or 'zh'): one Markdown list
+    line per epoch."""
+    words = WORDS[lang]
+    return [words['row'] % dict(
+        c, n=len(c['runs']), runs=_runs(c), gpu_median=c['gpu']['median'], p10=c['gpu']['p10'],
+        n_draws='%d^%d' % (c['gpu']['n'], len(c['runs'])), p_mean=percent(c['p_mean']),
+        p_below=percent(c['p_below'])) if c['runs'] else words['empty'] % c for c in cells]
+
+
+def dip_answer(cells, lang='en'):
+    """The answer's paragraph in ``lang`` (``answer``); None without runs."""
+    words = WORDS[lang]
     status, lowest = answer(cells)
     if lowest is None:
-        return lines
+        return None
     said = (percent(lowest[0]), lowest[1], words[lowest[2]])
     if status == 'open':
-        few = words['join'].join(
-            words['few'] % (c['epoch'], '%d %s' % (c['seeds'], words['seed'][c['seeds'] != 1]))
-            for c in cells if c['seeds'] < MIN_DIP_SEEDS)
-        text = words['open'] % ((few, MIN_DIP_SEEDS) + said)
-    elif status == 'more':
-        text = words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]],
-                                percent(threshold(cells)), 2 * len(cells))
-    else:
-        ran = [c for c in cells if c['runs']]
-        text = words['as often'] % ((2 * len(cells),) + said + (
-            percent(threshold(cells)), sum(c['below'] for c in ran),
-            sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
-    return lines + ['', text]
+        counts = words['counts']([str(c['seeds']) for c in cells])
+        return words['open'] % ((counts, len(cells), MIN_DIP_SEEDS) + said)
+    if status == 'more':
+        return words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]],
+                                '%g%%' % (100 * float(threshold(cells))), 2 * len(cells))
+    ran = [c for c in cells if c['runs']]
+    return words['as often'] % ((2 * len(cells),) + said + (
+        '%g%%' % (100 * float(threshold(cells))), sum(c['below'] for c in ran),
+        sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
+
+
+def format_dips(cells, lang='en'):
+    """The notebooks' answer in ``lang``: ``dip_list``'s lines, then ``dip_answer``."""
+    text = dip_answer(cells, lang)
+    return dip_list(cells, lang) + ([] if text is None else ['', text])

@@ -779,7 +779,9 @@ def record_blocks(report):
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
     blocks = {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
-    blocks['dips'] = '\n'.join(book_dips.format_dips(report['dips']))
+    answer = book_dips.dip_answer(report['dips'])
+    blocks['dips'] = '\n'.join(_markdown_table(book_dips.dip_rows(report['dips'])) + (
+        [] if answer is None else ['', answer]))
     return blocks
 
 

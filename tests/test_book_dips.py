@@ -107,6 +107,22 @@ def test_the_text_says_each_run_the_odds_and_the_answer():
     zh = book_dips.format_dips(cells, 'zh')
     assert zh[0].startswith('- 第 1 个迭代周期，%d 次运行' % len(first['runs']))
     assert len(zh) == len(lines)
+    # Not answered: the seeds of the record per epoch, in both languages.
+    few = [dict(c, seeds=s) for c, s in zip(cells, (6, 6, 5, 4))]
+    assert book_dips.dip_answer(few).startswith(
+        'Not answered yet: the record holds 6, 6, 5 and 4 seeds at epochs 1-4, 6 needed at each.')
+    assert book_dips.dip_answer(few, 'zh').startswith(
+        '尚未回答：记录中各格的随机种子数为 6、6、5、4（第 1-4 个迭代周期），每格需要 6 个。')
+    # Answered: as often, or more often, with the lowest odds.
+    seen = [dict(c, seeds=6) for c in cells]
+    status, lowest = book_dips.answer(seen)
+    assert book_dips.dip_answer(seen).startswith(
+        'Our 2-device runs dip **as the GPU runs do**: the lowest of the 8 odds is %s (epoch %d'
+        % (book_dips.percent(lowest[0]), lowest[1])) if status == 'as often' else status
+    seen[1] = dict(seen[1], p_mean=Fraction(1, 1000))
+    assert book_dips.dip_answer(seen) == (
+        'Our 2-device runs dip **more often** than the GPU runs: at epoch 2 the odds 0.10% (the '
+        'mean) are below 0.625%, the 5% shared over the 8 odds.')
 
 
 @pytest.mark.parametrize('line, message', [
@@ -159,16 +175,32 @@ def test_a_tampered_other_runs_file_is_one_line_and_exit_2_and_writes_nothing(
                                      'rb').read()
 
 
-@pytest.mark.parametrize('lang', sorted(book_table.NOTEBOOKS))
-def test_the_page_and_both_notebooks_give_the_answer_of_the_records(lang):
+def test_the_page_gives_each_cell_and_the_answer_of_the_records():
     cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS)
     with open(book_table.PAGE, encoding='utf-8') as f:
-        assert book_table.read_blocks(f.read())['dips'] == '\n'.join(book_dips.format_dips(cells))
+        block = book_table.read_blocks(f.read())['dips'].split('\n')
+    assert block[0] == '| %s |' % ' | '.join(book_dips.DIP_TITLES)
+    rows = [line.strip('|').split(' | ') for line in block[2:6]]
+    assert [[c.strip() for c in row] for row in rows] == [
+        [str(c['epoch']), ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine'])
+                                    for r in c['runs']),
+         '%d (%d)' % (len(c['runs']), c['seeds']), '%.3f' % c['mean'],
+         '%d, %.3f (%.3f)' % (len(GPU_RUNS['later', 2, c['epoch']]), c['gpu']['median'],
+                              c['gpu']['p10']),
+         book_dips.percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
+         book_dips.percent(c['p_below'])] for c in cells]
+    assert block[6:] == ['', book_dips.dip_answer(cells)]
+
+
+@pytest.mark.parametrize('lang', sorted(book_table.NOTEBOOKS))
+def test_both_notebooks_give_the_answer_of_the_records(lang):
+    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS)
     nb = json.load(open(book_table.NOTEBOOKS[lang], encoding='utf-8'))
     [cell] = [c for c in nb['cells'] if 'book-table' in c['metadata'].get('tags', [])]
     text = ''.join(cell['source'])
     assert text.split('<!-- begin dips -->\n')[1].split('<!-- end dips -->')[0] == ''.join(
-        line + '\n' for line in book_dips.format_dips(cells, lang))
+        line + '\n' for line in book_dips.dip_list(cells, lang) + [
+            '', book_dips.dip_answer(cells, lang)])
 
 
 def test_fill_notebook_dips_needs_its_markers():
