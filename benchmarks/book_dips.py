@@ -170,6 +170,14 @@ def threshold(cells):
     return FAMILY_ODDS / (2 * len(cells))
 
 
+def cell_answer(cell, cells):
+    """One cell's part of ``answer``: 'open' (fewer than ``MIN_DIP_SEEDS`` seeds of the
+    record), 'more' (one of its odds below ``threshold(cells)``) or 'as often'."""
+    if cell['seeds'] < MIN_DIP_SEEDS:
+        return 'open'
+    return 'more' if min(cell['p_mean'], cell['p_below']) < threshold(cells) else 'as often'
+
+
 def answer(cells):
     """``(status, lowest)``: status 'open' (a cell holds fewer than ``MIN_DIP_SEEDS`` seeds of
     the record), 'more' (an odds is below ``threshold``) or 'as often'; ``lowest`` the lowest
@@ -187,8 +195,10 @@ WORDS = {
         'row': '- epoch %(epoch)d, %(n)d runs (%(seeds)d seeds of the record): %(runs)s; mean '
                '%(mean).3f, GPU runs %(gpu_median).3f (10th percentile %(p10).3f): %(p_mean)s '
                'of %(n_draws)s draws average as low; below %(p10).3f %(below)d of ours '
-               '(%(expected).1f expected), %(p_below)s of draws hold as many',
+               '(%(expected).1f expected), %(p_below)s of draws hold as many: %(verdict)s',
         'empty': '- epoch %(epoch)d: no run yet',
+        'cell': {'open': 'open, %d of %d seeds', 'more': 'dips MORE often',
+                 'as often': 'dips as the GPU runs do'},
         'open': 'Not answered yet: the record holds %s seeds at epochs 1-%d, %d needed at '
                 'each. So far the lowest of the odds is %s (epoch %d, %s).',
         'more': 'Our 2-device runs dip **more often** than the GPU runs: at epoch %d the odds '
@@ -204,8 +214,11 @@ WORDS = {
         'row': '- 第 %(epoch)d 个迭代周期，%(n)d 次运行（记录中 %(seeds)d 个随机种子）：%(runs)s；均值 '
                '%(mean).3f，GPU 运行 %(gpu_median).3f（第 10 百分位 %(p10).3f）：%(n_draws)s '
                '次抽取的均值这么低的概率为 %(p_mean)s；低于 %(p10).3f 的，我们有 %(below)d 次'
-               '（按 GPU 的比例应有 %(expected).1f 次），抽取中同样多或更多的概率为 %(p_below)s',
+               '（按 GPU 的比例应有 %(expected).1f 次），抽取中同样多或更多的概率为 %(p_below)s：'
+               '%(verdict)s',
         'empty': '- 第 %(epoch)d 个迭代周期：尚无运行',
+        'cell': {'open': '未定，已有 %d 个随机种子，需要 %d 个', 'more': '比 GPU 运行更常下探',
+                 'as often': '与 GPU 运行一样偶尔下探'},
         'open': '尚未回答：记录中各格的随机种子数为 %s（第 1-%d 个迭代周期），每格需要 %d 个。目前各'
                 '概率中最低的是 %s（第 %d 个迭代周期，%s）。',
         'more': '我们的 2 设备运行比 GPU 运行**更常下探**：第 %d 个迭代周期的概率 %s（%s）低于 %s，'
@@ -233,7 +246,7 @@ DIP_TITLES = ['epoch', 'our runs: seed, accuracy split over both devices, machin
               'runs (seeds of the record)', 'our mean',
               'later editions on 2 GPUs: runs, median (10th pct.)',
               'odds: as many GPU runs average as low', 'ours below their 10th pct. (expected)',
-              'odds: as many GPU runs hold as many below']
+              'odds: as many GPU runs hold as many below', 'answer']
 
 
 def dip_rows(cells):
@@ -241,14 +254,20 @@ def dip_rows(cells):
     rows = [DIP_TITLES]
     for c in cells:
         if not c['runs']:
-            rows.append([str(c['epoch']), '-', '0 (0)'] + ['-'] * 5)
+            rows.append([str(c['epoch']), '-', '0 (0)'] + ['-'] * 5 + [
+                _verdict(c, cells, 'en')])
             continue
         g = c['gpu']
         rows.append([str(c['epoch']), _runs(c), '%d (%d)' % (len(c['runs']), c['seeds']),
                      '%.3f' % c['mean'], '%d, %.3f (%.3f)' % (g['n'], g['median'], g['p10']),
                      percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
-                     percent(c['p_below'])])
+                     percent(c['p_below']), _verdict(c, cells, 'en')])
     return rows
+
+
+def _verdict(cell, cells, lang):
+    said = WORDS[lang]['cell'][cell_answer(cell, cells)]
+    return said % (cell['seeds'], MIN_DIP_SEEDS) if '%d' in said else said
 
 
 def dip_list(cells, lang='en'):
@@ -258,7 +277,8 @@ def dip_list(cells, lang='en'):
     return [words['row'] % dict(
         c, n=len(c['runs']), runs=_runs(c), gpu_median=c['gpu']['median'], p10=c['gpu']['p10'],
         n_draws='%d^%d' % (c['gpu']['n'], len(c['runs'])), p_mean=percent(c['p_mean']),
-        p_below=percent(c['p_below'])) if c['runs'] else words['empty'] % c for c in cells]
+        p_below=percent(c['p_below']), verdict=_verdict(c, cells, lang)) if c['runs']
+        else words['empty'] % c for c in cells]
 
 
 def dip_answer(cells, lang='en'):

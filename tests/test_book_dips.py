@@ -84,6 +84,13 @@ def test_the_answer_waits_for_six_seeds_and_shares_five_percent_over_eight_odds(
     assert book_dips.answer(seen)[0] == 'as often'
     seen[3]['seeds'] = 5
     assert book_dips.answer(seen)[0] == 'open'
+    # Each cell's own part: open below 6 seeds, more when one of its odds is below 5%/8.
+    assert [book_dips.cell_answer(c, seen) for c in seen] == ['as often'] * 3 + ['open']
+    seen[0]['p_mean'] = Fraction(1, 1000)
+    assert [book_dips._verdict(c, seen, 'en') for c in seen] == [
+        'dips MORE often', 'dips as the GPU runs do', 'dips as the GPU runs do',
+        'open, 5 of 6 seeds']
+    assert book_dips._verdict(seen[3], seen, 'zh') == '未定，已有 5 个随机种子，需要 6 个'
 
 
 def test_the_text_says_each_run_the_odds_and_the_answer():
@@ -94,10 +101,10 @@ def test_the_text_says_each_run_the_odds_and_the_answer():
                                % (len(first['runs']), first['seeds'], first['runs'][0]['acc']))
     assert lines[0].endswith(', s0 0.726 B, s1 0.500 B; mean %.3f, GPU runs 0.778 (10th '
                              'percentile 0.702): %s of 107^%d draws average as low; below 0.702 '
-                             '%d of ours (%.1f expected), %s of draws hold as many' % (
-                                 first['mean'], book_dips.percent(first['p_mean']),
-                                 len(first['runs']), first['below'], first['expected'],
-                                 book_dips.percent(first['p_below'])))
+                             '%d of ours (%.1f expected), %s of draws hold as many: open, %d of '
+                             '6 seeds' % (first['mean'], book_dips.percent(first['p_mean']),
+                                          len(first['runs']), first['below'], first['expected'],
+                                          book_dips.percent(first['p_below']), first['seeds']))
     status, lowest = book_dips.answer(cells)
     words = {'open': 'Not answered yet: ', 'more': 'Our 2-device runs dip **more often**',
              'as often': 'Our 2-device runs dip **as the GPU runs do**'}
@@ -188,7 +195,7 @@ def test_the_page_gives_each_cell_and_the_answer_of_the_records():
          '%d, %.3f (%.3f)' % (len(GPU_RUNS['later', 2, c['epoch']]), c['gpu']['median'],
                               c['gpu']['p10']),
          book_dips.percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
-         book_dips.percent(c['p_below'])] for c in cells]
+         book_dips.percent(c['p_below']), book_dips._verdict(c, cells, 'en')] for c in cells]
     assert block[6:] == ['', book_dips.dip_answer(cells)]
 
 
