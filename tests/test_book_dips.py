@@ -101,10 +101,11 @@ def test_the_text_says_each_run_the_odds_and_the_answer():
                                % (len(first['runs']), first['seeds'], first['runs'][0]['acc']))
     assert lines[0].endswith(', s0 0.726 B, s1 0.500 B; mean %.3f, GPU runs 0.778 (10th '
                              'percentile 0.702): %s of 107^%d draws average as low; below 0.702 '
-                             '%d of ours (%.1f expected), %s of draws hold as many: open, %d of '
-                             '6 seeds' % (first['mean'], book_dips.percent(first['p_mean']),
-                                          len(first['runs']), first['below'], first['expected'],
-                                          book_dips.percent(first['p_below']), first['seeds']))
+                             '%d of ours (%.1f expected), %s of draws hold as many: %s' % (
+                                 first['mean'], book_dips.percent(first['p_mean']),
+                                 len(first['runs']), first['below'], first['expected'],
+                                 book_dips.percent(first['p_below']),
+                                 book_dips._verdict(first, cells, 'en')))
     status, lowest = book_dips.answer(cells)
     words = {'open': 'Not answered yet: ', 'more': 'Our 2-device runs dip **more often**',
              'as often': 'Our 2-device runs dip **as the GPU runs do**'}
