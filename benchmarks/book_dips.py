@@ -79,21 +79,13 @@ def read_other_runs(path=None):
             if not test(run.get(name)):
                 refuse(number, '%s is %s, not %s' % (name, book_records._shown(run.get(name)),
                                                      kind))
-        for name in ('cpu', 'note'):
+        for name in ('cpu', 'note'):  # required here: the cpu names the run's machine
             if not (isinstance(run.get(name), str) and 0 < len(run[name]) <= 200):
                 refuse(number, '%s is %s, not a text' % (name, book_records._shown(
                     run.get(name))))
-        flags = run.get('cpu_flags', [])
-        if not (isinstance(flags, list) and all(isinstance(f, str) and 0 < len(f) <= 40
-                                                for f in flags)):
-            refuse(number, 'cpu_flags is %s, not a list of CPU flags'
-                   % book_records._shown(flags))
-        cap, threads = run.get('dnnl_max_cpu_isa'), run.get('threads')
-        if not (cap is None or isinstance(cap, str) and 0 < len(cap) <= 100):
-            refuse(number, 'dnnl_max_cpu_isa is %s, not a name' % book_records._shown(cap))
-        if not (threads is None or book_records._whole(1, 10 ** 6)[0](threads)):
-            refuse(number, 'threads is %s, not a whole number from 1 to 1000000'
-                   % book_records._shown(threads))
+        problem = book_records.machine_problem(run)
+        if problem:
+            refuse(number, problem)
         runs.append(run)
     return runs
 
@@ -179,15 +171,14 @@ def cell_answer(cell, cells):
 
 
 def answer(cells):
-    """``(status, lowest)``: status 'open' (a cell holds fewer than ``MIN_DIP_SEEDS`` seeds of
-    the record), 'more' (an odds is below ``threshold``) or 'as often'; ``lowest`` the lowest
-    odds as ``(odds, epoch, 'mean' or 'below')``, None without runs."""
+    """``(status, lowest)``: status 'open' when a cell is open, else 'more' when a cell is
+    (``cell_answer``), else 'as often'; ``lowest`` the lowest odds as ``(odds, epoch, 'mean'
+    or 'below')``, None without runs."""
     odds = [(c[k], c['epoch'], k[2:]) for c in cells for k in ('p_mean', 'p_below')
             if c[k] is not None]
-    lowest = min(odds) if odds else None
-    if any(c['seeds'] < MIN_DIP_SEEDS for c in cells):
-        return 'open', lowest
-    return ('more' if lowest[0] < threshold(cells) else 'as often'), lowest
+    parts = {cell_answer(c, cells) for c in cells}
+    status = 'open' if 'open' in parts else 'more' if 'more' in parts else 'as often'
+    return status, min(odds) if odds else None
 
 
 WORDS = {
@@ -288,15 +279,16 @@ def dip_answer(cells, lang='en'):
     if lowest is None:
         return None
     said = (percent(lowest[0]), lowest[1], words[lowest[2]])
+    cut = '%g%%' % (100 * float(threshold(cells)))
     if status == 'open':
         counts = words['counts']([str(c['seeds']) for c in cells])
         return words['open'] % ((counts, len(cells), MIN_DIP_SEEDS) + said)
     if status == 'more':
-        return words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]],
-                                '%g%%' % (100 * float(threshold(cells))), 2 * len(cells))
+        return words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]], cut,
+                                2 * len(cells))
     ran = [c for c in cells if c['runs']]
     return words['as often'] % ((2 * len(cells),) + said + (
-        '%g%%' % (100 * float(threshold(cells))), sum(c['below'] for c in ran),
+        cut, sum(c['below'] for c in ran),
         sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
 
 

@@ -103,20 +103,29 @@ def _check_line(record, path, number, step):
     if not (isinstance(names, list) and len(names) <= record['devices']
             and all(isinstance(n, str) and len(n) <= 40 for n in names)):
         refuse('device_names is %s, not a list of device names' % _shown(names))
-    # The machine's fields (book_table.py writes them; older lines lack some): the table names
-    # each value's machine from them.
+    problem = machine_problem(record)
+    if problem:
+        refuse(problem)
+    if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
+        refuse('dtype is %s, not "float32" or "bfloat16"' % _shown(record['dtype']))
+
+
+def machine_problem(record):
+    """What is wrong with a line's machine fields (``machine_of`` names each value's machine
+    from them; book_table.py writes them, older lines lack some), or None: ``cpu_flags`` a list
+    of flags, ``cpu`` and ``dnnl_max_cpu_isa`` names, ``threads`` a whole number, each absent
+    or None where a line has no such field."""
     flags = record.get('cpu_flags', [])
-    if not (isinstance(flags, list) and all(isinstance(f, str) and len(f) <= 40 for f in flags)):
-        refuse('cpu_flags is %s, not a list of CPU flags' % _shown(flags))
+    if not (isinstance(flags, list) and all(isinstance(f, str) and 0 < len(f) <= 40
+                                            for f in flags)):
+        return 'cpu_flags is %s, not a list of CPU flags' % _shown(flags)
     for name in ('cpu', 'dnnl_max_cpu_isa'):
         if not (record.get(name) is None or isinstance(record[name], str)
                 and 0 < len(record[name]) <= 100):
-            refuse('%s is %s, not a name' % (name, _shown(record[name])))
+            return '%s is %s, not a name' % (name, _shown(record[name]))
     if not (record.get('threads') is None or _whole(1, 10 ** 6)[0](record['threads'])):
-        refuse('threads is %s, not a whole number from 1 to 1000000'
-               % _shown(record['threads']))
-    if record.get('dtype', 'float32') not in ('float32', 'bfloat16'):
-        refuse('dtype is %s, not "float32" or "bfloat16"' % _shown(record['dtype']))
+        return 'threads is %s, not a whole number from 1 to 1000000' % _shown(record['threads'])
+    return None
 
 
 def _shown(value):
