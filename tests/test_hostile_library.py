@@ -766,7 +766,9 @@ def test_a_port_in_use_is_one_line_and_exit_2_before_anything_starts(capsys):
     assert (code, err) == (2, 'python -m gluon_mgpu.launch: error: --port %d cannot be used on '
                               '127.0.0.1 (Address already in use); pass another port, or leave '
                               '--port out for a free one' % port)
-    assert launch.port_problem(port) is None  # free again
+    hold, problem = launch.hold_port(port)  # free again
+    assert problem is None
+    hold.close()
 
 
 def test_a_process_that_cannot_be_started_stops_the_others():

@@ -4,6 +4,7 @@ import queue
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -639,3 +640,73 @@ def test_a_launcher_killed_with_sigkill_takes_its_local_processes_along():
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert [p for p in pids if _alive(p)] == []
+
+
+# --- issue 53, family 2: two launchers on one --port at the same moment ------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def test_a_scheduler_whose_port_is_taken_names_the_port_not_the_installation():
+    # What the loser of a race saw: its scheduler's bind failed inside `import mxnet`, and the
+    # line blamed the installation.
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = dict(_env(), DMLC_ROLE='scheduler', DMLC_PS_ROOT_URI='127.0.0.1',
+                   DMLC_PS_ROOT_PORT=str(port), DMLC_NUM_SERVER='1', DMLC_NUM_WORKER='2')
+        done = subprocess.run(TRAIN + ['--kvstore', 'dist_sync'], capture_output=True,
+                              text=True, timeout=120, env=env)
+    assert done.returncode == 2 and done.stdout == ''
+    assert done.stderr == (
+        'python -m gluon_mgpu.train: error: the scheduler of the dist job cannot listen on '
+        '127.0.0.1:%d (DMLC_PS_ROOT_URI, DMLC_PS_ROOT_PORT): the port is in use, by another '
+        'job started at the same moment or another program; pass the launcher another --port, '
+        'or leave --port out for a free one\n' % port)
+
+
+def test_a_second_launcher_on_a_port_another_launcher_holds_is_refused():
+    # Stand-in processes never listen, so the port looks free: only the first launcher's hold
+    # on it tells the second that its processes would join the first one's job.
+    port = _free_port()
+    first = subprocess.Popen([PY, '-m', 'gluon_mgpu.launch', '-n', '1', '-s', '1', '--port',
+                              str(port), '--', PY, '-c', SLEEP],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env())
+    try:
+        assert first.stderr.readline().startswith('launch: started scheduler')
+        second = _launch('-n', '1', '-s', '1', '--port', str(port), '--', PY, '-c', 'pass',
+                         timeout=60)
+        assert first.poll() is None
+    finally:
+        first.terminate()
+        first.wait(60)
+    assert second.returncode == 2 and second.stdout == ''
+    assert second.stderr == (
+        'python -m gluon_mgpu.launch: error: --port %d is taken by the job of another launcher '
+        'on this machine (pid %d); pass another port, or leave --port out for a free one\n'
+        % (port, first.pid))
+
+
+@pytest.mark.slow
+def test_two_launchers_started_at_once_on_one_port_leave_the_first_job_alone(tmp_path):
+    """Issue 53: started together, the loser's processes joined the winner's scheduler, which
+    aborted (SIGABRT), and the loser's line blamed the MXNet installation."""
+    port = _free_port()
+    jobs = [subprocess.Popen([PY, '-m', 'gluon_mgpu.launch', '-n', '2', '-s', '1', '--port',
+                              str(port), '--', *TRAIN, '--kvstore', 'dist_sync', '--train-limit',
+                              '64', '--batch-size', '16', '--epochs', '1', '--save-params',
+                              str(tmp_path / ('%d.params' % i))],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env=_env()) for i in range(2)]
+    ended = [job.communicate(timeout=300) + (job.returncode,) for job in jobs]
+    assert sorted(code for _, _, code in ended) == [0, 2], ended
+    _, err, _ = next(e for e in ended if e[2] == 2)
+    assert err == ('python -m gluon_mgpu.launch: error: --port %d is taken by the job of '
+                   'another launcher on this machine (pid %d); pass another port, or leave '
+                   '--port out for a free one\n'
+                   % (port, next(job.pid for job, e in zip(jobs, ended) if e[2] == 0)))

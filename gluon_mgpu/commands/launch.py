@@ -2,12 +2,14 @@
 servers and workers, here or over ssh, and stops them all when one dies (docs/distributed.md).
 """
 import contextlib
+import errno
 import os
 import re
 import shlex
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import time
@@ -126,16 +128,41 @@ def command_problem(command):
     return None
 
 
-def port_problem(port, host='127.0.0.1'):
-    """Return why the scheduler could not listen on ``host:port`` now, or None. The port is
-    bound for a moment with ``SO_REUSEADDR``, as ZeroMQ does: one in TIME_WAIT is free."""
+def hold_port(port, host='127.0.0.1'):
+    """Return ``(hold, problem)``: why the scheduler could not listen on ``host:port`` now
+    (``hold`` None), or a socket holding the port for this launcher until it is closed, and None.
+
+    The port is bound for a moment with ``SO_REUSEADDR``, as ZeroMQ does: one in TIME_WAIT is
+    free. The hold is an abstract Unix socket named after the port (Linux; elsewhere None):
+    another launcher here asking for it at the same moment, whose processes would join this
+    job's scheduler and abort it, is refused with this launcher's pid (``SO_PEERCRED``).
+    """
+    name = '\0gluon_mgpu.launch --port %d' % port
+    hold = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        hold.bind(name)
+        hold.listen()
+    except OSError as e:
+        hold.close()
+        hold = None  # no abstract sockets here: nothing to hold
+        if e.errno == errno.EADDRINUSE:
+            holder = ''
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer, \
+                    contextlib.suppress(OSError):  # it may have just ended
+                peer.connect(name)
+                holder = ' (pid %d)' % struct.unpack('3i', peer.getsockopt(
+                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i')))[0]
+            return None, 'is taken by the job of another launcher on this machine' + holder
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as e:
-            return e.strerror or str(e)
-    return None
+            if hold is not None:
+                hold.close()
+            return None, 'cannot be used on %s (%s)' % (host or 'this machine',
+                                                        e.strerror or e)
+    return hold, None
 
 
 def max_local_processes(each='process loads MXNet', size=(PROCESS_BYTES, PROCESS_THREADS)):
@@ -158,7 +185,7 @@ def max_local_processes(each='process loads MXNet', size=(PROCESS_BYTES, PROCESS
 def check_job(args):
     """Before starting anything, raise ``UsageError`` if the command cannot run here (where
     the scheduler runs), the job's local processes are more than this machine can hold, or a
-    given ``--port`` is taken."""
+    given ``--port`` is taken; return the hold on that port (``hold_port``), or None."""
     problem = command_problem(args.command)
     if problem:
         raise UsageError('cannot run the command after --: %s; for example -- python -m '
@@ -182,12 +209,12 @@ def check_job(args):
                          'a program on PATH; install an ssh client (Debian: apt-get install '
                          'openssh-client)')
     if args.port is not None:
-        host = '127.0.0.1' if args.hosts is None else ''
-        problem = port_problem(args.port, host)
+        hold, problem = hold_port(args.port, '127.0.0.1' if args.hosts is None else '')
         if problem:
-            raise UsageError('--port %d cannot be used on %s (%s); pass another port, or '
-                             'leave --port out for a free one'
-                             % (args.port, host or 'this machine', problem))
+            raise UsageError('--port %d %s; pass another port, or leave --port out for a free '
+                             'one' % (args.port, problem))
+        return hold
+    return None
 
 
 def read_hostfile(path):
@@ -422,11 +449,15 @@ def main(argv=None):
     def body():
         args = parse_args(argv)
         startup.before_mxnet(PROG, mxnet=False)  # what its processes would abort on
-        check_job(args)
+        hold = check_job(args)  # the --port, until the job has ended
         for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             if signal.getsignal(signum) in (signal.SIG_DFL, signal.default_int_handler):
                 signal.signal(signum, interrupt)  # not under nohup: it ignores SIGHUP on purpose
-        return run_job(plan(args), grace=args.grace)
+        try:
+            return run_job(plan(args), grace=args.grace)
+        finally:
+            if hold is not None:
+                hold.close()
 
     # --debug after -- belongs to the command, not to the launcher.
     return run_command(PROG, argv[:argv.index('--')] if '--' in argv else argv, body)

@@ -195,6 +195,13 @@ def import_failure(e):
                 '(%s; PYTHONWARNINGS or -W is %s); let warnings be warnings (unset '
                 "PYTHONWARNINGS, or add 'ignore::%s')"
                 % (what, ','.join(sys.warnoptions) or 'error', type(e).__name__))
+    if os.environ.get('DMLC_ROLE') == 'scheduler' and 'bind failed' in str(e):
+        # The launcher found the port free; something took it before this import listened.
+        return ('the scheduler of the dist job cannot listen on %s:%s (DMLC_PS_ROOT_URI, '
+                'DMLC_PS_ROOT_PORT): the port is in use, by another job started at the same '
+                'moment or another program; pass the launcher another --port, or leave --port '
+                'out for a free one' % (os.environ.get('DMLC_PS_ROOT_URI'),
+                                        os.environ.get('DMLC_PS_ROOT_PORT')))
     if library and isinstance(e, OSError):
         return ('cannot import MXNet: MXNET_LIBRARY_PATH=%s cannot be loaded (%s); unset '
                 'MXNET_LIBRARY_PATH, or point it at a libmxnet.so of MXNet 1.9.1' % (library, what))
