@@ -710,3 +710,48 @@ def test_two_launchers_started_at_once_on_one_port_leave_the_first_job_alone(tmp
                    'another launcher on this machine (pid %d); pass another port, or leave '
                    '--port out for a free one\n'
                    % (port, next(job.pid for job, e in zip(jobs, ended) if e[2] == 0)))
+
+
+# --- issue 53, family 1: a train command that would not join the job ---------------------------
+
+ALONE = ('gluon_mgpu.train without --kvstore dist_sync or dist_device_sync trains by itself: '
+         'every worker would run the whole training alone and write the same outputs')
+
+
+@pytest.mark.parametrize('command,why', [
+    (['-m', 'gluon_mgpu.train', '--model', 'lenet'], ALONE + ' (--kvstore device, the default)'),
+    (['-m', 'gluon_mgpu.train', '--kvstore', 'device'], ALONE + ' (--kvstore device)'),
+    (['-u', '-mgluon_mgpu.train', '--kvstore=local'], ALONE + ' (--kvstore local)'),
+    # The last one wins, as in the train command; an abbreviation is read as it reads it.
+    (['-m', 'gluon_mgpu.train', '--kvstore', 'dist_sync', '--kvs', 'horovod'],
+     ALONE + ' (--kvstore horovod)'),
+    (['-m', 'gluon_mgpu.sweep', '--num-gpus', '1'],
+     'gluon_mgpu.sweep is not a training that joins the job: every worker would run it alone '
+     'and write the same outputs'),
+])
+def test_a_gluon_mgpu_command_that_would_not_join_the_job_is_refused(command, why):
+    args = launch.parse_args(['-n', '2', '-s', '1', '--', PY, *command])
+    with pytest.raises(launch.UsageError) as e:
+        launch.check_job(args)
+    assert str(e.value) == ('cannot run the command after --: %s; for example -- python -m '
+                            'gluon_mgpu.train --kvstore dist_sync' % why)
+
+
+@pytest.mark.parametrize('command', [
+    ['-m', 'gluon_mgpu.train', '--kvstore', 'dist_sync'],
+    ['-m', 'gluon_mgpu.train', '--kvstore=dist_device_sync', '--num-gpus', '2'],
+    ['-m', 'gluon_mgpu.train', '--kvst', 'dist_sync'],
+    ['-c', 'import mxnet'],  # not ours: what it does is its own business
+])
+def test_a_dist_train_or_another_program_is_started(command):
+    assert launch.check_job(launch.parse_args(['-n', '2', '-s', '1', '--', PY, *command])) \
+        is None
+
+
+def test_the_issue_53_command_without_dist_sync_is_one_line_and_exit_2(capsys):
+    assert launch.main(['-n', '2', '-s', '1', '--', 'python', '-m', 'gluon_mgpu.train',
+                        '--num-gpus', '1', '--model', 'lenet']) == 2
+    out, err = capsys.readouterr()
+    assert out == '' and err == ('python -m gluon_mgpu.launch: error: cannot run the command '
+                                 'after --: %s (--kvstore device, the default); for example -- '
+                                 'python -m gluon_mgpu.train --kvstore dist_sync\n' % ALONE)

@@ -1,6 +1,7 @@
 """``python -m gluon_mgpu.launch -n 2 -s 1 -- COMMAND`` starts a ``dist_sync`` job's scheduler,
 servers and workers, here or over ssh, and stops them all when one dies (docs/distributed.md).
 """
+import argparse
 import contextlib
 import errno
 import os
@@ -16,6 +17,7 @@ import time
 
 from .cli import Parser, UsageError, positive_float, run_command, whole
 from ..runtime import files, startup
+from ..runtime.choices import DIST_KVSTORES
 from ..runtime.hosts import host_problem, parse_host_port
 from ..runtime.threads import memory_bytes, thread_limit, thread_settings
 
@@ -111,21 +113,41 @@ def parse_args(argv=None):
 
 def command_problem(command):
     """Return why ``command`` (an argv list) cannot be started here (a name without a slash is
-    looked up in ``$PATH``), or None."""
+    looked up in ``$PATH``), or cannot be a process of a job: a ``python -m gluon_mgpu.<name>``
+    that is not a train with a ``DIST_KVSTORES`` kvstore, which every worker would run alone
+    (another program is started as it is); or None."""
     name = command[0]
     if not name:
         return 'the command is an empty string'
     if os.sep not in name:
-        return None if shutil.which(name) else '%s is not a program on PATH' % name
-    if not os.path.lexists(name):
+        if not shutil.which(name):
+            return '%s is not a program on PATH' % name
+    elif not os.path.lexists(name):
         return '%s does not exist' % name
-    if not os.path.exists(name):
+    elif not os.path.exists(name):
         return '%s is a dangling symbolic link' % name
-    if os.path.isdir(name):
+    elif os.path.isdir(name):
         return '%s is a folder' % name
-    if not os.access(name, os.X_OK):
+    elif not os.access(name, os.X_OK):
         return '%s is not executable (chmod +x)' % name
-    return None
+    module = next(((a[2:] or b, i + (1 if a[2:] else 2)) for i, (a, b) in
+                   enumerate(zip(command, command[1:] + [''])) if a.startswith('-m')), None)
+    if module is None or not module[0].startswith('gluon_mgpu'):
+        return None
+    if module[0] != 'gluon_mgpu.train':
+        return ('%s is not a training that joins the job: every worker would run it alone and '
+                'write the same outputs' % module[0])
+    reader = argparse.ArgumentParser(add_help=False, exit_on_error=False)  # as train reads it
+    reader.add_argument('--kvstore')
+    try:
+        kvstore = reader.parse_known_args(command[module[1]:])[0].kvstore
+    except argparse.ArgumentError:  # --kvstore without a value: the train command says so
+        return None
+    if kvstore in DIST_KVSTORES:
+        return None
+    return ('gluon_mgpu.train without --kvstore %s trains by itself: every worker would run the '
+            'whole training alone and write the same outputs (--kvstore %s)'
+            % (' or '.join(DIST_KVSTORES), kvstore or 'device, the default'))
 
 
 def hold_port(port, host='127.0.0.1'):
