@@ -14,7 +14,7 @@ from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, Loss
 from .model import lenet, network_name, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
 from .runtime.choices import MODELS
-from .runtime.train_checks import (check_batch, check_batch_size, check_init_dtype,
+from .runtime.train_checks import (check_batch, check_batch_size, check_init,
                                    check_network, check_once, check_split, check_train, simulated)
 
 __all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
@@ -111,9 +111,11 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     ``mx.random.seed(seed)`` when given); return an SGD ``Trainer``.
 
     A kvstore of several processes gets ``rescale_grad = 1 / num_workers``
-    (docs/distributed.md); ``dtype='bfloat16'`` as in ``precision.check_dtype``.
+    (docs/distributed.md); ``dtype='bfloat16'`` as in ``precision.check_dtype``. ``ValueError``
+    before anything is initialized for an ``lr`` that is not a finite number above 0 that
+    float32 holds (``runtime.train_checks.check_init``).
     """
-    check_init_dtype(dtype, devices, force_dtype)
+    check_init(lr, dtype, devices, force_dtype)
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
         kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
@@ -236,7 +238,7 @@ def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
     out of ``trainer.step`` as it is (``runtime.train_checks.check_trainer``).
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    check_train(devices, num_epochs, trainer)
+    check_train(devices, num_epochs, trainer, net)
     check_batch_size(batch_size)
     trainer = init_training(net, devices, LR_PER_DEVICE) if trainer is None else trainer
     if hasattr(train_iter, 'set_min_batch'):

@@ -397,3 +397,62 @@ def test_public_names_are_exported():
                  'format_replica_summary'):
         assert getattr(gluon_mgpu, name) is getattr(replicas, name)
         assert name in gluon_mgpu.__all__
+
+
+# --- issue 53: frozen parameters (grad_req='null') are compared, and named as frozen ---------
+
+def _frozen_first_conv(images):
+    devices = cpus(2)
+    net = initialized_resnet(devices, images[0][:4])
+    net[0].collect_params().setattr('grad_req', 'null')  # weight and bias of the first conv
+    return net, devices
+
+
+def test_a_frozen_layer_changed_on_one_device_fails_and_is_not_called_batchnorm_drift(images):
+    # It passed, and the summary called it expected BatchNorm drift.
+    net, devices = _frozen_first_conv(images)
+    report = gluon_mgpu.assert_replicas_match(net)
+    assert [p.name for p in report.frozen] == [net[0].weight.name, net[0].bias.name]
+    assert (len(report.trained), len(report.frozen), len(report.auxiliary)) == (74, 2, 34)
+    assert gluon_mgpu.format_replica_summary(report) == (
+        'replicas: 74 trained and 2 frozen parameters identical on 2 devices; '
+        '34 BatchNorm statistics identical')
+    weight = net[0].weight.data(devices[1])
+    weight[:] = weight + 0.5
+
+    report = gluon_mgpu.inspect_replicas(net)
+    assert not report.ok and [p.name for p in report.mismatched] == [net[0].weight.name]
+    assert report.worst.kind == 'frozen' and report.worst.max_abs_diff == 0.5
+    assert report.auxiliary_max_abs_diff == 0.0
+    assert gluon_mgpu.format_replica_summary(report) == (
+        'replicas: 1 of 74 trained and 2 frozen parameters differ on 2 devices, worst %s '
+        '(frozen) by 5.0e-01 (cpu(0) vs cpu(1)); 34 BatchNorm statistics identical'
+        % net[0].weight.name)
+    with pytest.raises(gluon_mgpu.ReplicaMismatchError,
+                       match=r"^frozen parameter '%s' \(64, 1, 3, 3\) differs between cpu\(0\) "
+                             r"and cpu\(1\) by 5\.0e-01 \(relative .*, atol 0\); 1 of 74 trained "
+                             r"and 2 frozen parameters differ; nothing updates a frozen "
+                             r"parameter \(grad_req='null'\), so one replica was changed on its "
+                             r"own \(for example by writing to param\.data\(ctx\) on one device\)$"
+                             % net[0].weight.name):
+        gluon_mgpu.assert_replicas_match(net)
+    d = report.to_dict()
+    assert (d['num_trained'], d['num_frozen'], d['num_auxiliary'], d['worst']) == (
+        74, 2, 34, net[0].weight.name)
+
+
+def test_frozen_batchnorm_scales_are_frozen_and_its_statistics_auxiliary(images):
+    devices = cpus(2)
+    net = initialized_resnet(devices, images[0][:4])
+    net[1].gamma.grad_req = 'null'  # the first BatchNorm's scale, frozen by hand
+    report = gluon_mgpu.inspect_replicas(net)
+    kinds = {p.name: p.kind for p in report.parameters}
+    assert (kinds[net[1].gamma.name], kinds[net[1].beta.name],
+            kinds[net[1].running_mean.name]) == ('frozen', 'trained', 'auxiliary')
+    # A statistic differing stays expected: only trained and frozen replicas must agree.
+    stat = net[1].running_mean.data(devices[1])
+    stat[:] = stat + 1
+    report = gluon_mgpu.assert_replicas_match(net)
+    assert report.ok and report.auxiliary_max_abs_diff == 1.0
+    assert gluon_mgpu.format_replica_summary(report).endswith(
+        '; 1 of 34 BatchNorm statistics differ by at most 1.0e+00 %s' % BN_WHY)

@@ -1,3 +1,4 @@
+import re
 import types
 
 import d2lzh
@@ -685,3 +686,103 @@ def test_train_reaches_the_forward_through_at_most_6_package_frames(two_cpus):
     # The epoch loop itself is in train.
     import inspect
     assert 'for epoch in range(' in inspect.getsource(training.train)
+
+
+# --- issue 53: Trainers that cannot train this network on these devices, bad learning rates ---
+
+BATCH = (nd.ones((4, 1, 28, 28)), nd.array([0, 1, 2, 3]))
+
+
+def _initialized(devices):
+    net = _small_cnn()
+    net.initialize(ctx=devices)
+    for d in devices:
+        net(BATCH[0].as_in_context(d))  # the deferred shapes, on every device
+    return net
+
+
+@pytest.mark.parametrize('kvstore', [None, 'device'])
+def test_a_trainer_with_no_kvstore_on_two_devices_is_refused_before_any_step(kvstore, two_cpus):
+    # kvstore=None: every replica was updated with its own device's gradient, and train()
+    # returned normally with all trained parameters different between the devices.
+    net = _initialized(two_cpus)
+    before = [p.data(two_cpus[1]).asnumpy() for p in net.collect_params().values()]
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5}, kvstore=None,
+                            update_on_kvstore=None if kvstore is None else False)
+    if kvstore is not None:  # the same settings with a kvstore train, replicas equal
+        trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5},
+                                kvstore=kvstore, update_on_kvstore=False)
+        gluon_mgpu.train(net, [BATCH], [BATCH], two_cpus, 1, trainer, [])
+        assert _replica_max_diff(net, two_cpus) == 0.0
+        return
+    with pytest.raises(ValueError, match=r"^the trainer has no kvstore \(kvstore=None\), so "
+                                         r"each of the 2 devices would update its replica with "
+                                         r"its own gradient and the replicas would drift apart; "
+                                         r"create it with kvstore='device' and "
+                                         r"update_on_kvstore=False, as init_training does$"):
+        gluon_mgpu.train(net, [BATCH], [BATCH], two_cpus, 1, trainer, [])
+    assert all(np.array_equal(p.data(two_cpus[1]).asnumpy(), b)
+               for p, b in zip(net.collect_params().values(), before))
+
+
+@pytest.mark.parametrize('kvstore', [None, 'device', 'local'])
+def test_update_on_kvstore_without_a_kvstore_is_refused_in_one_line(kvstore):
+    # MXNet makes no kvstore for one device (or kvstore=None), then asks it
+    # is_capable('optimizer'): AttributeError: 'NoneType' object has no attribute 'is_capable'.
+    devices = [mx.cpu(0)]
+    net = _initialized(devices)
+    trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5},
+                            kvstore=kvstore, update_on_kvstore=True)
+    with pytest.raises(ValueError, match=r"^update_on_kvstore=True, but the trainer has no "
+                                         r"kvstore to update on \(kvstore=%s on 1 device: MXNet "
+                                         r"makes none\); create it without update_on_kvstore, or "
+                                         r"with update_on_kvstore=False$" % re.escape(repr(kvstore))):
+        gluon_mgpu.train(net, [BATCH], [BATCH], devices, 1, trainer, [])
+
+
+@pytest.mark.parametrize('initialized', [True, False], ids=['initialized', 'uninitialized'])
+def test_a_trainer_built_for_another_network_is_refused_in_one_line(initialized, two_cpus):
+    # It was a DeferredInitializationError from inside MXNet; with the other network already
+    # run once, the other network would have been trained and this one left as it was.
+    other = _initialized(two_cpus) if initialized else _small_cnn()
+    if not initialized:
+        other.initialize(ctx=two_cpus)
+    trainer = gluon.Trainer(other.collect_params(), 'sgd', {'learning_rate': 0.5},
+                            update_on_kvstore=False)
+    net = _initialized(two_cpus)
+    first = list(net.collect_params().values())[0]
+    with pytest.raises(ValueError, match=r"^the trainer does not update the 6 trained "
+                                         r"parameters of this network \(the first is '%s'\); "
+                                         r"create it for this network: "
+                                         r"gluon\.Trainer\(net\.collect_params\(\), \.\.\.\), or "
+                                         r"init_training\(net, devices, lr\)$" % first.name):
+        gluon_mgpu.train(net, [BATCH], [BATCH], two_cpus, 1, trainer, [])
+
+
+def test_a_trainer_over_part_of_the_network_names_the_first_it_leaves_out(two_cpus):
+    net = _initialized(two_cpus)
+    params = net.collect_params()
+    last = list(params.values())[-1]
+    trainer = gluon.Trainer([p for p in params.values() if p is not last], 'sgd',
+                            {'learning_rate': 0.5}, update_on_kvstore=False)
+    with pytest.raises(ValueError, match=r"^the trainer does not update 1 of the 6 trained "
+                                         r"parameters of this network \(the first is '%s'\); "
+                                         % last.name):
+        gluon_mgpu.train(net, [BATCH], [BATCH], two_cpus, 1, trainer, [])
+    # A frozen parameter is no trainer's business.
+    last.grad_req = 'null'
+    assert len(gluon_mgpu.train(net, [BATCH], [BATCH], two_cpus, 1, trainer, [])) == 1
+
+
+@pytest.mark.parametrize('lr,shown', [(-0.1, '-0.1'), (float('nan'), 'nan'), (0, '0'),
+                                      (float('inf'), 'inf'), (1e39, '1e+39'), ('0.1', "'0.1'"),
+                                      (True, 'True')])
+def test_init_training_refuses_a_learning_rate_the_optimizer_cannot_use(lr, shown, two_cpus):
+    net = _small_cnn()
+    with pytest.raises(ValueError, match=r"^lr must be a finite number from 1\.1754944e-38 to "
+                                         r"3\.4028235e\+38 \(what MXNet's float32 optimizer can "
+                                         r"use\), got %s; for example lr=0\.1, the book's per "
+                                         r"device$" % re.escape(shown)):
+        gluon_mgpu.init_training(net, two_cpus, lr)
+    with pytest.raises(RuntimeError, match='has not been initialized'):
+        list(net.collect_params().values())[0].data()  # refused before initializing anything

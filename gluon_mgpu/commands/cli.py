@@ -12,15 +12,12 @@ import sys
 import traceback
 
 from ..runtime import choices, files
-from ..runtime.checks import one_line
+from ..runtime.checks import LR_RANGE, one_line
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
 # The book's batch size and learning rate per device (training.BATCH_SIZE_PER_DEVICE and
 # LR_PER_DEVICE; tests/test_cli.py checks they agree), here so that parsers import no MXNet.
 BOOK_PER_DEVICE = (256, 0.1)
-# The learning rates MXNet's SGD operators take: float32's normal range, 2**-126 to its largest
-# value (measured with 1.9.1: sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value").
-LR_RANGE = (2.0 ** -126, (2 - 2.0 ** -23) * 2.0 ** 127)
 
 
 class UsageError(Exception):

@@ -1,6 +1,6 @@
 """The parameter-replica inspector: are the weights the same on every device? It compares the
-copies of every parameter and reports BatchNorm's running statistics, which are meant to differ,
-apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is ``gluon_mgpu/commands/replicas.py``.
+copies of every parameter, trained and frozen alike, and reports BatchNorm's running statistics,
+which are meant to differ, apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is ``gluon_mgpu/commands/replicas.py``.
 """
 import math
 from dataclasses import dataclass
@@ -9,13 +9,15 @@ from ..devices import format_devices, plural
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
-           'format_replica_summary', 'AUXILIARY_WHY', 'GRADIENT_WHY']
+           'format_replica_summary', 'AUXILIARY_WHY', 'FROZEN_WHY', 'GRADIENT_WHY']
 
 _WHATS = ('data', 'grad')
 _BATCHNORM_STATS = ('running_mean', 'running_var')
 
 AUXILIARY_WHY = ('each device updates its own BatchNorm running statistics from its own slice '
                  'of the batch, and the Trainer never reduces them')
+FROZEN_WHY = ("nothing updates a frozen parameter (grad_req='null'), so one replica was changed on "
+              "its own (for example by writing to param.data(ctx) on one device)")
 GRADIENT_WHY = ('before trainer.step each device holds the gradient of its own slice; step sums '
                 'them, and writes the sum back into every device\'s gradient only when the '
                 'Trainer reduces gradients itself (update_on_kvstore=False), not when the '
@@ -23,7 +25,7 @@ GRADIENT_WHY = ('before trainer.step each device holds the gradient of its own s
 
 
 class ReplicaMismatchError(RuntimeError):
-    """Replicas of a trained parameter differ between devices by more than allowed.
+    """Replicas of a trained or frozen parameter differ between devices by more than allowed.
 
     Attributes: ``parameter`` (the one that differs most), ``contexts`` (its first device and
     the one that differs most), ``abs_diff``, ``rel_diff``, ``atol`` and ``report``.
@@ -50,8 +52,10 @@ class ParameterReplicas:
     shape : tuple of int
     contexts : tuple of mxnet.Context
         The devices compared; the first is the reference.
-    kind : {'trained', 'auxiliary'}
-        ``'auxiliary'`` when ``grad_req == 'null'`` (BatchNorm's running statistics).
+    kind : {'trained', 'frozen', 'auxiliary'}
+        ``'auxiliary'`` for a state no gradient can reach (``differentiable=False``: BatchNorm's
+        running statistics), ``'frozen'`` for another parameter with ``grad_req == 'null'``
+        (a frozen layer), else ``'trained'``.
     abs_diff, rel_diff : tuple of float
         Per context, ``max |replica - first|`` and that over the largest magnitude in the two;
         ``inf`` where only one replica holds a NaN or an infinity (docs/replicas.md).
@@ -116,23 +120,34 @@ class ReplicaReport:
         return [p for p in self.parameters if p.kind == 'trained']
 
     @property
+    def frozen(self):
+        """The frozen parameters (``grad_req == 'null'``, not auxiliary): nothing updates them,
+        so they must stay identical too."""
+        return [p for p in self.parameters if p.kind == 'frozen']
+
+    @property
     def auxiliary(self):
-        """The auxiliary states (``grad_req == 'null'``), allowed to differ."""
+        """The auxiliary states (BatchNorm's running statistics), allowed to differ."""
         return [p for p in self.parameters if p.kind == 'auxiliary']
 
     @property
+    def checked(self):
+        """The parameters that must be identical on every device: trained and frozen."""
+        return [p for p in self.parameters if p.kind != 'auxiliary']
+
+    @property
     def mismatched(self):
-        """The trained parameters whose replicas are not identical."""
-        return [p for p in self.trained if not p.identical]
+        """The trained and frozen parameters whose replicas are not identical."""
+        return [p for p in self.checked if not p.identical]
 
     @property
     def ok(self):
-        """True when every trained parameter is identical on every device."""
+        """True when every trained and frozen parameter is identical on every device."""
         return not self.mismatched
 
     @property
     def worst(self):
-        """The trained parameter that differs most, or None when all are identical."""
+        """The trained or frozen parameter that differs most, or None when all are identical."""
         return max(self.mismatched, key=lambda p: p.max_abs_diff, default=None)
 
     @property
@@ -145,7 +160,8 @@ class ReplicaReport:
         worst = self.worst
         return {'what': self.what, 'contexts': [str(c) for c in self.contexts], 'ok': self.ok,
                 'worst': None if worst is None else worst.name,
-                'num_trained': len(self.trained), 'num_auxiliary': len(self.auxiliary),
+                'num_trained': len(self.trained), 'num_frozen': len(self.frozen),
+                'num_auxiliary': len(self.auxiliary),
                 'auxiliary_max_abs_diff': _json_float(self.auxiliary_max_abs_diff),
                 'parameters': [p.to_dict() for p in self.parameters]}
 
@@ -266,10 +282,25 @@ def inspect_replicas(net, what='data', devices=None):
         diffs = [(0.0, 0.0)] + [_difference(a, first) for a in arrays[1:]]
         rows.append(ParameterReplicas(
             name=param.name, shape=tuple(first.shape), contexts=tuple(contexts),
-            kind='trained' if param.grad_req != 'null' else 'auxiliary',
+            kind=_kind(param),
             abs_diff=tuple(d[0] for d in diffs), rel_diff=tuple(d[1] for d in diffs)))
         seen.extend(c for c in contexts if c not in seen)
     return ReplicaReport(what=what, contexts=tuple(seen), parameters=tuple(rows))
+
+
+def _kind(param):
+    # MXNet 1.9 keeps whether a gradient can reach a parameter only in ``_differentiable``.
+    if param.grad_req != 'null':
+        return 'trained'
+    return 'frozen' if getattr(param, '_differentiable', True) else 'auxiliary'
+
+
+def _checked_phrase(report):
+    """``76 trained parameters``, or ``74 trained and 2 frozen parameters``."""
+    if not report.frozen:
+        return plural(len(report.trained), 'trained parameter')
+    return '%d trained and %s' % (len(report.trained), plural(len(report.frozen),
+                                                              'frozen parameter'))
 
 
 def _number(x):
@@ -277,7 +308,8 @@ def _number(x):
 
 
 def assert_replicas_match(net, atol=0.0, what='data', devices=None):
-    """Check that every trained parameter is the same on every device; return the report.
+    """Check that every trained and frozen parameter is the same on every device; return the
+    report.
 
     Auxiliary states are reported, never checked (``AUXILIARY_WHY``). ``atol`` is the largest
     absolute difference allowed; ``what`` and ``devices`` as in ``inspect_replicas``.
@@ -297,12 +329,14 @@ def assert_replicas_match(net, atol=0.0, what='data', devices=None):
         raise ValueError('atol must be a number >= 0, got %r; for example atol=0.0'
                          % (atol,)) from None
     report = inspect_replicas(net, what=what, devices=devices)
-    over = [p for p in report.trained if p.max_abs_diff > atol]
+    over = [p for p in report.checked if p.max_abs_diff > atol]
     if not over:
         return report
     worst = max(over, key=lambda p: p.max_abs_diff)
     pair = (worst.contexts[0], worst.worst_context)
-    if what == 'data':
+    if what == 'data' and worst.kind == 'frozen':
+        subject, why = "frozen parameter '%s'" % worst.name, FROZEN_WHY
+    elif what == 'data':
         subject = "parameter '%s'" % worst.name
         why = ('trainer.step applies the same summed gradient to every replica, so one replica '
                'was changed on its own (for example by writing to param.data(ctx) on one device '
@@ -312,7 +346,7 @@ def assert_replicas_match(net, atol=0.0, what='data', devices=None):
     message = ('%s %s differs between %s and %s by %s (relative %s, atol %s); %d of %s differ; %s'
                % (subject, worst.shape, pair[0], pair[1], _number(worst.max_abs_diff),
                   _number(worst.max_rel_diff), _number(atol), len(over),
-                  plural(len(report.trained), 'trained parameter'), why))
+                  _checked_phrase(report), why))
     raise ReplicaMismatchError(message, worst.name, pair, worst.max_abs_diff,
                                worst.max_rel_diff, atol, report)
 
@@ -336,7 +370,7 @@ def format_replica_summary(report):
     """One line about a report, ``replicas: 76 trained parameters identical on 2 devices; 34
     BatchNorm statistics differ by at most 3.1e-02 (expected: ...)`` (docs/replicas.md)."""
     label = 'replicas' if report.what == 'data' else 'gradients'
-    trained = plural(len(report.trained), 'trained parameter')
+    trained = _checked_phrase(report)
     devices = plural(len(report.contexts), 'device')
     if len(report.contexts) < 2:
         return '%s: %s on %s only, nothing to compare' % (label, trained, devices)
@@ -344,9 +378,10 @@ def format_replica_summary(report):
         head = '%s: %s identical on %s' % (label, trained, devices)
     else:
         worst = report.worst
-        head = '%s: %d of %s differ on %s, worst %s by %s (%s vs %s)' % (
+        head = '%s: %d of %s differ on %s, worst %s%s by %s (%s vs %s)' % (
             label, len(report.mismatched), trained, devices, worst.name,
-            _number(worst.max_abs_diff), worst.contexts[0], worst.worst_context)
+            ' (frozen)' if worst.kind == 'frozen' else '', _number(worst.max_abs_diff),
+            worst.contexts[0], worst.worst_context)
         if report.what == 'grad':
             head += ' (%s)' % GRADIENT_WHY
     return head + _auxiliary_phrase(report)

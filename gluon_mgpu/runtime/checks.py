@@ -5,7 +5,11 @@ read from text (an environment variable, a file), ``one_line`` for an error's me
 import re
 import sys
 
-__all__ = ['is_whole', 'check_whole', 'is_digits', 'one_line']
+__all__ = ['LR_RANGE', 'is_whole', 'check_whole', 'is_digits', 'one_line']
+
+# The learning rates MXNet's SGD operators take: float32's normal range, 2**-126 to its largest
+# value (measured with 1.9.1: sgd_update refuses 3.5e38 and 1.1e-38 as "Out of range value").
+LR_RANGE = (2.0 ** -126, (2 - 2.0 ** -23) * 2.0 ** 127)
 
 
 def is_whole(value, least=1):

@@ -2,6 +2,7 @@
 calls ``check_train`` once, the step calls ``check_once`` (its first batch per network), every
 split calls ``check_split``. Each ``ValueError`` names the value and the fix.
 """
+import numbers
 import os
 import weakref
 
@@ -10,9 +11,9 @@ from mxnet import kv, nd
 from mxnet.gluon import nn
 
 from . import precision
-from .checks import check_whole
+from .checks import LR_RANGE, check_whole
 
-__all__ = ['check_network', 'check_init_dtype', 'check_train', 'check_trainer', 'check_batch_size', 'check_split', 'check_batch',
+__all__ = ['check_network', 'check_init', 'check_train', 'check_trainer', 'check_batch_size', 'check_split', 'check_batch',
            'check_once', 'simulated']
 
 
@@ -31,9 +32,16 @@ def check_network(model, models, sync_bn_devices, dtype):
                          'sync_bn_devices=None or dtype=\'float32\'')
 
 
-def check_init_dtype(dtype, devices, force_dtype):
-    """``precision.check_dtype``, and ``RuntimeError`` unless the networks of this process
-    compute in ``dtype`` (``new_network(..., dtype)``)."""
+def check_init(lr, dtype, devices, force_dtype):
+    """The arguments of ``init_training``: ``ValueError`` for a learning rate outside
+    ``LR_RANGE`` (negative, NaN: SGD would take it and train backwards, or to NaN),
+    ``precision.check_dtype``, and ``RuntimeError`` unless the networks of this process compute
+    in ``dtype`` (``new_network(..., dtype)``)."""
+    low, high = LR_RANGE
+    if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and low <= lr <= high):
+        raise ValueError("lr must be a finite number from %.8g to %.8g (what MXNet's float32 "
+                         "optimizer can use), got %r; for example lr=0.1, the book's per device"
+                         % (low, high, lr))
     precision.check_dtype(dtype, devices, force_dtype)
     active = precision.active_dtype()
     if active != dtype and (active is not None or dtype == 'bfloat16'):
@@ -49,7 +57,7 @@ def check_batch_size(batch_size, name='batch_size'):
                                       'divides by' % name)
 
 
-def check_train(devices, num_epochs, trainer):
+def check_train(devices, num_epochs, trainer, net=None):
     """``ValueError`` for arguments ``train()`` cannot run with: no device or one listed twice,
     ``num_epochs`` not a whole number >= 1, a ``trainer`` as ``check_trainer`` refuses."""
     if not devices:
@@ -61,24 +69,53 @@ def check_train(devices, num_epochs, trainer):
                          'once' % (', '.join(map(str, devices)), repeated[0]))
     check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
     if trainer is not None:
-        check_trainer(trainer, devices)
+        check_trainer(trainer, devices, net)
 
 
-def check_trainer(trainer, devices):
-    """``ValueError`` if ``trainer`` would run its optimizer as the kvstore's updater.
+def check_trainer(trainer, devices, net=None):
+    """``ValueError`` for a ``gluon.Trainer`` that cannot train ``net`` on ``devices`` as the
+    chapter does: one that leaves trained parameters of ``net`` out (one built for another
+    network), ``update_on_kvstore=True`` without a kvstore (MXNet makes none for one device,
+    then fails with an ``AttributeError``), no kvstore on two or more devices (each replica
+    would be updated with its own device's gradient), or one that would run its optimizer as
+    the kvstore's updater.
 
     MXNet calls that updater from C, where an exception (or Ctrl-C) of the optimizer is printed
     and dropped, and the run goes on with parameters that were not updated. It does so for a
     Trainer over two or more devices with a kvstore of this process ('device', 'local') unless
     it was made with ``update_on_kvstore=False`` (or ``MXNET_UPDATE_ON_KVSTORE=0``); a dist
-    kvstore updates on its servers, Horovod in Python. MXNet 1.9 has no public accessor for the
-    setting: it is read from the arguments the Trainer keeps (``_kvstore_params``).
+    kvstore updates on its servers, Horovod in Python. MXNet 1.9 has no public accessor for
+    these settings: they are read from what the Trainer keeps (``_params``,
+    ``_kvstore_params``).
     """
-    if not isinstance(trainer, __import__('mxnet').gluon.Trainer) or len(devices) < 2:
+    if not isinstance(trainer, __import__('mxnet').gluon.Trainer):
         return
+    if isinstance(net, nn.Block):
+        updated = {id(p) for p in trainer._params}
+        trained = [p for p in net.collect_params().values() if p.grad_req != 'null']
+        left = [p for p in trained if id(p) not in updated]
+        if left:
+            raise ValueError("the trainer does not update %s trained parameters of this network "
+                             "(the first is '%s'); create it for this network: "
+                             "gluon.Trainer(net.collect_params(), ...), or init_training(net, "
+                             "devices, lr)" % ('the %d' % len(trained) if len(left) == len(trained)
+                                               else '%d of the %d' % (len(left), len(trained)),
+                                               left[0].name))
     given = getattr(trainer, '_kvstore_params', {})
     store, on_kvstore = given.get('kvstore'), given.get('update_on_kvstore')
-    if on_kvstore is False or store is None:
+    # As mxnet.model._create_kvstore: a kvstore named by a string is made for 2+ devices only.
+    none = store is None or (isinstance(store, str) and 'dist' not in store and len(devices) < 2)
+    if none and on_kvstore:
+        raise ValueError('update_on_kvstore=True, but the trainer has no kvstore to update on '
+                         '(kvstore=%r on %d device%s: MXNet makes none); create it without '
+                         'update_on_kvstore, or with update_on_kvstore=False'
+                         % (store, len(devices), '' if len(devices) == 1 else 's'))
+    if store is None and len(devices) > 1:
+        raise ValueError("the trainer has no kvstore (kvstore=None), so each of the %d devices "
+                         "would update its replica with its own gradient and the replicas would "
+                         "drift apart; create it with kvstore='device' and "
+                         "update_on_kvstore=False, as init_training does" % len(devices))
+    if on_kvstore is False or none or len(devices) < 2:
         return
     if isinstance(store, kv.KVStoreBase):
         if 'dist' in store.type or not store.is_capable(kv.KVStoreBase.OPTIMIZER):
