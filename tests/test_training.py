@@ -733,10 +733,11 @@ def test_update_on_kvstore_without_a_kvstore_is_refused_in_one_line(kvstore):
     net = _initialized(devices)
     trainer = gluon.Trainer(net.collect_params(), 'sgd', {'learning_rate': 0.5},
                             kvstore=kvstore, update_on_kvstore=True)
+    shown = re.escape(repr(kvstore))
     with pytest.raises(ValueError, match=r"^update_on_kvstore=True, but the trainer has no "
                                          r"kvstore to update on \(kvstore=%s on 1 device: MXNet "
                                          r"makes none\); create it without update_on_kvstore, or "
-                                         r"with update_on_kvstore=False$" % re.escape(repr(kvstore))):
+                                         r"with update_on_kvstore=False$" % shown):
         gluon_mgpu.train(net, [BATCH], [BATCH], devices, 1, trainer, [])
 
 

@@ -1,6 +1,7 @@
 """The parameter-replica inspector: are the weights the same on every device? It compares the
 copies of every parameter, trained and frozen alike, and reports BatchNorm's running statistics,
-which are meant to differ, apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is ``gluon_mgpu/commands/replicas.py``.
+which are meant to differ, apart (docs/replicas.md). ``python -m gluon_mgpu.replicas`` is
+``gluon_mgpu/commands/replicas.py``.
 """
 import math
 from dataclasses import dataclass
