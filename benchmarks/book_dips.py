@@ -137,10 +137,11 @@ def cell_runs(records, other_runs, devices=DEVICES, path=None):
 
 def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
     """One dict per epoch 1-4: ``devices``, ``epoch``, ``runs`` (``cell_runs``), ``seeds`` (the
-    record's), ``mean``, ``gpu`` (the later editions' ``gpu_summary``), ``p_mean`` (the odds that as many
-    GPU runs average at most our mean), ``below`` (ours below the GPU runs' 10th percentile),
-    ``p_below`` (the odds that as many GPU runs hold as many or more below it), ``expected``
-    (how many of ours would, at the GPU runs' rate); the odds are Fractions, None without runs.
+    record's), ``mean``, ``gpu`` (the later editions' ``gpu_summary``), ``p_mean`` (the odds
+    that as many GPU runs average at most our mean), ``below`` (ours below the GPU runs' 10th
+    percentile), ``p_below`` (the odds that as many GPU runs hold as many or more below it),
+    ``expected`` (how many of ours would, at the GPU runs' rate); the odds are Fractions, None
+    without runs.
     """
     by_epoch = cell_runs(records, other_runs, devices, path)
     cells = []
@@ -149,8 +150,8 @@ def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
         gpu = gpu_runs['later', devices, e]
         summary = book_records.gpu_summary(gpu)
         values = [r['acc'] for r in runs]
-        cell = {'devices': devices, 'epoch': e, 'runs': runs, 'seeds': len({r['seed'] for r in runs
-                                                        if r['recorded']}),
+        cell = {'devices': devices, 'epoch': e, 'runs': runs,
+                'seeds': len({r['seed'] for r in runs if r['recorded']}),
                 'gpu': summary, 'mean': None, 'p_mean': None, 'below': None, 'p_below': None,
                 'expected': None}
         if values:

@@ -341,6 +341,7 @@ def test_pooled_of_the_record_keeps_each_run_whole(devices):
     # The GPU runs that reached epoch 4, each once: fewer than the runs of epoch 1.
     assert result['gpu_runs'] == len(whole) == len(GPU_RUNS['later', devices, 4])
     assert all(len(r) == 4 for r in whole)
+    assert sorted(r[3] for r in whole) == sorted(GPU_RUNS['later', devices, 4])
 
     def place(epoch, value):
         column = [round(r[epoch - 1] * 1000) for r in whole]
