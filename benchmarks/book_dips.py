@@ -1,8 +1,9 @@
-"""Do our 2-device runs dip more often than the GPU runs? Each 2-device cell of the book's table
-(epochs 1-4) holds every run of ours that reached it, measured as the later MXNet editions
-measure on 2 GPUs (the test set split over both devices, each with its own running statistics:
-the record's ``test_acc``), beside those editions' GPU runs (``book_records.read_gpu_runs``).
-Per cell two exact odds (``gpu_run_odds``, every draw with replacement counted):
+"""Do our runs dip more often than the GPU runs, and do they sit low? Each cell of the book's
+table (1 or 2 devices, epochs 1-4) holds every run of ours that reached it, measured as the
+later MXNet editions measure (the record's ``test_acc``: on 2 GPUs the test set split over both
+devices, each with its own running statistics; on 1 device the book's measure), beside those
+editions' GPU runs (``book_records.read_gpu_runs``). Per cell two exact odds (``gpu_run_odds``,
+every draw with replacement counted):
 
 - how often as many GPU runs average as low as ours;
 - how often as many GPU runs hold as many values below the GPU runs' own 10th percentile.
@@ -12,8 +13,14 @@ the same code whose epochs are not in it (docs/book-table-other-runs.jsonl: runs
 record holds from another machine at those epochs). The question is answered once every cell
 holds ``MIN_DIP_SEEDS`` seeds of the record: our runs dip more often than the GPU runs when one
 of the eight odds is below ``FAMILY_ODDS`` shared over the eight (Bonferroni), as the GPU runs
-do otherwise. ``book_table.py --tables`` writes the answer into docs/book-comparison.md and
-both notebooks; functions here return data and text.
+do otherwise.
+
+Whether our runs sit low is asked once per setting, over all its cells (``pooled``): each of
+our values takes its place among the GPU runs of its epoch, and the mean place is set against
+GPU runs drawn whole, one for each run of ours (a seed on a machine) at that run's epochs, so
+the epochs one run shares count as one draw; the odds are exact. Below ``POOLED_ODDS`` our runs
+sit low. ``book_table.py --tables`` writes both answers into docs/book-comparison.md and both
+notebooks; functions here return data and text.
 """
 import json
 import os
@@ -21,12 +28,13 @@ from fractions import Fraction
 
 import book_records
 from book_records import RecordError, machine_keys, machine_of, table_records
-from gpu_run_odds import at_least_below, mean_at_most
+from gpu_run_odds import at_least_below, mean_at_most, sum_at_most
 
 OTHER_RUNS = os.path.join(book_records.ROOT, 'docs', 'book-table-other-runs.jsonl')
 DEVICES = 2
 MIN_DIP_SEEDS = 6
 FAMILY_ODDS = Fraction(5, 100)  # shared by the cells' odds: 2 per epoch
+POOLED_ODDS = Fraction(1, 100)  # one per setting: below it, our runs sit low
 OTHER_LIMIT = 1 << 20  # bytes
 _MACHINE = ('cpu', 'cpu_flags', 'dnnl_max_cpu_isa', 'threads')
 _OTHER_FIELDS = ('devices', 'seed', 'epoch', 'test_acc', 'note') + _MACHINE
@@ -128,11 +136,12 @@ def cell_runs(records, other_runs, devices=DEVICES, path=None):
 
 
 def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
-    """One dict per epoch 1-4: ``epoch``, ``runs`` (``cell_runs``), ``seeds`` (the record's),
-    ``mean``, ``gpu`` (the later editions' ``gpu_summary``), ``p_mean`` (the odds that as many
-    GPU runs average at most our mean), ``below`` (ours below the GPU runs' 10th percentile),
-    ``p_below`` (the odds that as many GPU runs hold as many or more below it), ``expected``
-    (how many of ours would, at the GPU runs' rate); the odds are Fractions, None without runs.
+    """One dict per epoch 1-4: ``devices``, ``epoch``, ``runs`` (``cell_runs``), ``seeds`` (the
+    record's), ``mean``, ``gpu`` (the later editions' ``gpu_summary``), ``p_mean`` (the odds
+    that as many GPU runs average at most our mean), ``below`` (ours below the GPU runs' 10th
+    percentile), ``p_below`` (the odds that as many GPU runs hold as many or more below it),
+    ``expected`` (how many of ours would, at the GPU runs' rate); the odds are Fractions, None
+    without runs.
     """
     by_epoch = cell_runs(records, other_runs, devices, path)
     cells = []
@@ -141,8 +150,8 @@ def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
         gpu = gpu_runs['later', devices, e]
         summary = book_records.gpu_summary(gpu)
         values = [r['acc'] for r in runs]
-        cell = {'epoch': e, 'runs': runs, 'seeds': len({r['seed'] for r in runs
-                                                        if r['recorded']}),
+        cell = {'devices': devices, 'epoch': e, 'runs': runs,
+                'seeds': len({r['seed'] for r in runs if r['recorded']}),
                 'gpu': summary, 'mean': None, 'p_mean': None, 'below': None, 'p_below': None,
                 'expected': None}
         if values:
@@ -192,9 +201,9 @@ WORDS = {
                  'as often': 'dips as the GPU runs do'},
         'open': 'Not answered yet: the record holds %s seeds at epochs 1-%d, %d needed at '
                 'each. So far the lowest of the odds is %s (epoch %d, %s).',
-        'more': 'Our 2-device runs dip **more often** than the GPU runs: at epoch %d the odds '
+        'more': 'Our %d-device runs dip **more often** than the GPU runs: at epoch %d the odds '
                 '%s (%s) are below %s, the 5%% shared over the %d odds.',
-        'as often': 'Our 2-device runs dip **as the GPU runs do**: the lowest of the %d odds '
+        'as often': 'Our %d-device runs dip **as the GPU runs do**: the lowest of the %d odds '
                     'is %s (epoch %d, %s), above %s, the 5%% shared over them; in all %d of '
                     'our %d values read below the GPU runs\' 10th percentile, where %.1f would '
                     'at their rate.',
@@ -212,11 +221,11 @@ WORDS = {
                  'as often': '与 GPU 运行一样偶尔下探'},
         'open': '尚未回答：记录中各格的随机种子数为 %s（第 1-%d 个迭代周期），每格需要 %d 个。目前各'
                 '概率中最低的是 %s（第 %d 个迭代周期，%s）。',
-        'more': '我们的 2 设备运行比 GPU 运行**更常下探**：第 %d 个迭代周期的概率 %s（%s）低于 %s，'
+        'more': '我们的 %d 设备运行比 GPU 运行**更常下探**：第 %d 个迭代周期的概率 %s（%s）低于 %s，'
                 '即 5%% 由 %d 个概率分担后的份额。',
-        'as often': '我们的 2 设备运行**与 GPU 运行一样**偶尔下探：%d 个概率中最低的是 %s（第 %d '
-                    '个迭代周期，%s），高于 %s，即 5%% 由它们分担后的份额；总计我们 %d 个数值中'
-                    '有 %d 个低于 GPU 运行的第 10 百分位，按 GPU 的比例应有 %.1f 个。',
+        'as often': '我们的 %d 设备运行**与 GPU 运行一样**偶尔下探：%d 个概率中最低的是 %s（第 %d '
+                    '个迭代周期，%s），高于 %s，即 5%% 由它们分担后的份额；总计我们有 %d 个数值'
+                    '低于 GPU 运行的第 10 百分位（共 %d 个），按 GPU 的比例应有 %.1f 个。',
         'mean': '均值', 'below': '低于第 10 百分位的个数',
         'counts': lambda counts: '、'.join(counts),
     },
@@ -233,16 +242,20 @@ def _runs(cell):
     return ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine']) for r in cell['runs'])
 
 
-DIP_TITLES = ['epoch', 'our runs: seed, accuracy split over both devices, machine',
-              'runs (seeds of the record)', 'our mean',
-              'later editions on 2 GPUs: runs, median (10th pct.)',
-              'odds: as many GPU runs average as low', 'ours below their 10th pct. (expected)',
-              'odds: as many GPU runs hold as many below', 'answer']
+def dip_titles(devices):
+    """The titles of ``dip_rows``' columns for ``devices`` (1 or 2)."""
+    return ['epoch', 'our runs: seed, accuracy %s, machine' % (
+                'split over both devices' if devices == 2 else 'on device 0 (the book\'s)'),
+            'runs (seeds of the record)', 'our mean',
+            'later editions on %d GPU%s: runs, median (10th pct.)' % (devices,
+                                                                      's' * (devices > 1)),
+            'odds: as many GPU runs average as low', 'ours below their 10th pct. (expected)',
+            'odds: as many GPU runs hold as many below', 'answer']
 
 
 def dip_rows(cells):
-    """The page's table of ``dip_cells``: lists of cell texts, headed by ``DIP_TITLES``."""
-    rows = [DIP_TITLES]
+    """The page's table of ``dip_cells``: lists of cell texts, headed by ``dip_titles``."""
+    rows = [dip_titles(cells[0]['devices'])]
     for c in cells:
         if not c['runs']:
             rows.append([str(c['epoch']), '-', '0 (0)'] + ['-'] * 5 + [
@@ -283,11 +296,12 @@ def dip_answer(cells, lang='en'):
     if status == 'open':
         counts = words['counts']([str(c['seeds']) for c in cells])
         return words['open'] % ((counts, len(cells), MIN_DIP_SEEDS) + said)
+    devices = cells[0]['devices']
     if status == 'more':
-        return words['more'] % (lowest[1], percent(lowest[0]), words[lowest[2]], cut,
+        return words['more'] % (devices, lowest[1], percent(lowest[0]), words[lowest[2]], cut,
                                 2 * len(cells))
     ran = [c for c in cells if c['runs']]
-    return words['as often'] % ((2 * len(cells),) + said + (
+    return words['as often'] % ((devices, 2 * len(cells)) + said + (
         cut, sum(c['below'] for c in ran),
         sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
 
@@ -296,3 +310,153 @@ def format_dips(cells, lang='en'):
     """The notebooks' answer in ``lang``: ``dip_list``'s lines, then ``dip_answer``."""
     text = dip_answer(cells, lang)
     return dip_list(cells, lang) + ([] if text is None else ['', text])
+
+
+def _ticks(value):
+    return round(value * 1000)  # thousandths, as the GPU runs print them
+
+
+def pooled(cells, whole_runs):
+    """Whether our runs of one setting sit low, over all its cells: ``devices``, ``runs`` (one
+    dict per run of ours, a seed on a machine: ``seed``, ``machine``, ``acc`` ``{epoch:
+    accuracy}`` and ``place``), ``values``, ``gpu_runs`` (how many whole runs), ``place`` (our
+    values' mean place among the GPU runs) and ``odds`` (a Fraction, None without runs).
+
+    A value's place among the GPU runs of its epoch is the share of them below it, those equal
+    to it counting half (both in thousandths, as the GPU runs print them): 0 lowest, 1 highest.
+    ``odds`` is exact: the share of all draws, one of ``whole_runs`` (the later editions' runs
+    of the setting with epochs 1-4, ``book_records.read_gpu_runs(whole=True)``) for each run of
+    ours, taken at that run's epochs, whose mean place is at most ours. Drawn whole, the GPU
+    runs carry each run's epochs together, as a seed of ours does; their mean place is 0.5.
+    """
+    columns = [sorted(_ticks(r[e]) for r in whole_runs) for e in range(book_records.RUN_EPOCHS)]
+
+    def score(epoch, value):  # twice the count below, plus the count equal
+        column, t = columns[epoch - 1], _ticks(value)
+        return 2 * sum(g < t for g in column) + sum(g == t for g in column)
+    runs = {}
+    for c in cells:
+        for r in c['runs']:
+            runs.setdefault((r['seed'], r['machine']), {})[c['epoch']] = r['acc']
+    n = len(whole_runs)
+    result = {'devices': cells[0]['devices'], 'runs': [], 'values': 0, 'gpu_runs': n,
+              'place': None, 'odds': None}
+    ours, groups = 0, []
+    for (seed, machine), acc in sorted(runs.items()):
+        mine = sum(score(e, v) for e, v in acc.items())
+        result['runs'].append({'seed': seed, 'machine': machine, 'acc': acc,
+                               'place': Fraction(mine, 2 * n * len(acc))})
+        groups.append([sum(score(e, r[e - 1]) for e in acc) for r in whole_runs])
+        ours += mine
+        result['values'] += len(acc)
+    if groups:
+        result.update(place=Fraction(ours, 2 * n * result['values']),
+                      odds=sum_at_most(groups, ours))
+    return result
+
+
+POOLED_WORDS = {
+    'en': {
+        'row': '- %(devices)d device%(s)s, each run of ours (seed, machine, epochs) with its mean '
+               'place: %(each)s; over all %(values)d values %(place).3f, where GPU runs drawn '
+               'whole average 0.500; %(odds)s of the %(n)d^%(k)d draws place as low',
+        'empty': '- %(devices)d device%(s)s: no run yet',
+        'low': 'Our %(devices)d-device runs **sit low**: their mean place among the GPU runs is '
+               '%(place).3f (GPU runs drawn whole: 0.500), and whole GPU runs drawn for our '
+               '%(runs)d runs place as low only %(odds)s of the time, below %(cut)s. Next, '
+               'before the next table, each cause this page names is to be tested by an '
+               'experiment: %(causes)s.',
+        'not low': 'Our %(devices)d-device runs do not sit low beyond chance: their mean place '
+                   'among the GPU runs is %(place).3f (GPU runs drawn whole: 0.500), and whole '
+                   'GPU runs drawn for our %(runs)d runs place as low %(odds)s of the time, not '
+                   'below %(cut)s.',
+        'causes': 'the running statistics\' update on the last, short batch; BatchNorm\'s '
+                  'update on the CPU against cuDNN\'s on the GPUs; the order of the data',
+    },
+    'zh': {
+        'row': '- %(devices)d 个设备，我们的每次运行（随机种子、机器、迭代周期）及其平均位置：'
+               '%(each)s；全部 %(values)d 个数值的平均位置 %(place).3f，整次抽取的 GPU 运行平均为 '
+               '0.500；%(n)d^%(k)d 次抽取中位置这么低的占 %(odds)s',
+        'empty': '- %(devices)d 个设备：尚无运行',
+        'low': '我们的 %(devices)d 设备运行**偏低**：它们在 GPU 运行中的平均位置为 %(place).3f'
+               '（整次抽取的 GPU 运行为 0.500），为我们 %(runs)d 次运行整次抽取的 GPU 运行位置同样低'
+               '的概率只有 %(odds)s，低于 %(cut)s。下一步，在下一张表之前，本页列出的每个原因都要用'
+               '实验检验：%(causes)s。',
+        'not low': '我们的 %(devices)d 设备运行并未超出偶然地偏低：它们在 GPU 运行中的平均位置为 '
+                   '%(place).3f（整次抽取的 GPU 运行为 0.500），为我们 %(runs)d 次运行整次抽取的 '
+                   'GPU 运行位置同样低的概率为 %(odds)s，不低于 %(cut)s。',
+        'causes': '最后一个较小批量对运行统计量的更新；CPU 上与 GPU 上 cuDNN 的 BatchNorm 更新之差；'
+                  '数据的顺序',
+    },
+}
+
+
+def _each_run(result):
+    return ', '.join('s%d %s %s %.2f' % (r['seed'], r['machine'], _epochs(sorted(r['acc'])),
+                                         r['place']) for r in result['runs'])
+
+
+def _epochs(epochs):
+    if epochs == list(range(epochs[0], epochs[-1] + 1)) and len(epochs) > 1:
+        return '%d-%d' % (epochs[0], epochs[-1])
+    return ','.join(map(str, epochs))
+
+
+def pooled_verdict(result):
+    """'low' when ``pooled``'s odds are below ``POOLED_ODDS``, else 'not low'; None without
+    runs."""
+    if result['odds'] is None:
+        return None
+    return 'low' if result['odds'] < POOLED_ODDS else 'not low'
+
+
+def pooled_answer(result, lang='en'):
+    """``pooled``'s answer in ``lang`` ('en' or 'zh'), one sentence when the odds are not below
+    ``POOLED_ODDS``, else with the candidate causes to test next; None without runs."""
+    verdict = pooled_verdict(result)
+    if verdict is None:
+        return None
+    words = POOLED_WORDS[lang]
+    return words[verdict] % dict(result, place=float(result['place']), runs=len(result['runs']),
+                                 odds=percent(result['odds']), causes=words['causes'],
+                                 cut='%g%%' % (100 * float(POOLED_ODDS)))
+
+
+POOLED_TITLES = ['setting', 'each run of ours: seed, machine, epochs, mean place', 'runs',
+                 'values', 'our mean place (GPU runs: 0.500)', 'later editions\' whole runs',
+                 'odds: as many whole GPU runs place as low', 'answer']
+
+
+def pooled_rows(results):
+    """The page's table of ``pooled`` per setting: lists of cell texts, headed by
+    ``POOLED_TITLES``."""
+    rows = [POOLED_TITLES]
+    for r in results:
+        setting = '%d device%s' % (r['devices'], 's' * (r['devices'] > 1))
+        verdict = pooled_verdict(r)
+        if verdict is None:
+            rows.append([setting, '-', '0', '0', '-', str(r['gpu_runs']), '-', '-'])
+            continue
+        rows.append([setting, _each_run(r), str(len(r['runs'])), str(r['values']),
+                     '%.3f' % r['place'], str(r['gpu_runs']), percent(r['odds']),
+                     'sits low' if verdict == 'low' else 'not below %g%%' % (
+                         100 * float(POOLED_ODDS))])
+    return rows
+
+
+def pooled_text(results, lang='en'):
+    """Each setting's answer (``pooled_answer``) in ``lang``, one paragraph."""
+    return (' ' if lang == 'en' else '').join(
+        a for a in (pooled_answer(r, lang) for r in results) if a is not None)
+
+
+def format_pooled(results, lang='en'):
+    """The notebooks' lines of ``pooled`` per setting (``results``) in ``lang``: one Markdown
+    list line each, then ``pooled_text``."""
+    words = POOLED_WORDS[lang]
+    lines = [words['row'] % dict(r, s='s' * (r['devices'] > 1), each=_each_run(r),
+                                 place=float(r['place']), odds=percent(r['odds']),
+                                 n=r['gpu_runs'], k=len(r['runs'])) if r['runs']
+             else words['empty'] % dict(r, s='s' * (r['devices'] > 1)) for r in results]
+    text = pooled_text(results, lang)
+    return lines + (['', text] if text else [])

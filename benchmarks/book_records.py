@@ -316,9 +316,11 @@ SAME_CODE = 'd2l-zh 1.x (d2lzh, MXNet nd)'  # the chapter's exact code, 4 epochs
 LATER = '(MXNet np)'  # the later MXNet editions of the same experiment (10 epochs)
 
 
-def read_gpu_runs(path=GPU_RUNS):
+def read_gpu_runs(path=GPU_RUNS, whole=False):
     """The GPU runs' test accuracies: ``{('same', gpus, epoch): [...], ('later', gpus, epoch):
-    [...]}`` for gpus 1, 2 and epochs 1-4 (the PyTorch edition's runs are left out).
+    [...]}`` for gpus 1, 2 and epochs 1-4 (the PyTorch edition's runs are left out); with
+    ``whole``, the runs that reached epoch 4, one tuple of epochs 1-4 each: ``{('same', gpus):
+    [(e1, e2, e3, e4), ...], ('later', gpus): [...]}``.
 
     Raises
     ------
@@ -333,10 +335,11 @@ def read_gpu_runs(path=GPU_RUNS):
         group = 'same' if edition == SAME_CODE else 'later' if edition.endswith(LATER) else None
         if group is None:
             continue
+        values = []
         for e in range(1, RUN_EPOCHS + 1):
             text = row.get('acc_e%d' % e) or ''
             if not text:
-                continue  # a run of fewer epochs
+                break  # a run of fewer epochs
             try:
                 value = float(text)
             except ValueError:
@@ -345,6 +348,10 @@ def read_gpu_runs(path=GPU_RUNS):
                 raise ValueError('%s, line %d: acc_e%d is %r with gpus %r, not an accuracy '
                                  'from 0 to 1 on 1 or 2 GPUs' % (path, number, e, text,
                                                                  row.get('gpus')))
+            values.append(value)
+        if whole and len(values) == RUN_EPOCHS:
+            runs.setdefault((group, int(row['gpus'])), []).append(tuple(values))
+        for e, value in enumerate(values if not whole else (), 1):
             runs.setdefault((group, int(row['gpus']), e), []).append(value)
     return runs
 

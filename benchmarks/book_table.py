@@ -758,13 +758,16 @@ def record_report(records, old_records, bf16_records, devices, other_runs=()):
     """The parts of a report that come from the records alone: ``seconds`` (rows of seconds
     per epoch and the speed-up in ``compare``'s table, for ``devices``), ``accuracy``,
     ``machines`` (the legend of the machines its values name), ``old_step``, ``diagnosis``,
-    ``dtypes`` (see ``page_blocks``) and ``dips`` (``book_dips.dip_cells`` of the records and
-    ``other_runs``, ``book_dips.read_other_runs``)."""
+    ``dtypes`` (see ``page_blocks``), ``dips`` (``{devices: book_dips.dip_cells}`` of the
+    records and ``other_runs``, ``book_dips.read_other_runs``, for 1 and 2 devices) and
+    ``pooled`` (``book_dips.pooled`` of each)."""
     warmups = sorted({r['warmup_steps'] for r in records if r['warmup_steps']})
     gpu_runs = book_records.read_gpu_runs()
+    dips = {d: book_dips.dip_cells(records, other_runs, gpu_runs, d) for d in (1, 2)}
+    whole = book_records.read_gpu_runs(whole=True)
     return {'seconds': book_records.training_rows(devices, records),
-            'accuracy': book_records.accuracy_cells(records, gpu_runs),
-            'dips': book_dips.dip_cells(records, other_runs, gpu_runs),
+            'accuracy': book_records.accuracy_cells(records, gpu_runs), 'dips': dips,
+            'pooled': [book_dips.pooled(dips[d], whole['later', d]) for d in (1, 2)],
             'machines': book_records.machine_legend(records),
             'old_step': old_step_cells(records, old_records),
             'diagnosis': diagnosis_rows(records, warmups),
@@ -779,9 +782,13 @@ def record_blocks(report):
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
     blocks = {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
-    answer = book_dips.dip_answer(report['dips'])
-    blocks['dips'] = '\n'.join(_markdown_table(book_dips.dip_rows(report['dips'])) + (
-        [] if answer is None else ['', answer]))
+    for name, d in (('dips-1', 1), ('dips', 2)):
+        answer = book_dips.dip_answer(report['dips'][d])
+        blocks[name] = '\n'.join(_markdown_table(book_dips.dip_rows(report['dips'][d])) + (
+            [] if answer is None else ['', answer]))
+    answer = book_dips.pooled_text(report['pooled'])
+    blocks['pooled'] = '\n'.join(_markdown_table(book_dips.pooled_rows(report['pooled'])) + (
+        ['', answer] if answer else []))
     return blocks
 
 
@@ -884,10 +891,20 @@ def fill_notebook_legend(source, lines):
     return _fill_marked(source, 'machines', lines, 'the legend of the machines')
 
 
-def fill_notebook_dips(source, lines):
-    """``source`` with the answer to the dip question (``book_dips.format_dips``) between its
-    ``dips`` markers (``_fill_marked``)."""
-    return _fill_marked(source, 'dips', lines, 'the answer to the dip question')
+def fill_notebook_dips(source, report, lang):
+    """``source`` with ``record_report``'s answers in ``lang`` between their markers
+    (``_fill_marked``): the dip question's (``book_dips.format_dips``) for 1 device
+    (``dips-1``) and 2 (``dips``), and whether our runs sit low (``book_dips.format_pooled``,
+    ``pooled``)."""
+    for name, lines, what in (
+            ('dips-1', book_dips.format_dips(report['dips'][1], lang),
+             'the 1-device answer to the dip question'),
+            ('dips', book_dips.format_dips(report['dips'][2], lang),
+             'the answer to the dip question'),
+            ('pooled', book_dips.format_pooled(report['pooled'], lang),
+             'the answer whether our runs sit low')):
+        source = _fill_marked(source, name, lines, what)
+    return source
 
 
 def write_page(devices, data_dir=None, tables_only=False, record=None):
@@ -924,8 +941,7 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
                 raise ValueError('it holds %d cells tagged book-table, not one' % len(cells))
             cells[0].source = fill_notebook_dips(fill_notebook_legend(fill_notebook_table(
                 cells[0].source, book_records.notebook_table(report['accuracy'], lang)),
-                book_records.notebook_legend(report['machines'], lang)),
-                book_dips.format_dips(report['dips'], lang))
+                book_records.notebook_legend(report['machines'], lang)), report, lang)
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
     for path in new:  # a link or a folder found now, not after the page is written
         with _page_file(path):

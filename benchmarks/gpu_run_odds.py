@@ -29,13 +29,20 @@ PROG = 'benchmarks/gpu_run_odds.py'
 def mean_at_most(values, n, x):
     """Probability that ``n`` draws with replacement from ``values`` average at most ``x``,
     exact: the values are counted in thousandths and the sum's distribution convolved."""
-    ticks = np.array([round(v * 1000) for v in values])
-    one = np.bincount(ticks).astype(object)  # exact integer counts
-    total = np.array([1], dtype=object)
-    for _ in range(n):
-        total = np.convolve(total, one)
-    limit = int(np.floor(x * 1000 * n + 1e-9))
-    return Fraction(int(total[:limit + 1].sum()), len(values) ** n)
+    ticks = [round(v * 1000) for v in values]
+    return sum_at_most([ticks] * n, int(np.floor(x * 1000 * n + 1e-9)))
+
+
+def sum_at_most(groups, limit):
+    """Probability that one draw from each of ``groups`` (lists of whole numbers from 0, each
+    equally likely) sums to at most ``limit``, exact: the sum's distribution is convolved."""
+    total = np.array([1], dtype=object)  # exact integer counts
+    for group in groups:
+        total = np.convolve(total, np.bincount(group).astype(object))
+    draws = 1
+    for group in groups:
+        draws *= len(group)
+    return Fraction(int(total[:max(limit + 1, 0)].sum()), draws)
 
 
 def at_least_below(values, n, k, y):

@@ -1,5 +1,7 @@
-"""The answer to the dip question (benchmarks/book_dips.py): every 2-device run of ours beside
-the later editions' GPU runs, with exact odds, on the page and in both notebooks."""
+"""The answers to the dip question and whether our runs sit low (benchmarks/book_dips.py): every
+run of ours on 1 and 2 devices beside the later editions' GPU runs, with exact odds, on the page
+and in both notebooks."""
+import collections
 import json
 import os
 import sys
@@ -18,6 +20,7 @@ import gpu_run_odds  # noqa: E402
 pytestmark = pytest.mark.bench
 
 GPU_RUNS = book_records.read_gpu_runs()
+WHOLE_RUNS = book_records.read_gpu_runs(whole=True)
 RECORDS = book_records.read_records(book_records.DEFAULT_RECORD)
 XEON = 'Intel(R) Xeon(R) Processor'
 
@@ -53,10 +56,11 @@ def test_the_odds_are_the_issues_and_gpu_run_odds_prints_the_same(capsys):
         assert out[2].endswith(': %.1f%%' % (100 * float(cell['p_below']))), out
 
 
-def test_every_run_of_a_cell_is_the_records_and_the_other_runs():
-    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS)
-    recorded = book_records.table_records(RECORDS, 2)
-    others = [r for r in book_dips.read_other_runs() if r['devices'] == 2]
+@pytest.mark.parametrize('devices', [1, 2])
+def test_every_run_of_a_cell_is_the_records_and_the_other_runs(devices):
+    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS, devices)
+    recorded = book_records.table_records(RECORDS, devices)
+    others = [r for r in book_dips.read_other_runs() if r['devices'] == devices]
     keys = book_records.machine_keys(book_records.book_cell_records(RECORDS))
     for cell in cells:
         mine = recorded.get(cell['epoch'], [])
@@ -66,12 +70,17 @@ def test_every_run_of_a_cell_is_the_records_and_the_other_runs():
             [(r['seed'], r['test_acc'], 'B') for r in others if r['epoch'] == cell['epoch']])
         values = [r['acc'] for r in cell['runs']]
         assert cell['mean'] == pytest.approx(sum(values) / len(values))
-        p10 = book_records.gpu_summary(GPU_RUNS['later', 2, cell['epoch']])['p10']
+        p10 = book_records.gpu_summary(GPU_RUNS['later', devices, cell['epoch']])['p10']
         assert cell['below'] == sum(v < p10 for v in values)
+        assert cell['devices'] == devices
     # The Xeon's epochs 1-3 of seeds 0-2 are machine B of the legend, whose epoch 4 is recorded.
     assert sorted((r['seed'], r['epoch']) for r in others) == [(s, e) for s in (0, 1, 2)
                                                                for e in (1, 2, 3)]
-    assert cells[0]['runs'][-1] == {'seed': 2, 'acc': 0.5872, 'machine': 'B', 'recorded': False}
+    assert cells[0]['runs'][-1] == {'seed': 2, 'acc': {1: 0.88, 2: 0.5872}[devices],
+                                    'machine': 'B', 'recorded': False}
+    # On 1 device the cells hold the record's device 0, the book's measure.
+    assert devices == 2 or all(r['test_acc'] == r['acc_running'][0]
+                               for rs in recorded.values() for r in rs)
 
 
 def test_the_answer_waits_for_six_seeds_and_shares_five_percent_over_eight_odds():
@@ -183,39 +192,190 @@ def test_a_tampered_other_runs_file_is_one_line_and_exit_2_and_writes_nothing(
                                      'rb').read()
 
 
-def test_the_page_gives_each_cell_and_the_answer_of_the_records():
-    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS)
+@pytest.mark.parametrize('name, devices', [('dips-1', 1), ('dips', 2)])
+def test_the_page_gives_each_cell_and_the_answer_of_the_records(name, devices):
+    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS, devices)
     with open(book_table.PAGE, encoding='utf-8') as f:
-        block = book_table.read_blocks(f.read())['dips'].split('\n')
-    assert block[0] == '| %s |' % ' | '.join(book_dips.DIP_TITLES)
+        block = book_table.read_blocks(f.read())[name].split('\n')
+    assert block[0] == '| %s |' % ' | '.join(book_dips.dip_titles(devices))
     rows = [line.strip('|').split(' | ') for line in block[2:6]]
     assert [[c.strip() for c in row] for row in rows] == [
         [str(c['epoch']), ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine'])
                                     for r in c['runs']),
          '%d (%d)' % (len(c['runs']), c['seeds']), '%.3f' % c['mean'],
-         '%d, %.3f (%.3f)' % (len(GPU_RUNS['later', 2, c['epoch']]), c['gpu']['median'],
+         '%d, %.3f (%.3f)' % (len(GPU_RUNS['later', devices, c['epoch']]), c['gpu']['median'],
                               c['gpu']['p10']),
          book_dips.percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
          book_dips.percent(c['p_below']), book_dips._verdict(c, cells, 'en')] for c in cells]
     assert block[6:] == ['', book_dips.dip_answer(cells)]
 
 
+def _marked(text, name):
+    return text.split('<!-- begin %s -->\n' % name)[1].split('<!-- end %s -->' % name)[0]
+
+
 @pytest.mark.parametrize('lang', sorted(book_table.NOTEBOOKS))
-def test_both_notebooks_give_the_answer_of_the_records(lang):
-    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS)
+def test_both_notebooks_give_the_answers_of_the_records(lang):
     nb = json.load(open(book_table.NOTEBOOKS[lang], encoding='utf-8'))
     [cell] = [c for c in nb['cells'] if 'book-table' in c['metadata'].get('tags', [])]
     text = ''.join(cell['source'])
-    assert text.split('<!-- begin dips -->\n')[1].split('<!-- end dips -->')[0] == ''.join(
-        line + '\n' for line in book_dips.dip_list(cells, lang) + [
-            '', book_dips.dip_answer(cells, lang)])
+    results = []
+    for name, devices in (('dips-1', 1), ('dips', 2)):
+        cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS, devices)
+        assert _marked(text, name) == ''.join(line + '\n' for line in book_dips.dip_list(
+            cells, lang) + ['', book_dips.dip_answer(cells, lang)])
+        results.append(book_dips.pooled(cells, WHOLE_RUNS['later', devices]))
+    lines = _marked(text, 'pooled').split('\n')
+    assert lines[-1] == '' and lines[2] == ''
+    for line, r in zip(lines, results):
+        assert line.startswith({'en': '- %d device%s, each run of ours', 'zh': '- %d 个设备，'}[
+            lang] % ((r['devices'], 's' * (r['devices'] > 1)) if lang == 'en' else
+                     r['devices']))
+        assert ('%.3f' % r['place']) in line and book_dips.percent(r['odds']) in line
+        assert '105^%d' % len(r['runs']) in line
+    assert lines[3] == book_dips.pooled_text(results, lang)
 
 
-def test_fill_notebook_dips_needs_its_markers():
-    assert book_table.fill_notebook_dips('a\n<!-- begin dips -->\nold\n<!-- end dips -->\n',
-                                         ['- one', '', 'two']) == (
-        'a\n<!-- begin dips -->\n- one\n\ntwo\n<!-- end dips -->\n')
-    with pytest.raises(ValueError, match='holds no "<!-- begin dips -->" ... "<!-- end dips '
-                                         '-->" lines, so the answer to the dip question would '
-                                         'not be written'):
-        book_table.fill_notebook_dips('a\n', ['- one'])
+def test_fill_notebook_dips_fills_each_answer_and_needs_its_markers():
+    report = {'dips': {d: book_dips.dip_cells(RECORDS, [], GPU_RUNS, d) for d in (1, 2)}}
+    report['pooled'] = [book_dips.pooled(report['dips'][d], WHOLE_RUNS['later', d])
+                        for d in (1, 2)]
+    source = ''.join('<!-- begin %s -->\nold\n<!-- end %s -->\n' % (n, n)
+                     for n in ('dips', 'dips-1', 'pooled'))
+    assert book_table.fill_notebook_dips('a\n' + source, report, 'en') == 'a\n' + ''.join(
+        '<!-- begin %s -->\n%s<!-- end %s -->\n' % (n, ''.join(line + '\n' for line in lines), n)
+        for n, lines in (('dips', book_dips.format_dips(report['dips'][2])),
+                         ('dips-1', book_dips.format_dips(report['dips'][1])),
+                         ('pooled', book_dips.format_pooled(report['pooled']))))
+    for name, what in (('dips-1', 'the 1-device answer to the dip question'),
+                       ('dips', 'the answer to the dip question'),
+                       ('pooled', 'the answer whether our runs sit low')):
+        without = source.replace('<!-- begin %s -->' % name, '')
+        with pytest.raises(ValueError, match='holds no "<!-- begin %s -->" ... "<!-- end %s '
+                                             '-->" lines, so %s would not be written'
+                                             % (name, name, what)):
+            book_table.fill_notebook_dips(without, report, 'en')
+
+
+def test_sum_at_most_counts_every_draw_exactly():
+    assert gpu_run_odds.sum_at_most([[0, 1], [0, 1]], 1) == Fraction(3, 4)
+    assert gpu_run_odds.sum_at_most([[0, 2, 4], [1]], 2) == Fraction(1, 3)
+    assert gpu_run_odds.sum_at_most([[0, 2, 4], [1]], 5) == 1
+    assert gpu_run_odds.sum_at_most([[3, 4], [1]], 0) == 0
+    assert gpu_run_odds.sum_at_most([[3, 4], [1]], -5) == 0  # no draw sums below 0
+    # mean_at_most is the sum of thousandths: 0.5 and 0.7, two draws average at most 0.6 in 3
+    # of 4 (1.0, 1.2, 1.2; not 1.4).
+    assert gpu_run_odds.mean_at_most([0.5, 0.7], 2, 0.6) == Fraction(3, 4)
+
+
+def _tiny(first, second, third):
+    """Cells of 1 device: seed 0 on machine A at epochs 1 and 2, seed 1 at epoch 2."""
+    runs = {1: [{'seed': 0, 'acc': first, 'machine': 'A', 'recorded': True}],
+            2: [{'seed': 0, 'acc': second, 'machine': 'A', 'recorded': True},
+                {'seed': 1, 'acc': third, 'machine': 'A', 'recorded': True}]}
+    return [{'devices': 1, 'epoch': e, 'runs': runs.get(e, [])} for e in (1, 2, 3, 4)]
+
+
+THREE = [(0.1,) * 4, (0.2,) * 4, (0.3,) * 4]
+
+
+def test_pooled_places_each_value_and_counts_whole_draws_exactly():
+    # Places among 0.1, 0.2, 0.3: 0.15 is above one (1/3), 0.2 above one and equal to one
+    # (1/2), 0.35 above all (1). Seed 0's run: 5/12; seed 1's: 1; all three values: 11/18.
+    result = book_dips.pooled(_tiny(0.15, 0.2, 0.35), THREE)
+    assert [(r['seed'], r['machine'], r['acc'], r['place']) for r in result['runs']] == [
+        (0, 'A', {1: 0.15, 2: 0.2}, Fraction(5, 12)), (1, 'A', {2: 0.35}, Fraction(1))]
+    assert (result['values'], result['gpu_runs'], result['place']) == (3, 3, Fraction(11, 18))
+    # A whole GPU run drawn for seed 0 scores 2, 6 or 10 (its two epochs), one for seed 1
+    # 1, 3 or 5; ours score 11: 7 of the 9 draws are at most that.
+    assert result['odds'] == Fraction(7, 9)
+    assert book_dips.pooled_verdict(result) == 'not low'
+    assert book_dips.pooled_answer(result) == (
+        'Our 1-device runs do not sit low beyond chance: their mean place among the GPU runs is '
+        '0.611 (GPU runs drawn whole: 0.500), and whole GPU runs drawn for our 2 runs place as '
+        'low 77.8% of the time, not below 1%.')
+    assert book_dips.pooled_answer(result, 'zh') == (
+        '我们的 1 设备运行并未超出偶然地偏低：它们在 GPU 运行中的平均位置为 0.611（整次抽取的 GPU '
+        '运行为 0.500），为我们 2 次运行整次抽取的 GPU 运行位置同样低的概率为 77.8%，不低于 1%。')
+    # Ties are counted in thousandths, as the GPU runs print them: 0.2004 is equal to 0.2.
+    assert book_dips.pooled(_tiny(0.15, 0.2004, 0.35), THREE)['place'] == Fraction(11, 18)
+    # Below every GPU run: no draw is as low, so the odds are 0 and the causes come next.
+    low = book_dips.pooled(_tiny(0.05, 0.05, 0.05), THREE)
+    assert (low['place'], low['odds'], book_dips.pooled_verdict(low)) == (0, 0, 'low')
+    assert book_dips.pooled_answer(low).endswith(
+        'place as low only 0.00% of the time, below 1%. Next, before the next table, each cause '
+        'this page names is to be tested by an experiment: the running statistics\' update on '
+        'the last, short batch; BatchNorm\'s update on the CPU against cuDNN\'s on the GPUs; '
+        'the order of the data.')
+    assert book_dips.pooled_rows([low])[1][-1] == 'sits low'
+    empty = book_dips.pooled([dict(c, runs=[]) for c in _tiny(0.1, 0.1, 0.1)], THREE)
+    assert (empty['odds'], book_dips.pooled_answer(empty), book_dips.format_pooled([empty])) == (
+        None, None, ['- 1 device: no run yet'])
+
+
+def _odds_by_counting(groups, limit):
+    """The odds ``sum_at_most`` gives, counted another way: a Counter of sums per draw."""
+    sums = collections.Counter({0: 1})
+    for group in groups:
+        step = collections.Counter()
+        for total, count in sums.items():
+            for g in group:
+                step[total + g] += count
+        sums = step
+    return Fraction(sum(c for t, c in sums.items() if t <= limit), sum(sums.values()))
+
+
+@pytest.mark.parametrize('devices', [1, 2])
+def test_pooled_of_the_record_keeps_each_run_whole(devices):
+    cells = book_dips.dip_cells(RECORDS, book_dips.read_other_runs(), GPU_RUNS, devices)
+    whole = WHOLE_RUNS['later', devices]
+    result = book_dips.pooled(cells, whole)
+    # One run of ours per seed and machine, at the epochs its values are in the cells.
+    runs = collections.defaultdict(dict)
+    for c in cells:
+        for r in c['runs']:
+            runs[r['seed'], r['machine']][c['epoch']] = r['acc']
+    assert [(r['seed'], r['machine'], r['acc']) for r in result['runs']] == [
+        k + (v,) for k, v in sorted(runs.items())]
+    assert result['values'] == sum(len(c['runs']) for c in cells)
+    # The GPU runs that reached epoch 4, each once: fewer than the runs of epoch 1.
+    assert result['gpu_runs'] == len(whole) == len(GPU_RUNS['later', devices, 4])
+    assert all(len(r) == 4 for r in whole)
+    assert sorted(r[3] for r in whole) == sorted(GPU_RUNS['later', devices, 4])
+
+    def place(epoch, value):
+        column = [round(r[epoch - 1] * 1000) for r in whole]
+        t = round(value * 1000)
+        return Fraction(2 * sum(g < t for g in column) + sum(g == t for g in column),
+                        2 * len(column))
+    ours = [place(e, v) for acc in runs.values() for e, v in acc.items()]
+    assert result['place'] == sum(ours) / len(ours)
+    groups = [[sum(2 * len(whole) * place(e, g[e - 1]) for e in acc) for g in whole]
+              for _, acc in sorted(runs.items())]
+    assert result['odds'] == _odds_by_counting(
+        [[int(x) for x in g] for g in groups], int(sum(ours) * 2 * len(whole)))
+    # GPU runs drawn so average 0.5: the places of each epoch's column average a half.
+    assert sum(place(e, g[e - 1]) for g in whole for e in (1, 2, 3, 4)) == 2 * len(whole)
+
+
+def test_the_page_and_the_notebooks_give_the_pooled_answer_of_the_records():
+    results = [book_dips.pooled(book_dips.dip_cells(RECORDS, book_dips.read_other_runs(),
+                                                    GPU_RUNS, d), WHOLE_RUNS['later', d])
+               for d in (1, 2)]
+    with open(book_table.PAGE, encoding='utf-8') as f:
+        block = book_table.read_blocks(f.read())['pooled'].split('\n')
+    assert block[0] == '| %s |' % ' | '.join(book_dips.POOLED_TITLES)
+    rows = [[c.strip() for c in line.strip('|').split(' | ')] for line in block[2:4]]
+    assert rows == [[
+        '%d device%s' % (r['devices'], 's' * (r['devices'] > 1)),
+        ', '.join('s%d %s %s %.2f' % (u['seed'], u['machine'], '%d-%d' % (min(u['acc']), max(
+            u['acc'])) if len(u['acc']) > 1 else str(min(u['acc'])), u['place'])
+            for u in r['runs']),
+        str(len(r['runs'])), str(r['values']), '%.3f' % r['place'], '105',
+        book_dips.percent(r['odds']), 'sits low' if r['odds'] < Fraction(1, 100) else
+        'not below 1%'] for r in results]
+    assert block[4:] == ['', book_dips.pooled_text(results)]
+    # One sentence per setting, the odds' verdict and the same odds as the table.
+    for r, sentence in zip(results, block[5].split('. Our ')):
+        assert book_dips.percent(r['odds']) in sentence
+        assert ('sit low beyond chance' in sentence) == (r['odds'] >= Fraction(1, 100))

@@ -133,8 +133,8 @@ def test_committed_page_agrees_with_a_run_now(cells):
     import book_dips
     now = book_table.record_blocks(book_table.record_report(
         records, old, bf16, [mx.cpu(0), mx.cpu(1)], book_dips.read_other_runs()))
-    assert sorted(now) == ['accuracy', 'bf16', 'diagnosis', 'dips', 'machines', 'old-step',
-                           'seconds']
+    assert sorted(now) == ['accuracy', 'bf16', 'diagnosis', 'dips', 'dips-1', 'machines',
+                           'old-step', 'pooled', 'seconds']
     # Every value of the accuracy table names its line's machine, which the legend describes.
     legend = {m['key']: m for m in book_records.machine_legend(records)}
     for r in book_records.book_cell_records(records):
