@@ -3,7 +3,8 @@ itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one
 folder per run), diagnosed (the test accuracy with each device's running statistics, with
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
 docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
-notebooks from the records (the record's reader and the accuracy table made of it are
+notebooks from the records, and draws the accuracy table as a picture
+(docs/figures/book-accuracy.png, ``book_figure.py``) (the record's reader and the accuracy table made of it are
 ``book_records.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
 names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
 measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), its cap
@@ -53,6 +54,7 @@ from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
                                       output_problem)
 import book_dips  # noqa: E402
+import book_figure  # noqa: E402
 import book_records  # noqa: E402
 from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
                           table_records)
@@ -64,6 +66,7 @@ DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
 OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 PAGE = os.path.join(ROOT, 'docs', 'book-comparison.md')
+FIGURE = book_figure.FIGURE  # the accuracy table as a picture, drawn with the tables
 NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
              'zh': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.zh.ipynb')}
 # The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
@@ -892,7 +895,8 @@ def fill_notebook_dips(source, lines):
 
 def write_page(devices, data_dir=None, tables_only=False, record=None):
     """Fill docs/book-comparison.md's tables and the notebooks' from the records (``record``,
-    default ``DEFAULT_RECORD``); the chapter's cells and the step run again (a few minutes),
+    default ``DEFAULT_RECORD``) and draw the figure of the accuracy table (``FIGURE``,
+    ``book_figure``); the chapter's cells and the step run again (a few minutes),
     unless ``tables_only``: then only the tables made of the records change (seconds)."""
     import mxnet as mx
     import nbformat
@@ -927,14 +931,16 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
                 book_records.notebook_legend(report['machines'], lang)),
                 book_dips.format_dips(report['dips'], lang))
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
+    new[FIGURE] = book_figure.draw(book_figure.figure_data(
+        report['accuracy'], book_records.read_gpu_runs(), report['machines']))
     for path in new:  # a link or a folder found now, not after the page is written
         with _page_file(path):
             problem = output_problem(path)
             if problem:
                 raise ValueError(problem)
     for path, text in new.items():
-        with atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
+        with atomic_path(path) as tmp, open(tmp, 'wb') as f:
+            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
     return list(new)
 
 
@@ -964,8 +970,9 @@ def build_parser():
                        help='train nothing: fill docs/book-comparison.md\'s tables and the '
                             'notebooks\' accuracy table from the records (default: off)')
     pages.add_argument('--tables', action='store_true',
-                       help='as --page, but only the tables made of the records (seconds; the '
-                            'chapter\'s cells and the step are not run again)')
+                       help='as --page, but only the tables made of the records and their '
+                            'figure (seconds; the chapter\'s cells and the step are not run '
+                            'again)')
     # The run flags' defaults are filled in by _main: None says a flag was not given.
     p.add_argument('--seeds', type=cli.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
                    nargs='+', metavar='S',
