@@ -3,9 +3,9 @@ itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one
 folder per run), diagnosed (the test accuracy with each device's running statistics, with
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
 docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
-notebooks from the records, and draws the accuracy table as a picture
-(docs/figures/book-accuracy.png, ``book_figure.py``) (the record's reader and the accuracy table made of it are
-``book_records.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
+notebooks from the records (the record's reader and the accuracy table made of it are
+``book_records.py``) and draws the accuracy table as a picture, docs/figures/book-accuracy.png
+(``book_figure.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
 names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
 measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), its cap
 ``DNNL_MAX_CPU_ISA`` and the thread count; lines recorded before 2026-11-27 name the CPU only.
