@@ -2,8 +2,8 @@
 itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one checkpoint
 folder per run), diagnosed (the test accuracy with each device's running statistics, with
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
-docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
-notebooks from the records (the record's reader and the accuracy table made of it are
+docs/records/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and
+of both notebooks from the records (the record's reader and the accuracy table made of it are
 ``book_records.py``) and draws the accuracy table as a picture, docs/figures/book-accuracy.png
 (``book_figure.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
 names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
@@ -62,8 +62,8 @@ from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noq
 PROG = 'benchmarks/book_table.py'
 DEFAULT_RECORD = book_records.DEFAULT_RECORD
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
-DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
-OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
+DEFAULT_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table.jsonl')
+OLD_STEP_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table-old-step.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 PAGE = os.path.join(ROOT, 'docs', 'book-comparison.md')
 FIGURE = book_figure.FIGURE  # the accuracy table as a picture, drawn with the tables
@@ -988,10 +988,10 @@ def build_parser():
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
     p.add_argument('--record', metavar='PATH', type=cli.output_file(
-                       '--record', ('.jsonl',), 'docs/book-table.jsonl'),
+                       '--record', ('.jsonl',), 'docs/records/book-table.jsonl'),
                    help='the record to append to, or with --page or --tables, to make the '
-                        'tables of (default: docs/book-table.jsonl, or docs/bf16-table.jsonl '
-                        'for bfloat16)')
+                        'tables of (default: docs/records/book-table.jsonl, or '
+                        'docs/records/bf16-table.jsonl for bfloat16)')
     p.add_argument('--work-dir', metavar='DIR', type=_folder('--work-dir'),
                    help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
                         % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))

@@ -143,7 +143,7 @@ def test_a_record_holds_the_runs_of_one_step(tmp_path):
     assert str(e.value) == (
         '%s, line 2: trained with trainer.step(X.shape[0]), not trainer.step(batch_size); a '
         'record holds the runs of one step only: keep the line in a record of its own (the old '
-        "step's are in docs/book-table-old-step.jsonl)" % path)
+        "step's are in docs/records/book-table-old-step.jsonl)" % path)
     _write(path, old, old)
     assert book_records.read_records(path, step='trainer.step(X.shape[0])') == [old]
     # The committed records: the old step's 27 epochs apart from the book's step's.
