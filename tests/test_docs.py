@@ -1,7 +1,9 @@
-"""The README and the pages of docs/: every relative link resolves to a file of the repository,
-and every anchor to a heading of its page (as GitHub makes them), so a page moved or renamed
-fails here instead of in a reader's browser; the README stays one a newcomer reads in minutes."""
+"""The README, the pages of docs/ and the notebooks' Markdown: every relative link resolves to a
+file of the repository, and every anchor to a heading of its page (as GitHub makes them), so a
+page or record moved or renamed fails here instead of in a reader's browser; the README stays
+one a newcomer reads in minutes."""
 import glob
+import json
 import os
 import re
 
@@ -10,6 +12,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = ['README.md'] + sorted(os.path.relpath(p, ROOT)
                                for p in glob.glob(os.path.join(ROOT, 'docs', '*.md')))
+NOTEBOOKS = sorted(os.path.relpath(p, ROOT)
+                   for p in glob.glob(os.path.join(ROOT, 'notebooks', '*.ipynb')))
 # A link or image, [text](target) or ![alt](target); code is no link.
 LINK = re.compile(r'!?\[[^\]\n]*\]\(([^)\s]+)\)')
 CODE = re.compile(r'```.*?```|`[^`\n]*`', re.S)
@@ -31,7 +35,11 @@ def anchors(text):
 def links(page):
     """``(target, anchor)`` of every relative link of ``page`` (a path from the root)."""
     with open(os.path.join(ROOT, page), encoding='utf-8') as f:
-        text = CODE.sub('', f.read())
+        text = f.read()
+    if page.endswith('.ipynb'):
+        text = '\n'.join(''.join(c['source']) for c in json.loads(text)['cells']
+                          if c['cell_type'] == 'markdown')
+    text = CODE.sub('', text)
     for target in LINK.findall(text):
         if re.match(r'[a-z]+:', target):
             continue  # http:, https:, mailto: are not files of ours
@@ -45,7 +53,7 @@ def test_anchors_are_githubs():
         'the-book-side-by-side', 'make-demo-what-it-runs', 'notes', 'notes-1'}
 
 
-@pytest.mark.parametrize('page', PAGES)
+@pytest.mark.parametrize('page', PAGES + NOTEBOOKS)
 def test_every_relative_link_resolves(page):
     bad = []
     for path, anchor in links(page):
