@@ -8,9 +8,9 @@ every draw with replacement counted):
 - how often as many GPU runs average as low as ours;
 - how often as many GPU runs hold as many values below the GPU runs' own 10th percentile.
 
-The runs are the record's (docs/book-table.jsonl, one per seed and epoch) and the other runs of
-the same code whose epochs are not in it (docs/book-table-other-runs.jsonl: runs of a seed the
-record holds from another machine at those epochs). The question is answered once every cell
+The runs are the record's (docs/records/book-table.jsonl, one per seed and epoch) and the other
+runs of the same code whose epochs are not in it (docs/records/book-table-other-runs.jsonl: runs
+of a seed the record holds from another machine at those epochs). The question is answered once every cell
 holds ``MIN_DIP_SEEDS`` seeds of the record: our runs dip more often than the GPU runs when one
 of the eight odds is below ``FAMILY_ODDS`` shared over the eight (Bonferroni), as the GPU runs
 do otherwise.
@@ -30,7 +30,7 @@ import book_records
 from book_records import RecordError, machine_keys, machine_of, table_records
 from gpu_run_odds import at_least_below, mean_at_most, sum_at_most
 
-OTHER_RUNS = os.path.join(book_records.ROOT, 'docs', 'book-table-other-runs.jsonl')
+OTHER_RUNS = os.path.join(book_records.RECORDS, 'book-table-other-runs.jsonl')
 DEVICES = 2
 MIN_DIP_SEEDS = 6
 FAMILY_ODDS = Fraction(5, 100)  # shared by the cells' odds: 2 per epoch

@@ -1,11 +1,11 @@
 """The research record and the accuracy table made of it: this project measuring itself, beside
 ``book_table.py``, which trains the runs and appends their lines. The record
-(docs/book-table.jsonl) holds one JSON line per epoch of a full run with the book's settings;
-``read_records`` checks each line (the epoch's own numbers against the package's one epoch
-schema, ``gluon_mgpu.handlers.metrics.epoch_problem``). ``accuracy_cells`` judges the book's
-accuracy table against the published GPU runs (docs/book-gpu-runs.csv) and our mean over seeds;
-``training_rows`` puts the recorded seconds per epoch and the speed-up beside the book's, as
-rows of ``python -m gluon_mgpu.compare``'s table. Functions return data:
+(docs/records/book-table.jsonl) holds one JSON line per epoch of a full run with the book's
+settings; ``read_records`` checks each line (the epoch's own numbers against the package's one
+epoch schema, ``gluon_mgpu.handlers.metrics.epoch_problem``). ``accuracy_cells`` judges the
+book's accuracy table against the published GPU runs (docs/records/book-gpu-runs.csv) and our
+mean over seeds; ``training_rows`` puts the recorded seconds per epoch and the speed-up beside
+the book's, as rows of ``python -m gluon_mgpu.compare``'s table. Functions return data:
 ``book_table.py --tables`` writes it into docs/book-comparison.md and both notebooks.
 """
 import csv
@@ -40,9 +40,11 @@ MIN_SEEDS = 3
 
 # The records of the full runs (benchmarks/book_table.py writes them): one JSON line per epoch.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_RECORD = os.path.join(ROOT, 'docs', 'book-table.jsonl')
+# Every record of the book table's scripts is in docs/records/, beside no page.
+RECORDS = os.path.join(ROOT, 'docs', 'records')
+DEFAULT_RECORD = os.path.join(RECORDS, 'book-table.jsonl')
 # The runs made with the old step (training.OLD_STEP), up to commit 03b47ec: kept apart.
-OLD_STEP_RECORD = os.path.join(ROOT, 'docs', 'book-table-old-step.jsonl')
+OLD_STEP_RECORD = os.path.join(RECORDS, 'book-table-old-step.jsonl')
 RUN_EPOCHS = 4  # the book's
 RECORD_LIMIT = 16 << 20  # bytes; a line is about 700
 
@@ -307,7 +309,7 @@ def summarize(values):
 
 # Published GPU runs of the chapter's training cells (docs/book-gpu-runs.md): the spread the
 # book's printed table and ours are judged against.
-GPU_RUNS = os.path.join(ROOT, 'docs', 'book-gpu-runs.csv')
+GPU_RUNS = os.path.join(RECORDS, 'book-gpu-runs.csv')
 
 
 SAME_CODE = 'd2l-zh 1.x (d2lzh, MXNet nd)'  # the chapter's exact code, 4 epochs

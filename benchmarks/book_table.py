@@ -2,9 +2,10 @@
 itself. Each epoch of each run is trained by ``python -m gluon_mgpu.train`` (one checkpoint
 folder per run), diagnosed (the test accuracy with each device's running statistics, with
 precise BatchNorm, with batch statistics) and appended as one JSON line to the record,
-docs/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and of both
-notebooks from the records (the record's reader and the accuracy table made of it are
-``book_records.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
+docs/records/book-table.jsonl; ``--page`` then fills the tables of docs/book-comparison.md and
+of both notebooks from the records (the record's reader and the accuracy table made of it are
+``book_records.py``) and draws the accuracy table as a picture, docs/figures/book-accuracy.png
+(``book_figure.py``). docs/notebooks.md ("The book, side by side") explains it. A line also
 names what a float32 result depends on beyond the code and the seed (docs/book-comparison.md
 measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), its cap
 ``DNNL_MAX_CPU_ISA`` and the thread count; lines recorded before 2026-11-27 name the CPU only.
@@ -53,6 +54,7 @@ from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
                                       output_problem)
 import book_dips  # noqa: E402
+import book_figure  # noqa: E402
 import book_records  # noqa: E402
 from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
                           table_records)
@@ -60,10 +62,11 @@ from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noq
 PROG = 'benchmarks/book_table.py'
 DEFAULT_RECORD = book_records.DEFAULT_RECORD
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
-DEFAULT_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table.jsonl')
-OLD_STEP_BF16_RECORD = os.path.join(ROOT, 'docs', 'bf16-table-old-step.jsonl')
+DEFAULT_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table.jsonl')
+OLD_STEP_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table-old-step.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 PAGE = os.path.join(ROOT, 'docs', 'book-comparison.md')
+FIGURE = book_figure.FIGURE  # the accuracy table as a picture, drawn with the tables
 NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
              'zh': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.zh.ipynb')}
 # The diagnostics' sizes: a few hundred training images re-estimate the statistics; batch
@@ -909,7 +912,8 @@ def fill_notebook_dips(source, report, lang):
 
 def write_page(devices, data_dir=None, tables_only=False, record=None):
     """Fill docs/book-comparison.md's tables and the notebooks' from the records (``record``,
-    default ``DEFAULT_RECORD``); the chapter's cells and the step run again (a few minutes),
+    default ``DEFAULT_RECORD``) and draw the figure of the accuracy table (``FIGURE``,
+    ``book_figure``); the chapter's cells and the step run again (a few minutes),
     unless ``tables_only``: then only the tables made of the records change (seconds)."""
     import mxnet as mx
     import nbformat
@@ -943,14 +947,16 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
                 cells[0].source, book_records.notebook_table(report['accuracy'], lang)),
                 book_records.notebook_legend(report['machines'], lang)), report, lang)
             new[path] = nbformat.writes(nb).rstrip('\n') + '\n'  # as nbformat.write ends it
+    new[FIGURE] = book_figure.draw(book_figure.figure_data(
+        report['accuracy'], book_records.read_gpu_runs(), report['machines']))
     for path in new:  # a link or a folder found now, not after the page is written
         with _page_file(path):
             problem = output_problem(path)
             if problem:
                 raise ValueError(problem)
     for path, text in new.items():
-        with atomic_path(path) as tmp, open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
+        with atomic_path(path) as tmp, open(tmp, 'wb') as f:
+            f.write(text if isinstance(text, bytes) else text.encode('utf-8'))
     return list(new)
 
 
@@ -980,8 +986,9 @@ def build_parser():
                        help='train nothing: fill docs/book-comparison.md\'s tables and the '
                             'notebooks\' accuracy table from the records (default: off)')
     pages.add_argument('--tables', action='store_true',
-                       help='as --page, but only the tables made of the records (seconds; the '
-                            'chapter\'s cells and the step are not run again)')
+                       help='as --page, but only the tables made of the records and their '
+                            'figure (seconds; the chapter\'s cells and the step are not run '
+                            'again)')
     # The run flags' defaults are filled in by _main: None says a flag was not given.
     p.add_argument('--seeds', type=cli.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
                    nargs='+', metavar='S',
@@ -997,10 +1004,10 @@ def build_parser():
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
     p.add_argument('--record', metavar='PATH', type=cli.output_file(
-                       '--record', ('.jsonl',), 'docs/book-table.jsonl'),
+                       '--record', ('.jsonl',), 'docs/records/book-table.jsonl'),
                    help='the record to append to, or with --page or --tables, to make the '
-                        'tables of (default: docs/book-table.jsonl, or docs/bf16-table.jsonl '
-                        'for bfloat16)')
+                        'tables of (default: docs/records/book-table.jsonl, or '
+                        'docs/records/bf16-table.jsonl for bfloat16)')
     p.add_argument('--work-dir', metavar='DIR', type=_folder('--work-dir'),
                    help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
                         % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))

@@ -5,7 +5,7 @@
     .venv/bin/python benchmarks/candidates.py --group bnrelu  # BatchNorm+ReLU fused, 1 device
     .venv/bin/python benchmarks/candidates.py --report-only   # the report from the records
 
-The raw records are kept in docs/candidates.json; ``--group`` measures one group again and
+The raw records are kept in docs/records/candidates.json; ``--group`` measures one group again and
 keeps the other's records, so the report can be made in two runs of a few minutes each.
 
 Each candidate is an MXNet environment variable, so nothing in the package changes to try it:
@@ -151,7 +151,7 @@ def main(argv=None):
     p.add_argument('--out', default=os.path.join(run.ROOT, 'docs', 'candidates.md'))
     args = p.parse_args(argv)
     groups = [] if args.report_only else list(GROUPS) if args.group == 'all' else [args.group]
-    raw_path = os.path.splitext(args.out)[0] + '.json'
+    raw_path = run.records_of(args.out)
     raw = {'records': {}, 'runs': {}}
     if (args.report_only or args.group != 'all') and os.path.exists(raw_path):
         with open(raw_path) as f:
@@ -176,8 +176,8 @@ def main(argv=None):
     info = run.machine()
     every = [rec for rs in records.values() for rec in rs]
     lines = ['# Cheap candidates for a faster step', '',
-             'Written by `benchmarks/candidates.py` from the raw records in '
-             '[candidates.json](candidates.json); do not edit by hand.', '',
+             'Written by `benchmarks/candidates.py` from the raw records in [%s](%s); do not '
+             'edit by hand.' % ((run.records_link(args.out, raw_path),) * 2), '',
              '- machine: %(cpu)s, %(cores)d usable cores; MXNet %(mxnet)s. Load average when this '
              'report was written: %(load)s.' % info,
              '- %d measurements, %d disturbed (each measured again, up to %d more times).'

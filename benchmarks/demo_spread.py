@@ -8,8 +8,8 @@ setting (``python -m gluon_mgpu.train`` in a fresh process) under four kernel se
   threads per simulated device (``OMP_NUM_THREADS``);
 - ``native-1t``, ``native-2t``: no cap (on an AVX-512 CPU, its AVX-512 kernels), 1 or 2 threads;
 
-for one or more seeds, appends one JSON line per run to ``docs/demo-spread.jsonl`` (with the CPU
-model, its flags and the instruction set oneDNN reported using), and writes
+for one or more seeds, appends one JSON line per run to ``docs/records/demo-spread.jsonl`` (with
+the CPU model, its flags and the instruction set oneDNN reported using), and writes
 ``docs/demo-spread.md`` from those lines.
 
     .venv/bin/python benchmarks/demo_spread.py run --candidate demo-old --seeds 0 1
@@ -35,7 +35,7 @@ sys.path.insert(0, HERE)
 
 from measuring import cpu_model, kernel_setting  # noqa: E402
 
-RECORDS = os.path.join(ROOT, 'docs', 'demo-spread.jsonl')
+RECORDS = os.path.join(ROOT, 'docs', 'records', 'demo-spread.jsonl')
 REPORT = os.path.join(ROOT, 'docs', 'demo-spread.md')
 
 # Each candidate: the training command's arguments, without --seed.
@@ -323,7 +323,8 @@ def _settings_run(candidate, records):
 def report(path=RECORDS, out=REPORT):
     records = read_records(path)
     lines = ['# How `make demo` learns under different CPU kernels', '',
-             '<!-- Written by `benchmarks/demo_spread.py report` from docs/demo-spread.jsonl. -->',
+             '<!-- Written by `benchmarks/demo_spread.py report` from '
+             'docs/records/demo-spread.jsonl. -->',
              '',
              'Issue 46, item 4: the old demo printed 0.54 then 0.72 with oneDNN capped at AVX2 and '
              '0.38 then 0.48 with AVX-512 kernels, same command and seed. In float32, a run '

@@ -10,7 +10,7 @@ replay: every weight and running statistic on every device must come out equal b
 (exit 1 if not).
 
     .venv/bin/python benchmarks/epoch_end.py --checkpoint-dir RUN --from-epoch 2 \\
-        --output docs/epoch-end.json
+        --output docs/records/epoch-end.json
 
 An epoch at the book's settings: 30 to 60 minutes on 2 cores, plus about 20 s per probe.
 """

@@ -1,4 +1,5 @@
-"""How often the published GPU runs draw as low as ours: exact odds from docs/book-gpu-runs.csv.
+"""How often the published GPU runs draw as low as ours: exact odds from
+docs/records/book-gpu-runs.csv.
 
 The page's verdicts compare a mean over a few seeds with the GPU runs' range. When our runs read
 low, the question is how often the GPU runs would: this counts it exactly, over every draw with

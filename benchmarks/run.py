@@ -12,7 +12,7 @@ records its own CPU time against the wall time and the load of the rest of the m
 same interval (benchmarks/measuring.py); a disturbed one is repeated (``--retries``) and kept,
 marked. The report gives the median of the undisturbed runs with their spread, next to the best.
 
-The raw records are kept in docs/benchmarks.json. ``--only NAMES`` measures those settings
+The raw records are kept in docs/records/benchmarks.json. ``--only NAMES`` measures those settings
 again, replaces their records there and rewrites the report from all records: so a long run
 can be done in parts of a few minutes each, and a disturbed part done again.
 """
@@ -113,6 +113,23 @@ OTHER = {
                            dict(kind='eval', devices=1, images=2048, threads='package',
                                 fold=True, backend='MKLDNN')),
 }
+
+
+# The raw records of the reports in docs/ are in docs/records/, beside no page.
+RECORDS = os.path.join(ROOT, 'docs', 'records')
+
+
+def records_of(report_path):
+    """The raw records of the report ``report_path``: ``docs/records/NAME.json`` for a page
+    ``docs/NAME.md``, else ``NAME.json`` beside the report."""
+    folder, name = os.path.split(os.path.splitext(os.path.abspath(report_path))[0])
+    return os.path.join(RECORDS if folder == os.path.dirname(RECORDS) else folder, name + '.json')
+
+
+def records_link(report_path, raw_path):
+    """``raw_path`` as the report ``report_path`` links to it: relative to the report."""
+    return os.path.relpath(os.path.abspath(raw_path), os.path.dirname(os.path.abspath(
+        report_path)))
 
 
 def write_report(path, lines):
@@ -301,7 +318,7 @@ def targets(med, best):
     return rows
 
 
-def import_order_line(path=os.path.join(ROOT, 'docs', 'import-order.json')):
+def import_order_line(path=os.path.join(RECORDS, 'import-order.json')):
     """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md."""
     line = ("(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): "
             'measured on its own, next to (c) on 1 device, in [import-order.md](import-order.md)')
@@ -330,7 +347,8 @@ def current_parts(parts, replaced):
 
 
 def report(raw, raw_name='benchmarks.json'):
-    """Render docs/benchmarks.md from the raw records (docs/benchmarks.json, or ``raw_name``)."""
+    """Render docs/benchmarks.md from the raw records (docs/records/benchmarks.json), linked as
+    ``raw_name``."""
     by_name = {n: [r for r in raw['records'] if r['name'] == n] for n in NAMES}
     by_name = {n: rs for n, rs in by_name.items() if rs}
     stats = {n: summarize(rs) for n, rs in by_name.items()}
@@ -485,13 +503,14 @@ def main(argv=None):
     p.add_argument('--title', default=None,
                    help='the report\'s heading (default: the one recorded, or Benchmarks)')
     p.add_argument('--raw', default=None,
-                   help='the raw records, read with --only, written always (default: the '
-                   'report\'s path with .json)')
+                   help='the raw records, read with --only, written always (default: '
+                   'docs/records/NAME.json for a report docs/NAME.md, else the report\'s path '
+                   'with .json)')
     args = p.parse_args(argv)
     if args.repeats < 1 or args.retries < 0:  # --repeats 0 measured nothing and dropped records
         p.exit(2, '%s: error: --repeats %d --retries %d: pass --repeats 1 or more and '
                '--retries 0 or more\n' % (p.prog, args.repeats, args.retries))
-    raw_path = args.raw or os.path.splitext(args.out)[0] + '.json'
+    raw_path = args.raw or records_of(args.out)
     names = [n for n in NAMES if n not in TORCH or has_torch()]
     if args.only:
         asked = args.only.split(',')
@@ -515,7 +534,7 @@ def main(argv=None):
                    flops_per_image=flops_per_image())
         with open(raw_path, 'w') as f:
             json.dump(raw, f, indent=1)
-    text = report(raw, os.path.basename(raw_path))
+    text = report(raw, records_link(args.out, raw_path))
     with open(args.out, 'w') as f:
         f.write(text)
     print(text)

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/scaling.py --part workers  # the dist_sync jobs only (~1 min)
     .venv/bin/python benchmarks/scaling.py --part jobs     # dist_sync and Horovod, interleaved
     .venv/bin/python benchmarks/scaling.py --quick --out /tmp/scaling.md   # a smoke run
-    .venv/bin/python benchmarks/scaling.py --report-only   # the report from docs/scaling.json
+    .venv/bin/python benchmarks/scaling.py --report-only   # from docs/records/scaling.json
 
 Two tables. Every row is measured in fresh processes, the rows interleaved and repeated:
 
@@ -28,8 +28,8 @@ Two tables. Every row is measured in fresh processes, the rows interleaved and r
 Each measurement records its CPU time against the wall time and the others' load
 (benchmarks/measuring.py; for a job, over the whole job, seen from here: every process of the
 job is a child of this one); a disturbed one is measured again (``--retries``) and kept,
-marked. The raw records are kept in docs/scaling.json; ``--part`` measures one table again and
-keeps the other's records.
+marked. The raw records are kept in docs/records/scaling.json; ``--part`` measures one table
+again and keeps the other's records.
 """
 import argparse
 import functools
@@ -313,14 +313,15 @@ def _steps(config):
             n(config['phase_steps'], ''))
 
 
-def report(raw):
-    """The lines of docs/scaling.md, from the raw records (docs/scaling.json)."""
+def report(raw, raw_name='scaling.json'):
+    """The lines of docs/scaling.md, from the raw records (docs/records/scaling.json), linked
+    as ``raw_name``."""
     info, every = raw['machine'], raw['records']
     quick = raw.get('quick')
     lines = ['# How cost grows with devices and workers', '',
-             'Written by `benchmarks/scaling.py`%s from the raw records in '
-             '[scaling.json](scaling.json); do not edit by hand.'
-             % (' --quick (a smoke run, NOT representative)' if quick else ''), '',
+             'Written by `benchmarks/scaling.py`%s from the raw records in [%s](%s); do not '
+             'edit by hand.' % (' --quick (a smoke run, NOT representative)' if quick else '',
+                                raw_name, raw_name), '',
              '- when: %s' % '; '.join('%s to %s: %s' % (r['start'], r['end'], r['what'])
                                       for r in raw['runs']),
              '- machine: %(cpu)s, %(cores)d usable cores; Python %(python)s, MXNet %(mxnet)s; '
@@ -365,12 +366,12 @@ def main(argv=None):
                    help='measure nothing; rewrite the report from the raw records')
     p.add_argument('--out', default=os.path.join(run.ROOT, 'docs', 'scaling.md'),
                    help='where to write the report (default: docs/scaling.md; the raw records '
-                   'go next to it, .json)')
+                   'go to docs/records/scaling.json, or next to another report, .json)')
     args = p.parse_args(argv)
     if args.repeats < 1 or args.retries < 0:
         p.exit(2, '%s: error: --repeats %d --retries %d: pass --repeats 1 or more and '
                '--retries 0 or more\n' % (p.prog, args.repeats, args.retries))
-    raw_path = os.path.splitext(args.out)[0] + '.json'
+    raw_path = run.records_of(args.out)
     raw = run.load_raw(p, raw_path, args.report_only or args.part != 'all', args.report_only)
     if not args.report_only:
         parts = {'all': list(COUNTS), 'jobs': ['workers', 'horovod']}.get(args.part, [args.part])
@@ -387,7 +388,7 @@ def main(argv=None):
                             'horovod': job_config(args.quick, 'horovod')})
         with open(raw_path, 'w') as f:
             json.dump(raw, f, indent=1)
-    run.write_report(args.out, report(raw))
+    run.write_report(args.out, report(raw, run.records_link(args.out, raw_path)))
 
 
 if __name__ == '__main__':

@@ -225,7 +225,8 @@ def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
         when the loss is not finite (docs/events.md). ``SplitBatches`` slices batches unevenly.
     batch_size : int, optional
         What ``trainer.step`` divides by, as the chapter's. Default: the size of each epoch's
-        first batch, so a short last batch moves the weights by its share of a step (README).
+        first batch, so a short last batch moves the weights by its share of a step
+        (docs/python.md).
 
     Returns
     -------

@@ -125,3 +125,12 @@ def test_45_8_report_only_with_a_corrupt_record_is_one_line(script, content, say
     assert done.stderr == ('%s: error: %s %s; restore it (git checkout %s) or delete it and '
                            'measure every setting again\n' % (script, raw, says, raw))
     assert raw.read_text() == content and not (tmp_path / 'r.md').exists()
+
+
+def test_a_report_of_docs_keeps_its_raw_records_in_docs_records(tmp_path):
+    page = os.path.join(run.ROOT, 'docs', 'bf16.md')
+    assert run.records_of(page) == os.path.join(run.ROOT, 'docs', 'records', 'bf16.json')
+    assert run.records_link(page, run.records_of(page)) == 'records/bf16.json'
+    # A report elsewhere (a smoke run's, --out /tmp/x.md) keeps them beside it.
+    assert run.records_of(str(tmp_path / 'x.md')) == str(tmp_path / 'x.json')
+    assert run.records_link(str(tmp_path / 'x.md'), str(tmp_path / 'x.json')) == 'x.json'

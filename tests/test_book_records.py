@@ -49,7 +49,7 @@ def _record(devices, seed, epoch, acc, seconds=100.0, warmup=0, precise=None, ba
 
 
 def test_the_gpu_runs_are_the_shared_files():
-    """docs/book-gpu-runs.csv is the copy its page names, and gives that page's medians."""
+    """docs/records/book-gpu-runs.csv is the copy its page names; it gives that page's medians."""
     import hashlib
     with open(book_records.GPU_RUNS, 'rb') as f:
         digest = hashlib.sha256(f.read()).hexdigest()
@@ -186,7 +186,7 @@ def test_a_file_that_is_no_record_is_one_error_naming_it(name, message):
 
 def test_45_9_a_line_separator_inside_a_string_is_part_of_its_line(tmp_path):
     # str.splitlines() also splits at U+2028, which JSON allows raw inside a string.
-    with open(os.path.join(ROOT, 'docs', 'book-table.jsonl'), encoding='utf-8') as f:
+    with open(book_records.DEFAULT_RECORD, encoding='utf-8') as f:
         record = json.loads(f.readline())
     record['cpu'] = 'AMD\u2028EPYC'
     path = tmp_path / 'record.jsonl'

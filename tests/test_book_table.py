@@ -143,7 +143,7 @@ def test_a_record_holds_the_runs_of_one_step(tmp_path):
     assert str(e.value) == (
         '%s, line 2: trained with trainer.step(X.shape[0]), not trainer.step(batch_size); a '
         'record holds the runs of one step only: keep the line in a record of its own (the old '
-        "step's are in docs/book-table-old-step.jsonl)" % path)
+        "step's are in docs/records/book-table-old-step.jsonl)" % path)
     _write(path, old, old)
     assert book_records.read_records(path, step='trainer.step(X.shape[0])') == [old]
     # The committed records: the old step's 27 epochs apart from the book's step's.
@@ -582,6 +582,7 @@ def _page_copies(tmp_path, monkeypatch):
         shutil.copy(book_table.NOTEBOOKS[lang], path)
     monkeypatch.setattr(book_table, 'PAGE', str(page))
     monkeypatch.setattr(book_table, 'NOTEBOOKS', notebooks)
+    monkeypatch.setattr(book_table, 'FIGURE', str(tmp_path / 'book-accuracy.png'))
     monkeypatch.setattr(book_table, 'ROOT', str(tmp_path))
     return page, notebooks
 
@@ -653,9 +654,17 @@ def test_46_a_record_of_one_machine_makes_tables_whose_values_all_name_it(tmp_pa
                   '2，第 1-2 个迭代周期；记录于 2026-12-01\n'}[lang]
         assert '| s0 0.620 A, s1 0.630 A, s2 0.640 A | s0 0.640 A, s1 0.650 A, s2 0.660 A | - | - |' \
             in text
-    assert capsys.readouterr().out.splitlines()[-3:] == [
+    # The figure plots the same values, each with the machine that made it.
+    import book_figure
+    drawn = book_figure.read_data(book_table.FIGURE)
+    assert drawn['machines'] == [['A', 'ours, machine A: Some CPU, AVX2 kernels, 2 threads']]
+    assert [[[s, round(a, 3), k] for s, a, k in e['ours']] for p in drawn['panels']
+            for e in p['epochs']] == [
+        [[0, 0.62, 'A'], [1, 0.63, 'A'], [2, 0.64, 'A']],
+        [[0, 0.64, 'A'], [1, 0.65, 'A'], [2, 0.66, 'A']], [], []] * 2
+    assert capsys.readouterr().out.splitlines()[-4:] == [
         'wrote book-comparison.md', 'wrote multiple-gpus-gluon.ipynb',
-        'wrote multiple-gpus-gluon.zh.ipynb']
+        'wrote multiple-gpus-gluon.zh.ipynb', 'wrote book-accuracy.png']
 
 
 def test_45_8_a_linked_notebook_or_a_renamed_marker_writes_no_file(tmp_path, monkeypatch):

@@ -257,10 +257,10 @@ def test_each_list_of_choices_is_defined_once_for_the_parsers_and_the_library():
     assert cli.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
 
 
-def test_the_readmes_synopsis_lists_every_flag_of_the_train_command():
+def test_the_command_line_pages_synopsis_lists_every_flag_of_the_train_command():
     from gluon_mgpu.commands import train
-    readme = open(os.path.join(os.path.dirname(__file__), '..', 'README.md')).read()
-    block = readme.split('## Command line', 1)[1].split('```', 2)[1]
+    page = open(os.path.join(os.path.dirname(__file__), '..', 'docs', 'command-line.md')).read()
+    block = page.split('```', 2)[1]
     synopsis = block.split('python -m gluon_mgpu.sweep', 1)[0]
     shown = set(re.findall(r'(--[a-z][a-z0-9-]*)', synopsis))
     flags = {o for a in train.build_parser()._actions for o in a.option_strings

@@ -179,9 +179,9 @@ def test_cli_reads_the_data_before_the_cells(tmp_path, data_dir):
                           r"choice: 'tpu' \(choose from '?auto'?, '?gpu'?, '?cpu'?\) "
                           r"\(see --help\)"),
     # The record is read by benchmarks/book_records.py, no more by the command.
-    (['--record', 'docs/book-table.jsonl'], r'python -m gluon_mgpu.compare: error: unrecognized '
-                                            r'arguments: --record docs/book-table.jsonl \(see '
-                                            r'--help\)'),
+    (['--record', 'docs/records/book-table.jsonl'],
+     r'python -m gluon_mgpu.compare: error: unrecognized arguments: --record '
+     r'docs/records/book-table.jsonl \(see --help\)'),
     (['--full'], r'python -m gluon_mgpu.compare: error: unrecognized arguments: --full \(see '
                  r'--help\)'),
 ])

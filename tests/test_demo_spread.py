@@ -13,7 +13,7 @@ import demo_spread  # noqa: E402
 
 
 def _records():
-    with open(os.path.join(ROOT, 'docs', 'demo-spread.jsonl')) as f:
+    with open(demo_spread.RECORDS) as f:
         return [json.loads(line) for line in f if line.strip()]
 
 

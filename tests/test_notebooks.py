@@ -214,8 +214,8 @@ def test_no_cell_reports_an_error(executed):
 
 
 # The quick look a reader gets, GLUON_MGPU_QUICK=1, run once: it must learn. Its runs in
-# docs/demo-spread.jsonl (the notebook's cells in order, as here, under several kernel and thread
-# settings; docs/demo-spread.md) read 0.74 or more after epoch 2 on 1 and 2 devices, where the old
+# docs/records/demo-spread.jsonl (the notebook's cells in order, as here, under several kernel
+# and thread settings; docs/demo-spread.md) read 0.74 or more after epoch 2 on 1 and 2 devices, where the old
 # quick mode stayed at 0.08 to 0.18 (chance: 0.10). The bar is the lowest of those epoch-2
 # accuracies less LEARNS_MARGIN, room for the kernels and threads not measured there.
 LEARNS_MARGIN = 0.15
@@ -224,7 +224,7 @@ QUICK_CANDIDATE = 'notebook-quick-lr0.0125-b16-2000'
 
 def _quick_look_runs():
     """The recorded runs of the quick look: ``[(1-device epoch 2, 2-device epoch 2), ...]``."""
-    with open(os.path.join(ROOT, 'docs', 'demo-spread.jsonl')) as f:
+    with open(os.path.join(ROOT, 'docs', 'records', 'demo-spread.jsonl')) as f:
         runs = [json.loads(line) for line in f if line.strip()]
     return [(r['test_acc'][1], r['test_acc'][3]) for r in runs
             if r['candidate'] == QUICK_CANDIDATE]
@@ -316,10 +316,11 @@ def test_replica_inspector_cells(executed):
 
 
 # The accuracy table next to the training cells: every number it quotes is the committed
-# record's (docs/book-table.jsonl) or the GPU runs' (docs/book-gpu-runs.csv), so a new record
-# line without the notebooks fails here (benchmarks/book_table.py --tables refreshes them).
+# record's (docs/records/book-table.jsonl) or the GPU runs' (docs/records/book-gpu-runs.csv), so
+# a new record line without the notebooks fails here (benchmarks/book_table.py --tables
+# refreshes them).
 def _book_table_from_records(lang):
-    records = book_records.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    records = book_records.read_records(book_records.DEFAULT_RECORD)
     return book_records.notebook_table(
         book_records.accuracy_cells(records, book_records.read_gpu_runs()), lang)
 
@@ -336,7 +337,7 @@ def test_the_accuracy_table_beside_the_training_cells_is_the_records(lang):
     table = _markdown_table(source)
     assert [row[1:] for row in table] == _book_table_from_records(lang)
     # Each value names its machine; the legend under the table is the record's machines.
-    records = book_records.read_records(os.path.join(ROOT, 'docs', 'book-table.jsonl'))
+    records = book_records.read_records(book_records.DEFAULT_RECORD)
     legend = book_records.machine_legend(records)
     assert source.split('<!-- begin machines -->\n')[1].split('<!-- end machines -->')[0] == \
         ''.join(line + '\n' for line in book_records.notebook_legend(legend, lang))

@@ -409,7 +409,7 @@ PROG = 'python -m gluon_mgpu.compare'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
                   'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
-                  'from the record, docs/book-table.jsonl)')
+                  'from the record, docs/records/book-table.jsonl)')
 
 
 # The book's own package, whose network the step row trains: gluon_mgpu's test extra, not a
