@@ -1,0 +1,171 @@
+"""The notebooks' committed outputs are what their committed code prints (docs/notebooks.md).
+
+``make notebooks`` (benchmarks/execute_notebooks.py) executes each English notebook from a fresh
+kernel, gives its Chinese twin the same outputs, and records in every code cell the hash of its
+code. An output is stale when its cell's code changed since (or the cell is new), when the cells
+did not run top to bottom in one kernel, or when a twin's outputs are not the English one's. The
+cells whose outputs do not depend on training run again here and must print what is committed:
+exactly on the machine that executed the notebook (its CPU, oneDNN's kernels, its threads, as
+the notebook's metadata records them), elsewhere the same text with each number within 1e-4.
+Markdown cells are free: prose and the tables ``book_table.py --tables`` writes are not outputs.
+Notebooks without outputs pass with nothing to compare.
+"""
+import copy
+import os
+import re
+import sys
+
+import nbformat
+import numpy as np
+import pytest
+from nbclient import NotebookClient
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+import execute_notebooks as runner  # noqa: E402
+
+TWINS = sorted(runner.NOTEBOOKS.items())
+# The cells whose outputs training makes: the training cells and what reads the trained net.
+TRAINED = {'multiple-gpus-gluon': 'train-1',  # this cell and every one after it
+           'three-ways-to-split': {'train-scratch', 'layers-train', 'channels-train'}}
+MACHINE_CELLS = {'threads'}  # what it prints is the machine's thread choice
+NUMBER = re.compile(r'-?\d+(?:\.\d+)?(?:e[-+]?\d+)?')
+
+
+def _read(name):
+    return nbformat.read(runner.path_of(name), as_version=4)
+
+
+def _code(nb):
+    return [c for c in nb.cells if c.cell_type == 'code']
+
+
+def _tag(cell):
+    return (cell.metadata.get('tags') or ['untagged'])[0]
+
+
+def stale(nb):
+    """What is stale in notebook ``nb``: one line per problem, naming the cell."""
+    executed = 'gluon_mgpu' in nb.metadata
+    problems = []
+    if executed != bool(nb.cells and runner.HEADER_TAG in nb.cells[0].metadata.get('tags', [])):
+        problems.append('the first cell is %s make notebooks\' header, but the notebook %s its '
+                        'record' % (('not', 'holds') if executed else ('', 'lacks')))
+    for i, cell in enumerate(_code(nb), 1):
+        recorded = cell.metadata.get('gluon_mgpu', {}).get('code_sha256')
+        if not executed:
+            if cell.outputs or cell.execution_count is not None or recorded:
+                problems.append('%s: an output, but no record of make notebooks' % _tag(cell))
+        elif recorded is None:
+            problems.append('%s: new since make notebooks ran' % _tag(cell))
+        elif recorded != runner.code_hash(cell.source):
+            problems.append('%s: its code changed since make notebooks ran' % _tag(cell))
+        elif cell.execution_count != i:
+            problems.append('%s: In [%s], not In [%d]: not executed top to bottom in one kernel'
+                            % (_tag(cell), cell.execution_count, i))
+    return problems
+
+
+@pytest.mark.parametrize('name', [n for pair in TWINS for n in pair])
+def test_no_committed_output_is_stale(name):
+    nb = _read(name)
+    nbformat.validate(nb)
+    assert nb.metadata.kernelspec.name == 'python3'
+    assert stale(nb) == [], 'run make notebooks (docs/notebooks.md)'
+
+
+def _executed_copy(nb):
+    """``nb`` as make notebooks leaves it, outputs aside: header, hashes, execution counts."""
+    nb = runner.clean(copy.deepcopy(nb))
+    nb.cells.insert(0, nbformat.v4.new_markdown_cell('header', metadata={
+        'tags': [runner.HEADER_TAG]}))
+    nb.metadata['gluon_mgpu'] = {'commit': '0' * 40}
+    for i, cell in enumerate(_code(nb), 1):
+        cell.execution_count = i
+        cell.metadata['gluon_mgpu'] = {'code_sha256': runner.code_hash(cell.source)}
+    return nb
+
+
+def test_a_changed_or_added_cell_is_stale():
+    nb = _executed_copy(_read('multiple-gpus-gluon'))
+    assert stale(nb) == []
+    # A comment is no change of code; a changed value is.
+    _code(nb)[1].source += '  # a comment'
+    nb.cells[5].source += '\n'  # markdown: free
+    assert stale(nb) == []
+    _code(nb)[1].source = _code(nb)[1].source.replace('print(', 'print(1, ')
+    cell = nbformat.v4.new_code_cell('x = 1', metadata={'tags': ['added']})
+    nb.cells.append(cell)
+    assert stale(nb) == ['threads: its code changed since make notebooks ran',
+                         'added: new since make notebooks ran']
+    nb = _executed_copy(_read('multiple-gpus-gluon'))
+    _code(nb)[3].execution_count = 9
+    assert stale(nb) == ['network: In [9], not In [4]: not executed top to bottom in one kernel']
+    nb = _read('three-ways-to-split')
+    _code(nb)[0].outputs = [nbformat.v4.new_output('stream', name='stdout', text='hand-made\n')]
+    assert stale(runner.clean(copy.deepcopy(nb))) == []
+    assert stale(nb) == ['imports: an output, but no record of make notebooks']
+
+
+@pytest.mark.parametrize('en,zh', TWINS)
+def test_the_chinese_twin_holds_the_english_outputs(en, zh):
+    en, zh = _read(en), _read(zh)
+    assert [(c.outputs, c.execution_count, c.metadata.get('gluon_mgpu')) for c in _code(en)] == \
+        [(c.outputs, c.execution_count, c.metadata.get('gluon_mgpu')) for c in _code(zh)]
+    assert en.metadata.get('gluon_mgpu') == zh.metadata.get('gluon_mgpu')
+
+
+def _fixed(name, nb):
+    """The code cells of ``nb`` whose outputs do not depend on training, by position."""
+    cells = _code(nb)
+    if isinstance(TRAINED[name], str):
+        first = [_tag(c) for c in cells].index(TRAINED[name])
+        return list(range(first))
+    return [i for i, c in enumerate(cells) if _tag(c) not in TRAINED[name]]
+
+
+def _shown(output):
+    """What an output shows, without its In/Out number."""
+    return (output.output_type, output.get('name'), output.get('text'), output.get('data'))
+
+
+def _masked(output):
+    text = repr(_shown(output))
+    return NUMBER.sub('#', text), [float(v) for v in NUMBER.findall(text)]
+
+
+def _rerun(name, nb, monkeypatch):
+    """The code cells of ``nb`` up to its last fixed one, executed as make notebooks does."""
+    nb = runner.clean(copy.deepcopy(nb))
+    last = _code(nb)[max(_fixed(name, nb))]
+    nb.cells = nb.cells[:[id(c) for c in nb.cells].index(id(last)) + 1]
+    monkeypatch.setenv('GLUON_MGPU_QUICK', 'smoke' if name == 'multiple-gpus-gluon' else '1')
+    monkeypatch.delenv('GLUON_MGPU_CHECKPOINTS', raising=False)
+    monkeypatch.setenv('PYTHONPATH', os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+    NotebookClient(nb, timeout=1200, kernel_name='python3', record_timing=False,
+                   resources={'metadata': {'path': os.path.join(ROOT, 'notebooks')}}).execute()
+    return _code(nb)
+
+
+@pytest.mark.parametrize('name', sorted(runner.NOTEBOOKS))
+def test_outputs_that_do_not_depend_on_training_are_what_the_code_prints(name, monkeypatch):
+    nb = _read(name)
+    fixed = _fixed(name, nb)
+    committed = [_code(nb)[i] for i in fixed]
+    if 'gluon_mgpu' not in nb.metadata:  # nothing executed, nothing to compare
+        assert [c.outputs for c in committed] == [[]] * len(committed)
+        return
+    rerun = _rerun(name, nb, monkeypatch)
+    same_machine = nb.metadata.gluon_mgpu.get('machine') == runner.machine()
+    for i in fixed:
+        cell, new = _code(nb)[i], rerun[i]
+        assert _tag(cell) == _tag(new)
+        if same_machine:
+            assert [_shown(o) for o in cell.outputs] == [_shown(o) for o in new.outputs], \
+                _tag(cell)
+        elif _tag(cell) not in MACHINE_CELLS:
+            ours, theirs = ([_masked(o) for o in c.outputs] for c in (cell, new))
+            assert [t for t, _ in ours] == [t for t, _ in theirs], _tag(cell)
+            for (_, a), (_, b) in zip(ours, theirs):
+                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=_tag(cell))
