@@ -11,6 +11,7 @@ Markdown cells are free: prose and the tables ``book_table.py --tables`` writes 
 Notebooks without outputs pass with nothing to compare.
 """
 import copy
+import json
 import os
 import re
 import sys
@@ -130,7 +131,7 @@ def _shown(output):
 
 
 def _masked(output):
-    text = repr(_shown(output))
+    text = json.dumps(_shown(output), sort_keys=True)
     return NUMBER.sub('#', text), [float(v) for v in NUMBER.findall(text)]
 
 
