@@ -41,6 +41,8 @@ NOTEBOOKS = {'multiple-gpus-gluon': 'multiple-gpus-gluon.zh',
 DEFAULT_CHECKPOINTS = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'notebooks')
 SETTINGS = {'0': "the book's settings", '1': 'the quick look (GLUON_MGPU_QUICK=1)',
             'smoke': "the test suite's smoke setting (GLUON_MGPU_QUICK=smoke)"}
+SETTINGS_ZH = {'0': '书中的设置', '1': '快速试跑（GLUON_MGPU_QUICK=1）',
+               'smoke': '测试套件的冒烟设置（GLUON_MGPU_QUICK=smoke）'}
 HEADER_TAG = 'executed'  # the first cell, this script's: markdown, free of the staleness test
 
 
@@ -159,30 +161,36 @@ def _saved_epochs(folder):
 def header(info, lang):
     """The first cell's text: the machine, the date, the commit and the setting."""
     m = info['machine']
-    where = '%s; oneDNN kernels: %s; threads: %s' % (
-        m['cpu'], book_records.kernels(m), 'OMP_NUM_THREADS=%s' % m['threads'])
-    commit = '`%s`%s' % (info['commit'][:7], ' with uncommitted changes to gluon_mgpu/'
-                         if info['gluon_mgpu_changed'] else '')
+    zh = lang == 'zh'
+    where = ('%s；oneDNN 内核：%s；线程：%s' if zh else '%s; oneDNN kernels: %s; threads: %s') % (
+        m['cpu'], book_records.kernels(m, lang), 'OMP_NUM_THREADS=%s' % m['threads'])
+    commit = '`%s`%s' % (info['commit'][:7], (
+        '（gluon_mgpu/ 有未提交的改动）' if zh else ' with uncommitted changes to gluon_mgpu/')
+        if info['gluon_mgpu_changed'] else '')
     trained = '' if info['trained_at'] == info['commit'] else (
-        ' (the training cells\' epochs at `%s`, the same gluon_mgpu/)' % info['trained_at'][:7])
-    resumed = ', '.join('%s up to epoch %d' % kv for kv in sorted(info['resumed'].items()))
-    if lang == 'en':
+        ('（训练单元的迭代周期在 `%s` 训练，gluon_mgpu/ 相同）' if zh else
+         ' (the training cells\' epochs at `%s`, the same gluon_mgpu/)') % info['trained_at'][:7])
+    resumed = ('，' if zh else ', ').join(
+        ('%s 到第 %d 个迭代周期' if zh else '%s up to epoch %d') % kv
+        for kv in sorted(info['resumed'].items()))
+    if not zh:
         text = ('*Executed from a fresh kernel by `make notebooks` (`%s`) on %s, at commit %s%s, '
                 'with %s, on %s.*' % (PROG, info['date'], commit, trained,
                                       SETTINGS[info['setting']], where))
         if resumed:
-            text += (' *Its training cells continued from the epochs an earlier execution '
+            text += ('\n\n*Its training cells continued from the epochs an earlier execution '
                      'saved (%s), and printed those epochs\' lines as recorded.*' % resumed)
-        return text + (' *A code cell changed since holds a stale output, which '
+        return text + ('\n\n*A code cell changed since holds a stale output, which '
                        '`tests/test_notebook_outputs.py` refuses: run `make notebooks` again.*')
     text = ('*本笔记本的输出是从英文笔记本逐个单元复制来的：两者的代码单元除注释外逐词相同'
             '（`tests/test_notebooks.py` 检查），打印的内容也就相同。英文笔记本由 `make notebooks`'
             '（`%s`）于 %s 在新内核中执行，提交 %s%s，设置：%s，机器：%s。*'
-            % (PROG, info['date'], commit, trained, SETTINGS[info['setting']], where))
+            % (PROG, info['date'], commit, trained, SETTINGS_ZH[info['setting']], where))
     if resumed:
-        text += '*训练单元从之前一次执行保存的迭代周期接着训练（%s），并按记录打印了那些迭代周期的行。*' \
-            % resumed
-    return text + '*代码单元改动后，它的旧输出会被 `tests/test_notebook_outputs.py` 拒绝：请重新运行 `make notebooks`。*'
+        text += ('\n\n*训练单元从之前一次执行保存的迭代周期接着训练（%s），并按记录打印了那些迭代周期'
+                 '的行。*' % resumed)
+    return text + ('\n\n*代码单元改动后，它的旧输出会被 `tests/test_notebook_outputs.py` 拒绝：请重新'
+                   '运行 `make notebooks`。*')
 
 
 def _with_header(nb, info, lang):
@@ -298,8 +306,11 @@ def main(argv=None):
         if unknown:
             raise cli.UsageError('no English notebook %r; name %s (or none: both)'
                                  % (unknown[0], ' or '.join(sorted(NOTEBOOKS))))
+        names = args.notebooks or sorted(NOTEBOOKS)
+        for name in names:
+            _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs
         signal.signal(signal.SIGTERM, _terminated)
-        for name in args.notebooks or sorted(NOTEBOOKS):
+        for name in names:
             execute(name, args.checkpoints)
         return 0
     return cli.run_command(PROG, argv, body, explain=_explain)

@@ -170,3 +170,33 @@ def test_outputs_that_do_not_depend_on_training_are_what_the_code_prints(name, m
             assert [t for t, _ in ours] == [t for t, _ in theirs], _tag(cell)
             for (_, a), (_, b) in zip(ours, theirs):
                 np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=_tag(cell))
+
+
+def test_the_runner_refuses_bad_input_in_one_line(capsys, monkeypatch):
+    assert runner.main(['three-ways']) == 2
+    assert capsys.readouterr().err == (
+        "%s: error: no English notebook 'three-ways'; name multiple-gpus-gluon or "
+        "three-ways-to-split (or none: both)\n" % runner.PROG)
+    monkeypatch.setenv('GLUON_MGPU_QUICK', 'yes')
+    assert runner.main(['three-ways-to-split']) == 2
+    assert capsys.readouterr().err == (
+        "%s: error: GLUON_MGPU_QUICK must be 0 (the book's settings), 1 (a quick look) or "
+        "smoke, got 'yes'; unset it for the book's settings\n" % runner.PROG)
+
+
+def test_epochs_trained_by_other_code_are_not_continued(tmp_path):
+    folder = str(tmp_path)
+    hashes = [runner.code_hash(c.source) for c in _code(_read('multiple-gpus-gluon'))]
+    assert runner._run_record(folder, 'a' * 40, hashes, {})['code'] == hashes  # a new run
+    os.mkdir(os.path.join(folder, 'train-1'))
+    open(os.path.join(folder, 'train-1', 'epoch-0001.json'), 'w').close()
+    resumed = runner._saved_epochs(folder)
+    assert resumed == {'train-1': 1}
+    assert runner._run_record(folder, 'b' * 40, hashes, resumed)['commit'] == 'a' * 40
+    with pytest.raises(runner.cli.UsageError, match=re.escape(
+            "%s holds epochs trained at commit aaaaaaa, and the notebook's code changed since; "
+            "delete the folder to train again (rm -r %s)" % (folder, folder))):
+        runner._run_record(folder, 'b' * 40, hashes[:-1], resumed)
+    os.remove(os.path.join(folder, 'run.json'))
+    with pytest.raises(runner.cli.UsageError, match='holds checkpoints but no run.json'):
+        runner._run_record(folder, 'b' * 40, hashes, resumed)
