@@ -203,6 +203,16 @@ def _with_header(nb, info, lang):
     return nb
 
 
+def _progress(cell, cell_index, **kwargs):
+    """After each code cell: its tag, and what it printed of the book's epoch lines."""
+    if cell.cell_type == 'code':
+        lines = [line for o in cell.outputs if o.output_type == 'stream'
+                 for line in o.text.splitlines() if line.startswith('epoch ')]
+        print('  [%s] %s' % (datetime.datetime.now().strftime('%H:%M:%S'), ' '.join(
+            (cell.metadata.get('tags') or ['cell %d' % cell_index])[:1] + lines[-1:])),
+            flush=True)
+
+
 def execute(name, checkpoints):
     """Execute notebook ``name`` and write it and its twin; return the seconds it took."""
     from nbclient import NotebookClient
@@ -232,8 +242,8 @@ def execute(name, checkpoints):
                 PROG, os.path.relpath(path_of(name), ROOT), SETTINGS[setting], folder),
                 flush=True)
             NotebookClient(nb, timeout=None, kernel_name='python3', record_timing=False,
-                           resources={'metadata': {'path': os.path.join(ROOT, 'notebooks')}}
-                           ).execute(env=env)
+                           resources={'metadata': {'path': os.path.join(ROOT, 'notebooks')}},
+                           on_cell_executed=_progress).execute(env=env)
         finally:
             shutil.rmtree(kernels)
     seconds = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()
