@@ -289,9 +289,12 @@ def build_parser():
 
 def _explain(e):
     from gluon_mgpu.handlers.checkpoint import CheckpointError
-    from nbclient.exceptions import CellExecutionError
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
     if isinstance(e, (CheckpointError, ValueError)):
         return 2, cli.error_line(PROG, e)
+    if isinstance(e, DeadKernelError):
+        return 1, cli.error_line(PROG, 'the kernel died (%s); the finished epochs are saved, give '
+                                       'the same command again to continue' % e)
     if isinstance(e, CellExecutionError):
         return 1, cli.error_line(PROG, 'a cell failed, so no notebook was written: %s' % (
             str(e).strip().splitlines()[-1]))
