@@ -6,7 +6,8 @@ code. An output is stale when its cell's code changed since (or the cell is new)
 did not run top to bottom in one kernel, or when a twin's outputs are not the English one's. The
 cells whose outputs do not depend on training run again here and must print what is committed:
 exactly on the machine that executed the notebook (its CPU, oneDNN's kernels, its threads, as
-the notebook's metadata records them), elsewhere the same text with each number within 1e-4.
+the notebook's metadata records them); elsewhere the same words, each number within a relative
+1e-4 (``Out[4]``'s tolerance against the book), but for the cells named below.
 Markdown cells are free: prose and the tables ``book_table.py --tables`` writes are not outputs.
 Notebooks without outputs pass with nothing to compare.
 """
@@ -29,7 +30,11 @@ TWINS = sorted(runner.NOTEBOOKS.items())
 # The cells whose outputs training makes: the training cells and what reads the trained net.
 TRAINED = {'multiple-gpus-gluon': 'train-1',  # this cell and every one after it
            'three-ways-to-split': {'train-scratch', 'layers-train', 'channels-train'}}
-MACHINE_CELLS = {'threads'}  # what it prints is the machine's thread choice
+# Elsewhere than on the machine that executed the notebook, these print that machine's own
+# numbers: its thread choice (not compared there), differences of float32 rounding between two
+# ways of computing the same thing (only the words compared).
+THREADS = 'threads'
+ROUNDING = {'scratch-vs-gluon', 'layers-micro', 'channels-equal'}
 NUMBER = re.compile(r'-?\d+(?:\.\d+)?(?:e[-+]?\d+)?')
 
 
@@ -102,9 +107,8 @@ def test_a_changed_or_added_cell_is_stale():
     nb = _executed_copy(_read('multiple-gpus-gluon'))
     _code(nb)[3].execution_count = 9
     assert stale(nb) == ['network: In [9], not In [4]: not executed top to bottom in one kernel']
-    nb = _read('three-ways-to-split')
+    nb = runner.clean(_read('three-ways-to-split'))
     _code(nb)[0].outputs = [nbformat.v4.new_output('stream', name='stdout', text='hand-made\n')]
-    assert stale(runner.clean(copy.deepcopy(nb))) == []
     assert stale(nb) == ['imports: an output, but no record of make notebooks']
 
 
@@ -165,11 +169,12 @@ def test_outputs_that_do_not_depend_on_training_are_what_the_code_prints(name, m
         if same_machine:
             assert [_shown(o) for o in cell.outputs] == [_shown(o) for o in new.outputs], \
                 _tag(cell)
-        elif _tag(cell) not in MACHINE_CELLS:
+        elif _tag(cell) != THREADS:
             ours, theirs = ([_masked(o) for o in c.outputs] for c in (cell, new))
             assert [t for t, _ in ours] == [t for t, _ in theirs], _tag(cell)
             for (_, a), (_, b) in zip(ours, theirs):
-                np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6, err_msg=_tag(cell))
+                if _tag(cell) not in ROUNDING:
+                    np.testing.assert_allclose(a, b, rtol=1e-4, atol=0, err_msg=_tag(cell))
 
 
 def test_the_runner_refuses_bad_input_in_one_line(capsys, monkeypatch):
