@@ -122,6 +122,50 @@ def test_one_device_needs_no_replicas(tmp_path, small_data):
         assert p.data().asnumpy().tobytes() == q.data().asnumpy().tobytes()
 
 
+SETTINGS = {'batch_size': 8, 'lr': 0.5, 'train_limit': 24, 'test_limit': 8}
+
+
+def _notebook_cell(directory, data_dir, devices, init_seed, settings=SETTINGS):
+    """What the notebook's training cell does with GLUON_MGPU_CHECKPOINTS set: the data order
+    drawn anew (no seed given), the network initialized, ``resumable`` before ``train``."""
+    net = _bn_cnn()
+    train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(8, data_dir=data_dir,
+                                                               train_limit=24, test_limit=8)
+    trainer = training.init_training(net, devices, 0.5, seed=init_seed)
+    handlers, done = gluon_mgpu.resumable(directory, net, trainer, devices, train_iter, settings)
+    return done, gluon_mgpu.train(net, train_iter, test_iter, devices, 3, trainer, handlers)
+
+
+def test_a_notebook_cell_executed_again_goes_on_after_its_last_epoch(tmp_path, data_dir,
+                                                                    two_cpus, capsys):
+    full, cut = str(tmp_path / 'full'), str(tmp_path / 'cut')
+    done, history = _notebook_cell(full, data_dir, two_cpus, 1)
+    assert done == [] and checkpoint.list_checkpoints(full) == [1, 2, 3]
+    assert len(re.findall(r'^epoch \d', capsys.readouterr().out, re.M)) == 3
+    # Stopped after epoch 1; executed again with another initialization and another data seed
+    # drawn, both replaced by the checkpoint's.
+    os.mkdir(cut)
+    for kind in ('json',) + checkpoint.KINDS:
+        shutil.copy(checkpoint.checkpoint_path(full, 1, kind), cut)
+    done, resumed = _notebook_cell(cut, data_dir, two_cpus, 99)
+    assert done == history[:1] and [h['epoch'] for h in resumed] == [1, 2, 3]
+    assert capsys.readouterr().out == ''.join(
+        gluon_mgpu.format_epoch(h) + '\n' for h in resumed[1:])
+    for key in ('train_loss', 'train_acc', 'test_acc'):
+        assert [h[key] for h in resumed] == [h[key] for h in history]
+    for kind in checkpoint.KINDS:
+        with open(checkpoint.checkpoint_path(full, 3, kind), 'rb') as a, \
+                open(checkpoint.checkpoint_path(cut, 3, kind), 'rb') as b:
+            assert a.read() == b.read(), kind
+    # A finished run trains nothing more; a run of other settings is refused before loading.
+    assert _notebook_cell(cut, data_dir, two_cpus, 5)[1] == resumed
+    with pytest.raises(checkpoint.CheckpointError, match=re.escape(
+            '%s holds a run with the settings {"batch_size": 8, "lr": 0.5, "train_limit": 24, '
+            '"test_limit": 8}, not {"batch_size": 16}; delete the folder to start again, or use '
+            'another one' % cut)):
+        _notebook_cell(cut, data_dir, two_cpus, 5, {'batch_size': 16})
+
+
 @pytest.fixture(scope='module')
 def saved_run(tmp_path_factory, data_dir):
     """Two epochs of the small network on two devices, checkpointed."""

@@ -26,7 +26,7 @@ from ..runtime.files import (InputError, atomic_path, file_kind, non_folder_kind
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
            'read_checkpoint', 'nonfinite', 'restore', 'folder_identity', 'copied_from',
-           'CheckpointHandler']
+           'CheckpointHandler', 'resumable']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -364,3 +364,41 @@ class CheckpointHandler(TrainBegin, EpochEnd):
             save_checkpoint(self.directory, estimator.record['epoch'], estimator.net,
                             estimator.trainer, dict(self.info, history=list(estimator.history)))
         return False
+
+
+def resumable(directory, net, trainer, devices, train_iter, settings):
+    """``train()``'s handlers for a run kept in checkpoint folder ``directory`` (made if
+    missing), continued from the latest checkpoint there if any: a notebook cell that trains
+    through it and is executed again after an interruption goes on after the last saved epoch.
+
+    Call it after ``init_training`` and before ``train(..., event_handlers=handlers)``. A found
+    checkpoint is restored into ``net`` and ``trainer`` (on ``devices``) and gives
+    ``train_iter`` the run's data order (its ``seed``, recorded). ``settings`` (a dict of JSON
+    values: batch size, learning rate, data slice) must equal the recorded run's, else
+    ``CheckpointError`` names both and the fix, before anything is loaded.
+
+    Returns
+    -------
+    (handlers, history)
+        The book's line, the loss check and a checkpoint after every epoch; the records of the
+        epochs done (``[]`` for a new run), whose lines the caller may print again.
+    """
+    from .events import EpochLine, LossGuard
+    record = read_checkpoint(directory) if list_checkpoints(directory) else None
+    if record is not None:
+        if record.get('settings') != settings:
+            raise CheckpointError('%s holds a run with the settings %s, not %s; delete the folder '
+                                  'to start again, or use another one'
+                                  % (directory, json.dumps(record.get('settings'))[:200],
+                                     json.dumps(settings)))
+        if not is_whole(record.get('data_seed'), 0):
+            raise not_ours(checkpoint_path(directory, record['epoch'], 'json'),
+                           'data_seed is not a seed')
+        restore(directory, record, net, trainer, devices)
+        train_iter.seed = record['data_seed']
+    else:
+        os.makedirs(directory, exist_ok=True)
+    info = {'settings': settings, 'data_seed': train_iter.seed,
+            'devices': [str(d) for d in devices]}
+    handlers = [EpochLine(), LossGuard(), CheckpointHandler(directory, info, resume=record)]
+    return handlers, [] if record is None else record['history']
