@@ -9,7 +9,8 @@ import mxnet as mx
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import devices, training
+from gluon_mgpu import devices
+from gluon_mgpu.handlers import events
 from gluon_mgpu.commands import sweep
 from gluon_mgpu.runtime import files
 from test_plotting import png_size
@@ -193,7 +194,7 @@ def _table_rows(text):
 
 def test_a_diverged_setting_is_one_line_exit_1_and_the_finished_rows_are_kept(
         failing_sweep, tmp_path, capsys):
-    nan = training.LossNotFiniteError(3, 0.2, float('nan'), epoch=1)
+    nan = events.LossNotFiniteError(3, 0.2, float('nan'), epoch=1)
     assert failing_sweep(['--num-gpus', '1', '2', '4'], 2, nan) == 1
     out, err = capsys.readouterr()
     out_dir = tmp_path / 'out'
@@ -214,7 +215,7 @@ def test_a_diverged_setting_is_one_line_exit_1_and_the_finished_rows_are_kept(
 
 def test_a_failure_in_the_first_setting_says_nothing_was_written(failing_sweep, tmp_path,
                                                                   capsys):
-    nan = training.LossNotFiniteError(1, 0.5, float('inf'), epoch=2)
+    nan = events.LossNotFiniteError(1, 0.5, float('inf'), epoch=2)
     assert failing_sweep(['--num-gpus', '1', '2', '--lr-per-device', '0.5'], 1, nan) == 1
     assert capsys.readouterr().err == (
         'python -m gluon_mgpu.sweep: error: the training loss became inf at epoch 2, step 1 in '

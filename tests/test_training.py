@@ -11,7 +11,7 @@ import gluon_mgpu
 from gluon_mgpu.parallel import weighted
 from gluon_mgpu import data, training
 from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
-                                        LossGuard, SplitBatches, TrainBegin, TrainEnd,
+                                        LossGuard, TrainBegin, TrainEnd,
                                         TrainingState)
 from conftest import max_abs_diff
 
@@ -391,8 +391,8 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
         history = gluon_mgpu.train(
             net, train_iter, test_iter, two_cpus, num_epochs=1,
             trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0),
-            event_handlers=[] if weights is None else
-            [SplitBatches(weighted.split_by_weights(weights))])
+            event_handlers=[], split_f=gluon_mgpu.split_batch if weights is None else
+            weighted.split_by_weights(weights))
         nets.append((net, history))
     (even, h_even), (by_weights, h_weighted) = nets
     assert h_weighted[0]['test_acc'] == h_even[0]['test_acc']
@@ -401,9 +401,9 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
 
 
 @pytest.mark.parametrize('split_f', [None, [3, 1], 'even'])
-def test_split_batches_refuses_what_is_not_a_function(split_f):
+def test_train_refuses_a_split_f_that_is_not_a_function(split_f):
     with pytest.raises(ValueError) as e:
-        SplitBatches(split_f)
+        gluon_mgpu.train(_small_cnn(), [], [], [mx.cpu(0)], event_handlers=[], split_f=split_f)
     assert str(e.value) == ('split_f must be a function split_f(X, y, devices) -> (Xs, ys), '
                             'got %r; pass one such as split_by_weights([3, 1])' % (split_f,))
 

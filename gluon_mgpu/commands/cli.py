@@ -297,8 +297,9 @@ def data_parallel(devices, lr, num_epochs, model='resnet18', hybridize=True, see
                   batch_size=None):
     """The chapter's training as the train command and the sweep run it: a fresh ``model``
     (``training.new_network``; with ``sync_bn``, BatchNorm over all ``devices``), its trainer on
-    ``devices`` (``training.init_training``) and ``fit(train_iter, test_iter, handlers)``, which
-    trains them for ``num_epochs`` with ``training.train`` and returns the history.
+    ``devices`` (``training.init_training``) and ``fit(train_iter, test_iter, handlers,
+    split_f=None)``, which trains them for ``num_epochs`` with ``training.train`` and returns
+    the history.
 
     ``batch_size`` is what ``trainer.step`` divides by (default: each epoch's first batch).
     Returns ``(net, trainer, fit)``: a handler that needs the network or the trainer (restoring
@@ -308,9 +309,9 @@ def data_parallel(devices, lr, num_epochs, model='resnet18', hybridize=True, see
     net = training.new_network(model, hybridize, len(devices) if sync_bn else None, dtype)
     trainer = training.init_training(net, devices, lr, seed, kvstore, dtype, force_dtype)
 
-    def fit(train_iter, test_iter, handlers):
-        return training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
-                              trainer=trainer, event_handlers=handlers, batch_size=batch_size)
+    def fit(train_iter, test_iter, handlers, split_f=None):
+        return training.train(net, train_iter, test_iter, devices, num_epochs, trainer, handlers,
+                              split_f or training.split_batch, batch_size)
     return net, trainer, fit
 
 

@@ -584,13 +584,12 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
             'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
             'devices': [str(d) for d in devices]}, resume=record))
     split_f, line = _split(args, net, devices, test_iter)
-    if split_f is not None:
-        handlers.append(events.SplitBatches(split_f))
     if line is not None and mode != 'quiet':
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-    return net, None, fit
+    return net, None, lambda train_iter, test_iter, handlers: fit(train_iter, test_iter,
+                                                                  handlers, split_f)
 
 
 def _split_parallel(args, devices, mode, handlers, test_iter):
@@ -685,9 +684,9 @@ def _diverged(e, args):
                                 'training diverged; %s' % (e.loss, e.epoch, e.step, e.lr, fix))
 
 
-def _simulated(num_gpus, device):
-    """How many simulated CPU devices ``--num-gpus`` and ``--device`` make (None for GPUs): the
-    count the threads are chosen for before MXNet starts (docs/devices.md)."""
+def _cpu_devices(num_gpus, device):
+    """How many CPU contexts ``--num-gpus`` and ``--device`` make (None for GPUs), known before
+    MXNet starts: the count its threads are chosen for (docs/devices.md)."""
     from ..runtime.threads import has_gpu
     return num_gpus if device == 'cpu' or (device == 'auto' and not has_gpu()) else None
 
@@ -709,7 +708,7 @@ def main(argv=None):
         on = _run_flags(flags) if flags.resume else flags  # a resumed run's devices
         # From the entry file, a signal before DeferredInterrupt takes over is one line too.
         with startup.starting(PROG) if entry else contextlib.nullcontext():
-            startup.before_mxnet(PROG, _simulated(on.num_gpus, on.device))
+            startup.before_mxnet(PROG, _cpu_devices(on.num_gpus, on.device))
             from ..handlers.interrupts import DeferredInterrupt
             args = flags if flags.resume else _complete(flags)
         with DeferredInterrupt() as interrupt:
@@ -741,7 +740,7 @@ def main(argv=None):
             n = args.num_gpus * args.num_workers
             fix = 'pass a smaller --batch-size, for example --batch-size %d' % max(
                 n, args.batch_size // 2)
-            if args.num_gpus > 1 and _simulated(args.num_gpus, args.device):
+            if args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device):
                 # Every simulated device holds a replica: fewer devices free the most.
                 fix = ('each simulated device holds a replica of the network: pass fewer '
                        'devices, for example --num-gpus %d%s' % (
