@@ -82,7 +82,7 @@ def positive_float(flag, example=0.1, noun=None):
 
 def learning_rate(flag):
     """A learning rate in ``LR_RANGE``: ``1e39`` is infinite in float32, ``1e-320`` is 0, and
-    ``sgd_update`` would refuse them inside its optimizer callback, where the error is lost."""
+    ``sgd_update`` would refuse them in the middle of a step."""
     above_zero = positive_float(flag)
 
     def parse(text):
@@ -355,9 +355,9 @@ def _say(e, line, debug):
 
 
 def stopped_by(e):
-    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal."""
-    name = getattr(e, 'signal_name', 'SIGINT')
-    return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
+    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal
+    (``startup.Interrupted``; a plain ``KeyboardInterrupt`` is a Ctrl-C)."""
+    return getattr(e, 'words', 'interrupted (Ctrl-C)')
 
 
 class StdoutError(Exception):

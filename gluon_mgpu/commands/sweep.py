@@ -236,7 +236,7 @@ def _run(args, state):
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label=devices_mod.plural(s['num_devices'], 'device') + ', ')
         try:
-            # The DeferredInterrupt raises a Ctrl-C noted inside MXNet's optimizer callback.
+            # The DeferredInterrupt raises a Ctrl-C noted inside a __del__, after the step.
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
                               [report, state['interrupt']], args.dtype, args.force_dtype)
         finally:

@@ -446,7 +446,7 @@ def run(args, interrupt=None):
     """Train as ``args`` say (``parse_args``), print the summary and return the history.
 
     ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
-    came inside MXNet's optimizer callback right after that step or epoch.
+    came inside a ``__del__`` (where Python drops it) right after that step or epoch.
     """
     from ..handlers import checkpoint
     from ..parallel import horovod
