@@ -298,3 +298,30 @@ def test_replicas_that_do_not_fit_in_memory_are_refused(monkeypatch):
     assert cli.check_memory([mx.gpu(i) for i in range(13)], 'resnet18', '') is None
     monkeypatch.setattr(threads, 'memory_bytes', lambda: None)
     assert cli.check_memory(cpus, 'resnet18', '') is None
+
+
+def test_one_table_words_every_commands_failures_and_the_command_adds_what_it_kept():
+    from gluon_mgpu.commands import cli
+    from gluon_mgpu.runtime.startup import Interrupted
+    kept = []
+
+    def saved(e, why):
+        kept.append(why)
+        return '' if why is None else '; kept after %s' % why
+    story = {'saved': saved, 'where': ' in the 2-device setting', 'lr': ('--lr', 0.2),
+             'batch': ('--batch-size', 512), 'devices': (2, 2)}
+    assert cli.failure('p', cli.UsageError('--x 1: bad'), **story) == (2, 'p: error: --x 1: bad')
+    assert cli.failure('p', Interrupted(15), **story) == (
+        143, 'p: terminated (SIGTERM) in the 2-device setting; kept after terminated (SIGTERM)')
+    assert cli.failure('p', MemoryError(), **story) == (1, (
+        'p: error: out of memory (MemoryError) in the 2-device setting with --batch-size 512 '
+        'over 2 device(s); each simulated device holds a replica of the network: pass fewer '
+        'devices, for example --num-gpus 1, or a smaller --batch-size, for example '
+        '--batch-size 256; kept after out of memory'))
+    code, line = cli.failure('p', ValueError('odd'), **story)
+    assert (code, line.partition('; rerun')[0]) == (
+        1, 'p: error: unexpected ValueError: odd (in the 2-device setting); kept after '
+           'unexpected ValueError')
+    assert kept == [None, 'terminated (SIGTERM)', 'out of memory', 'unexpected ValueError']
+    # Without a story: the defaults every command had.
+    assert cli.failure('p', KeyboardInterrupt()) == (130, 'p: interrupted (Ctrl-C)')

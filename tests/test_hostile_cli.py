@@ -426,8 +426,8 @@ def test_more_replicas_than_memory_are_refused_before_any_is_made(data_dir):
      '--checkpoint-dir DIR to keep every finished epoch)'),
     ('sweep', ['--num-gpus', '1', '--batch-size-per-device', '4000', '--output-dir', '{tmp}'],
      'out of memory (Failed to allocate CPU Memory) in the 1-device setting with '
-     '--batch-size-per-device 4000; pass a smaller one, for example --batch-size-per-device '
-     '2000; no setting had finished, so nothing was written')])
+     '--batch-size-per-device 4000; pass a smaller --batch-size-per-device, for example '
+     '--batch-size-per-device 2000; no setting had finished, so nothing was written')])
 def test_running_out_of_memory_is_one_line_naming_the_batch_size(command, flags, line, tmp_path,
                                                                  data_dir):
     # 4000 images of ResNet-18 need more than the 4 GB of address space the run may take.

@@ -409,7 +409,73 @@ def _stdout_failed(prog, e, stream, debug):
     return 1
 
 
-def _run_body(prog, body, explain, debug):
+def _in_optimizer(e):
+    """Whether ``e`` came out of MXNet's optimizer package (``trainer.step`` updating), as its
+    traceback says."""
+    import mxnet
+    where = os.path.dirname(mxnet.optimizer.__file__) + os.sep
+    return any(f.filename.startswith(where) for f in traceback.extract_tb(e.__traceback__))
+
+
+def _out_of_memory(flag, size, devices):
+    """The fix of memory that ran out with ``flag size`` over ``devices`` (see ``failure``)."""
+    n, simulated = devices or (1, 0)
+    fix = 'pass a smaller %s, for example %s %d' % (flag, flag, max(n, size // 2))
+    if simulated > 1:  # every simulated device holds a replica: fewer free the most
+        fix = ('each simulated device holds a replica of the network: pass fewer devices, for '
+               'example --num-gpus %d%s' % (simulated // 2, ', or a smaller %s, for example %s '
+                                            '%d' % (flag, flag, size // 2)
+                                            if size // 2 >= n else ''))
+    return ' with %s %d%s; %s' % (flag, size, ' over %d device(s)' % n if devices else '', fix)
+
+
+def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, devices=None,
+            horovod=False):
+    """The one table of a command's failures: ``(exit code, line)`` for the exception ``e``.
+
+    A command supplies what it kept, ``saved(e, why)``: the clause after the failure (``'; the
+    checkpoint of epoch 2 ... is complete'``, or ``''``), ``why`` naming the failure in a few
+    words (None: bad input). The fixes name its flags: ``lr`` and ``batch`` as ``(flag,
+    value)``, ``devices`` as ``(count, simulated devices per process)``; ``where`` the run
+    stood (``' in the 2-device setting'``); ``horovod``: a Horovod job, whose lost peer is named.
+    """
+    def raised(module, name):  # nothing is imported here: a bad flag never starts MXNet
+        found = sys.modules.get('gluon_mgpu.' + module)
+        return found is not None and isinstance(e, getattr(found, name))
+    if horovod:
+        from ..parallel.horovod import PEER_GONE
+    memory = out_of_memory(e)
+    table = (  # (whether e is this failure, why, its line but for what was kept)
+        (isinstance(e, UsageError), None, lambda: str(e)),
+        (isinstance(e, KeyboardInterrupt), stopped_by(e), lambda: where),
+        (lr and 'mxnet' in sys.modules and _in_optimizer(e), 'an error', lambda: (
+            'the optimizer failed inside trainer.step%s: %s: %s; the step was not completed, so '
+            'training stops (%s %g)' % (where, type(e).__name__, one_line(e), *lr))),
+        (isinstance(e, files.OutputError) or raised('handlers.checkpoint', 'CheckpointError'),
+         'an error', lambda: str(e)),
+        (lr and raised('handlers.events', 'LossNotFiniteError'), 'training diverged', lambda: (
+            'the training loss became %s at epoch %s, step %d%s with learning rate %g: training '
+            'diverged; start again with a smaller learning rate, for example %s %g'
+            % (e.loss, e.epoch, e.step, where, e.lr, lr[0], lr[1] / 10))),
+        (raised('handlers.replica_check', 'ReplicaCheckFailed'), 'an error',
+         lambda: '--check-replicas: %s' % e),
+        (memory and batch, 'out of memory',
+         lambda: 'out of memory (%s)%s%s' % (memory, where, _out_of_memory(*batch, devices))),
+        (horovod and any(text in str(e) for text in PEER_GONE), 'an error', lambda: (
+            'another process of the Horovod job stopped, so this one cannot go on (horovodrun '
+            'names it)')),
+    )
+    for found, why, line in table:
+        if found:
+            kept = saved(e, why) if saved else ''
+            if isinstance(e, KeyboardInterrupt):
+                return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (prog, why, line(), kept)
+            return 2 if why is None else 1, error_line(prog, line() + kept)
+    kept = saved(e, 'unexpected %s' % type(e).__name__) if saved else ''
+    return 1, unexpected(prog, e, debug, (' (%s)' % where.strip() if where else '') + kept)
+
+
+def _run_body(prog, body, story, debug):
     try:
         try:
             code = body() or 0
@@ -421,34 +487,27 @@ def _run_body(prog, body, explain, debug):
     except StdoutError:
         raise
     except (Exception, KeyboardInterrupt) as e:
-        words = explain and explain(e)
-        if words is None:
-            if isinstance(e, UsageError):
-                words = 2, error_line(prog, e)
-            elif isinstance(e, KeyboardInterrupt):
-                words = getattr(e, 'exit_code', 130), '%s: %s' % (prog, stopped_by(e))
-            else:
-                words = 1, unexpected(prog, e, debug)
-        code, line = words
-        sys.stdout.flush()  # what explain printed (a sweep's finished rows) comes first
+        code, line = failure(prog, e, debug, **(story(e) if story else {}))
+        sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
         _say(e, line, debug)
         return code
 
 
-def run_command(prog, argv, body, explain=None):
+def run_command(prog, argv, body, story=None):
     """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
-    ``explain(e)``, if given, returns ``(code, line)`` for an exception the command words
-    itself, or None for the default: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1.
-    ``argv`` is read for ``--debug``. Standard output that cannot be written ends the command
-    as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``), else with
-    one line naming stdout and 1 (``>/dev/full``), never with a traceback.
+    A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
+    the command adds to it (its keyword arguments: what the run kept, the flags a fix names).
+    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``argv`` is read for
+    ``--debug``. Standard output that cannot be written ends the command as a Unix tool ends:
+    quietly with 141 when its reader is gone (``| head -1``), else with one line naming stdout
+    and 1 (``>/dev/full``), never with a traceback.
     """
     debug = debug_requested(argv)
     stream = sys.stdout
     sys.stdout = _WatchedStdout(stream)
     try:
-        return _run_body(prog, body, explain, debug)
+        return _run_body(prog, body, story, debug)
     except StdoutError as e:
         return _stdout_failed(prog, e, stream, debug)
     finally:

@@ -28,8 +28,8 @@ RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', '
 
 def network_name(args):
     """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``."""
-    from .. import training
-    return training.network_name(args.model, args.num_gpus if args.sync_bn else None)
+    from .. import model
+    return model.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
 def build_parser():
@@ -641,47 +641,34 @@ def _saved_epochs(args):
     return done[-1] if done else 0
 
 
-def _in_optimizer(e):
-    """Whether ``e`` came out of MXNet's optimizer package (``trainer.step`` updating), as its
-    traceback says."""
-    import traceback
-    import mxnet
-    where = os.path.dirname(mxnet.optimizer.__file__) + os.sep
-    return any(f.filename.startswith(where) for f in traceback.extract_tb(e.__traceback__))
-
-
-def _kept(args):
-    """What a failed run leaves: the clause about its checkpoints and how to resume."""
-    done = _saved_epochs(args)
+def _kept(args, e, why):
+    """What a failed run kept (``cli.failure``'s ``saved``): its checkpoints and how to
+    resume; after divergence, where to start again."""
+    done = None if why is None else _saved_epochs(args)
+    if why == 'training diverged':
+        from ..handlers import checkpoint
+        try:
+            broken = done and checkpoint.nonfinite(
+                args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
+        except checkpoint.CheckpointError:  # changed since: --resume will say how
+            broken = None
+        if broken:  # its loss was finite, but its weights or running statistics are not
+            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
+                    'infinite values)' % done)
+        return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
+                'with a finite loss: %s'
+                % (done, _resume_command(args.checkpoint_dir, ' --lr %g' % (args.lr / 10)))
+                if done else '')
+    if why is None:
+        return ''
     if done is None:
-        return 'nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
+        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
     if done == 0:
-        return ('%s holds no checkpoint yet; run the same command again to start over'
-                % args.checkpoint_dir)
-    return ('the checkpoint of epoch %d in %s is complete; to resume: %s'
+        return '%s %s holds no checkpoint yet; run the same command again to start over' % (
+            ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',
+            args.checkpoint_dir)
+    return ('; the checkpoint of epoch %d in %s is complete; to resume: %s'
             % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
-
-
-def _diverged(e, args):
-    from ..handlers import checkpoint
-    smaller = '--lr %g' % (e.lr / 10)
-    done = _saved_epochs(args)
-    try:
-        broken = done and checkpoint.nonfinite(
-            args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
-    except checkpoint.CheckpointError:  # changed since: --resume will say how
-        broken = None
-    fix = 'start again with a smaller learning rate, for example %s' % smaller
-    if broken:  # its loss was finite, but its weights or running statistics no longer are
-        fix += (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite '
-                'values)' % done)
-    elif done:
-        # The last checkpoint had a finite loss, but its weights may be far off already.
-        fix = ('use a smaller learning rate, for example %s: start again in a new '
-               '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
-               'loss: %s' % (smaller, done, _resume_command(args.checkpoint_dir, ' ' + smaller)))
-    return cli.error_line(PROG, 'the training loss became %s at epoch %d, step %d with --lr %g: '
-                                'training diverged; %s' % (e.loss, e.epoch, e.step, e.lr, fix))
 
 
 def _cpu_devices(num_gpus, device):
@@ -714,51 +701,20 @@ def main(argv=None):
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 
-    def explain(e):
-        if isinstance(e, UsageError):  # the default line; a bad flag never starts MXNet
-            return None
-        from ..handlers import checkpoint, events, replica_check
-        from ..parallel import horovod
-        if isinstance(e, KeyboardInterrupt):
-            joint = ' before the first epoch finished, so ' if _saved_epochs(args) == 0 else '; '
-            return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (PROG, cli.stopped_by(e), joint,
-                                                                 _kept(args))
-        if _in_optimizer(e):
-            return 1, cli.error_line(PROG, 'the optimizer failed inside trainer.step: %s: %s; the '
-                                           'step was not completed, so training stops (--lr %g); '
-                                           '%s' % (type(e).__name__, cli.one_line(e), args.lr,
-                                                   _kept(args)))
-        if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
-            return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))
-        if isinstance(e, events.LossNotFiniteError):
-            return 1, _diverged(e, args)
-        if isinstance(e, replica_check.ReplicaCheckFailed):
-            return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
-        memory = args is not None and cli.out_of_memory(e)
-        if memory:
-            failed['memory'] = True
-            n = args.num_gpus * args.num_workers
-            fix = 'pass a smaller --batch-size, for example --batch-size %d' % max(
-                n, args.batch_size // 2)
-            if args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device):
-                # Every simulated device holds a replica: fewer devices free the most.
-                fix = ('each simulated device holds a replica of the network: pass fewer '
-                       'devices, for example --num-gpus %d%s' % (
-                           args.num_gpus // 2, ', or a smaller --batch-size, for example '
-                           '--batch-size %d' % (args.batch_size // 2)
-                           if args.batch_size // 2 >= n else ''))
-            return 1, cli.error_line(PROG, 'out of memory (%s) with --batch-size %d over %d '
-                                           'device(s); %s; %s'
-                                     % (memory, args.batch_size, n, fix, _kept(args)))
-        if getattr(args, 'kvstore', None) == 'horovod' and \
-                any(text in str(e) for text in horovod.PEER_GONE):
-            return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
-                                           'one cannot go on (horovodrun names it); %s'
-                                     % _kept(args))
-        return None
+    def story(e):  # what cli.failure's line adds for this command
+        if args is None:  # a bad flag, or MXNet did not start
+            return {}
+        failed['memory'] = cli.out_of_memory(e)
+        settled = args.lr is not None  # with --resume: once merged with the run's
+        simulated = args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device)
+        return {'saved': lambda e, why: _kept(args, e, why),
+                'lr': settled and ('--lr', args.lr),
+                'batch': settled and ('--batch-size', args.batch_size),
+                'devices': (args.num_gpus * getattr(args, 'num_workers', 1), simulated or 0),
+                'horovod': args.kvstore == 'horovod'}
 
     failed = {}
-    code = cli.run_command(PROG, argv, body, explain)
+    code = cli.run_command(PROG, argv, body, story)
     if code and (getattr(args, 'joined', False) or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients. After
