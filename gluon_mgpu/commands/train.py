@@ -2,7 +2,9 @@
 ``gluon_mgpu.train`` (docs/events.md); its outputs and exit codes are in docs/outputs.md, a dist
 job's worker in docs/distributed.md.
 """
+import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -32,6 +34,7 @@ def network_name(args):
     return model.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
+@functools.lru_cache(maxsize=None)  # one parser: parsing never changes it
 def build_parser():
     book_batch, book_lr = cli.BOOK_PER_DEVICE
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
@@ -177,17 +180,28 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
+def _settings(given, argv):
+    """The flags ``given`` explicitly with the parser's defaults for the others, as
+    ``read_flags`` returns them."""
+    parser = build_parser()
+    for group in parser._mutually_exclusive_groups:  # also for a merged line: argparse's words
+        both = [a.option_strings[0] for a in group._group_actions if a.dest in given]
+        if len(both) > 1:
+            raise UsageError('argument %s: not allowed with argument %s' % tuple(both[-2:][::-1]))
+    args = argparse.Namespace(**{a.dest: a.default for a in parser._actions if a.dest != 'help'})
+    vars(args).update(given)
+    args.given, args.argv = dict(given), list(argv)
+    return args
+
+
 def read_flags(argv):
     """The command line as argparse alone reads it (no MXNet): ``args.given`` holds the
     settings given explicitly, ``args.argv`` the line; ``UsageError`` for bad input."""
     parser, absent = build_parser(), object()
-    defaults = {a.dest: a.default for a in parser._actions if a.dest != 'help'}
-    parser.set_defaults(**dict.fromkeys(defaults, absent))  # what is left absent: not given
-    args = parser.parse_args(argv)
-    args.given = {k: v for k, v in vars(args).items() if v is not absent}
-    for k in defaults.keys() - args.given.keys():
-        setattr(args, k, defaults[k])
-    args.argv = list(argv)
+    # Every setting present and absent: argparse fills in no default, so what it sets was given.
+    blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
+    parsed = vars(parser.parse_args(argv, blank))
+    args = _settings({k: v for k, v in parsed.items() if v is not absent}, argv)
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
                          'checkpoints in')
@@ -295,15 +309,32 @@ def _run_flags(args):
     if recorded is None or _unrecordable(recorded):
         return args
     try:
-        return build_parser().parse_args(recorded + args.argv)  # the flags given now win
+        args.recorded = recorded, read_flags(recorded).given  # parsed once: _resume reuses it
+        return _merge(args.recorded[1], args)
     except UsageError:
         return args
 
 
-def recorded_settings(directory, record):
+def _merge(recorded, args):
+    """The settings ``recorded`` (the ``given`` of a run's recorded line) with the flags given
+    now, which win."""
+    return _settings(dict(recorded, **args.given), args.recorded[0] + args.argv)
+
+
+def _parsed(recorded, args):
+    """``recorded``, a checkpoint's command line, as ``read_flags`` gives it: the one parse
+    ``_run_flags`` made before MXNet started, unless the checkpoint changed since."""
+    line, given = getattr(args, 'recorded', (None, None))
+    if line != recorded:
+        args.recorded = recorded, read_flags(recorded).given
+    return args.recorded[1]
+
+
+def recorded_settings(directory, record, args):
     """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
     in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
-    writes, parsed by the command's own parser; else ``CheckpointError`` naming the file."""
+    writes, parsed by the command's own parser (once: ``_parsed``); else ``CheckpointError``
+    naming the file."""
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     recorded = record.get('argv')
@@ -311,7 +342,8 @@ def recorded_settings(directory, record):
     if problem:
         raise checkpoint.not_ours(path, problem)
     try:  # the command's own parser is the one check of what the run recorded
-        before = parse_args(recorded + ['--checkpoint-dir', directory])
+        given = dict(_parsed(recorded, args), checkpoint_dir=args.checkpoint_dir)
+        before = _complete(_settings(given, recorded + ['--checkpoint-dir', directory]))
     except UsageError as e:
         raise checkpoint.CheckpointError(
             '%s records the command line %s, which the command refuses (%s); start a new run in '
@@ -331,7 +363,7 @@ def _resume(args):
     from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
-    before = recorded_settings(directory, record)
+    before = recorded_settings(directory, record, args)
     changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), args.given[k],
                                               getattr(before, k))
                for k in RUN_SETTINGS if k in args.given and args.given[k] != getattr(before, k)]
@@ -339,7 +371,7 @@ def _resume(args):
         raise ValueError('cannot continue the run with other settings: %s; leave these flags '
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
-    merged = parse_args(record['argv'] + args.argv, complete=True)  # the flags given now win
+    merged = _complete(_merge(args.recorded[1], args))  # the flags given now win
     original = checkpoint.copied_from(directory, record)
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(merged, k)) for k in OUTPUTS
               if getattr(merged, k) is not None and k not in args.given]
@@ -486,7 +518,7 @@ def _file_handlers(args, devices, placement=None):
         try:
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'argv')},
+                                    if k not in ('given', 'argv', 'recorded')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
