@@ -245,14 +245,20 @@ def test_each_list_of_choices_is_defined_once_for_the_parsers_and_the_library():
     assert dist.DIST_KVSTORES is choices.DIST_KVSTORES and precision.DTYPES is choices.DTYPES
     assert devices.DEVICE_CHOICES is choices.DEVICES
     assert tuple(data.LOADERS) == choices.LOADERS
-    # No second spelling of a list anywhere in the package.
+    # No second spelling of a list anywhere in the package: no tuple, list or set of the same
+    # names in any order (a JSON schema's enum included), outside runtime/choices.py.
     package = os.path.dirname(gluon_mgpu.__file__)
+    lists = {frozenset(v) for v in (choices.MODELS, choices.DTYPES, choices.DEVICES,
+                                    choices.LOADERS, choices.METHODS, choices.DIST_KVSTORES,
+                                    choices.KVSTORES)}
+    spelled = []
     for path in glob.glob(os.path.join(package, '**', '*.py'), recursive=True):
-        if path != choices.__file__:
-            text = open(path).read()
-            for spelled in map(repr, (choices.MODELS, choices.DTYPES, choices.DEVICES,
-                                      choices.LOADERS, choices.METHODS, choices.DIST_KVSTORES)):
-                assert spelled not in text, (path, spelled)
+        for n in ast.walk(ast.parse(open(path).read())):
+            if isinstance(n, (ast.Tuple, ast.List, ast.Set)) and len(n.elts) > 1 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.elts):
+                if frozenset(e.value for e in n.elts) in lists:
+                    spelled.append((os.path.relpath(path, package), n.lineno))
+    assert spelled == [('runtime/choices.py', n) for n in (8, 9, 10, 11, 12, 13)], spelled
     assert train.PLOT_SUFFIXES == plotting.PLOT_SUFFIXES
     assert cli.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
 
