@@ -203,10 +203,12 @@ def test_what_a_failure_prints_on_a_closed_stdout_ends_quietly_too(monkeypatch, 
     def body():
         raise cli.UsageError('bad')
 
-    def explain(e):
-        print('the finished rows')  # as the sweep's explain does
-        return 2, 'python -m gluon_mgpu.x: error: bad'
-    assert cli.run_command('python -m gluon_mgpu.x', [], body, explain) == 141
+    def story(e):
+        def saved(e, why):
+            print('the finished rows')  # as the sweep's story does
+            return ''
+        return {'saved': saved}
+    assert cli.run_command('python -m gluon_mgpu.x', [], body, story) == 141
     assert capsys.readouterr().err == ''
 
 
