@@ -15,8 +15,9 @@ import os
 import gluon_mgpu  # noqa: F401,I001  (first: it sets the threads MXNet starts with)
 import numpy as np
 from gluon_mgpu import training
-from gluon_mgpu.commands.compare import _row, is_simulated
-from gluon_mgpu.devices import plural
+from gluon_mgpu.commands.compare import _row
+from gluon_mgpu.devices import plural, simulated
+from gluon_mgpu.handlers import events
 from gluon_mgpu.handlers.metrics import epoch_problem
 from gluon_mgpu.runtime.checks import is_whole
 from gluon_mgpu.runtime.files import InputError, open_input
@@ -43,7 +44,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every record of the book table's scripts is in docs/records/, beside no page.
 RECORDS = os.path.join(ROOT, 'docs', 'records')
 DEFAULT_RECORD = os.path.join(RECORDS, 'book-table.jsonl')
-# The runs made with the old step (training.OLD_STEP), up to commit 03b47ec: kept apart.
+# The runs made with the old step (events.OLD_STEP), up to commit 03b47ec: kept apart.
 OLD_STEP_RECORD = os.path.join(RECORDS, 'book-table-old-step.jsonl')
 RUN_EPOCHS = 4  # the book's
 RECORD_LIMIT = 16 << 20  # bytes; a line is about 700
@@ -80,10 +81,10 @@ def _check_line(record, path, number, step):
                           'again)' % (path, number, what))
     if not isinstance(record, dict):
         refuse('not a JSON object')
-    if record.get('step', training.OLD_STEP) != step:
+    if record.get('step', events.OLD_STEP) != step:
         raise RecordError('%s, line %d: trained with %s, not %s; a record holds the runs of one '
                           'step only: keep the line in a record of its own (the old step\'s are '
-                          'in %s)' % (path, number, str(record.get('step', training.OLD_STEP))[:40],
+                          'in %s)' % (path, number, str(record.get('step', events.OLD_STEP))[:40],
                                       step, os.path.relpath(OLD_STEP_RECORD, ROOT)))
     for name, (test, kind) in list(_FIELDS.items()) + list(_LIMITS.items()):
         if name not in record and name not in _LIMITS:
@@ -144,14 +145,14 @@ def record_key(record):
             record.get('train_limit'), record.get('test_limit'), record.get('dtype', 'float32'))
 
 
-def read_records(path, step=training.STEP):
+def read_records(path, step=events.STEP):
     """Read a record file (JSON, one epoch per line; none if it does not exist); return the
     checked lines as dicts, in order. An epoch recorded twice (the same ``record_key`` and
     epoch) must carry the same accuracies (a run trained again on the same machine repeats
     itself bit for bit) and counts once, as its first line: so a cell of the table holds one
     value per seed, made by the machine its line names, and the same seed and epoch run on
     another machine, which differs, is refused (keep it in a record of its own, ``--record``). Every line must have been
-    trained with ``step`` (a line without ``step`` was trained with ``training.OLD_STEP``).
+    trained with ``step`` (a line without ``step`` was trained with ``events.OLD_STEP``).
 
     Raises
     ------
@@ -577,7 +578,7 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch']))
     why = ('%s are simulated devices: they share the same CPU cores, which one device already '
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
-           % ', '.join(str(d) for d in devices)) if is_simulated(devices) else None
+           % ', '.join(str(d) for d in devices)) if simulated(devices) else None
     if len(seconds) < 2:
         verdict = 'not run (benchmarks/book_table.py)' + ('; ' + why if why else '')
         return rows + [_row(*head, 'not run', '', verdict, 'not run')]

@@ -50,6 +50,7 @@ from mxnet.gluon import nn  # noqa: E402
 from gluon_mgpu.commands import cli, compare  # noqa: E402
 from measuring import cpu_model, kernel_setting  # noqa: E402
 from gluon_mgpu.devices import plural  # noqa: E402
+from gluon_mgpu.handlers import events  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
                                       output_problem)
@@ -560,7 +561,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
     batch_size, lr = training.book_setting(run.devices)
-    record = dict(found, devices=run.devices, seed=run.seed, step=training.STEP,
+    record = dict(found, devices=run.devices, seed=run.seed, step=events.STEP,
                   warmup_steps=run.warmup_steps, train_limit=run.train_limit,
                   test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
                   **{k: stats[k] for k in ('seconds', 'train_loss', 'train_acc', 'test_acc',
@@ -728,7 +729,7 @@ def format_diagnosis(rows):
 
 
 def old_step_cells(records, old_records, train_limit=None, test_limit=None):
-    """The runs of the book's step beside those of the old one (``training.OLD_STEP``), which
+    """The runs of the book's step beside those of the old one (``events.OLD_STEP``), which
     divided an epoch's short last batch by its own size: per setting and epoch, cell texts
     headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
     run, so epoch 1's change is what one short step taken right before the test does."""
@@ -922,7 +923,7 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     # The other runs' machines are the default record's: a record of one's own stands alone.
     other = book_dips.read_other_runs() if os.path.abspath(record) == DEFAULT_RECORD else []
     report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,
-                                                              step=training.OLD_STEP),
+                                                              step=events.OLD_STEP),
                            book_records.read_records(DEFAULT_BF16_RECORD), devices, other)
     if tables_only:
         blocks = record_blocks(report)

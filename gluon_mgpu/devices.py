@@ -10,7 +10,7 @@ from .runtime.threads import thread_limit
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
-           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count']
+           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count', 'simulated']
 
 DEVICE_CHOICES = DEVICES  # runtime/choices.py, shared with the parsers
 
@@ -25,6 +25,14 @@ def num_gpus():
     except mx.base.MXNetError:
         # A CUDA build of MXNet on a machine without a working driver.
         return 0
+
+
+def simulated(devices):
+    """Whether ``devices`` (contexts, or their names) hold two or more CPU contexts: simulated
+    devices, which share the machine's cores and MXNet's one pool of CPU scratch buffers, so
+    each device's calls are issued from a thread of its own. ``[gpu(0), cpu(0), cpu(1)]`` holds
+    two; ``[gpu(0), cpu(0)]`` and ``[cpu(0)]`` none."""
+    return sum(str(d).partition('(')[0] == 'cpu' for d in devices) > 1
 
 
 def try_gpu(i=0):

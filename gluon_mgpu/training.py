@@ -1,6 +1,6 @@
 """The chapter's training as the book writes it: its settings, the step on several devices, the
 epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md); the
-checks of arguments and batches live in ``runtime.train_checks``.
+checks of arguments and batches live in ``train_checks``.
 """
 import time
 
@@ -8,20 +8,17 @@ import mxnet as mx
 from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import loss as gloss, utils as gutils
 
-from .devices import try_all_gpus
-from .handlers.events import (OLD_STEP, STEP, EpochLine, Events, LossGuard, LossNotFiniteError,
-                              TrainingState, format_epoch)
-from .model import lenet, network_name, resnet18, sync_batch_norm
+from .devices import simulated, try_all_gpus
+from .handlers.events import EpochLine, Events, LossGuard, TrainingState
+from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
 from .runtime.choices import MODELS
-from .runtime.train_checks import (check_batch, check_batch_size, check_init,
-                                   check_network, check_once, check_split, check_train, simulated)
+from .train_checks import (check_batch, check_batch_size, check_init, check_network,
+                           check_once, check_split, check_train)
 
-__all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'MODELS', 'STEP', 'OLD_STEP',
-           'book_setting', 'new_network', 'network_name', 'init_training', 'split_batch',
-           'train_batch', 'train_batch_per_device', 'choose_step', 'check_batch', 'train_epoch',
-           'evaluate_accuracy', 'train', 'check_batch_size', 'format_epoch',
-           'LossNotFiniteError']
+__all__ = ['BATCH_SIZE_PER_DEVICE', 'LR_PER_DEVICE', 'INIT_SIGMA', 'book_setting',
+           'new_network', 'init_training', 'split_batch', 'train_batch',
+           'train_batch_per_device', 'choose_step', 'train_epoch', 'evaluate_accuracy', 'train']
 
 # The book's setting, per device: train(num_gpus=1, batch_size=256, lr=0.1), then
 # train(num_gpus=2, batch_size=512, lr=0.2); weights drawn from Normal(sigma=0.01).
@@ -76,9 +73,12 @@ def train_batch_per_device(net, X, y, loss, trainer, devices, split_f=split_batc
     return ls, outs, ys
 
 
-def choose_step(devices):
-    """The step ``train()`` runs: ``train_batch``, or on two or more CPU contexts the same step
-    issued from one thread per device (``train_batch_per_device``, docs/devices.md)."""
+def choose_step(devices, net=None):
+    """The step ``train()`` runs: ``train_batch``, or on simulated devices the same step issued
+    from one thread per device (``train_batch_per_device``, docs/devices.md). A split network
+    (``gluon_mgpu.parallel``, not a Block) brings its own, ``net.step``."""
+    if net is not None and not isinstance(net, gluon.Block):
+        return net.step
     return train_batch_per_device if simulated(devices) else train_batch
 
 
@@ -113,7 +113,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     A kvstore of several processes gets ``rescale_grad = 1 / num_workers``
     (docs/distributed.md); ``dtype='bfloat16'`` as in ``precision.check_dtype``. ``ValueError``
     before anything is initialized for an ``lr`` that is not a finite number above 0 that
-    float32 holds (``runtime.train_checks.check_init``).
+    float32 holds (``train_checks.check_init``).
     """
     check_init(lr, dtype, devices, force_dtype)
     if isinstance(kvstore, str) and kvstore.startswith('dist'):
@@ -136,9 +136,12 @@ def evaluate_accuracy(data_iter, net, devices=None):
     """Return the fraction of examples in ``data_iter`` that ``net`` classifies correctly.
 
     Every batch is split over ``devices`` (default ``try_all_gpus()``); the first is checked
-    (``check_batch``). A split network (``gluon_mgpu.parallel``) passes its first device.
+    (``check_batch``). A split network (``gluon_mgpu.parallel``, not a Block) scores on its
+    first device, where it computes the logits.
     """
     devices = try_all_gpus() if devices is None else list(devices)
+    if not isinstance(net, gluon.Block):
+        devices = devices[:1]
     call = dispatch.call if simulated(devices) else _call_here
     correct = [None] * len(devices)
     n = 0
@@ -173,8 +176,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
     """Run ``step`` (default ``choose_step(devices)``) over ``train_iter``; return ``seconds``,
     ``train_loss``, ``train_acc``, ``examples``. ``batch_size`` as in ``train``; ``batch_end``
     True ends the epoch. ``step`` as ``train_batch``, or returning ``([loss_sum], None, None)``
-    (no ``train_acc``: ``parallel.train_split``)."""
-    step = choose_step(devices) if step is None else step
+    (no ``train_acc``: a split network's ``step``)."""
+    step = choose_step(devices, net) if step is None else step
     loss_sum = correct = None
     n = 0
     start = time.time()
@@ -204,14 +207,15 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
 
 
 def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
-          event_handlers=None, batch_size=None):
+          event_handlers=None, split_f=split_batch, batch_size=None):
     """Train ``net`` data-parallel on ``devices``; print the book's line per epoch; return
     the history.
 
     Parameters
     ----------
     net : mxnet.gluon.Block
-        For example ``resnet18(10)``.
+        For example ``resnet18(10)``; or a split network (``gluon_mgpu.parallel``), which
+        steps and scores itself (``choose_step``, ``evaluate_accuracy``).
     train_iter, test_iter : iterable of (X, y)
         For example from ``load_data_fashion_mnist``; each batch is split over the devices.
     devices : list of mxnet.Context, optional
@@ -222,7 +226,10 @@ def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
         ``init_training(net, devices, lr)``. Default: the book's set-up at lr 0.1.
     event_handlers : list, optional
         Default ``[EpochLine(), LossGuard()]``: the book's line after each epoch, and a stop
-        when the loss is not finite (docs/events.md). ``SplitBatches`` slices batches unevenly.
+        when the loss is not finite (docs/events.md).
+    split_f : function, default ``split_batch``
+        ``split_f(X, y, devices) -> (Xs, ys)``, as d2l's ``train_ch13``; for example
+        ``parallel.weighted.split_by_weights([3, 1])`` slices batches unevenly.
     batch_size : int, optional
         What ``trainer.step`` divides by, as the chapter's. Default: the size of each epoch's
         first batch, so a short last batch moves the weights by its share of a step
@@ -236,10 +243,10 @@ def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
 
     ``ValueError`` before any step for bad arguments or a first batch the network cannot take;
     ``LossNotFiniteError`` for a loss not finite (``LossGuard``); what the optimizer raises comes
-    out of ``trainer.step`` as it is (``runtime.train_checks.check_trainer``).
+    out of ``trainer.step`` as it is (``train_checks.check_trainer``).
     """
     devices = try_all_gpus() if devices is None else list(devices)
-    check_train(devices, num_epochs, trainer, net)
+    check_train(devices, num_epochs, trainer, split_f, net)
     check_batch_size(batch_size)
     trainer = init_training(net, devices, LR_PER_DEVICE) if trainer is None else trainer
     if hasattr(train_iter, 'set_min_batch'):
@@ -249,8 +256,7 @@ def train(net, train_iter, test_iter, devices=None, num_epochs=4, trainer=None,
     events = Events([EpochLine(), LossGuard()] if event_handlers is None else event_handlers,
                     state)
     events.train_begin()
-    step = choose_step(devices)
-    split_f = state.split_f or split_batch  # events.SplitBatches may set another
+    step = choose_step(devices, net)
     for epoch in range(state.epoch + 1, num_epochs + 1):
         state.epoch = epoch
         events.epoch_begin()

@@ -230,8 +230,9 @@ def test_an_unexpected_error_is_one_line_with_a_hint(broken_run, capsys):
     assert main([]) == 1
     assert capsys.readouterr().err == (
         "python -m gluon_mgpu.train: error: unexpected TypeError: unsupported operand type(s) "
-        "for +: 'int' and 'str'; rerun with --debug (or GLUON_MGPU_DEBUG=1) for the full "
-        "traceback, and include it in a bug report\n")
+        "for +: 'int' and 'str'; nothing was saved (pass --checkpoint-dir DIR to keep every "
+        "finished epoch); rerun with --debug (or GLUON_MGPU_DEBUG=1) for the full traceback, "
+        "and include it in a bug report\n")
 
 
 @pytest.mark.parametrize('how', ['flag', 'env'])
@@ -245,7 +246,8 @@ def test_debug_shows_the_traceback(broken_run, capsys, monkeypatch, how):
     assert any('in run' in line for line in err)
     assert err[-2] == "TypeError: unsupported operand type(s) for +: 'int' and 'str'"
     assert err[-1] == ("python -m gluon_mgpu.train: error: unexpected TypeError: unsupported "
-                       "operand type(s) for +: 'int' and 'str'")
+                       "operand type(s) for +: 'int' and 'str'; nothing was saved (pass "
+                       "--checkpoint-dir DIR to keep every finished epoch)")
 
 
 def test_debug_zero_means_off(broken_run, capsys, monkeypatch):
@@ -263,7 +265,9 @@ def test_an_mxnet_error_is_shortened_to_its_message(monkeypatch, capsys):
     assert main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith('python -m gluon_mgpu.train: error: unexpected MXNetError: Check '
-                          'failed: e == cudaSuccess: out of memory; rerun with --debug')
+                          'failed: e == cudaSuccess: out of memory; nothing was saved (pass '
+                          '--checkpoint-dir DIR to keep every finished epoch); rerun with '
+                          '--debug')
     assert len(err.splitlines()) == 1
 
 

@@ -7,7 +7,7 @@ from mxnet import gluon, init, nd
 
 import gluon_mgpu
 from gluon_mgpu import training
-from gluon_mgpu.runtime import train_checks
+from gluon_mgpu import train_checks
 
 DEVICES = [mx.cpu(0), mx.cpu(1)]
 B = 8

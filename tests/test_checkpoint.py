@@ -456,17 +456,15 @@ def test_a_diverging_run_stops_and_keeps_the_last_good_checkpoint(tmp_path, data
     assert 'Traceback' not in result.stderr
     message = result.stderr.splitlines()[-1]
     head = (r"python -m gluon_mgpu.train: error: the training loss became (nan|inf) at epoch "
-            r"(\d), step (\d) with --lr 1000: training diverged; ")
+            r"(\d), step (\d) with learning rate 1000: training diverged; start again with a "
+            r"smaller learning rate, for example --lr 100, in a new --checkpoint-dir")
     match = re.fullmatch(head + (
-        r"use a smaller learning rate, for example --lr 100: start again in a new "
-        r"--checkpoint-dir, or continue from epoch (\d), the last checkpoint with a finite loss: "
+        r", or continue from epoch (\d), the last checkpoint with a finite loss: "
         r"python -m gluon_mgpu.train --checkpoint-dir (\S+) --resume --lr 100"), message)
     # A checkpoint with a finite loss may already hold infinite running statistics: then no
     # resume is offered, since it would be refused.
     broken = re.fullmatch(head + (
-        r"start again with a smaller learning rate, for example --lr 100, in a new "
-        r"--checkpoint-dir \(the checkpoint of epoch (\d) holds NaN or infinite values\)"),
-        message)
+        r" \(the checkpoint of epoch (\d) holds NaN or infinite values\)"), message)
     assert match or broken, message
     epoch, step = int((match or broken).group(2)), int((match or broken).group(3))
     kept = int((match or broken).group(4))
@@ -640,3 +638,30 @@ def test_cli_resumes_with_a_new_learning_rate_and_records_it(cli_dir, capsys, tw
     trainer = training.init_training(net, two_cpus, 1.0)
     checkpoint.restore(cli_dir, record, net, trainer, two_cpus)
     assert trainer.learning_rate == 0.05
+
+
+def test_resume_parses_the_command_line_twice_with_one_parser(cli_dir, data_dir, monkeypatch,
+                                                               capsys):
+    # The flags given now and the line the checkpoint records: each parsed once, by one
+    # parser, before MXNet and after it alike.
+    import argparse
+    from gluon_mgpu.commands import cli, train
+    train.build_parser.cache_clear()
+    built, parsed = [], []
+    init, parse = cli.Parser.__init__, argparse.ArgumentParser.parse_known_args
+
+    def counted_init(self, *a, **k):
+        built.append(k.get('prog'))
+        init(self, *a, **k)
+
+    def counted_parse(self, args=None, namespace=None):
+        parsed.append(list(args))
+        return parse(self, args, namespace)
+    monkeypatch.setattr(cli.Parser, '__init__', counted_init)
+    monkeypatch.setattr(argparse.ArgumentParser, 'parse_known_args', counted_parse)
+    given = ['--checkpoint-dir', cli_dir, '--resume', '--epochs', '2', '--data-dir', data_dir]
+    assert train.main(given) == 0, capsys.readouterr().err
+    assert built == [train.PROG]
+    recorded = checkpoint.read_checkpoint(cli_dir, 1)['argv']
+    assert parsed == [given, recorded]
+    assert capsys.readouterr().out.splitlines()[-1].startswith('test acc: ')

@@ -203,10 +203,12 @@ def test_what_a_failure_prints_on_a_closed_stdout_ends_quietly_too(monkeypatch, 
     def body():
         raise cli.UsageError('bad')
 
-    def explain(e):
-        print('the finished rows')  # as the sweep's explain does
-        return 2, 'python -m gluon_mgpu.x: error: bad'
-    assert cli.run_command('python -m gluon_mgpu.x', [], body, explain) == 141
+    def story(e):
+        def saved(e, why):
+            print('the finished rows')  # as the sweep's story does
+            return ''
+        return {'saved': saved}
+    assert cli.run_command('python -m gluon_mgpu.x', [], body, story) == 141
     assert capsys.readouterr().err == ''
 
 
@@ -245,14 +247,20 @@ def test_each_list_of_choices_is_defined_once_for_the_parsers_and_the_library():
     assert dist.DIST_KVSTORES is choices.DIST_KVSTORES and precision.DTYPES is choices.DTYPES
     assert devices.DEVICE_CHOICES is choices.DEVICES
     assert tuple(data.LOADERS) == choices.LOADERS
-    # No second spelling of a list anywhere in the package.
+    # No second spelling of a list anywhere in the package: no tuple, list or set of the same
+    # names in any order (a JSON schema's enum included), outside runtime/choices.py.
     package = os.path.dirname(gluon_mgpu.__file__)
+    lists = {frozenset(v) for v in (choices.MODELS, choices.DTYPES, choices.DEVICES,
+                                    choices.LOADERS, choices.METHODS, choices.DIST_KVSTORES,
+                                    choices.KVSTORES)}
+    spelled = []
     for path in glob.glob(os.path.join(package, '**', '*.py'), recursive=True):
-        if path != choices.__file__:
-            text = open(path).read()
-            for spelled in map(repr, (choices.MODELS, choices.DTYPES, choices.DEVICES,
-                                      choices.LOADERS, choices.METHODS, choices.DIST_KVSTORES)):
-                assert spelled not in text, (path, spelled)
+        for n in ast.walk(ast.parse(open(path).read())):
+            if isinstance(n, (ast.Tuple, ast.List, ast.Set)) and len(n.elts) > 1 and all(
+                    isinstance(e, ast.Constant) and isinstance(e.value, str) for e in n.elts):
+                if frozenset(e.value for e in n.elts) in lists:
+                    spelled.append((os.path.relpath(path, package), n.lineno))
+    assert spelled == [('runtime/choices.py', n) for n in (8, 9, 10, 11, 12, 13)], spelled
     assert train.PLOT_SUFFIXES == plotting.PLOT_SUFFIXES
     assert cli.BOOK_PER_DEVICE == (training.BATCH_SIZE_PER_DEVICE, training.LR_PER_DEVICE)
 
@@ -298,3 +306,30 @@ def test_replicas_that_do_not_fit_in_memory_are_refused(monkeypatch):
     assert cli.check_memory([mx.gpu(i) for i in range(13)], 'resnet18', '') is None
     monkeypatch.setattr(threads, 'memory_bytes', lambda: None)
     assert cli.check_memory(cpus, 'resnet18', '') is None
+
+
+def test_one_table_words_every_commands_failures_and_the_command_adds_what_it_kept():
+    from gluon_mgpu.commands import cli
+    from gluon_mgpu.runtime.startup import Interrupted
+    kept = []
+
+    def saved(e, why):
+        kept.append(why)
+        return '' if why is None else '; kept after %s' % why
+    story = {'saved': saved, 'where': ' in the 2-device setting', 'lr': ('--lr', 0.2),
+             'batch': ('--batch-size', 512), 'devices': (2, 2)}
+    assert cli.failure('p', cli.UsageError('--x 1: bad'), **story) == (2, 'p: error: --x 1: bad')
+    assert cli.failure('p', Interrupted(15), **story) == (
+        143, 'p: terminated (SIGTERM) in the 2-device setting; kept after terminated (SIGTERM)')
+    assert cli.failure('p', MemoryError(), **story) == (1, (
+        'p: error: out of memory (MemoryError) in the 2-device setting with --batch-size 512 '
+        'over 2 device(s); each simulated device holds a replica of the network: pass fewer '
+        'devices, for example --num-gpus 1, or a smaller --batch-size, for example '
+        '--batch-size 256; kept after out of memory'))
+    code, line = cli.failure('p', ValueError('odd'), **story)
+    assert (code, line.partition('; rerun')[0]) == (
+        1, 'p: error: unexpected ValueError: odd (in the 2-device setting); kept after '
+           'unexpected ValueError')
+    assert kept == [None, 'terminated (SIGTERM)', 'out of memory', 'unexpected ValueError']
+    # Without a story: the defaults every command had.
+    assert cli.failure('p', KeyboardInterrupt()) == (130, 'p: interrupted (Ctrl-C)')

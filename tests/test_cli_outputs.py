@@ -12,7 +12,7 @@ import termios
 import jsonschema
 import pytest
 
-from gluon_mgpu.handlers import metrics
+from gluon_mgpu.handlers import events, metrics
 from gluon_mgpu import thread_settings, training
 from gluon_mgpu.commands.train import main
 from test_plotting import png_size
@@ -50,7 +50,7 @@ def test_piped_run_writes_plain_lines_metrics_and_plots(tmp_path, data_dir):
     assert doc['arguments']['batch_size'] == 8 and doc['arguments']['lr'] == 0.2
     assert [r['epoch'] for r in doc['history']] == [1, 2]
     # The printed lines are the file's numbers.
-    assert lines[1:3] == [training.format_epoch(r) for r in doc['history']]
+    assert lines[1:3] == [events.format_epoch(r) for r in doc['history']]
     assert lines[3] == doc['summary']['line'] == metrics.format_summary(
         doc['history'], ['cpu(0)', 'cpu(1)'])
     assert re.fullmatch(SUMMARY_LINE, lines[3]) and len(lines) == 4

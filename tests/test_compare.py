@@ -9,7 +9,7 @@ import mxnet as mx
 import pytest
 from mxnet import nd
 
-from gluon_mgpu import training
+from gluon_mgpu.handlers import events
 from gluon_mgpu.commands import compare
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -117,7 +117,7 @@ def test_committed_page_agrees_with_a_run_now(cells):
     import book_records
     import book_table
     records = book_records.read_records(book_records.DEFAULT_RECORD)
-    old = book_records.read_records(book_records.OLD_STEP_RECORD, step=training.OLD_STEP)
+    old = book_records.read_records(book_records.OLD_STEP_RECORD, step=events.OLD_STEP)
     bf16 = book_records.read_records(book_table.DEFAULT_BF16_RECORD)
     rows = compare.deterministic_rows(cells)
     with open(DOC) as f:

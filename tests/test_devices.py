@@ -101,3 +101,17 @@ def test_unknown_device_is_rejected():
 def test_format_devices_matches_the_books_print():
     assert gluon_mgpu.format_devices([mx.gpu(0), mx.gpu(1)]) == '[gpu(0), gpu(1)]'
     assert gluon_mgpu.format_devices([mx.gpu(0), mx.gpu(1)]) == str([mx.gpu(0), mx.gpu(1)])
+
+
+@pytest.mark.parametrize('given, expected', [
+    ([mx.cpu(0), mx.cpu(1)], True), ([mx.gpu(0), mx.cpu(0), mx.cpu(1)], True),
+    (['cpu(0)', 'cpu(1)'], True), ([mx.gpu(0), mx.cpu(0)], False), ([mx.cpu(0)], False),
+    ([mx.gpu(0), mx.gpu(1)], False), ([mx.cpu_pinned(0), mx.cpu(0)], False)])
+def test_simulated_devices_are_two_or_more_cpu_contexts_among_any_others(given, expected):
+    # The two CPU contexts of [gpu(0), cpu(0), cpu(1)] share the cores and MXNet's CPU scratch
+    # pool like those of [cpu(0), cpu(1)]: train() issues their calls from a thread each, and
+    # the step that issues them from one thread refuses SyncBatchNorm on them.
+    assert devices.simulated(given) is expected
+    from gluon_mgpu import training
+    step = training.train_batch_per_device if expected else training.train_batch
+    assert training.choose_step(given) is step

@@ -78,8 +78,8 @@ def test_no_module_imports_one_that_imports_it_back():
 
 # The package's layers, lowest first: a module imports modules of its own layer or below only.
 # Above them: the entry files (gluon_mgpu/train.py, ..., replicas/__main__.py) and __init__.
-LAYERS = (('runtime', '_version'), ('devices', 'data', 'model', 'replicas'), ('handlers',), ('training',),
-          ('parallel',), ('commands',))
+LAYERS = (('runtime', '_version'), ('devices', 'data', 'model', 'replicas'), ('handlers',),
+          ('training', 'train_checks'), ('parallel',), ('commands',))
 
 
 def _layer(name):
@@ -122,7 +122,7 @@ def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
     top = sorted(f for f in os.listdir(PACKAGE) if not f.startswith(('_', '.')))
     assert top == ['commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',
                    'launch.py', 'model.py', 'parallel', 'replicas', 'runtime', 'sweep.py',
-                   'train.py', 'training.py']
+                   'train.py', 'train_checks.py', 'training.py']
     # The command names at the top are entry files that only start their command.
     for command in ('train', 'sweep', 'compare', 'env', 'launch'):
         source = open(os.path.join(PACKAGE, command + '.py')).read()
@@ -157,3 +157,20 @@ def test_the_version_is_written_once():
     with open(os.path.join(os.path.dirname(os.path.dirname(gluon_mgpu.__file__)),
                            'setup.py')) as f:
         assert "version=VERSION," in f.read()
+
+
+def test_simulated_devices_are_defined_once_and_the_chapters_names_are_its_own():
+    # One rule says which devices are simulated (devices.simulated); no other function of the
+    # package decides it again under another name.
+    defined = sorted('%s.%s' % (m, node.name) for m, p in _modules().items()
+                     for node in ast.walk(ast.parse(open(p).read()))
+                     if isinstance(node, ast.FunctionDef) and 'simulated' in node.name)
+    assert defined == ['gluon_mgpu.devices.simulated']
+    # training.__all__ names what training.py defines, not what it imports.
+    from gluon_mgpu import training
+    tree = ast.parse(open(training.__file__).read())
+    own = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets
+           if isinstance(t, ast.Name)} | {node.name for node in tree.body
+                                          if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    assert set(training.__all__) <= own, set(training.__all__) - own
+    assert 'train' in training.__all__ and 'split_batch' in training.__all__

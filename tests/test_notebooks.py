@@ -137,7 +137,7 @@ def test_shown_step_is_the_books_and_the_packages(executed):
     loop = _result(_cell(executed, 'source-training'))
     assert loop == _shown(training.train_epoch, training.train)
     assert 'step(net, X, y, loss, trainer, devices, split_f, batch_size)' in loop
-    assert 'step = choose_step(devices)' in loop and 'for epoch in range(' in loop
+    assert 'step = choose_step(devices, net)' in loop and 'for epoch in range(' in loop
 
 
 def test_first_convolution_weights_print_the_books_digits(executed):

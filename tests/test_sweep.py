@@ -9,7 +9,8 @@ import mxnet as mx
 import pytest
 
 import gluon_mgpu
-from gluon_mgpu import devices, training
+from gluon_mgpu import devices
+from gluon_mgpu.handlers import events
 from gluon_mgpu.commands import sweep
 from gluon_mgpu.runtime import files
 from test_plotting import png_size
@@ -193,15 +194,15 @@ def _table_rows(text):
 
 def test_a_diverged_setting_is_one_line_exit_1_and_the_finished_rows_are_kept(
         failing_sweep, tmp_path, capsys):
-    nan = training.LossNotFiniteError(3, 0.2, float('nan'), epoch=1)
+    nan = events.LossNotFiniteError(3, 0.2, float('nan'), epoch=1)
     assert failing_sweep(['--num-gpus', '1', '2', '4'], 2, nan) == 1
     out, err = capsys.readouterr()
     out_dir = tmp_path / 'out'
     assert err == (
         'python -m gluon_mgpu.sweep: error: the training loss became nan at epoch 1, step 3 in '
-        'the 2-device setting (global batch 512, lr 0.2): training diverged; the finished '
-        'settings (1 device) are in %s, %s; start again with a smaller learning rate, for '
-        'example --lr-per-device 0.01\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
+        'the 2-device setting with learning rate 0.2: training diverged; start again with a '
+        'smaller learning rate, for example --lr-per-device 0.01; the finished settings (1 '
+        'device) are in %s, %s\n' % (out_dir / 'sweep.md', out_dir / 'sweep.png'))
     table = (out_dir / 'sweep.md').read_text()
     assert _table_rows(table) == ['| 1: [cpu(0)] | 256 | 0.1 | 10.0 | 100.0 | 1.00 | 0.50 |']
     assert ('Note: The sweep stopped early (training diverged in the 2-device setting): only '
@@ -214,13 +215,13 @@ def test_a_diverged_setting_is_one_line_exit_1_and_the_finished_rows_are_kept(
 
 def test_a_failure_in_the_first_setting_says_nothing_was_written(failing_sweep, tmp_path,
                                                                   capsys):
-    nan = training.LossNotFiniteError(1, 0.5, float('inf'), epoch=2)
+    nan = events.LossNotFiniteError(1, 0.5, float('inf'), epoch=2)
     assert failing_sweep(['--num-gpus', '1', '2', '--lr-per-device', '0.5'], 1, nan) == 1
     assert capsys.readouterr().err == (
         'python -m gluon_mgpu.sweep: error: the training loss became inf at epoch 2, step 1 in '
-        'the 1-device setting (global batch 256, lr 0.5): training diverged; no setting had '
-        'finished, so nothing was written; start again with a smaller learning rate, for '
-        'example --lr-per-device 0.05\n')
+        'the 1-device setting with learning rate 0.5: training diverged; start again with a '
+        'smaller learning rate, for example --lr-per-device 0.05; no setting had finished, so '
+        'nothing was written\n')
     assert os.listdir(tmp_path / 'out') == []
 
 

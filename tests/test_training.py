@@ -12,7 +12,7 @@ import gluon_mgpu
 from gluon_mgpu.parallel import weighted
 from gluon_mgpu import data, training
 from gluon_mgpu.handlers.events import (BatchBegin, BatchEnd, EpochBegin, EpochEnd, Events,
-                                        LossGuard, SplitBatches, TrainBegin, TrainEnd,
+                                        LossGuard, TrainBegin, TrainEnd,
                                         TrainingState)
 from conftest import max_abs_diff
 
@@ -392,8 +392,8 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
         history = gluon_mgpu.train(
             net, train_iter, test_iter, two_cpus, num_epochs=1,
             trainer=gluon_mgpu.init_training(net, two_cpus, 0.9, seed=0),
-            event_handlers=[] if weights is None else
-            [SplitBatches(weighted.split_by_weights(weights))])
+            event_handlers=[], split_f=gluon_mgpu.split_batch if weights is None else
+            weighted.split_by_weights(weights))
         nets.append((net, history))
     (even, h_even), (by_weights, h_weighted) = nets
     assert h_weighted[0]['test_acc'] == h_even[0]['test_acc']
@@ -402,9 +402,9 @@ def test_train_with_device_weights_equals_even_training(two_cpus, data_dir):
 
 
 @pytest.mark.parametrize('split_f', [None, [3, 1], 'even'])
-def test_split_batches_refuses_what_is_not_a_function(split_f):
+def test_train_refuses_a_split_f_that_is_not_a_function(split_f):
     with pytest.raises(ValueError) as e:
-        SplitBatches(split_f)
+        gluon_mgpu.train(_small_cnn(), [], [], [mx.cpu(0)], event_handlers=[], split_f=split_f)
     assert str(e.value) == ('split_f must be a function split_f(X, y, devices) -> (Xs, ys), '
                             'got %r; pass one such as split_by_weights([3, 1])' % (split_f,))
 
@@ -656,8 +656,12 @@ def test_the_readme_shows_the_step_that_runs():
 
 def test_train_reaches_the_forward_through_at_most_6_package_frames(two_cpus):
     # train > train_epoch > train_batch_per_device > <listcomp> > dispatch.call, then the
-    # device thread's _Job.run (its serving loop, _serve, is not counted): the chapter's loop
-    # is in train, as in the book, with one epoch body and one step under it.
+    # device thread's _Job.run: the chapter's loop is in train, as in the book, with one epoch
+    # body and one step under it. The rule: the package's frames from train to the forward, in
+    # the thread that called train and in the one that ran the forward, whose entry point (the
+    # function the thread was started with, which outlives every call) is the thread, not a call.
+    import ast
+    import inspect
     import os
     import sys
     import threading
@@ -665,14 +669,16 @@ def test_train_reaches_the_forward_through_at_most_6_package_frames(two_cpus):
     package, caller = os.path.dirname(gluon_mgpu.__file__), threading.current_thread()
     chains = []
 
+    def ours(stack):
+        return [f.name for f in stack if f.filename.startswith(package)]
+
     def hook(block, inputs, output):
         if not autograd.is_training():
             return
-        stacks = [traceback.extract_stack()]
+        names = ours(traceback.extract_stack())
         if threading.current_thread() is not caller:
-            stacks.insert(0, traceback.extract_stack(sys._current_frames()[caller.ident]))
-        names = [f.name for stack in stacks for f in stack
-                 if f.filename.startswith(package) and f.name != '_serve']
+            names = ours(traceback.extract_stack(sys._current_frames()[caller.ident])) + \
+                names[1:]
         chains.append(names[names.index('train'):])
 
     net = _small_cnn()
@@ -683,9 +689,24 @@ def test_train_reaches_the_forward_through_at_most_6_package_frames(two_cpus):
     assert max(map(len, chains)) <= 6, chains
     assert chains[-1] == ['train', 'train_epoch', 'train_batch_per_device', '<listcomp>', 'call',
                           'run']
-    # The epoch loop itself is in train.
-    import inspect
-    assert 'for epoch in range(' in inspect.getsource(training.train)
+    # The epoch loop itself is in train: a for loop over range(...) of epochs whose body
+    # calls train_epoch, and the package has no other loop over epochs.
+    tree = ast.parse(inspect.getsource(training.train))
+    loops = [n for n in ast.walk(tree) if isinstance(n, ast.For)]
+    assert [(n.target.id, n.iter.func.id) for n in loops] == [('epoch', 'range')]
+    assert 'train_epoch' in {c.func.id for c in ast.walk(loops[0])
+                             if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)}
+    epoch_loops = []
+    for folder, _, names in os.walk(package):
+        for name in names:
+            if name.endswith('.py'):
+                tree = ast.parse(open(os.path.join(folder, name)).read())
+                epoch_loops += [(name, f.name) for f in ast.walk(tree)
+                                if isinstance(f, ast.FunctionDef) for n in ast.walk(f)
+                                if isinstance(n, ast.For) and isinstance(n.target, ast.Name)
+                                and n.target.id == 'epoch']
+    # Beside it, the book's own train as printed, the reference of the whole-epoch equality.
+    assert sorted(epoch_loops) == [('compare.py', 'book_train'), ('training.py', 'train')]
 
 
 # --- issue 53: Trainers that cannot train this network on these devices, bad learning rates ---

@@ -79,7 +79,7 @@ def positive_float(flag, example=0.1, noun=None):
 
 def learning_rate(flag):
     """A learning rate in ``LR_RANGE``: ``1e39`` is infinite in float32, ``1e-320`` is 0, and
-    ``sgd_update`` would refuse them inside its optimizer callback, where the error is lost."""
+    ``sgd_update`` would refuse them in the middle of a step."""
     above_zero = positive_float(flag)
 
     def parse(text):
@@ -261,7 +261,7 @@ def check_memory(devices, model, flags):
     """``UsageError`` (naming ``flags``) when simulated CPU ``devices`` would hold more replicas of
     ``model`` (with their gradients, ``REPLICA_BYTES``) than this machine has memory, or would
     need more than this process may use (``ulimit -v``, a cgroup's limit: ``DEVICE_COST`` each
-    beyond what the process uses now)."""
+    beyond what the process uses now, an estimate the refusal says it is)."""
     from ..runtime import threads
     per_device, memory = REPLICA_BYTES.get(model), threads.memory_bytes()
     if not (per_device and len(devices) > 1 and all(d.device_type == 'cpu' for d in devices)):
@@ -279,10 +279,11 @@ def check_memory(devices, model, flags):
         cost, start = fixed + times * per_device, used[kind] + RUN_COST[kind]
         if start + n * cost > limit:
             fit = max(0, int((limit - start) // cost))
-            raise UsageError('%s: %d simulated devices would need about %.1f GiB more %s (%d '
-                             'MiB each: a replica of %s, its gradients and buffers%s), but this '
-                             'process may use %.1f GiB (%s) and needs %.1f GiB besides; pass '
-                             '--num-gpus %s, or raise the limit'
+            raise UsageError('%s: %d simulated devices would need about %.1f GiB more %s '
+                             '(estimated: about %d MiB each for a replica of %s, its gradients '
+                             'and buffers%s, as measured with MXNet 1.9.1 on a 2-core machine), '
+                             'but this process may use %.1f GiB (%s) and needs %.1f GiB '
+                             'besides; pass --num-gpus %s, or raise the limit'
                              % (flags, n, n * cost / 2 ** 30, 'address space' if kind ==
                                 'address' else 'memory', cost / 2 ** 20, model, ', its threads'
                                 if fixed else '', limit / 2 ** 30, what, start / 2 ** 30,
@@ -294,8 +295,9 @@ def data_parallel(devices, lr, num_epochs, model='resnet18', hybridize=True, see
                   batch_size=None):
     """The chapter's training as the train command and the sweep run it: a fresh ``model``
     (``training.new_network``; with ``sync_bn``, BatchNorm over all ``devices``), its trainer on
-    ``devices`` (``training.init_training``) and ``fit(train_iter, test_iter, handlers)``, which
-    trains them for ``num_epochs`` with ``training.train`` and returns the history.
+    ``devices`` (``training.init_training``) and ``fit(train_iter, test_iter, handlers,
+    split_f=None)``, which trains them for ``num_epochs`` with ``training.train`` and returns
+    the history.
 
     ``batch_size`` is what ``trainer.step`` divides by (default: each epoch's first batch).
     Returns ``(net, trainer, fit)``: a handler that needs the network or the trainer (restoring
@@ -305,9 +307,9 @@ def data_parallel(devices, lr, num_epochs, model='resnet18', hybridize=True, see
     net = training.new_network(model, hybridize, len(devices) if sync_bn else None, dtype)
     trainer = training.init_training(net, devices, lr, seed, kvstore, dtype, force_dtype)
 
-    def fit(train_iter, test_iter, handlers):
-        return training.train(net, train_iter, test_iter, devices, num_epochs=num_epochs,
-                              trainer=trainer, event_handlers=handlers, batch_size=batch_size)
+    def fit(train_iter, test_iter, handlers, split_f=None):
+        return training.train(net, train_iter, test_iter, devices, num_epochs, trainer, handlers,
+                              split_f or training.split_batch, batch_size)
     return net, trainer, fit
 
 
@@ -351,9 +353,9 @@ def _say(e, line, debug):
 
 
 def stopped_by(e):
-    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal."""
-    name = getattr(e, 'signal_name', 'SIGINT')
-    return 'interrupted (Ctrl-C)' if name == 'SIGINT' else 'terminated (%s)' % name
+    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal
+    (``startup.Interrupted``; a plain ``KeyboardInterrupt`` is a Ctrl-C)."""
+    return getattr(e, 'words', 'interrupted (Ctrl-C)')
 
 
 class StdoutError(Exception):
@@ -405,7 +407,73 @@ def _stdout_failed(prog, e, stream, debug):
     return 1
 
 
-def _run_body(prog, body, explain, debug):
+def _in_optimizer(e):
+    """Whether ``e`` came out of MXNet's optimizer package (``trainer.step`` updating), as its
+    traceback says."""
+    import mxnet
+    where = os.path.dirname(mxnet.optimizer.__file__) + os.sep
+    return any(f.filename.startswith(where) for f in traceback.extract_tb(e.__traceback__))
+
+
+def _out_of_memory(flag, size, devices):
+    """The fix of memory that ran out with ``flag size`` over ``devices`` (see ``failure``)."""
+    n, simulated = devices or (1, 0)
+    fix = 'pass a smaller %s, for example %s %d' % (flag, flag, max(n, size // 2))
+    if simulated > 1:  # every simulated device holds a replica: fewer free the most
+        fix = ('each simulated device holds a replica of the network: pass fewer devices, for '
+               'example --num-gpus %d%s' % (simulated // 2, ', or a smaller %s, for example %s '
+                                            '%d' % (flag, flag, size // 2)
+                                            if size // 2 >= n else ''))
+    return ' with %s %d%s; %s' % (flag, size, ' over %d device(s)' % n if devices else '', fix)
+
+
+def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, devices=None,
+            horovod=False):
+    """The one table of a command's failures: ``(exit code, line)`` for the exception ``e``.
+
+    A command supplies what it kept, ``saved(e, why)``: the clause after the failure (``'; the
+    checkpoint of epoch 2 ... is complete'``, or ``''``), ``why`` naming the failure in a few
+    words (None: bad input). The fixes name its flags: ``lr`` and ``batch`` as ``(flag,
+    value)``, ``devices`` as ``(count, simulated devices per process)``; ``where`` the run
+    stood (``' in the 2-device setting'``); ``horovod``: a Horovod job, whose lost peer is named.
+    """
+    def raised(module, name):  # nothing is imported here: a bad flag never starts MXNet
+        found = sys.modules.get('gluon_mgpu.' + module)
+        return found is not None and isinstance(e, getattr(found, name))
+    if horovod:
+        from ..parallel.horovod import PEER_GONE
+    memory = out_of_memory(e)
+    table = (  # (whether e is this failure, why, its line but for what was kept)
+        (isinstance(e, UsageError), None, lambda: str(e)),
+        (isinstance(e, KeyboardInterrupt), stopped_by(e), lambda: where),
+        (lr and 'mxnet' in sys.modules and _in_optimizer(e), 'an error', lambda: (
+            'the optimizer failed inside trainer.step%s: %s: %s; the step was not completed, so '
+            'training stops (%s %g)' % (where, type(e).__name__, one_line(e), *lr))),
+        (isinstance(e, files.OutputError) or raised('handlers.checkpoint', 'CheckpointError'),
+         'an error', lambda: str(e)),
+        (lr and raised('handlers.events', 'LossNotFiniteError'), 'training diverged', lambda: (
+            'the training loss became %s at epoch %s, step %d%s with learning rate %g: training '
+            'diverged; start again with a smaller learning rate, for example %s %g'
+            % (e.loss, e.epoch, e.step, where, e.lr, lr[0], lr[1] / 10))),
+        (raised('handlers.replica_check', 'ReplicaCheckFailed'), 'an error',
+         lambda: '--check-replicas: %s' % e),
+        (memory and batch, 'out of memory',
+         lambda: 'out of memory (%s)%s%s' % (memory, where, _out_of_memory(*batch, devices))),
+        (horovod and any(text in str(e) for text in PEER_GONE), 'an error', lambda: (
+            'another process of the Horovod job stopped, so this one cannot go on (horovodrun '
+            'names it)')),
+    )
+    for found, why, line in table:
+        if found:
+            kept = saved(e, why) if saved else ''
+            if isinstance(e, KeyboardInterrupt):
+                return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (prog, why, line(), kept)
+            return 2 if why is None else 1, error_line(prog, line() + kept)
+    kept = saved(e, 'unexpected %s' % type(e).__name__) if saved else ''
+    return 1, unexpected(prog, e, debug, (' (%s)' % where.strip() if where else '') + kept)
+
+
+def _run_body(prog, body, story, debug):
     try:
         try:
             code = body() or 0
@@ -417,34 +485,27 @@ def _run_body(prog, body, explain, debug):
     except StdoutError:
         raise
     except (Exception, KeyboardInterrupt) as e:
-        words = explain and explain(e)
-        if words is None:
-            if isinstance(e, UsageError):
-                words = 2, error_line(prog, e)
-            elif isinstance(e, KeyboardInterrupt):
-                words = getattr(e, 'exit_code', 130), '%s: %s' % (prog, stopped_by(e))
-            else:
-                words = 1, unexpected(prog, e, debug)
-        code, line = words
-        sys.stdout.flush()  # what explain printed (a sweep's finished rows) comes first
+        code, line = failure(prog, e, debug, **(story(e) if story else {}))
+        sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
         _say(e, line, debug)
         return code
 
 
-def run_command(prog, argv, body, explain=None):
+def run_command(prog, argv, body, story=None):
     """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
-    ``explain(e)``, if given, returns ``(code, line)`` for an exception the command words
-    itself, or None for the default: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1.
-    ``argv`` is read for ``--debug``. Standard output that cannot be written ends the command
-    as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``), else with
-    one line naming stdout and 1 (``>/dev/full``), never with a traceback.
+    A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
+    the command adds to it (its keyword arguments: what the run kept, the flags a fix names).
+    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``argv`` is read for
+    ``--debug``. Standard output that cannot be written ends the command as a Unix tool ends:
+    quietly with 141 when its reader is gone (``| head -1``), else with one line naming stdout
+    and 1 (``>/dev/full``), never with a traceback.
     """
     debug = debug_requested(argv)
     stream = sys.stdout
     sys.stdout = _WatchedStdout(stream)
     try:
-        return _run_body(prog, body, explain, debug)
+        return _run_body(prog, body, story, debug)
     except StdoutError as e:
         return _stdout_failed(prog, e, stream, debug)
     finally:

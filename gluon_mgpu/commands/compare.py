@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-from ..devices import format_devices
+from ..devices import format_devices, simulated
 from ..runtime import startup
 from . import cli
 
@@ -273,12 +273,6 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
             'train_limit': train_limit, 'test_limit': test_limit}
 
 
-def is_simulated(devices):
-    """True when several devices are all CPU contexts: they share one CPU's cores."""
-    names = [str(d) for d in devices]
-    return len(names) > 1 and all(n.startswith('cpu') for n in names)
-
-
 def _abbrev(values, fmt):
     flat = np.asarray(values, dtype=np.float64).ravel()
     shape = 'x'.join(str(s) for s in np.shape(values))
@@ -392,7 +386,7 @@ def describe_devices(devices):
     """One line: the book's devices and ours."""
     return 'devices: the book %s; ours %s%s' % (
         format_devices(BOOK['devices']), format_devices(devices),
-        ', simulated on the CPU (no GPU used)' if is_simulated(devices) else '')
+        ', simulated on the CPU (no GPU used)' if simulated(devices) else '')
 
 
 # The repository: a child process imports the package from it (``child_env``).

@@ -351,16 +351,6 @@ def plan(args, environ=None, workdir=None):
     return processes
 
 
-class _Interrupted(KeyboardInterrupt):
-    """SIGINT, SIGTERM or SIGHUP: ``run_job`` stops the job; before it starts, ``run_command``
-    says so in one line (``signal_name``, ``exit_code``)."""
-
-    def __init__(self, signum):
-        super().__init__(signum)
-        self.signal_name = signal.Signals(signum).name
-        self.exit_code = 128 + signum
-
-
 def _describe_exit(code):
     if code < 0:
         try:
@@ -451,7 +441,7 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
                     % (names, grace))
                 return 0
             time.sleep(poll)
-    except _Interrupted as e:
+    except startup.Interrupted as e:
         _stop([(n, p) for n, p in started if p.poll() is None])
         say('stopped by %s' % e.signal_name)
         return e.exit_code
@@ -466,7 +456,7 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
 
     def interrupt(signum, frame):
-        raise _Interrupted(signum)
+        raise startup.Interrupted(signum)
 
     def body():
         args = parse_args(argv)

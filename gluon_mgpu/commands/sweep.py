@@ -236,7 +236,7 @@ def _run(args, state):
         report = progress.Progress(args.epochs, train_iter.num_examples, mode,
                                    label=devices_mod.plural(s['num_devices'], 'device') + ', ')
         try:
-            # The DeferredInterrupt raises a Ctrl-C noted inside MXNet's optimizer callback.
+            # The DeferredInterrupt raises a Ctrl-C noted inside a __del__, after the step.
             row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
                               [report, state['interrupt']], args.dtype, args.force_dtype)
         finally:
@@ -254,8 +254,8 @@ def _run(args, state):
 
 def _where(state):
     if state['setting'] is not None:
-        return 'in the %d-device setting' % state['setting']['num_devices']
-    return 'after the last setting' if state['rows'] else 'before training started'
+        return ' in the %d-device setting' % state['setting']['num_devices']
+    return ' after the last setting' if state['rows'] else ' before training started'
 
 
 def _device_counts(rows):
@@ -266,13 +266,14 @@ def _device_counts(rows):
 
 def _keep_finished(args, state, why):
     """After a failure in a setting, print and write the finished rows; return the clause of
-    the error line that says so ('' before the first setting or after the last)."""
+    the error line that says so ('' before the first setting; after the last, the table is
+    printed already). ``why`` None: bad input, which loses nothing when no row finished."""
     rows = state['rows']
     if state['setting'] is None:
-        return ''
+        return ' (the table is printed above)' if rows and why else ''
     if not rows:
-        return '; no setting had finished, so nothing was written'
-    stopped = '%s %s' % (why, _where(state))
+        return '' if why is None else '; no setting had finished, so nothing was written'
+    stopped = '%s%s' % (why or 'an error', _where(state))
     add_speedups(rows)
     print()
     print(format_table(rows, stopped), end='', flush=True)
@@ -300,43 +301,16 @@ def main(argv=None):
             state['interrupt'] = interrupt
             _run(args, state)
 
-    def explain(e):
-        if isinstance(e, cli.UsageError):
-            # Bad input is found before any setting finishes; a data file that breaks later
-            # must not lose the rows before it either.
-            kept = _keep_finished(args, state, 'an error') if state['rows'] else ''
-            return 2, cli.error_line(PROG, e) + kept
-        if isinstance(e, KeyboardInterrupt):
-            what = cli.stopped_by(e)
-            kept = _keep_finished(args, state, what)
-            return getattr(e, 'exit_code', 130), '%s: %s %s%s' % (PROG, what, _where(state), kept)
-        from ..handlers.events import LossNotFiniteError
-        if isinstance(e, LossNotFiniteError):
-            s, kept = state['setting'], _keep_finished(args, state, 'training diverged')
-            run = '' if s is None else ' (global batch %d, lr %g)' % (s['batch_size'], s['lr'])
-            return 1, cli.error_line(PROG, 'the training loss became %s at epoch %s, step %d '
-                                     '%s%s: training diverged%s; start again with a smaller '
-                                     'learning rate, for example --lr-per-device %g'
-                                     % (e.loss, e.epoch, e.step, _where(state), run, kept,
-                                        args.lr_per_device / 10))
-        if isinstance(e, files.OutputError):  # writing the results: a full disk, say
-            return 1, cli.error_line(PROG, '%s%s' % (e, _keep_finished(args, state, 'an error')
-                                                     or ' (the table is printed above)'))
-        memory = args is not None and cli.out_of_memory(e)
-        if memory:
-            failed['memory'] = True
-            kept = _keep_finished(args, state, 'out of memory')
-            return 1, cli.error_line(PROG, 'out of memory (%s) %s with --batch-size-per-device '
-                                           '%d; pass a smaller one, for example '
-                                           '--batch-size-per-device %d%s'
-                                     % (memory, _where(state), args.batch_size_per_device,
-                                        max(1, args.batch_size_per_device // 2), kept))
-        kept = _keep_finished(args, state, 'unexpected %s' % type(e).__name__)
-        return 1, cli.unexpected(PROG, e, cli.debug_requested(argv),
-                                 ' (%s)%s' % (_where(state), kept))
+    def story(e):  # what cli.failure's line adds for this command: the finished settings
+        if args is None:
+            return {}
+        failed['memory'] = cli.out_of_memory(e)
+        return {'saved': lambda e, why: _keep_finished(args, state, why), 'where': _where(state),
+                'lr': ('--lr-per-device', args.lr_per_device),
+                'batch': ('--batch-size-per-device', args.batch_size_per_device)}
 
     failed = {}
-    code = cli.run_command(PROG, argv, body, explain)
+    code = cli.run_command(PROG, argv, body, story)
     if code and entry and failed:  # MXNet's exit handlers may crash after memory ran out
         sys.stdout.flush()
         sys.stderr.flush()

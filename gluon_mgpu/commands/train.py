@@ -2,7 +2,9 @@
 ``gluon_mgpu.train`` (docs/events.md); its outputs and exit codes are in docs/outputs.md, a dist
 job's worker in docs/distributed.md.
 """
+import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -28,10 +30,11 @@ RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', '
 
 def network_name(args):
     """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``."""
-    from .. import training
-    return training.network_name(args.model, args.num_gpus if args.sync_bn else None)
+    from .. import model
+    return model.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
+@functools.lru_cache(maxsize=None)  # one parser: parsing never changes it
 def build_parser():
     book_batch, book_lr = cli.BOOK_PER_DEVICE
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
@@ -177,17 +180,28 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
+def _settings(given, argv):
+    """The flags ``given`` explicitly with the parser's defaults for the others, as
+    ``read_flags`` returns them."""
+    parser = build_parser()
+    for group in parser._mutually_exclusive_groups:  # also for a merged line: argparse's words
+        both = [a.option_strings[0] for a in group._group_actions if a.dest in given]
+        if len(both) > 1:
+            raise UsageError('argument %s: not allowed with argument %s' % tuple(both[-2:][::-1]))
+    args = argparse.Namespace(**{a.dest: a.default for a in parser._actions if a.dest != 'help'})
+    vars(args).update(given)
+    args.given, args.argv = dict(given), list(argv)
+    return args
+
+
 def read_flags(argv):
     """The command line as argparse alone reads it (no MXNet): ``args.given`` holds the
     settings given explicitly, ``args.argv`` the line; ``UsageError`` for bad input."""
     parser, absent = build_parser(), object()
-    defaults = {a.dest: a.default for a in parser._actions if a.dest != 'help'}
-    parser.set_defaults(**dict.fromkeys(defaults, absent))  # what is left absent: not given
-    args = parser.parse_args(argv)
-    args.given = {k: v for k, v in vars(args).items() if v is not absent}
-    for k in defaults.keys() - args.given.keys():
-        setattr(args, k, defaults[k])
-    args.argv = list(argv)
+    # Every setting present and absent: argparse fills in no default, so what it sets was given.
+    blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
+    parsed = vars(parser.parse_args(argv, blank))
+    args = _settings({k: v for k, v in parsed.items() if v is not absent}, argv)
     if args.resume and args.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
                          'checkpoints in')
@@ -295,15 +309,32 @@ def _run_flags(args):
     if recorded is None or _unrecordable(recorded):
         return args
     try:
-        return build_parser().parse_args(recorded + args.argv)  # the flags given now win
+        args.recorded = recorded, read_flags(recorded).given  # parsed once: _resume reuses it
+        return _merge(args.recorded[1], args)
     except UsageError:
         return args
 
 
-def recorded_settings(directory, record):
+def _merge(recorded, args):
+    """The settings ``recorded`` (the ``given`` of a run's recorded line) with the flags given
+    now, which win."""
+    return _settings(dict(recorded, **args.given), args.recorded[0] + args.argv)
+
+
+def _parsed(recorded, args):
+    """``recorded``, a checkpoint's command line, as ``read_flags`` gives it: the one parse
+    ``_run_flags`` made before MXNet started, unless the checkpoint changed since."""
+    line, given = getattr(args, 'recorded', (None, None))
+    if line != recorded:
+        args.recorded = recorded, read_flags(recorded).given
+    return args.recorded[1]
+
+
+def recorded_settings(directory, record, args):
     """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
     in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
-    writes, parsed by the command's own parser; else ``CheckpointError`` naming the file."""
+    writes, parsed by the command's own parser (once: ``_parsed``); else ``CheckpointError``
+    naming the file."""
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     recorded = record.get('argv')
@@ -311,7 +342,8 @@ def recorded_settings(directory, record):
     if problem:
         raise checkpoint.not_ours(path, problem)
     try:  # the command's own parser is the one check of what the run recorded
-        before = parse_args(recorded + ['--checkpoint-dir', directory])
+        given = dict(_parsed(recorded, args), checkpoint_dir=args.checkpoint_dir)
+        before = _complete(_settings(given, recorded + ['--checkpoint-dir', directory]))
     except UsageError as e:
         raise checkpoint.CheckpointError(
             '%s records the command line %s, which the command refuses (%s); start a new run in '
@@ -331,7 +363,7 @@ def _resume(args):
     from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
-    before = recorded_settings(directory, record)
+    before = recorded_settings(directory, record, args)
     changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), args.given[k],
                                               getattr(before, k))
                for k in RUN_SETTINGS if k in args.given and args.given[k] != getattr(before, k)]
@@ -339,7 +371,7 @@ def _resume(args):
         raise ValueError('cannot continue the run with other settings: %s; leave these flags '
                          'out (the run\'s values are used) or start a new run in another '
                          '--checkpoint-dir' % ', '.join(changed))
-    merged = parse_args(record['argv'] + args.argv, complete=True)  # the flags given now win
+    merged = _complete(_merge(args.recorded[1], args))  # the flags given now win
     original = checkpoint.copied_from(directory, record)
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(merged, k)) for k in OUTPUTS
               if getattr(merged, k) is not None and k not in args.given]
@@ -446,7 +478,7 @@ def run(args, interrupt=None):
     """Train as ``args`` say (``parse_args``), print the summary and return the history.
 
     ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
-    came inside MXNet's optimizer callback right after that step or epoch.
+    came inside a ``__del__`` (where Python drops it) right after that step or epoch.
     """
     from ..handlers import checkpoint
     from ..parallel import horovod
@@ -486,7 +518,7 @@ def _file_handlers(args, devices, placement=None):
         try:
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'argv')},
+                                    if k not in ('given', 'argv', 'recorded')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
@@ -584,13 +616,12 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
             'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
             'devices': [str(d) for d in devices]}, resume=record))
     split_f, line = _split(args, net, devices, test_iter)
-    if split_f is not None:
-        handlers.append(events.SplitBatches(split_f))
     if line is not None and mode != 'quiet':
         print(line, flush=True)
     if args.check_replicas is not None:
         handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-    return net, None, fit
+    return net, None, lambda train_iter, test_iter, handlers: fit(train_iter, test_iter,
+                                                                  handlers, split_f)
 
 
 def _split_parallel(args, devices, mode, handlers, test_iter):
@@ -642,52 +673,39 @@ def _saved_epochs(args):
     return done[-1] if done else 0
 
 
-def _in_optimizer(e):
-    """Whether ``e`` came out of MXNet's optimizer package (``trainer.step`` updating), as its
-    traceback says."""
-    import traceback
-    import mxnet
-    where = os.path.dirname(mxnet.optimizer.__file__) + os.sep
-    return any(f.filename.startswith(where) for f in traceback.extract_tb(e.__traceback__))
-
-
-def _kept(args):
-    """What a failed run leaves: the clause about its checkpoints and how to resume."""
-    done = _saved_epochs(args)
+def _kept(args, e, why):
+    """What a failed run kept (``cli.failure``'s ``saved``): its checkpoints and how to
+    resume; after divergence, where to start again."""
+    done = None if why is None else _saved_epochs(args)
+    if why == 'training diverged':
+        from ..handlers import checkpoint
+        try:
+            broken = done and checkpoint.nonfinite(
+                args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
+        except checkpoint.CheckpointError:  # changed since: --resume will say how
+            broken = None
+        if broken:  # its loss was finite, but its weights or running statistics are not
+            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
+                    'infinite values)' % done)
+        return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
+                'with a finite loss: %s'
+                % (done, _resume_command(args.checkpoint_dir, ' --lr %g' % (args.lr / 10)))
+                if done else '')
+    if why is None:
+        return ''
     if done is None:
-        return 'nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
+        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
     if done == 0:
-        return ('%s holds no checkpoint yet; run the same command again to start over'
-                % args.checkpoint_dir)
-    return ('the checkpoint of epoch %d in %s is complete; to resume: %s'
+        return '%s %s holds no checkpoint yet; run the same command again to start over' % (
+            ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',
+            args.checkpoint_dir)
+    return ('; the checkpoint of epoch %d in %s is complete; to resume: %s'
             % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
 
 
-def _diverged(e, args):
-    from ..handlers import checkpoint
-    smaller = '--lr %g' % (e.lr / 10)
-    done = _saved_epochs(args)
-    try:
-        broken = done and checkpoint.nonfinite(
-            args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
-    except checkpoint.CheckpointError:  # changed since: --resume will say how
-        broken = None
-    fix = 'start again with a smaller learning rate, for example %s' % smaller
-    if broken:  # its loss was finite, but its weights or running statistics no longer are
-        fix += (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or infinite '
-                'values)' % done)
-    elif done:
-        # The last checkpoint had a finite loss, but its weights may be far off already.
-        fix = ('use a smaller learning rate, for example %s: start again in a new '
-               '--checkpoint-dir, or continue from epoch %d, the last checkpoint with a finite '
-               'loss: %s' % (smaller, done, _resume_command(args.checkpoint_dir, ' ' + smaller)))
-    return cli.error_line(PROG, 'the training loss became %s at epoch %d, step %d with --lr %g: '
-                                'training diverged; %s' % (e.loss, e.epoch, e.step, e.lr, fix))
-
-
-def _simulated(num_gpus, device):
-    """How many simulated CPU devices ``--num-gpus`` and ``--device`` make (None for GPUs): the
-    count the threads are chosen for before MXNet starts (docs/devices.md)."""
+def _cpu_devices(num_gpus, device):
+    """How many CPU contexts ``--num-gpus`` and ``--device`` make (None for GPUs), known before
+    MXNet starts: the count its threads are chosen for (docs/devices.md)."""
     from ..runtime.threads import has_gpu
     return num_gpus if device == 'cpu' or (device == 'auto' and not has_gpu()) else None
 
@@ -709,57 +727,26 @@ def main(argv=None):
         on = _run_flags(flags) if flags.resume else flags  # a resumed run's devices
         # From the entry file, a signal before DeferredInterrupt takes over is one line too.
         with startup.starting(PROG) if entry else contextlib.nullcontext():
-            startup.before_mxnet(PROG, _simulated(on.num_gpus, on.device))
+            startup.before_mxnet(PROG, _cpu_devices(on.num_gpus, on.device))
             from ..handlers.interrupts import DeferredInterrupt
             args = flags if flags.resume else _complete(flags)
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 
-    def explain(e):
-        if isinstance(e, UsageError):  # the default line; a bad flag never starts MXNet
-            return None
-        from ..handlers import checkpoint, events, replica_check
-        from ..parallel import horovod
-        if isinstance(e, KeyboardInterrupt):
-            joint = ' before the first epoch finished, so ' if _saved_epochs(args) == 0 else '; '
-            return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (PROG, cli.stopped_by(e), joint,
-                                                                 _kept(args))
-        if _in_optimizer(e):
-            return 1, cli.error_line(PROG, 'the optimizer failed inside trainer.step: %s: %s; the '
-                                           'step was not completed, so training stops (--lr %g); '
-                                           '%s' % (type(e).__name__, cli.one_line(e), args.lr,
-                                                   _kept(args)))
-        if isinstance(e, (files.OutputError, checkpoint.CheckpointError)):
-            return 1, cli.error_line(PROG, '%s; %s' % (e, _kept(args)))
-        if isinstance(e, events.LossNotFiniteError):
-            return 1, _diverged(e, args)
-        if isinstance(e, replica_check.ReplicaCheckFailed):
-            return 1, cli.error_line(PROG, '--check-replicas: %s' % e)
-        memory = args is not None and cli.out_of_memory(e)
-        if memory:
-            failed['memory'] = True
-            n = args.num_gpus * args.num_workers
-            fix = 'pass a smaller --batch-size, for example --batch-size %d' % max(
-                n, args.batch_size // 2)
-            if args.num_gpus > 1 and _simulated(args.num_gpus, args.device):
-                # Every simulated device holds a replica: fewer devices free the most.
-                fix = ('each simulated device holds a replica of the network: pass fewer '
-                       'devices, for example --num-gpus %d%s' % (
-                           args.num_gpus // 2, ', or a smaller --batch-size, for example '
-                           '--batch-size %d' % (args.batch_size // 2)
-                           if args.batch_size // 2 >= n else ''))
-            return 1, cli.error_line(PROG, 'out of memory (%s) with --batch-size %d over %d '
-                                           'device(s); %s; %s'
-                                     % (memory, args.batch_size, n, fix, _kept(args)))
-        if getattr(args, 'kvstore', None) == 'horovod' and \
-                any(text in str(e) for text in horovod.PEER_GONE):
-            return 1, cli.error_line(PROG, 'another process of the Horovod job stopped, so this '
-                                           'one cannot go on (horovodrun names it); %s'
-                                     % _kept(args))
-        return None
+    def story(e):  # what cli.failure's line adds for this command
+        if args is None:  # a bad flag, or MXNet did not start
+            return {}
+        failed['memory'] = cli.out_of_memory(e)
+        settled = args.lr is not None  # with --resume: once merged with the run's
+        simulated = args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device)
+        return {'saved': lambda e, why: _kept(args, e, why),
+                'lr': settled and ('--lr', args.lr),
+                'batch': settled and ('--batch-size', args.batch_size),
+                'devices': (args.num_gpus * getattr(args, 'num_workers', 1), simulated or 0),
+                'horovod': args.kvstore == 'horovod'}
 
     failed = {}
-    code = cli.run_command(PROG, argv, body, explain)
+    code = cli.run_command(PROG, argv, body, story)
     if code and (getattr(args, 'joined', False) or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients. After

@@ -11,7 +11,7 @@ from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, E
 
 __all__ = ['STEP', 'OLD_STEP', 'TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin',
            'BatchEnd',
-           'TrainingState', 'Events', 'EpochLine', 'SplitBatches', 'LossGuard',
+           'TrainingState', 'Events', 'EpochLine', 'LossGuard',
            'LossNotFiniteError',
            'LinearWarmup', 'format_epoch', 'PRIORITY']
 
@@ -44,8 +44,7 @@ class TrainingState:
 
     ``net``, ``trainer``, ``loss`` and ``context`` (also ``devices``) as ``Estimator`` names
     them; ``train_iter``, ``test_iter``, ``num_epochs``; ``epoch``, the one under way (from 1;
-    0 before the first); ``history``, one record per finished epoch, the last is ``record``;
-    ``split_f``, how the step splits a batch (None: ``split_batch``; ``SplitBatches`` sets it).
+    0 before the first); ``history``, one record per finished epoch, the last is ``record``.
     """
 
     def __init__(self, net, trainer, loss, devices, train_iter, test_iter, num_epochs):
@@ -56,7 +55,6 @@ class TrainingState:
         self.epoch = 0
         self.history = []
         self.record = None
-        self.split_f = None
 
     def end_epoch(self, stats, test_acc):
         """Record the epoch under way: ``train_epoch``'s ``stats`` and ``test_acc``."""
@@ -123,20 +121,6 @@ class EpochLine(EpochEnd):
     def epoch_end(self, estimator, *args, **kwargs):
         print(format_epoch(estimator.record), file=self.stream, flush=True)
         return False
-
-
-class SplitBatches(TrainBegin):
-    """Have ``train()`` split every batch with ``split_f(X, y, devices)`` instead of the book's
-    even split, for example ``parallel.weighted.split_by_weights([3, 1])`` (docs/devices.md)."""
-
-    def __init__(self, split_f):
-        if not callable(split_f):
-            raise ValueError('split_f must be a function split_f(X, y, devices) -> (Xs, ys), '
-                             'got %r; pass one such as split_by_weights([3, 1])' % (split_f,))
-        self.split_f = split_f
-
-    def train_begin(self, estimator, *args, **kwargs):
-        estimator.split_f = self.split_f
 
 
 class LossNotFiniteError(RuntimeError):

@@ -1,36 +1,17 @@
-"""Signals that stop a run (Ctrl-C, SIGTERM, SIGHUP), even while MXNet's optimizer callback would
-swallow them: ``DeferredInterrupt`` raises them at once or right after the step, and lets SIGQUIT
-print every thread's stack. docs/events.md says why; docs/outputs.md gives the exit codes.
+"""Signals that stop a run (Ctrl-C, SIGTERM, SIGHUP), even while Python would drop them (inside
+a ``__del__``, as when the garbage collector frees an NDArray): ``DeferredInterrupt`` raises them
+at once or right after the step, and lets SIGQUIT print every thread's stack. docs/events.md
+says why; docs/outputs.md gives the exit codes.
 """
 import faulthandler
 import signal
 import sys
 import threading
 
+from ..runtime.startup import Interrupted
 from .events import PRIORITY, BatchEnd, EpochEnd
 
-__all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING', 'callback_codes']
-
-
-def callback_codes():
-    """Code objects of the Python functions MXNet calls from C as a kvstore's updater (a Trainer
-    that updates on the kvstore; ``init_training``'s does not)."""
-    try:
-        from mxnet.kvstore.kvstore import _updater_wrapper
-    except ImportError:  # another MXNet layout: nothing to recognize
-        return ()
-    return (_updater_wrapper(None).__code__,)
-
-
-class Interrupted(KeyboardInterrupt):
-    """A run stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP: a ``KeyboardInterrupt`` with its
-    ``signum``, ``signal_name`` and ``exit_code`` (128 + ``signum``, as if killed by it)."""
-
-    def __init__(self, signum=signal.SIGINT):
-        self.signum = int(signum)
-        self.signal_name = signal.Signals(self.signum).name
-        self.exit_code = 128 + self.signum
-        super().__init__(self.signal_name)
+__all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
 
 
 # The handler each signal has when nobody took it over; only then is it taken.
@@ -56,8 +37,7 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside MXNet's optimizer callback or a ``__del__`` (where Python would drop the exception),
-    at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
+    inside a ``__del__`` (where Python would drop the exception), at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
     thread's stack, then quits. Only default handlers of the main thread are taken over (not
     under ``nohup``), and given back on exit. As an event handler it calls ``check()`` after
     every step and epoch, last of all (docs/events.md)::
@@ -79,7 +59,6 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
         self.signum = None
         self._previous = {}
         self._quit_dump = False
-        self._callbacks = callback_codes()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -99,17 +78,20 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
             self._quit_dump = False
         return False
 
-    def _in_callback(self, frame):
-        """Whether ``frame`` runs inside MXNet's optimizer callback, or inside a ``__del__``
-        (garbage collection: an NDArray freed at any point): Python drops what either raises."""
+    @staticmethod
+    def _in_del(frame):
+        """Whether ``frame`` runs inside a ``__del__`` (garbage collection: an NDArray freed at
+        any point), where Python drops what is raised. MXNet's optimizer callback, where it
+        drops it too, is never made: ``init_training`` updates in Python, ``train`` refuses a
+        Trainer that would update on the kvstore (``train_checks.check_trainer``)."""
         while frame is not None:
-            if frame.f_code in self._callbacks or frame.f_code.co_name == '__del__':
+            if frame.f_code.co_name == '__del__':
                 return True
             frame = frame.f_back
         return False
 
     def _handle(self, signum, frame):
-        if self._in_callback(frame):
+        if self._in_del(frame):
             if not self.requested:  # the first signal is the one reported
                 self.requested, self.signum = True, signum
         else:

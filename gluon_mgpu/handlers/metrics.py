@@ -8,6 +8,7 @@ import platform
 
 from ..devices import format_devices
 from .events import PRIORITY, EpochEnd, TrainBegin, TrainEnd
+from ..runtime.choices import DEVICES, DTYPES, METHODS
 from ..runtime.files import atomic_path
 
 __all__ = ['FORMAT', 'SCHEMA', 'EPOCH_FIELDS', 'epoch_problem', 'summarize', 'format_summary',
@@ -54,7 +55,7 @@ SCHEMA = {
                     'Global batch size, split over the devices.')),
                 'lr': dict(_POSITIVE, description='SGD learning rate.'),
                 'epochs': dict(_COUNT, description='Number of epochs asked for.'),
-                'device': {'enum': ['auto', 'gpu', 'cpu'],
+                'device': {'enum': list(DEVICES),
                            'description': 'How devices were chosen.'},
                 'data_dir': {'type': ['string', 'null'],
                              'description': 'Data folder given, or null (searched).'},
@@ -64,7 +65,7 @@ SCHEMA = {
                                'description': 'First N test images, or null (all).'},
                 'seed': {'type': ['integer', 'null'],
                          'description': 'Random seed, or null (none).'},
-                'dtype': {'enum': ['float32', 'bfloat16'], 'description': (
+                'dtype': {'enum': list(DTYPES), 'description': (
                     'What the network computed in (`--dtype`; bfloat16: MXNet\'s AMP, float32 '
                     'parameters). Missing in files of earlier versions: float32.')},
             }),
@@ -106,7 +107,7 @@ SCHEMA = {
             'one batch before training; null when not measured.',
             closed=None, types=['object', 'null'],
             properties={
-                'method': {'enum': ['data', 'scratch', 'layers', 'channels'],
+                'method': {'enum': list(METHODS),
                            'description': 'How training is split (`--parallel`).'},
                 'devices': {'type': 'array', 'items': {'type': 'string'},
                             'description': 'The devices, as MXNet prints them.'},

@@ -179,9 +179,14 @@ class SplitNet:
 
     hybridized = False
 
+    def step(self, net, X, y, loss, trainer, devices, split_f, batch_size):
+        """``train()``'s step (``training.choose_step``), in ``train_batch``'s arguments, of
+        which the split uses ``X``, ``y`` and ``batch_size``: ``([loss_sum], None, None)``."""
+        return [self.train_batch(X, y, batch_size)], None, None
+
     def evaluate_accuracy(self, data_iter):
         """Fraction of ``data_iter`` classified correctly."""
-        return evaluate_accuracy(data_iter, self, self.devices[:1])
+        return evaluate_accuracy(data_iter, self, self.devices)
 
     def _summary(self, X, blocks, run, **extra):
         """``summary(X)`` from one forward pass ``run(X, counter)``, every copy through the

@@ -11,7 +11,7 @@ from fractions import Fraction
 from mxnet import autograd, nd
 from mxnet.gluon import loss as gloss
 
-from ..runtime.train_checks import check_split
+from ..train_checks import check_split
 
 __all__ = ['check_device_weights', 'slice_sizes', 'split_by_weights', 'split_by',
            'measure_device_speeds']

@@ -11,12 +11,26 @@ import sys
 import threading
 import time
 
-__all__ = ['before_mxnet', 'import_failure', 'prepare_mxnet', 'interruptible', 'join_job', 'starting']
+__all__ = ['Interrupted', 'before_mxnet', 'import_failure', 'prepare_mxnet', 'interruptible',
+           'join_job', 'starting']
 
 _SIGNALS = {signal.SIGINT: 'interrupted (Ctrl-C)', signal.SIGTERM: 'terminated (SIGTERM)',
             signal.SIGHUP: 'terminated (SIGHUP)'}
 # How long the main thread has to handle a signal itself before the watcher ends the process.
 LATE_SECONDS = 1.0
+
+
+class Interrupted(KeyboardInterrupt):
+    """A run or a job stopped by SIGINT (Ctrl-C), SIGTERM or SIGHUP: a ``KeyboardInterrupt``
+    with its ``signum``, ``signal_name``, ``exit_code`` (128 + ``signum``, as if killed by it)
+    and ``words`` (``interrupted (Ctrl-C)``, ``terminated (SIGTERM)``), for every command."""
+
+    def __init__(self, signum=signal.SIGINT):
+        self.signum = int(signum)
+        self.signal_name = signal.Signals(self.signum).name
+        self.exit_code = 128 + self.signum
+        self.words = _SIGNALS.get(self.signum, 'terminated (%s)' % self.signal_name)
+        super().__init__(self.signal_name)
 
 
 def _lines(command, doing):

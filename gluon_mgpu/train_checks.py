@@ -10,16 +10,12 @@ import numpy as np
 from mxnet import kv, nd
 from mxnet.gluon import nn
 
-from . import precision
-from .checks import LR_RANGE, check_whole
+from .devices import simulated
+from .runtime import precision
+from .runtime.checks import LR_RANGE, check_whole
 
-__all__ = ['check_network', 'check_init', 'check_train', 'check_trainer', 'check_batch_size', 'check_split', 'check_batch',
-           'check_once', 'simulated']
-
-
-def simulated(devices):
-    """Whether two or more of ``devices`` are CPU contexts (simulated devices)."""
-    return sum(d.device_type == 'cpu' for d in devices) > 1
+__all__ = ['check_network', 'check_init', 'check_train', 'check_trainer',
+           'check_batch_size', 'check_split', 'check_batch', 'check_once']
 
 
 def check_network(model, models, sync_bn_devices, dtype):
@@ -57,9 +53,10 @@ def check_batch_size(batch_size, name='batch_size'):
                                       'divides by' % name)
 
 
-def check_train(devices, num_epochs, trainer, net=None):
+def check_train(devices, num_epochs, trainer, split_f, net=None):
     """``ValueError`` for arguments ``train()`` cannot run with: no device or one listed twice,
-    ``num_epochs`` not a whole number >= 1, a ``trainer`` as ``check_trainer`` refuses."""
+    ``num_epochs`` not a whole number >= 1, a ``trainer`` as ``check_trainer`` refuses, a
+    ``split_f`` that is not a function."""
     if not devices:
         raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
                          'mx.cpu(1)], or leave it out for try_all_gpus()')
@@ -68,6 +65,9 @@ def check_train(devices, num_epochs, trainer, net=None):
         raise ValueError('devices [%s] lists %s twice; a device holds one replica, so list each '
                          'once' % (', '.join(map(str, devices)), repeated[0]))
     check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
+    if not callable(split_f):
+        raise ValueError('split_f must be a function split_f(X, y, devices) -> (Xs, ys), got '
+                         '%r; pass one such as split_by_weights([3, 1])' % (split_f,))
     if trainer is not None:
         check_trainer(trainer, devices, net)
 
