@@ -406,6 +406,8 @@ def child_env():
 
 
 PROG = 'python -m gluon_mgpu.compare'
+# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
+STOPPED = 'before the table was printed; it writes no file, so nothing was lost'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
                   'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
@@ -443,8 +445,17 @@ def main(argv=None):
                 "not installed for %s; install it with pip install %s (or gluon_mgpu's test "
                 "extra: pip install '.[test]')" % (sys.executable, BOOK_PACKAGE))
         startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        return _compare(args)
-    return cli.run_command(PROG, argv, body)
+        from ..handlers.interrupts import DeferredInterrupt
+        # The book's Trainer updates inside MXNet's optimizer callback, where a signal waits:
+        # then it ends the command within a second.
+        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
+            return _compare(args)
+
+    def explain(e):
+        if isinstance(e, KeyboardInterrupt):
+            return getattr(e, 'exit_code', 130), '%s: %s %s' % (PROG, cli.stopped_by(e), STOPPED)
+        return None
+    return cli.run_command(PROG, argv, body, explain)
 
 
 def _compare(args):
