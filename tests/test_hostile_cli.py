@@ -461,6 +461,26 @@ def test_a_signal_while_env_collects_is_one_line(signum):
     assert _one_line(run.stderr) == _stopped('env', signum, 'before the report was printed')
 
 
+def test_a_signal_python_defers_inside_a_del_still_ends_env_within_a_second():
+    # DeferredInterrupt cannot raise inside a __del__ (nor MXNet's optimizer callback), and env
+    # has no step after which to raise it: startup.interruptible ends the command.
+    code = ('import os, signal, sys, time\n'
+            'from gluon_mgpu.commands import env\n'
+            'class Freed:\n'
+            '    def __del__(self):\n'
+            '        os.kill(os.getpid(), signal.SIGTERM)\n'
+            'def collect():\n'
+            '    Freed()\n'
+            '    time.sleep(600)\n'
+            'env.collect = collect\n'
+            'sys.exit(env.main([]))\n')
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120, preexec_fn=_default_signals)
+    assert (run.returncode, run.stdout) == (143, '')
+    assert _one_line(run.stderr) == _stopped('env', signal.SIGTERM, 'before the report was '
+                                                                    'printed')
+
+
 # F. Absurd sizes.
 
 def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_dir):
