@@ -388,6 +388,113 @@ def test_a_signal_while_mxnet_loads_is_one_line(signum):
     assert 'Traceback' not in err
 
 
+def _stopped(command, signum, doing):
+    what = 'interrupted (Ctrl-C)' if signum == signal.SIGINT else 'terminated (%s)' % (
+        signal.Signals(signum).name)
+    return 'python -m gluon_mgpu.%s: %s %s; it writes no file, so nothing was lost' % (
+        command, what, doing)
+
+
+def _started(command, *args):
+    # -u: a line printed reaches the pipe at once.
+    return subprocess.Popen([sys.executable, '-u', '-m', 'gluon_mgpu.' + command, *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_default_signals)
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_once_replicas_runs_is_one_line(signum):
+    # Before issue 53, SIGTERM and SIGHUP killed it silently.
+    run = _started('replicas', '--num-gpus', '2', '--device', 'cpu')
+    assert run.stdout.readline() == 'running on: [cpu(0), cpu(1)]\n'  # ResNet-18 comes next
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 128 + signum
+    assert _one_line(err) == _stopped('replicas', signum, 'before the report was complete')
+
+
+def _children(pid):
+    with open('/proc/%d/task/%d/children' % (pid, pid)) as f:
+        return [int(child) for child in f.read().split()]
+
+
+@pytest.mark.parametrize('signum, during', [
+    (signal.SIGINT, 'cells'), (signal.SIGTERM, 'cells'), (signal.SIGHUP, 'cells'),
+    (signal.SIGTERM, 'step')])
+def test_a_signal_once_compare_runs_is_one_line_and_ends_its_child(signum, during, data_dir):
+    # 'cells': the chapter's cells run in a child process, which must end too; 'step': the
+    # book's Trainer updates inside MXNet's optimizer callback, where Python defers a signal.
+    run = _started('compare', '--device', 'cpu', '--data-dir', data_dir)
+    deadline, child = time.time() + 300, None
+    while time.time() < deadline and run.poll() is None:
+        children = _children(run.pid)
+        if during == 'cells' and children:
+            with open('/proc/%d/maps' % children[0]) as f:  # past its exec: it loads MXNet
+                if 'libmxnet' in f.read():
+                    child = children[0]
+                    break
+        if during == 'step' and child and not children:
+            time.sleep(2)
+            break
+        child = child or (children and children[0])
+        time.sleep(0.01)
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert (run.returncode, out) == (128 + signum, '')
+    assert _one_line(err) == _stopped('compare', signum, 'before the table was printed')
+    assert child and _ended(child)
+
+
+def _ended(pid, seconds=5):
+    """Whether process ``pid`` ends within ``seconds``: gone, or a zombie not reaped yet."""
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        try:
+            with open('/proc/%d/stat' % pid) as f:
+                if f.read().rsplit(')', 1)[1].split()[0] == 'Z':
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize('signum', [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_env_collects_is_one_line(signum):
+    # The window after MXNet's import is short: the signal comes from inside collect().
+    code = ('import os, sys, time\n'
+            'from gluon_mgpu.commands import env\n'
+            'def collect():\n'
+            '    os.kill(os.getpid(), %d)\n'
+            '    time.sleep(60)\n'
+            'env.collect = collect\n'
+            'sys.exit(env.main([]))\n' % signum)
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120, preexec_fn=_default_signals)
+    assert (run.returncode, run.stdout) == (128 + signum, '')
+    assert _one_line(run.stderr) == _stopped('env', signum, 'before the report was printed')
+
+
+def test_a_signal_python_defers_inside_a_del_still_ends_env_within_a_second():
+    # DeferredInterrupt cannot raise inside a __del__ (nor MXNet's optimizer callback), and env
+    # has no step after which to raise it: startup.interruptible ends the command.
+    code = ('import os, signal, sys, time\n'
+            'from gluon_mgpu.commands import env\n'
+            'class Freed:\n'
+            '    def __del__(self):\n'
+            '        os.kill(os.getpid(), signal.SIGTERM)\n'
+            'def collect():\n'
+            '    Freed()\n'
+            '    time.sleep(600)\n'
+            'env.collect = collect\n'
+            'sys.exit(env.main([]))\n')
+    run = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                         timeout=120, preexec_fn=_default_signals)
+    assert (run.returncode, run.stdout) == (143, '')
+    assert _one_line(run.stderr) == _stopped('env', signal.SIGTERM, 'before the report was '
+                                                                    'printed')
+
+
 # F. Absurd sizes.
 
 def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_dir):

@@ -88,8 +88,17 @@ def run_chapter_cells(devices):
             'mxnet_version': mx.__version__}
 
 
-def _cells_child(names):
-    """The new process of ``chapter_cells``: print the cells as JSON."""
+def _cells_child(names, parent):
+    """The new process of ``chapter_cells``: print the cells as JSON; it ends with process
+    ``parent``, however that ends (a signal that another of its threads received ends it
+    without killing this one; Linux's PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+    prctl = getattr(ctypes.CDLL(None), 'prctl', None)
+    if prctl is not None:
+        prctl(1, signal.SIGKILL)
+    if os.getppid() != int(parent):  # it ended before prctl
+        return
     import mxnet as mx
     devices = [mx.Context(kind, int(i)) for kind, i in re.findall(r'(cpu|gpu)\((\d+)\)', names)]
     print(json.dumps(run_chapter_cells(devices)))
@@ -107,8 +116,9 @@ def chapter_cells(devices, fresh_process=True):
     if not fresh_process:
         return run_chapter_cells(devices)
     code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
-            '_cells_child(sys.argv[1])')
-    result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices)],
+            '_cells_child(*sys.argv[1:])')
+    result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices),
+                             str(os.getpid())],
                             capture_output=True, text=True, env=child_env(), timeout=600)
     if result.returncode != 0:
         raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): %s'
@@ -400,6 +410,8 @@ def child_env():
 
 
 PROG = 'python -m gluon_mgpu.compare'
+# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
+STOPPED = 'before the table was printed; it writes no file, so nothing was lost'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
                   'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
@@ -437,8 +449,17 @@ def main(argv=None):
                 "not installed for %s; install it with pip install %s (or gluon_mgpu's test "
                 "extra: pip install '.[test]')" % (sys.executable, BOOK_PACKAGE))
         startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        return _compare(args)
-    return cli.run_command(PROG, argv, body)
+        from ..handlers.interrupts import DeferredInterrupt
+        # The book's Trainer updates inside MXNet's optimizer callback, where a signal waits:
+        # then it ends the command within a second.
+        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
+            return _compare(args)
+
+    def explain(e):
+        if isinstance(e, KeyboardInterrupt):
+            return getattr(e, 'exit_code', 130), '%s: %s %s' % (PROG, cli.stopped_by(e), STOPPED)
+        return None
+    return cli.run_command(PROG, argv, body, explain)
 
 
 def _compare(args):

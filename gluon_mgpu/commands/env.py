@@ -14,6 +14,8 @@ from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_
 from ..runtime.threads import format_thread_settings
 
 PROG = 'python -m gluon_mgpu.env'
+# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
+STOPPED = 'before the report was printed; it writes no file, so nothing was lost'
 # The driver API's codes that a machine without a usable GPU returns.
 CUDA_ERRORS = {3: 'CUDA_ERROR_NOT_INITIALIZED', 34: 'CUDA_ERROR_STUB_LIBRARY',
                35: 'CUDA_ERROR_INSUFFICIENT_DRIVER', 100: 'CUDA_ERROR_NO_DEVICE',
@@ -215,6 +217,12 @@ def main(argv=None):
     def body():
         parser.parse_args(argv)  # no MXNet yet: a bad flag is answered at once
         startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        print(format_report(collect()))
+        from ..handlers.interrupts import DeferredInterrupt
+        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
+            print(format_report(collect()))
 
-    return cli.run_command(PROG, argv, body)
+    def explain(e):
+        if isinstance(e, KeyboardInterrupt):
+            return getattr(e, 'exit_code', 130), '%s: %s %s' % (PROG, cli.stopped_by(e), STOPPED)
+        return None
+    return cli.run_command(PROG, argv, body, explain)

@@ -10,6 +10,8 @@ from ..replicas import format_replica_report, get_replica, inspect_replicas
 from ..runtime import startup
 
 PROG = 'python -m gluon_mgpu.replicas'
+# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
+STOPPED = 'before the report was complete; it writes no file, so nothing was lost'
 
 
 def build_parser():
@@ -69,5 +71,13 @@ def main(argv=None):
     def body():
         args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
         startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        run(args)
-    return cli.run_command(PROG, argv, body)
+        from ..handlers.interrupts import DeferredInterrupt
+        # A signal deferred in a __del__, or not answered inside MXNet, ends it within a second.
+        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
+            run(args)
+
+    def explain(e):
+        if isinstance(e, KeyboardInterrupt):
+            return getattr(e, 'exit_code', 130), '%s: %s %s' % (PROG, cli.stopped_by(e), STOPPED)
+        return None
+    return cli.run_command(PROG, argv, body, explain)
