@@ -358,6 +358,13 @@ def stopped_by(e):
     return getattr(e, 'words', 'interrupted (Ctrl-C)')
 
 
+def writes_no_file(stopped):
+    """The ``story`` (``run_command``) of a command that writes no file: a signal's line ends
+    with ``stopped``, what the command had not done yet and that nothing was lost."""
+    return lambda e: {'saved': lambda e, why: ' ' + stopped
+                      if isinstance(e, KeyboardInterrupt) else ''}
+
+
 class StdoutError(Exception):
     """Standard output cannot be written: its reader is gone (``errno.EPIPE``, ``head -1``) or
     the operating system refused the write (``errno.ENOSPC`` for ``>/dev/full``). Not an

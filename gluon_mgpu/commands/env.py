@@ -221,8 +221,4 @@ def main(argv=None):
         with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
             print(format_report(collect()))
 
-    def explain(e):
-        if isinstance(e, KeyboardInterrupt):
-            return getattr(e, 'exit_code', 130), '%s: %s %s' % (PROG, cli.stopped_by(e), STOPPED)
-        return None
-    return cli.run_command(PROG, argv, body, explain)
+    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
