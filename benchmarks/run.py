@@ -27,8 +27,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from measuring import (DISTURBED_CORES, TABLE_HEADER, TABLE_LEGEND, raw_values,  # noqa: E402
-                       summarize, table_row)
+from measuring import (DISTURBED_CORES, KERNEL_FLAGS, TABLE_HEADER, TABLE_LEGEND,  # noqa: E402
+                       cpu_generation, cpu_id, cpu_model, kernel_setting, onednn_isa,
+                       raw_values, summarize, table_row)
 
 GLOBAL_BATCH = 256
 GEMM_SIZE = 4096
@@ -77,6 +78,19 @@ for _dtype, _name in (('float32', 'ours-hyb-1-avx512_core'),
                     'bfloat16 (DNNL_MAX_CPU_ISA=AVX512_CORE)' % _dtype,
                     dict(model='ours', mode='hybrid', loop='ours', loader='array',
                          threads='package', devices=1, dtype=_dtype, isa='AVX512_CORE'))
+# (j) Settings within MXNet 1.9.1 tried for a faster float32 step (issue 50, on an AVX2 CPU).
+# MXNet's pip wheel runs OpenMP with GNU libgomp, so its variables (not KMP_*) apply.
+SETTINGS_TRIED = {
+    'ours-hyb-1-bind': ('OpenMP threads pinned to cores (OMP_PROC_BIND=true, OMP_PLACES=cores)',
+                        {'env': {'OMP_PROC_BIND': 'true', 'OMP_PLACES': 'cores'}}),
+    'ours-hyb-1-spin': ('OpenMP threads spin between operators (OMP_WAIT_POLICY=ACTIVE)',
+                        {'env': {'OMP_WAIT_POLICY': 'ACTIVE'}}),
+    'ours-hyb-1-static': ('hybridize(static_alloc=True, static_shape=True)',
+                          {'static_shape': True}),
+}
+for _name, (_what, _change) in SETTINGS_TRIED.items():
+    TRAIN[_name] = ('(j) ours, hybridized, 1 device, %s' % _what,
+                    dict(TRAIN['ours-hyb-1'][1], **_change))
 TORCH = {
     'torch-eager': ('(d) PyTorch edition resnet18, eager', dict(mode='eager')),
     'torch-cl': ('(d) PyTorch edition resnet18, eager, channels_last',
@@ -170,21 +184,37 @@ def has_torch():
 
 
 def machine():
-    model = ''
-    try:
-        with open('/proc/cpuinfo') as f:
-            model = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
-    except (OSError, StopIteration):
-        pass
+    """This machine: the CPU (model, family, the vector instructions its kernels are picked by,
+    what oneDNN and PyTorch say they run), cores, versions and the load average."""
     import mxnet
-    torch = ''
+    torch, torch_isa = '', None
     if has_torch():
         import torch as _torch
-        torch = ', PyTorch %s' % _torch.__version__
-    return {'cpu': model or platform.processor(), 'cores': len(os.sched_getaffinity(0)),
+        torch, torch_isa = ', PyTorch %s' % _torch.__version__, \
+            _torch.backends.cpu.get_cpu_capability()
+    return {'cpu': cpu_model(), 'cpu_id': cpu_id(), 'cpu_flags': kernel_setting()['cpu_flags'],
+            'onednn_isa': onednn_isa(os.environ, ROOT), 'torch_isa': torch_isa,
+            'cores': len(os.sched_getaffinity(0)),
             'python': platform.python_version(), 'mxnet': mxnet.__version__, 'torch': torch,
             'platform': platform.platform(),
             'load': ', '.join('%.1f' % x for x in os.getloadavg())}
+
+
+def cpu_line(info):
+    """The CPU a report's figures were measured on, from ``machine()``'s record: its name,
+    generation and vector instructions (float32 speed depends on them), or that a record made
+    before they were kept does not say."""
+    if 'cpu_flags' not in info:
+        return '%s (its instruction set was not recorded by this run)' % info['cpu']
+    flags = info['cpu_flags']
+    said = [cpu_generation(info['cpu_id']) or info['cpu_id'],
+            'vector instructions: %s' % (', '.join(flags) or 'none of %s' % ', '.join(
+                KERNEL_FLAGS)) + ('' if 'avx512f' in flags else ', no AVX-512')]
+    if info.get('onednn_isa'):
+        said.append("MXNet's oneDNN runs %s" % info['onednn_isa'])
+    if info.get('torch_isa'):
+        said.append("PyTorch's kernels %s" % info['torch_isa'])
+    return '%s (%s)' % (info['cpu'], '; '.join(s for s in said if s))
 
 
 # A training step of the chapter's ResNet-18 on a 28x28 image: forward 0.456 GMAC (counted from
@@ -295,6 +325,8 @@ def targets(med, best):
         1.5)
     add('evaluation bfloat16 >= 1.5x evaluation float32, 2 devices', 'eval-bf16-2', 'eval-2',
         1.5)
+    for name, (what, _) in SETTINGS_TRIED.items():
+        add('ours (1 device) with %s faster than without' % what, name, 'ours-hyb-1', 1.0)
     # Not a goal: why --dtype bfloat16 refuses a CPU without bfloat16 instructions unless forced.
     add('bfloat16 >= float32 on a CPU without bfloat16 instructions (oneDNN capped at '
         'AVX512_CORE; --force-dtype)', 'ours-bf16-1-avx512_core', 'ours-hyb-1-avx512_core', 1.0)
@@ -350,8 +382,9 @@ def report(raw, raw_name='benchmarks.json'):
                  '%s to %s' % (runs[0]['start'], runs[-1]['end']), len(runs),
                  '' if len(runs) == 1 else 's',
                  '; '.join('%s to %s: %s' % (r['start'], r['end'], r['what']) for r in runs)),
-             '- machine: %(cpu)s, %(cores)d usable cores; Python %(python)s, MXNet %(mxnet)s'
-             '%(torch)s; %(platform)s' % info,
+             '- machine: %s, %d usable cores; Python %s, MXNet %s%s; %s' % (
+                 cpu_line(info), info['cores'], info['python'], info['mxnet'], info['torch'],
+                 info['platform']),
              '- **how quiet it was**: %d measurements, %d disturbed (the rest of the machine kept '
              'more than %.1f cores busy on average during the timed interval; each was measured '
              'again, up to %d more times). Others\' load per measurement: median %.2f, '
