@@ -196,8 +196,11 @@ def machine():
             'onednn_isa': onednn_isa(os.environ, ROOT), 'torch_isa': torch_isa,
             'cores': len(os.sched_getaffinity(0)),
             'python': platform.python_version(), 'mxnet': mxnet.__version__, 'torch': torch,
-            'platform': platform.platform(),
-            'load': ', '.join('%.1f' % x for x in os.getloadavg())}
+            'platform': platform.platform(), 'load': load_average()}
+
+
+def load_average():
+    return ', '.join('%.1f' % x for x in os.getloadavg())
 
 
 def cpu_line(info):
@@ -269,8 +272,9 @@ def config(name, quick=False):
     return cfg
 
 
-def run(names, quick=False, repeats=2, retries=1):
-    """Measure ``names`` interleaved, ``repeats`` times; return every record (name, repeat)."""
+def run(names, quick=False, repeats=2, retries=1, save=None):
+    """Measure ``names`` interleaved, ``repeats`` times; return every record (name, repeat).
+    ``save(records)`` is called with the records so far after each measurement."""
     records = []
     for r in range(1 if quick else repeats):
         for name in names:
@@ -281,6 +285,8 @@ def run(names, quick=False, repeats=2, retries=1):
                          'GFLOP/s (MXNet)' if name in GEMMS else 'images/s',
                          record['cpu_per_wall'], record['others_cores'],
                          ' DISTURBED' if record['disturbed'] else ''), flush=True)
+                if save:
+                    save(records)
     return records
 
 
@@ -509,7 +515,8 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
-    p.add_argument('--only', help='comma-separated settings to measure (default: all): %s'
+    p.add_argument('--only', help='comma-separated settings to measure, in this order '
+                   '(default: all): %s'
                    % ','.join(NAMES))
     p.add_argument('--report-only', action='store_true',
                    help='measure nothing; rewrite the report from the raw records')
@@ -532,22 +539,28 @@ def main(argv=None):
         if unknown:
             p.exit(2, 'run.py: error: --only: unknown setting %s; choose from %s\n'
                    % (', '.join(unknown), ','.join(NAMES)))
-        names = [n for n in NAMES if n in asked]
+        names = list(dict.fromkeys(asked))  # interleaved in the order asked
     raw = load_raw(p, raw_path, args.only or args.report_only, args.report_only)
     if args.title:
         raw['title'] = args.title
     if not args.report_only:
         start = utc_now()
-        records = run(names, args.quick, args.repeats, args.retries)
-        info = machine()
-        raw['records'] = [r for r in raw['records'] if r['name'] not in names] + records
-        raw['runs'] = current_parts(raw['runs'], names) + [
-            {'start': start, 'end': utc_now(), 'load': info['load'],
-             'what': ', '.join(names) if args.only else 'all settings'}]
-        raw.update(machine=info, quick=args.quick, retries=args.retries,
-                   flops_per_image=flops_per_image())
-        with open(raw_path, 'w') as f:
-            json.dump(raw, f, indent=1)
+        # Before machine(), which imports MXNet: gluon_mgpu must choose the threads first.
+        raw.update(flops_per_image=flops_per_image(), machine=machine(), quick=args.quick,
+                   retries=args.retries)
+        kept = [r for r in raw['records'] if r['name'] not in names]
+        parts = current_parts(raw['runs'], names)
+
+        def save(records):
+            # After every measurement: a run stopped midway keeps what it measured.
+            raw['machine']['load'] = load_average()
+            raw['records'] = kept + records
+            raw['runs'] = parts + [{'start': start, 'end': utc_now(),
+                                    'load': raw['machine']['load'],
+                                    'what': ', '.join(names) if args.only else 'all settings'}]
+            with open(raw_path, 'w') as f:
+                json.dump(raw, f, indent=1)
+        save(run(names, args.quick, args.repeats, args.retries, save))
     text = report(raw, os.path.basename(raw_path))
     with open(args.out, 'w') as f:
         f.write(text)
