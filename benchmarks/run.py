@@ -411,6 +411,9 @@ def report(raw, raw_name='benchmarks.json'):
         if name not in GEMMS:
             lines.append(table_row(labels[name], rs,
                                    base if name in TRAIN or name in TORCH else None))
+    per_core = per_core_line(stats)
+    if per_core:
+        lines += ['', per_core]
     if not any(n in by_name for n in TORCH) and not has_torch():
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
@@ -480,6 +483,19 @@ def report(raw, raw_name='benchmarks.json'):
                                   100 * med['torch-bf16-compile'] / limit16)
                               if 'torch-bf16-compile' in med else ''))
     return '\n'.join(lines) + '\n'
+
+
+def per_core_line(stats):
+    """When every measurement was disturbed (a loaded machine), each training setting's median
+    per core it got (images/s over CPU/wall): what the code does with a core, which the load
+    changes less than its share of the machine; '' otherwise."""
+    rows = [(n, s) for n, s in stats.items() if n in TRAIN or n in TORCH]
+    if not rows or not all(s['all_disturbed'] for s in stats.values()):
+        return ''
+    return ('Every measurement was disturbed, so the images/s above are of a share of the '
+            'machine. Per core used (median images/s over median CPU/wall; a rough guide, as a '
+            'core shared with other jobs also loses cache): %s.' % ', '.join(
+                '%s %.1f' % (n, s['median'] / s['cpu_per_wall']) for n, s in rows))
 
 
 def load_raw(parser, path, keep, required):

@@ -179,3 +179,19 @@ def test_the_profile_names_the_kernels_each_primitive_ran_with():
     assert kinds == {'convolution (jit:avx2)': [2, 15.0], 'convolution (gemm:jit)': [1, 2.0],
                      'reorder (jit:uni)': [1, 0.5]}
     assert reorders == {'src_f32::blocked:abcd:f0 dst_f32::blocked:aBcd8b:f0': [1, 0.5]}
+
+
+def test_a_run_disturbed_throughout_gives_each_setting_per_core_it_got():
+    def rec(value, cpu, disturbed=True):
+        return {'value': value, 'cpu_per_wall': cpu, 'others_cores': 2 - cpu,
+                'disturbed': disturbed}
+    stats = {'ours-hyb-1': run.summarize([rec(4.4, 0.30), rec(6.0, 0.40)]),
+             'torch-compile': run.summarize([rec(4.2, 0.30)]),
+             'gemm': run.summarize([rec(26e9, 0.31)])}
+    assert run.per_core_line(stats) == (
+        'Every measurement was disturbed, so the images/s above are of a share of the machine. '
+        'Per core used (median images/s over median CPU/wall; a rough guide, as a core shared '
+        'with other jobs also loses cache): ours-hyb-1 14.9, torch-compile 14.0.')
+    # One quiet run of any setting: its own figures stand, no such line.
+    stats['gemm'] = run.summarize([rec(26e9, 0.31), rec(40e9, 1.95, disturbed=False)])
+    assert run.per_core_line(stats) == ''
