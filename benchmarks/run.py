@@ -339,15 +339,19 @@ def targets(med, best):
     return rows
 
 
-def import_order_line(path=os.path.join(ROOT, 'docs', 'import-order.json')):
-    """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md."""
+def import_order_line(path=os.path.join(ROOT, 'docs', 'import-order.json'), cpu=None):
+    """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md; their
+    figures only when they were measured on the CPU ``cpu`` names (a ``cpu_line``) if given."""
     line = ("(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): "
             'measured on its own, next to (c) on 1 device, in [import-order.md](import-order.md)')
     try:
         with open(path) as f:
-            records = json.load(f)['records']
+            raw = json.load(f)
+        records = raw['records']
     except (OSError, ValueError, KeyError):
         return line + '.'
+    if cpu is not None and cpu_line(raw.get('machine', {'cpu': '?'})) != cpu:
+        return line + ', on another CPU.'
     med = {n: summarize([r for r in records if r['name'] == n])['median']
            for n in ('ours-hyb-1',) + IMPORT_ORDER if any(r['name'] == n for r in records)}
     if len(med) < 3:
@@ -421,7 +425,7 @@ def report(raw, raw_name='benchmarks.json'):
     if missing:
         lines += ['', '**Not measured in this run**: %s.' % ', '.join(missing)]
     if not any(n in by_name for n in IMPORT_ORDER):
-        lines += ['', import_order_line()]
+        lines += ['', import_order_line(cpu=cpu_line(info))]
     lines += ['', '(f) The replica check has its own benchmark: benchmarks/replica_check.py, '
               '[replica-check.md](replica-check.md).',
               '', '## Targets', '',

@@ -42,6 +42,16 @@ def test_the_import_order_rows_measured_apart_give_benchmarks_md_their_ratio(tmp
         "images/s against 80.0 with the package imported first, 0.50x; MXSetNumOMPThreads(cores) "
         "after the import does not help: 42.0, 0.53x (2026-11-24 12:08 UTC).")
     assert run.import_order_line(str(tmp_path / 'none.json')).endswith('(import-order.md).')
+    # Its figures stand beside a report of the same CPU only.
+    path.write_text(json.dumps({'machine': {'cpu': 'AMD EPYC'}, 'records': [
+        dict(record, name=n, value=v) for n, v in (('ours-hyb-1', 80.0), ('order-d2lzh', 40.0),
+                                                   ('order-d2lzh-omp', 42.0))]}))
+    assert run.import_order_line(str(path), cpu=run.cpu_line({'cpu': 'AMD EPYC'})).endswith(
+        '0.53x (2026-11-24 12:08 UTC).')
+    assert run.import_order_line(str(path), cpu=run.cpu_line(AVX2_MACHINE)) == (
+        "(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): measured "
+        'on its own, next to (c) on 1 device, in [import-order.md](import-order.md), on another '
+        'CPU.')
     # The report from benchmarks.json does not list them as not measured.
     assert run.config('order-d2lzh')['threads'] == 'd2lzh-first'
 
