@@ -33,7 +33,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from measuring import cpu_model, kernel_setting  # noqa: E402
+from measuring import (cpu_generation, cpu_id, cpu_model, kernel_setting,  # noqa: E402
+                       onednn_isa)
 
 RECORDS = os.path.join(ROOT, 'docs', 'records', 'demo-spread.jsonl')
 REPORT = os.path.join(ROOT, 'docs', 'demo-spread.md')
@@ -108,13 +109,6 @@ SETTINGS = {
     'native-2t': (None, 2),
 }
 
-ISA_PROBE = r'''
-import gluon_mgpu, mxnet as mx
-x = mx.nd.ones((1, 3, 8, 8)); w = mx.nd.ones((4, 3, 3, 3))
-mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
-'''
-
-
 def child_env(setting):
     isa, threads = SETTINGS[setting]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(threads))
@@ -124,34 +118,6 @@ def child_env(setting):
     if isa:
         env['DNNL_MAX_CPU_ISA'] = isa
     return env
-
-
-def onednn_isa(setting):
-    """The instruction set oneDNN says it uses under ``setting`` (its verbose 'isa' line)."""
-    env = child_env(setting)
-    env['DNNL_VERBOSE'] = '1'
-    out = subprocess.run([sys.executable, '-c', ISA_PROBE], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300).stdout
-    found = re.search(r'isa:([^\n]*)', out)
-    return found.group(1).strip() if found else None
-
-
-def cpu_id():
-    """'cpu family F, model M, stepping S' from /proc/cpuinfo (AMD family 25 model 17: Zen 4)."""
-    found = {}
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                key = key.strip()
-                if key in ('cpu family', 'model', 'stepping') and key not in found:
-                    found[key] = value.strip()
-                if not line.strip():
-                    break
-    except OSError:
-        pass
-    return ', '.join('%s %s' % (k, found[k]) for k in ('cpu family', 'model', 'stepping')
-                     if k in found)
 
 
 def read_records(path=RECORDS):
@@ -224,7 +190,7 @@ def run(candidates, seeds, settings, path=RECORDS):
                 if have or not claim(candidate, setting, -1 if notebook else seed):
                     continue
                 if setting not in isa:
-                    isa[setting] = onednn_isa(setting)
+                    isa[setting] = onednn_isa(child_env(setting), ROOT)
                 if notebook:
                     out, wall = notebook_once(candidate, setting)
                     result = {'history': out['history_1'] + out['history_2'],
@@ -346,8 +312,7 @@ def report(path=RECORDS, out=REPORT):
                        if r['cpu_model'] == model})
         ident = sorted({r['cpu_id'] for r in records if r['cpu_model'] == model
                         and r.get('cpu_id')})
-        if 'cpu family 25, model 17, stepping 1' in ident:
-            ident.append('AMD Zen 4')
+        ident += sorted({cpu_generation(i) for i in ident} - {None})
         lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
             model, ', '.join(ident), ', '.join(flags),
             '/'.join(sorted({str(r['threads']['cores']) for r in records

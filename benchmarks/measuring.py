@@ -10,8 +10,11 @@ busy on average is *disturbed*: the benchmarks repeat it or mark it.
 """
 import os
 import platform
+import re
 import resource
 import statistics
+import subprocess
+import sys
 import time
 
 # Others' average load, in cores, above which a measurement counts as disturbed. Quiet, this
@@ -182,3 +185,49 @@ def kernel_setting(environ=None):
         threads = None
     return {'cpu_flags': [flag for flag in KERNEL_FLAGS if flag in flags],
             'dnnl_max_cpu_isa': environ.get('DNNL_MAX_CPU_ISA') or None, 'threads': threads}
+
+
+def cpu_id():
+    """'cpu family F, model M, stepping S' from /proc/cpuinfo (AMD family 25 model 17: Zen 4)."""
+    found = {}
+    try:
+        with open('/proc/cpuinfo') as f:
+            for line in f:
+                key, _, value = line.partition(':')
+                key = key.strip()
+                if key in ('cpu family', 'model', 'stepping') and key not in found:
+                    found[key] = value.strip()
+                if not line.strip():
+                    break
+    except OSError:
+        pass
+    return ', '.join('%s %s' % (k, found[k]) for k in ('cpu family', 'model', 'stepping')
+                     if k in found)
+
+
+# cpu_id's family and model -> the core generation, for the processors these pages were
+# measured on (a virtual machine's model name is often only "AMD EPYC").
+CPU_GENERATIONS = {'cpu family 25, model 1': 'AMD Zen 3 (EPYC 7003, Milan)',
+                   'cpu family 25, model 17': 'AMD Zen 4 (EPYC 9004, Genoa)'}
+
+
+def cpu_generation(ident):
+    """The generation ``CPU_GENERATIONS`` names for a ``cpu_id()`` string, or None."""
+    return CPU_GENERATIONS.get(ident.rsplit(', stepping', 1)[0])
+
+
+ISA_PROBE = r'''
+import gluon_mgpu, mxnet as mx
+x = mx.nd.ones((1, 3, 8, 8)); w = mx.nd.ones((4, 3, 3, 3))
+mx.nd.Convolution(x, w, kernel=(3, 3), num_filter=4, no_bias=True).wait_to_read()
+'''
+
+
+def onednn_isa(env, cwd):
+    """The instruction set MXNet's oneDNN says it uses (its verbose 'isa' line) in a process
+    with environment ``env`` (where ``DNNL_MAX_CPU_ISA`` caps it), run in ``cwd``; or None."""
+    env = dict(env, DNNL_VERBOSE='1')
+    out = subprocess.run([sys.executable, '-c', ISA_PROBE], env=env, cwd=cwd,
+                         capture_output=True, text=True, timeout=300).stdout
+    found = re.search(r'isa:([^\n]*)', out)
+    return found.group(1).strip() if found else None

@@ -111,8 +111,9 @@ def worker(args):
 
 
 def parse_verbose(text):
-    """oneDNN verbose lines of the timed step -> {primitive kind: [count, ms]}, and the details
-    of the reorders: {(source layout, destination layout): [count, ms]}."""
+    """oneDNN verbose lines of the timed step -> {'primitive (implementation)': [count, ms]}
+    (e.g. 'convolution (jit:avx2)': the kernels follow the CPU's instruction set), and the
+    details of the reorders: {(source layout, destination layout): [count, ms]}."""
     inside = text.split(MARK)
     lines = inside[1].splitlines() if len(inside) >= 3 else []
     kinds = collections.defaultdict(lambda: [0, 0.0])
@@ -125,10 +126,10 @@ def parse_verbose(text):
             ms = float(fields[-1])
         except ValueError:
             continue
-        kind = fields[3]
+        kind = '%s (%s)' % (fields[3], fields[4])
         kinds[kind][0] += 1
         kinds[kind][1] += ms
-        if kind == 'reorder':
+        if fields[3] == 'reorder':
             layouts = [f for f in fields if 'src_' in f or 'dst_' in f]
             key = layouts[0] if layouts else '?'
             reorders[key][0] += 1
@@ -164,6 +165,8 @@ def parse_args(argv=None):
     p.add_argument('--steps', type=int, default=2, help='profiled steps (default: 2)')
     p.add_argument('--batch-size', type=int, default=256, help='global batch (default: 256)')
     p.add_argument('--out', default=os.path.join(ROOT, 'docs', 'profile.md'))
+    p.add_argument('--device-counts', type=int, nargs='+', default=[1, 2], choices=[1, 2],
+                   help='profile on these numbers of devices (default: 1 2)')
     # The worker's own: one pass on one device count.
     p.add_argument('--worker', action='store_true', help=argparse.SUPPRESS)
     p.add_argument('--devices', type=int, default=0, help=argparse.SUPPRESS)
@@ -177,7 +180,7 @@ def main(argv=None):
         return worker(args)
     start = time.time()
     results = {}
-    for devices, pass_ in ((1, 'profiler'), (1, 'verbose'), (2, 'profiler'), (2, 'verbose')):
+    for devices, pass_ in [(n, p) for n in args.device_counts for p in ('profiler', 'verbose')]:
         r = results[devices, pass_] = run_pass(devices, pass_, args.steps, args.batch_size)
         print('%d device(s), %s: %s' % (devices, pass_, interval_text(
             r['profiled'] if pass_ == 'profiler' else r['timed'])), flush=True)
@@ -187,14 +190,15 @@ def main(argv=None):
              'Written by `benchmarks/profile_step.py` (one run, %.0f s); do not edit by hand.'
              % (time.time() - start), '',
              '- date: %s' % run.utc_now(),
-             '- machine: %(cpu)s, %(cores)d usable cores, %(platform)s; Python %(python)s, '
-             'MXNet %(mxnet)s. Load average at the end: %(load)s.' % info,
+             '- machine: %s, %d usable cores, %s; Python %s, MXNet %s. Load average at the end: '
+             '%s.' % (run.cpu_line(info), info['cores'], info['platform'], info['python'],
+                      info['mxnet'], info['load']),
              '- the chapter\'s ResNet-18, hybridized (`static_alloc`), global batch %d, SGD, '
              'real Fashion-MNIST batches, the package\'s thread settings; one fresh process per '
              'pass, one warm-up step first. A timed interval is **disturbed** when the rest of '
              'the machine kept more than %.1f cores busy on average during it.'
              % (args.batch_size, DISTURBED_CORES), '']
-    for devices in (1, 2):
+    for devices in args.device_counts:
         prof, verbose = results[devices, 'profiler'], results[devices, 'verbose']
         ops = prof['operators']
         total = sum(o['Total'] for o in ops.values())
@@ -244,8 +248,9 @@ def main(argv=None):
                           'calls, ms):', '']
                 lines += ['- `%s`: %d, %.1f ms' % (k, c, ms) for k, (c, ms) in reorders]
         lines.append('')
-    lines += ['Reproduce: `.venv/bin/python benchmarks/profile_step.py --steps %d --batch-size %d`.'
-              % (args.steps, args.batch_size)]
+    lines += ['Reproduce: `.venv/bin/python benchmarks/profile_step.py --steps %d '
+              '--batch-size %d%s`.' % (args.steps, args.batch_size, '' if args.device_counts == [1, 2] else
+                 ' --device-counts %s' % ' '.join(map(str, args.device_counts)))]
     run.write_report(args.out, lines)
 
 

@@ -27,8 +27,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from measuring import (DISTURBED_CORES, TABLE_HEADER, TABLE_LEGEND, raw_values,  # noqa: E402
-                       summarize, table_row)
+from measuring import (DISTURBED_CORES, KERNEL_FLAGS, TABLE_HEADER, TABLE_LEGEND,  # noqa: E402
+                       cpu_generation, cpu_id, cpu_model, kernel_setting, onednn_isa,
+                       raw_values, summarize, table_row)
 
 GLOBAL_BATCH = 256
 GEMM_SIZE = 4096
@@ -77,6 +78,19 @@ for _dtype, _name in (('float32', 'ours-hyb-1-avx512_core'),
                     'bfloat16 (DNNL_MAX_CPU_ISA=AVX512_CORE)' % _dtype,
                     dict(model='ours', mode='hybrid', loop='ours', loader='array',
                          threads='package', devices=1, dtype=_dtype, isa='AVX512_CORE'))
+# (j) Settings within MXNet 1.9.1 tried for a faster float32 step (issue 50, on an AVX2 CPU).
+# MXNet's pip wheel runs OpenMP with GNU libgomp, so its variables (not KMP_*) apply.
+SETTINGS_TRIED = {
+    'ours-hyb-1-bind': ('OpenMP threads pinned to cores (OMP_PROC_BIND=true, OMP_PLACES=cores)',
+                        {'env': {'OMP_PROC_BIND': 'true', 'OMP_PLACES': 'cores'}}),
+    'ours-hyb-1-spin': ('OpenMP threads spin between operators (OMP_WAIT_POLICY=ACTIVE)',
+                        {'env': {'OMP_WAIT_POLICY': 'ACTIVE'}}),
+    'ours-hyb-1-static': ('hybridize(static_alloc=True, static_shape=True)',
+                          {'static_shape': True}),
+}
+for _name, (_what, _change) in SETTINGS_TRIED.items():
+    TRAIN[_name] = ('(j) ours, hybridized, 1 device, %s' % _what,
+                    dict(TRAIN['ours-hyb-1'][1], **_change))
 TORCH = {
     'torch-eager': ('(d) PyTorch edition resnet18, eager', dict(mode='eager')),
     'torch-cl': ('(d) PyTorch edition resnet18, eager, channels_last',
@@ -187,21 +201,40 @@ def has_torch():
 
 
 def machine():
-    model = ''
-    try:
-        with open('/proc/cpuinfo') as f:
-            model = next(l.split(':', 1)[1].strip() for l in f if l.startswith('model name'))
-    except (OSError, StopIteration):
-        pass
+    """This machine: the CPU (model, family, the vector instructions its kernels are picked by,
+    what oneDNN and PyTorch say they run), cores, versions and the load average."""
     import mxnet
-    torch = ''
+    torch, torch_isa = '', None
     if has_torch():
         import torch as _torch
-        torch = ', PyTorch %s' % _torch.__version__
-    return {'cpu': model or platform.processor(), 'cores': len(os.sched_getaffinity(0)),
+        torch, torch_isa = ', PyTorch %s' % _torch.__version__, \
+            _torch.backends.cpu.get_cpu_capability()
+    return {'cpu': cpu_model(), 'cpu_id': cpu_id(), 'cpu_flags': kernel_setting()['cpu_flags'],
+            'onednn_isa': onednn_isa(os.environ, ROOT), 'torch_isa': torch_isa,
+            'cores': len(os.sched_getaffinity(0)),
             'python': platform.python_version(), 'mxnet': mxnet.__version__, 'torch': torch,
-            'platform': platform.platform(),
-            'load': ', '.join('%.1f' % x for x in os.getloadavg())}
+            'platform': platform.platform(), 'load': load_average()}
+
+
+def load_average():
+    return ', '.join('%.1f' % x for x in os.getloadavg())
+
+
+def cpu_line(info):
+    """The CPU a report's figures were measured on, from ``machine()``'s record: its name,
+    generation and vector instructions (float32 speed depends on them), or that a record made
+    before they were kept does not say."""
+    if 'cpu_flags' not in info:
+        return '%s (its instruction set was not recorded by this run)' % info['cpu']
+    flags = info['cpu_flags']
+    said = [cpu_generation(info['cpu_id']) or info['cpu_id'],
+            'vector instructions: %s' % (', '.join(flags) or 'none of %s' % ', '.join(
+                KERNEL_FLAGS)) + ('' if 'avx512f' in flags else ', no AVX-512')]
+    if info.get('onednn_isa'):
+        said.append("MXNet's oneDNN runs %s" % info['onednn_isa'])
+    if info.get('torch_isa'):
+        said.append("PyTorch's kernels %s" % info['torch_isa'])
+    return '%s (%s)' % (info['cpu'], '; '.join(s for s in said if s))
 
 
 # A training step of the chapter's ResNet-18 on a 28x28 image: forward 0.456 GMAC (counted from
@@ -256,8 +289,9 @@ def config(name, quick=False):
     return cfg
 
 
-def run(names, quick=False, repeats=2, retries=1):
-    """Measure ``names`` interleaved, ``repeats`` times; return every record (name, repeat)."""
+def run(names, quick=False, repeats=2, retries=1, save=None):
+    """Measure ``names`` interleaved, ``repeats`` times; return every record (name, repeat).
+    ``save(records)`` is called with the records so far after each measurement."""
     records = []
     for r in range(1 if quick else repeats):
         for name in names:
@@ -268,6 +302,8 @@ def run(names, quick=False, repeats=2, retries=1):
                          'GFLOP/s (MXNet)' if name in GEMMS else 'images/s',
                          record['cpu_per_wall'], record['others_cores'],
                          ' DISTURBED' if record['disturbed'] else ''), flush=True)
+                if save:
+                    save(records)
     return records
 
 
@@ -312,21 +348,27 @@ def targets(med, best):
         1.5)
     add('evaluation bfloat16 >= 1.5x evaluation float32, 2 devices', 'eval-bf16-2', 'eval-2',
         1.5)
+    for name, (what, _) in SETTINGS_TRIED.items():
+        add('ours (1 device) with %s faster than without' % what, name, 'ours-hyb-1', 1.0)
     # Not a goal: why --dtype bfloat16 refuses a CPU without bfloat16 instructions unless forced.
     add('bfloat16 >= float32 on a CPU without bfloat16 instructions (oneDNN capped at '
         'AVX512_CORE; --force-dtype)', 'ours-bf16-1-avx512_core', 'ours-hyb-1-avx512_core', 1.0)
     return rows
 
 
-def import_order_line(path=os.path.join(RECORDS, 'import-order.json')):
-    """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md."""
+def import_order_line(path=os.path.join(RECORDS, 'import-order.json'), cpu=None):
+    """The line of docs/benchmarks.md for the rows measured apart in docs/import-order.md; their
+    figures only when they were measured on the CPU ``cpu`` names (a ``cpu_line``) if given."""
     line = ("(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): "
             'measured on its own, next to (c) on 1 device, in [import-order.md](import-order.md)')
     try:
         with open(path) as f:
-            records = json.load(f)['records']
+            raw = json.load(f)
+        records = raw['records']
     except (OSError, ValueError, KeyError):
         return line + '.'
+    if cpu is not None and cpu_line(raw.get('machine', {'cpu': '?'})) != cpu:
+        return line + ', on another CPU.'
     med = {n: summarize([r for r in records if r['name'] == n])['median']
            for n in ('ours-hyb-1',) + IMPORT_ORDER if any(r['name'] == n for r in records)}
     if len(med) < 3:
@@ -368,8 +410,9 @@ def report(raw, raw_name='benchmarks.json'):
                  '%s to %s' % (runs[0]['start'], runs[-1]['end']), len(runs),
                  '' if len(runs) == 1 else 's',
                  '; '.join('%s to %s: %s' % (r['start'], r['end'], r['what']) for r in runs)),
-             '- machine: %(cpu)s, %(cores)d usable cores; Python %(python)s, MXNet %(mxnet)s'
-             '%(torch)s; %(platform)s' % info,
+             '- machine: %s, %d usable cores; Python %s, MXNet %s%s; %s' % (
+                 cpu_line(info), info['cores'], info['python'], info['mxnet'], info['torch'],
+                 info['platform']),
              '- **how quiet it was**: %d measurements, %d disturbed (the rest of the machine kept '
              'more than %.1f cores busy on average during the timed interval; each was measured '
              'again, up to %d more times). Others\' load per measurement: median %.2f, '
@@ -390,6 +433,9 @@ def report(raw, raw_name='benchmarks.json'):
         if name not in GEMMS:
             lines.append(table_row(labels[name], rs,
                                    base if name in TRAIN or name in TORCH else None))
+    per_core = per_core_line(stats)
+    if per_core:
+        lines += ['', per_core]
     if not any(n in by_name for n in TORCH) and not has_torch():
         lines += ['', '(d) not measured: torch is not installed (`pip install torch==2.13.0`, '
                   'optional, for this benchmark only).']
@@ -397,7 +443,7 @@ def report(raw, raw_name='benchmarks.json'):
     if missing:
         lines += ['', '**Not measured in this run**: %s.' % ', '.join(missing)]
     if not any(n in by_name for n in IMPORT_ORDER):
-        lines += ['', import_order_line()]
+        lines += ['', import_order_line(cpu=cpu_line(info))]
     lines += ['', '(f) The replica check has its own benchmark: benchmarks/replica_check.py, '
               '[replica-check.md](replica-check.md).',
               '', '## Targets', '',
@@ -461,6 +507,19 @@ def report(raw, raw_name='benchmarks.json'):
     return '\n'.join(lines) + '\n'
 
 
+def per_core_line(stats):
+    """When every measurement was disturbed (a loaded machine), each training setting's median
+    per core it got (images/s over CPU/wall): what the code does with a core, which the load
+    changes less than its share of the machine; '' otherwise."""
+    rows = [(n, s) for n, s in stats.items() if n in TRAIN or n in TORCH]
+    if not rows or not all(s['all_disturbed'] for s in stats.values()):
+        return ''
+    return ('Every measurement was disturbed, so the images/s above are of a share of the '
+            'machine. Per core used (median images/s over median CPU/wall; a rough guide, as a '
+            'core shared with other jobs also loses cache): %s.' % ', '.join(
+                '%s %.1f' % (n, s['median'] / s['cpu_per_wall']) for n, s in rows))
+
+
 def load_raw(parser, path, keep, required):
     """The raw records at ``path`` when ``keep``, else empty ones; a missing file is empty
     unless ``required`` (``--report-only``): then ``parser`` exits with code 2, naming it."""
@@ -494,7 +553,8 @@ def main(argv=None):
     p.add_argument('--repeats', type=int, default=2, help='repeats per setting (default: 2)')
     p.add_argument('--retries', type=int, default=1,
                    help='measure a disturbed run again, at most this many times (default: 1)')
-    p.add_argument('--only', help='comma-separated settings to measure (default: all): %s'
+    p.add_argument('--only', help='comma-separated settings to measure, in this order '
+                   '(default: all): %s'
                    % ','.join(NAMES))
     p.add_argument('--report-only', action='store_true',
                    help='measure nothing; rewrite the report from the raw records')
@@ -518,22 +578,28 @@ def main(argv=None):
         if unknown:
             p.exit(2, 'run.py: error: --only: unknown setting %s; choose from %s\n'
                    % (', '.join(unknown), ','.join(NAMES)))
-        names = [n for n in NAMES if n in asked]
+        names = list(dict.fromkeys(asked))  # interleaved in the order asked
     raw = load_raw(p, raw_path, args.only or args.report_only, args.report_only)
     if args.title:
         raw['title'] = args.title
     if not args.report_only:
         start = utc_now()
-        records = run(names, args.quick, args.repeats, args.retries)
-        info = machine()
-        raw['records'] = [r for r in raw['records'] if r['name'] not in names] + records
-        raw['runs'] = current_parts(raw['runs'], names) + [
-            {'start': start, 'end': utc_now(), 'load': info['load'],
-             'what': ', '.join(names) if args.only else 'all settings'}]
-        raw.update(machine=info, quick=args.quick, retries=args.retries,
-                   flops_per_image=flops_per_image())
-        with open(raw_path, 'w') as f:
-            json.dump(raw, f, indent=1)
+        # Before machine(), which imports MXNet: gluon_mgpu must choose the threads first.
+        raw.update(flops_per_image=flops_per_image(), machine=machine(), quick=args.quick,
+                   retries=args.retries)
+        kept = [r for r in raw['records'] if r['name'] not in names]
+        parts = current_parts(raw['runs'], names)
+
+        def save(records):
+            # After every measurement: a run stopped midway keeps what it measured.
+            raw['machine']['load'] = load_average()
+            raw['records'] = kept + records
+            raw['runs'] = parts + [{'start': start, 'end': utc_now(),
+                                    'load': raw['machine']['load'],
+                                    'what': ', '.join(names) if args.only else 'all settings'}]
+            with open(raw_path, 'w') as f:
+                json.dump(raw, f, indent=1)
+        save(run(names, args.quick, args.repeats, args.retries, save))
     text = report(raw, records_link(args.out, raw_path))
     with open(args.out, 'w') as f:
         f.write(text)

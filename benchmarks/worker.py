@@ -73,11 +73,14 @@ def _books_relu():
     model.relu = lambda F, x: F.relu(x)
 
 
-def _network(devices, model='ours', hybrid=True, dtype='float32'):
+def _network(devices, model='ours', hybrid=True, dtype='float32', static_shape=False):
     """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
-    Trainer, set up as the book does; ours also in bfloat16 (``--dtype``)."""
+    Trainer, set up as the book does; ours also in bfloat16 (``--dtype``), and hybridized with
+    ``static_shape`` (1 device only: docs/speed.md)."""
     if model == 'ours':
         net = training.new_network('resnet18', hybrid, dtype=dtype)
+        if hybrid and static_shape:
+            net.hybridize(static_alloc=True, static_shape=True)
         return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, dtype=dtype)
     else:
         if model == 'bnrelu':
@@ -98,7 +101,7 @@ def _training(cfg, num_batches):
     if cfg.get('relu') == 'book':
         _books_relu()
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid',
-                            cfg.get('dtype', 'float32'))
+                            cfg.get('dtype', 'float32'), cfg.get('static_shape', False))
     if cfg['model'] == 'bnrelu':
         import bnrelu
         # Every step pays for the fence that makes the fused layers' statistics safe to read.

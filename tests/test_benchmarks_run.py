@@ -42,6 +42,16 @@ def test_the_import_order_rows_measured_apart_give_benchmarks_md_their_ratio(tmp
         "images/s against 80.0 with the package imported first, 0.50x; MXSetNumOMPThreads(cores) "
         "after the import does not help: 42.0, 0.53x (2026-11-24 12:08 UTC).")
     assert run.import_order_line(str(tmp_path / 'none.json')).endswith('(import-order.md).')
+    # Its figures stand beside a report of the same CPU only.
+    path.write_text(json.dumps({'machine': {'cpu': 'AMD EPYC'}, 'records': [
+        dict(record, name=n, value=v) for n, v in (('ours-hyb-1', 80.0), ('order-d2lzh', 40.0),
+                                                   ('order-d2lzh-omp', 42.0))]}))
+    assert run.import_order_line(str(path), cpu=run.cpu_line({'cpu': 'AMD EPYC'})).endswith(
+        '0.53x (2026-11-24 12:08 UTC).')
+    assert run.import_order_line(str(path), cpu=run.cpu_line(AVX2_MACHINE)) == (
+        "(c) in the book's import order (d2lzh, so MXNet, imported before gluon_mgpu): measured "
+        'on its own, next to (c) on 1 device, in [import-order.md](import-order.md), on another '
+        'CPU.')
     # The report from benchmarks.json does not list them as not measured.
     assert run.config('order-d2lzh')['threads'] == 'd2lzh-first'
 
@@ -134,3 +144,73 @@ def test_a_report_of_docs_keeps_its_raw_records_in_docs_records(tmp_path):
     # A report elsewhere (a smoke run's, --out /tmp/x.md) keeps them beside it.
     assert run.records_of(str(tmp_path / 'x.md')) == str(tmp_path / 'x.json')
     assert run.records_link(str(tmp_path / 'x.md'), str(tmp_path / 'x.json')) == 'x.json'
+
+
+AVX2_MACHINE = {'cpu': 'AMD EPYC', 'cpu_id': 'cpu family 25, model 1, stepping 1',
+                'cpu_flags': ['avx2'], 'onednn_isa': 'Intel AVX2', 'torch_isa': 'AVX2'}
+
+
+def test_a_report_names_the_cpu_and_the_vector_instructions_its_figures_depend_on():
+    assert run.cpu_line(AVX2_MACHINE) == (
+        "AMD EPYC (AMD Zen 3 (EPYC 7003, Milan); vector instructions: avx2, no AVX-512; MXNet's "
+        "oneDNN runs Intel AVX2; PyTorch's kernels AVX2)")
+    zen4 = dict(AVX2_MACHINE, cpu_id='cpu family 25, model 17, stepping 1',
+                cpu_flags=['avx2', 'avx512f', 'avx512_bf16'], torch_isa=None,
+                onednn_isa='Intel AVX-512 with Intel DL Boost and bfloat16 support')
+    assert run.cpu_line(zen4) == (
+        "AMD EPYC (AMD Zen 4 (EPYC 9004, Genoa); vector instructions: avx2, avx512f, "
+        "avx512_bf16; MXNet's oneDNN runs Intel AVX-512 with Intel DL Boost and bfloat16 support)")
+    # An unknown family is named by its numbers; a CPU without AVX2 says so.
+    assert run.cpu_line(dict(AVX2_MACHINE, cpu='Intel Xeon', cpu_id='cpu family 6, model 85, '
+                             'stepping 7', cpu_flags=[], onednn_isa=None, torch_isa=None)) == (
+        'Intel Xeon (cpu family 6, model 85, stepping 7; vector instructions: none of avx2, '
+        'avx512f, avx512_bf16, amx_bf16, no AVX-512)')
+    # Records written before the instruction set was kept do not pretend to know it.
+    assert run.cpu_line({'cpu': 'AMD EPYC', 'cores': 2}) == (
+        'AMD EPYC (its instruction set was not recorded by this run)')
+
+
+def test_the_settings_tried_change_only_their_own_variable():
+    base = run.config('ours-hyb-1')
+    assert run.config('ours-hyb-1-bind') == dict(base, env={'OMP_PROC_BIND': 'true',
+                                                            'OMP_PLACES': 'cores'})
+    assert run.config('ours-hyb-1-spin') == dict(base, env={'OMP_WAIT_POLICY': 'ACTIVE'})
+    assert run.config('ours-hyb-1-static') == dict(base, static_shape=True)
+    med = {'ours-hyb-1': 35.0, 'ours-hyb-1-bind': 35.7, 'ours-hyb-1-static': 33.6}
+    rows = run.targets(med, dict(med))
+    assert _row(rows, 'ours (1 device) with OpenMP threads pinned')[1:] == ('1.02x', '1.02x', True)
+    assert _row(rows, 'ours (1 device) with hybridize(')[1:] == ('0.96x', '0.96x', False)
+    assert not [r for r in rows if 'OMP_WAIT_POLICY' in r[0]]
+
+
+def test_the_profile_names_the_kernels_each_primitive_ran_with():
+    import profile_step
+    conv = ('dnnl_verbose,exec,cpu,convolution,jit:avx2,backward_weights,src_f32::blocked:aBcd8b:'
+            'f0 diff_wei_f32::blocked:ABcd8a8b:f0,,alg:convolution_direct,mb256_ic64oc64,%s')
+    text = '\n'.join([
+        'dnnl_verbose,exec,cpu,convolution,jit:avx2,forward_training,x,,y,z,1.5',  # before
+        profile_step.MARK, conv % '10.25', conv % '4.75',
+        'dnnl_verbose,exec,cpu,convolution,gemm:jit,forward_training,a,,b,c,2.0',
+        'dnnl_verbose,exec,cpu,reorder,jit:uni,undef,src_f32::blocked:abcd:f0 '
+        'dst_f32::blocked:aBcd8b:f0,,,256x64x28x28,0.5',
+        'dnnl_verbose,info,cpu,isa:Intel AVX2', profile_step.MARK])
+    kinds, reorders = profile_step.parse_verbose(text)
+    assert kinds == {'convolution (jit:avx2)': [2, 15.0], 'convolution (gemm:jit)': [1, 2.0],
+                     'reorder (jit:uni)': [1, 0.5]}
+    assert reorders == {'src_f32::blocked:abcd:f0 dst_f32::blocked:aBcd8b:f0': [1, 0.5]}
+
+
+def test_a_run_disturbed_throughout_gives_each_setting_per_core_it_got():
+    def rec(value, cpu, disturbed=True):
+        return {'value': value, 'cpu_per_wall': cpu, 'others_cores': 2 - cpu,
+                'disturbed': disturbed}
+    stats = {'ours-hyb-1': run.summarize([rec(4.4, 0.30), rec(6.0, 0.40)]),
+             'torch-compile': run.summarize([rec(4.2, 0.30)]),
+             'gemm': run.summarize([rec(26e9, 0.31)])}
+    assert run.per_core_line(stats) == (
+        'Every measurement was disturbed, so the images/s above are of a share of the machine. '
+        'Per core used (median images/s over median CPU/wall; a rough guide, as a core shared '
+        'with other jobs also loses cache): ours-hyb-1 14.9, torch-compile 14.0.')
+    # One quiet run of any setting: its own figures stand, no such line.
+    stats['gemm'] = run.summarize([rec(26e9, 0.31), rec(40e9, 1.95, disturbed=False)])
+    assert run.per_core_line(stats) == ''
