@@ -1037,7 +1037,7 @@ def main(argv=None):
     """Entry point; returns the exit code (2 for bad input, 1 when a run failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
-                           explain=_explain_failure)
+                           lambda e: {'own': _explain_failure(e)})
 
 
 def _explain_failure(e):

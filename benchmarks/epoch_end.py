@@ -259,7 +259,7 @@ def main(argv=None):
     file cannot be written, 2 for bad input, 130/143 when stopped."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
-                           explain=_explain)
+                           lambda e: {'own': _explain(e)})
 
 
 def _explain(e):

@@ -326,7 +326,7 @@ def main(argv=None):
         for name in names:
             execute(name, args.checkpoints)
         return 0
-    return cli.run_command(PROG, argv, body, explain=_explain)
+    return cli.run_command(PROG, argv, body, lambda e: {'own': _explain(e)})
 
 
 if __name__ == '__main__':

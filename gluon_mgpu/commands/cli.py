@@ -492,7 +492,9 @@ def _run_body(prog, body, story, debug):
     except StdoutError:
         raise
     except (Exception, KeyboardInterrupt) as e:
-        code, line = failure(prog, e, debug, **(story(e) if story else {}))
+        told = story(e) if story else {}
+        # 'own': a script's wording of an error of its own (benchmarks/), else the table's.
+        code, line = told.pop('own', None) or failure(prog, e, debug, **told)
         sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
         _say(e, line, debug)
         return code
@@ -502,7 +504,9 @@ def run_command(prog, argv, body, story=None):
     """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
     A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
-    the command adds to it (its keyword arguments: what the run kept, the flags a fix names).
+    the command adds to it (its keyword arguments: what the run kept, the flags a fix names),
+    or under ``'own'`` the ``(exit code, line)`` of an error the table does not know (a script
+    of benchmarks/ and its own errors; None: the table's).
     Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``argv`` is read for
     ``--debug``. Standard output that cannot be written ends the command as a Unix tool ends:
     quietly with 141 when its reader is gone (``| head -1``), else with one line naming stdout
