@@ -1,5 +1,6 @@
 """Signals that stop a run (Ctrl-C, SIGTERM, SIGHUP), even while Python would drop them (inside
-a ``__del__``, as when the garbage collector frees an NDArray): ``DeferredInterrupt`` raises them
+a ``__del__``, as when the garbage collector frees an NDArray, or inside MXNet's optimizer
+callback, which the book's Trainer makes on two devices): ``DeferredInterrupt`` raises them
 at once or right after the step, and lets SIGQUIT print every thread's stack. docs/events.md
 says why; docs/outputs.md gives the exit codes.
 """
@@ -12,6 +13,16 @@ from ..runtime.startup import Interrupted
 from .events import PRIORITY, BatchEnd, EpochEnd
 
 __all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
+
+
+def _callback_codes():
+    """Code objects of the Python functions MXNet calls from C as a kvstore's updater (a Trainer
+    that updates on the kvstore, as the book's does on two devices)."""
+    try:
+        from mxnet.kvstore.kvstore import _updater_wrapper
+    except ImportError:  # another MXNet layout: nothing to recognize
+        return ()
+    return (_updater_wrapper(None).__code__,)
 
 
 # The handler each signal has when nobody took it over; only then is it taken.
@@ -37,7 +48,8 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside a ``__del__`` (where Python would drop the exception), at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
+    inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the
+    exception), at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
     thread's stack, then quits. Only default handlers of the main thread are taken over (not
     under ``nohup``), and given back on exit. As an event handler it calls ``check()`` after
     every step and epoch, last of all (docs/events.md)::
@@ -59,6 +71,7 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
         self.signum = None
         self._previous = {}
         self._quit_dump = False
+        self._callbacks = _callback_codes()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -78,20 +91,20 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
             self._quit_dump = False
         return False
 
-    @staticmethod
-    def _in_del(frame):
+    def _in_callback(self, frame):
         """Whether ``frame`` runs inside a ``__del__`` (garbage collection: an NDArray freed at
-        any point), where Python drops what is raised. MXNet's optimizer callback, where it
-        drops it too, is never made: ``init_training`` updates in Python, ``train`` refuses a
-        Trainer that would update on the kvstore (``train_checks.check_trainer``)."""
+        any point) or inside MXNet's optimizer callback, where Python drops what is raised. The
+        package's own Trainers never make that callback (``init_training`` updates in Python,
+        ``train`` refuses one that would update on the kvstore), but the book's Trainer, which
+        ``python -m gluon_mgpu.compare`` runs as printed, does on two devices."""
         while frame is not None:
-            if frame.f_code.co_name == '__del__':
+            if frame.f_code in self._callbacks or frame.f_code.co_name == '__del__':
                 return True
             frame = frame.f_back
         return False
 
     def _handle(self, signum, frame):
-        if self._in_del(frame):
+        if self._in_callback(frame):
             if not self.requested:  # the first signal is the one reported
                 self.requested, self.signum = True, signum
         else:
