@@ -330,11 +330,12 @@ def _parsed(recorded, args):
     return args.recorded[1]
 
 
-def recorded_settings(directory, record, args):
+def recorded_settings(directory, record, args=None):
     """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
     in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
-    writes, parsed by the command's own parser (once: ``_parsed``); else ``CheckpointError``
-    naming the file."""
+    writes, parsed by the command's own parser (once per resume: ``_parsed``, given the resume's
+    ``args``; benchmarks/ reads a checkpoint without them); else ``CheckpointError`` naming the
+    file."""
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     recorded = record.get('argv')
@@ -342,7 +343,8 @@ def recorded_settings(directory, record, args):
     if problem:
         raise checkpoint.not_ours(path, problem)
     try:  # the command's own parser is the one check of what the run recorded
-        given = dict(_parsed(recorded, args), checkpoint_dir=args.checkpoint_dir)
+        given = (dict(read_flags(recorded).given, checkpoint_dir=directory) if args is None
+                 else dict(_parsed(recorded, args), checkpoint_dir=args.checkpoint_dir))
         before = _complete(_settings(given, recorded + ['--checkpoint-dir', directory]))
     except UsageError as e:
         raise checkpoint.CheckpointError(
