@@ -224,7 +224,7 @@ def read_checkpoint(directory, epoch=None, record=None):
             record = read_json(path)
     except (OSError, ValueError) as e:  # an InputError's strerror is its reason
         raise CheckpointError('%s cannot be read (%s); %s' % (
-            path, getattr(e, 'strerror', None) or e, fix)) from None
+            path, getattr(e, 'strerror', None) or e, getattr(e, 'fix', None) or fix)) from None
     if isinstance(record, dict) and record.get('format') in _OLDER:
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '

@@ -7,6 +7,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -334,16 +335,27 @@ def read_json(path, limit=JSON_LIMIT):
         When reading it fails.
     ValueError
         When it is larger than ``limit``, not UTF-8 JSON, holds NaN or Infinity, or is nested
-        too deeply; the text is the reason (``'it is nested too deeply'``).
+        too deeply; the text is the reason (``'it is nested too deeply'``), and ``fix`` the
+        edit that mends it when one does (a trailing comma). A UTF-8 byte-order mark is read.
     """
     with open_input(path) as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise ValueError('it is larger than %d MB' % (limit >> 20))
     try:
-        return json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+        text = raw.decode('utf-8-sig')  # an editor's byte-order mark is no error
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError('it is nested too deeply') from None
+    except UnicodeDecodeError as e:
+        error = ValueError('it is not UTF-8 (byte 0x%02x at offset %d)' % (raw[e.start], e.start))
+        error.fix = 'save it as UTF-8'
+    except json.JSONDecodeError as e:
+        comma = re.search(r',\s*\Z', text[:e.pos]) and text[e.pos:e.pos + 1] in ('}', ']')
+        error = ValueError('it is not valid JSON at line %d column %d: %s' % (
+            e.lineno, e.colno, 'a trailing comma before %s' % text[e.pos] if comma else e.msg))
+        error.fix = comma and 'remove that comma'
+    raise error
 
 
 def _refuse_constant(name):
