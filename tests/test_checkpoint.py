@@ -297,6 +297,30 @@ def test_a_truncated_params_file_is_named(run_dir):
         checkpoint.read_checkpoint(run_dir)
 
 
+@pytest.mark.parametrize('edit,says', [
+    (lambda t: b'\xef\xbb\xbf' + t, None),  # an editor's byte-order mark: read as it is
+    (lambda t: t.rstrip()[:-1].rstrip() + b',\n}', 'it is not valid JSON at line {lines} column '
+                                                  '1: a trailing comma before }}); remove that '
+                                                  'comma'),
+    (lambda t: t.replace(b'"history"', b'"caf\xe9"', 1),
+     'it is not UTF-8 (byte 0xe9 at offset {offset})); save it as UTF-8'),
+])
+def test_a_json_one_edit_broke_names_that_edit(run_dir, edit, says):
+    """Issue 53 (7): the arrays are intact; the cause and its one-character fix are named."""
+    path = checkpoint.checkpoint_path(run_dir, 2, 'json')
+    with open(path, 'rb') as f:
+        changed = edit(f.read())
+    with open(path, 'wb') as f:
+        f.write(changed)
+    if says is None:
+        assert checkpoint.read_checkpoint(run_dir)['epoch'] == 2
+        return
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(run_dir)
+    assert str(e.value) == '%s cannot be read (%s' % (path, says.format(
+        lines=changed.count(b'\n') + 1, offset=changed.find(b'\xe9')))
+
+
 def test_a_broken_json_or_a_missing_file_is_named(run_dir):
     path = checkpoint.checkpoint_path(run_dir, 2, 'json')
     text = open(path).read()

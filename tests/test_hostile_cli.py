@@ -22,6 +22,7 @@ import pytest
 
 from gluon_mgpu.handlers import checkpoint
 from gluon_mgpu.commands.train import build_parser, main
+from gluon_mgpu.runtime import files
 
 PROG = 'python -m gluon_mgpu.train'
 TINY = ['--num-gpus', '2', '--device', 'cpu', '--model', 'lenet', '--batch-size', '8',
@@ -1060,3 +1061,82 @@ def test_45_1_an_empty_sweep_output_folder_is_refused_before_anything(tmp_path, 
         "python -m gluon_mgpu.sweep: error: argument --output-dir: --output-dir is empty (''; an "
         "unset variable?); for example --output-dir sweep-results (see --help)")
     assert os.listdir(tmp_path) == []
+
+
+# Issue 53: before training, every output is checked against every input, and has one writer.
+
+def _long_folder(root, size):
+    """A path under ``root`` of ``size`` bytes, of names of 200 bytes (none is made)."""
+    path = str(root)
+    while len(path) < size - 201:
+        path = os.path.join(path, 'd' * 200)
+    return os.path.join(path, 'e' * (size - len(path) - 1))
+
+
+def test_53_4_a_checkpoint_folder_whose_files_cannot_exist_is_refused_before_training(
+        tmp_path, capsys, data_dir):
+    directory = _long_folder(tmp_path, 4070)  # epoch-0002.replicas' temporary file: 4104 bytes
+    line = _refused(T45 + ['--data-dir', data_dir, '--epochs', '2', '--checkpoint-dir',
+                           directory], capsys)
+    assert line == ('%s: error: --checkpoint-dir %s: its file epoch-0002.replicas: the path of the '
+                    'temporary file written beside it first is 4104 bytes long, more than the '
+                    '4095 the system allows; use a shorter path' % (PROG, directory))
+    assert os.listdir(tmp_path) == []
+
+
+def _data_copy(folder, link_labels_to=None):
+    """The four data files in ``folder``; the training labels a link to ``link_labels_to``."""
+    import gluon_mgpu
+    os.makedirs(folder)
+    for name in os.listdir(gluon_mgpu.find_data_dir()):
+        shutil.copy(os.path.join(gluon_mgpu.find_data_dir(), name), folder)
+    if link_labels_to:
+        os.replace(os.path.join(folder, 'train-labels-idx1-ubyte.gz'), link_labels_to)
+        os.symlink(link_labels_to, os.path.join(folder, 'train-labels-idx1-ubyte.gz'))
+    return str(folder)
+
+
+@pytest.mark.parametrize('flag,name', [('--save-params', 'train-images-idx3-ubyte.gz'),
+                                       ('--metrics-json', 't10k-images-idx3-ubyte.gz'),
+                                       ('--plot', 'labels.png')])
+@pytest.mark.parametrize('given', [True, False])
+def test_53_4_an_output_onto_a_file_of_the_data_folder_is_refused(flag, name, given, tmp_path,
+                                                                   capsys, monkeypatch):
+    store = str(tmp_path / 'store')
+    os.mkdir(store)
+    folder = _data_copy(tmp_path / 'mx' / 'datasets' / 'fashion-mnist',
+                        os.path.join(store, 'labels.png'))  # a link: what it points to counts
+    monkeypatch.setenv('MXNET_HOME', str(tmp_path / 'mx'))  # the folder the run finds first
+    path = os.path.join(store if name == 'labels.png' else folder, name)
+    before = _snapshot(folder), _snapshot(store)
+    line = _refused(T45 + (['--data-dir', folder] if given else []) + [flag, path], capsys)
+    assert line == ('%s: error: %s %s would write over a file of %s %s; name it otherwise or put '
+                    'it in another folder' % (PROG, flag, path, '--data-dir' if given else
+                                              'the data folder', folder))
+    assert (_snapshot(folder), _snapshot(store)) == before
+
+
+def test_53_8_an_output_another_run_writes_is_refused_and_a_killed_ones_lock_is_not(
+        tmp_path, capsys, data_dir):
+    path = str(tmp_path / 'run.json')
+    with files.lock_file(str(tmp_path / '.run.json.lock'), 'x'):  # as a run writing it holds
+        line = _refused(T45 + ['--data-dir', data_dir, '--metrics-json', path], capsys)
+    assert line == ('%s: error: --metrics-json %s: %s is in use by another run (pid %d); wait '
+                    'for it to end, or write elsewhere' % (PROG, path, path, os.getpid()))
+    assert os.listdir(tmp_path) == []  # nothing written, the lock file gone with the lock
+    code = ('import sys, time; from gluon_mgpu.runtime import files\n'
+            'lock = files.lock_file(sys.argv[1], "x"); print("held", flush=True)\n'
+            'time.sleep(120)\n')
+    child = subprocess.Popen([sys.executable, '-c', code, str(tmp_path / '.run.json.lock')],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == 'held\n'
+        line = _refused(T45 + ['--data-dir', data_dir, '--save-params', path], capsys)
+        assert line.endswith(': %s is in use by another run (pid %d); wait for it to end, or '
+                             'write elsewhere' % (path, child.pid)), line
+    finally:
+        child.kill()
+        child.wait()
+    assert os.listdir(tmp_path) == ['.run.json.lock']  # SIGKILL left the file, not the lock
+    assert main(T45 + ['--data-dir', data_dir, '--metrics-json', path]) == 0
+    assert os.listdir(tmp_path) == ['run.json']

@@ -321,3 +321,28 @@ def test_debug_shows_the_traceback_first(failing_sweep, monkeypatch, capsys, how
     assert err[-1] == ('python -m gluon_mgpu.sweep: error: unexpected RuntimeError: out of memory '
                        '(in the 1-device setting); no setting had finished, so nothing was '
                        'written')
+
+
+def test_53_a_folder_another_sweep_writes_into_or_whose_files_cannot_exist_is_refused(
+        tmp_path, capsys, monkeypatch, data_dir):
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    argv = ['--num-gpus', '1', '--train-limit', '16', '--test-limit', '16', '--epochs', '1',
+            '--batch-size-per-device', '8', '--data-dir', data_dir, '--output-dir']
+    out_dir = str(tmp_path / 'out')
+    os.mkdir(out_dir)
+    with files.lock_file(os.path.join(out_dir, '.sweep.md.lock'), 'x'):  # a sweep writing it
+        assert sweep.main(argv + [out_dir]) == 2
+    out, err = capsys.readouterr()
+    assert (out, err) == ('', 'python -m gluon_mgpu.sweep: error: --output-dir %s: %s/sweep.md is '
+                              'in use by another run (pid %d); wait for it to end, or write '
+                              'elsewhere\n' % (out_dir, out_dir, os.getpid()))
+    assert os.listdir(out_dir) == []
+    long_dir = str(tmp_path) + '/' + '/'.join(['d' * 200] * 19)
+    long_dir += '/' + 'e' * (4080 - len(long_dir) - 1)  # sweep.md's temporary: more than 4095
+    assert sweep.main(argv + [long_dir]) == 2
+    out, err = capsys.readouterr()
+    size = len(os.path.join(long_dir, '.sweep.md.XXXXXXXX.tmp'))
+    assert (out, err) == ('', 'python -m gluon_mgpu.sweep: error: --output-dir %s: %s/sweep.md: '
+                              'the path of the temporary file written beside it first is %d bytes '
+                              'long, more than the 4095 the system allows; use a shorter path\n'
+                              % (long_dir, long_dir, size))

@@ -167,7 +167,9 @@ def build_parser():
     return p
 
 
-def _prepare_output_dir(path):
+def _prepare_output_dir(path, locks):
+    """Make folder ``path`` and lock its outputs (into ``locks``: one sweep writes them), or
+    refuse it before any setting trains."""
     kind = files.non_folder_kind(path)
     if kind:
         raise cli.UsageError('--output-dir %s is %s, not a folder; choose a folder' % (path, kind))
@@ -181,6 +183,13 @@ def _prepare_output_dir(path):
                              'folder' % path)
     for name in (TABLE_FILE, PLOT_FILE):  # found now, not after every setting has trained
         target = os.path.join(path, name)
+        try:
+            problem = files.name_problem(target)
+            if problem:
+                raise ValueError('%s: %s' % (target, problem))
+            locks.append(files.lock_file(os.path.join(path, '.%s.lock' % name), target))
+        except (OSError, ValueError) as e:
+            raise cli.UsageError('--output-dir %s: %s' % (path, e)) from None
         try:
             mode = os.lstat(target).st_mode
         except OSError:
@@ -217,7 +226,7 @@ def _run(args, state):
     cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
         ' '.join(map(str, args.num_gpus)), args.device))
     cli.check_dtype(PROG, args.dtype, largest, args.force_dtype)
-    _prepare_output_dir(args.output_dir)
+    _prepare_output_dir(args.output_dir, state['locks'])
     mode = progress.choose_mode()
     rows = state['rows']
     for s in settings:
@@ -290,7 +299,7 @@ def main(argv=None):
     Settings that finished before a failure are printed and written all the same."""
     entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, state = None, {'rows': [], 'setting': None}
+    args, state = None, {'rows': [], 'setting': None, 'locks': []}
 
     def body():
         nonlocal args
@@ -311,6 +320,8 @@ def main(argv=None):
 
     failed = {}
     code = cli.run_command(PROG, argv, body, story)
+    for lock in state['locks']:  # held while the finished settings are written
+        lock.release()
     if code and entry and failed:  # MXNet's exit handlers may crash after memory ran out
         sys.stdout.flush()
         sys.stderr.flush()

@@ -14,7 +14,7 @@ import sys
 
 from . import cli
 from ..runtime import files, startup
-from ..runtime.choices import JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
+from ..runtime.choices import DIST_KVSTORES, JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
 from .cli import UsageError
 
 PROG = 'python -m gluon_mgpu.train'
@@ -130,8 +130,24 @@ def build_parser():
 
 
 def _check_outputs(args):
-    """Refuse outputs that would overwrite each other or the checkpoints, before training."""
+    """Refuse, before training, outputs that would write over each other, the checkpoints or a
+    file of the data folder, and a checkpoint folder whose files the system cannot create;
+    return the outputs, ``{real path: (flag, path given)}``."""
+    from .. import data
     from ..handlers import checkpoint, plotting
+    try:
+        folder = data.find_data_dir(args.data_dir)
+        owner = '--data-dir %s' % args.data_dir if args.data_dir else 'the data folder %s' % folder
+        inputs = {p for n in data.FILES['train'] + data.FILES['test'] for p in (  # and targets
+            os.path.join(os.path.realpath(folder), n), os.path.realpath(os.path.join(folder, n)))}
+    except (data.DataError, data.DataNotFoundError):  # loading the data says why
+        inputs = ()
+    if args.checkpoint_dir is not None:  # its longest file, of the last epoch, written beside
+        last = checkpoint.checkpoint_path(args.checkpoint_dir, args.epochs, 'replicas')
+        problem = files.name_problem(last)
+        if problem:
+            raise UsageError('--checkpoint-dir %s: its file %s: %s' % (
+                args.checkpoint_dir, os.path.basename(last), problem))
     seen = {}
     for flag in ('--metrics-json', '--plot', '--save-params'):
         given = getattr(args, flag[2:].replace('-', '_'))
@@ -146,12 +162,14 @@ def _check_outputs(args):
                 raise UsageError('%s %s and %s %s would write the same file %s; give each '
                                  'output its own path' % (seen[real] + (flag, given, real)))
             seen[real] = (flag, given)
-            if args.checkpoint_dir is not None and \
-                    os.path.dirname(real) == os.path.realpath(args.checkpoint_dir) and \
-                    checkpoint.is_checkpoint_file(os.path.basename(real)):
-                raise UsageError('%s %s would write over a file of --checkpoint-dir %s; name it '
-                                 'otherwise or put it in another folder'
-                                 % (flag, path, args.checkpoint_dir))
+            mine = args.checkpoint_dir is not None and checkpoint.is_checkpoint_file(
+                os.path.basename(real)) and os.path.dirname(real) == os.path.realpath(
+                    args.checkpoint_dir)
+            if mine or real in inputs:
+                raise UsageError('%s %s would write over a file of %s; name it otherwise or put '
+                                 'it in another folder' % (flag, path, mine and '--checkpoint-dir '
+                                                           '%s' % args.checkpoint_dir or owner))
+    return seen
 
 
 def _recorded_options():
@@ -508,6 +526,13 @@ def run(args, interrupt=None):
                                  'folder to start a new run' % (directory, done[-1]))
             if args.seed is None:
                 args.seed = secrets.randbelow(2 ** 31)
+        # One writer per output: a dist job's workers share a command line, and rank 0 writes.
+        for real, (flag, given) in _check_outputs(args).items() if horovod.worker_rank() in (
+                None, 0) and args.kvstore not in DIST_KVSTORES else ():
+            try:
+                held.enter_context(files.lock_file('%s/.%s.lock' % os.path.split(real), real))
+            except (OSError, ValueError) as e:
+                raise UsageError('%s %s: %s' % (flag, given, e)) from None
         return _run(args, record, interrupt)
 
 

@@ -1,11 +1,7 @@
-"""Checkpoints: after every epoch ``epoch-0003.params`` (``save_parameters``), ``.replicas`` (each
-device's copies that differ from those) and ``.json``, each put in place atomically, the JSON
-last; nothing read back can run code. The format, the lock and the refusals: docs/checkpoints.md.
-"""
-import errno
-import fcntl
+"""Checkpoints: after every epoch ``epoch-0003.params``, ``.replicas`` (device copies that differ)
+and ``.json`` (last), each atomic; nothing read back runs code. See docs/checkpoints.md."""
+import contextlib
 import hashlib
-import io
 import json
 import os
 import re
@@ -17,11 +13,11 @@ import numpy as np
 from mxnet import nd
 
 from .checkpoint_names import EPOCH_FILE, checkpoint_path, list_checkpoints
-from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, TrainBegin
+from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, EpochLine, LossGuard, TrainBegin
 from .metrics import epoch_problem, write_json_atomic
-from ..runtime.checks import is_digits, is_whole, one_line
-from ..runtime.files import (InputError, atomic_path, file_kind, non_folder_kind, open_input,
-                             read_json)
+from ..runtime.checks import is_whole, one_line
+from ..runtime.files import (InputError, OutputError, atomic_path, file_kind, lock_file,
+                             non_folder_kind, open_input, read_json)
 
 __all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
            'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
@@ -40,8 +36,7 @@ _NEW_RUN = 'start a new run %s an empty --checkpoint-dir'
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, damaged or does not fit this run, or a folder in use; the
-    message is one line naming the file and what to do."""
+    """A checkpoint missing, damaged or not of this run, or a folder in use: one line, and a fix."""
 
 
 def not_ours(path, what):
@@ -55,33 +50,16 @@ def is_checkpoint_file(name):
     return bool(EPOCH_FILE.match(name) or _TEMP.match(name)) or name == LOCK_NAME
 
 
-class _Lock(io.FileIO):
-    """A checkpoint folder's ``.lock``, locked until ``release()`` or the end of a ``with``."""
-    release = io.FileIO.close
-
-
 def lock_dir(directory):
-    """Take checkpoint folder ``directory`` (created if needed): ``flock`` on its ``.lock``,
-    which holds the pid and stays; then delete the temporary files of killed writes. Returns
-    the lock (``release()``, or a ``with`` block). Raises ``CheckpointError`` while another
-    process holds it (naming its pid), ``ValueError`` for a folder that cannot be written or
-    holds no regular file where a checkpoint file goes."""
+    """Lock checkpoint folder ``directory`` (made if needed) by its ``.lock`` (``lock_file``, kept),
+    then delete killed writes' temporaries; ``CheckpointError`` while another process holds it,
+    ``ValueError`` for a folder not writable or holding no regular file where one of ours goes."""
     path = os.path.join(directory, LOCK_NAME)
     try:
         os.makedirs(directory, exist_ok=True)
-        lock = _Lock(path, 'r+', opener=lambda p, _: os.open(  # a FIFO's read would not wait
-            p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            mode = os.fstat(lock.fileno()).st_mode
-            held = (lock.read(64) or b'') if stat.S_ISREG(mode) else None
-            if held is None or not re.fullmatch(rb'([0-9]{1,10}\n)?', held):  # ours: a run's pid
-                raise ValueError('%s holds %s, which is not the lock file of a gluon_mgpu run (%s) '
-                                 'and is left as it is; pass another folder' % (
-                                     directory, LOCK_NAME, 'it is %s' % file_kind(mode)
-                                     if held is None else 'it starts %s' % json.dumps(
-                                         held[:20].decode('utf-8', 'replace'))))
-            lock.seek(0)
+        with contextlib.ExitStack() as undo:
+            lock = undo.enter_context(lock_file(path, directory, 'pass another --checkpoint-dir',
+                                                keep=True))
             tempfile.TemporaryFile(dir=directory).close()
             for name in sorted(os.listdir(directory)):
                 mode = os.lstat(os.path.join(directory, name)).st_mode
@@ -91,29 +69,14 @@ def lock_dir(directory):
                     raise ValueError('%s holds %s, which is %s where a checkpoint file goes; '
                                      'remove it or pass another folder'
                                      % (directory, name, file_kind(mode)))
-            lock.truncate(0)
-            lock.write(b'%d\n' % os.getpid())
+            undo.pop_all()
             return lock
-        except BlockingIOError:
-            pid = (lock.read(32) or b'').decode('ascii', 'replace').strip()
-            lock.close()
-            raise CheckpointError('%s is in use by another run (pid %s); wait for it to end, or '
-                                  'pass another --checkpoint-dir'
-                                  % (directory, pid if is_digits(pid) else 'unknown')) from None
-        except BaseException:
-            lock.close()
-            raise
+    except OutputError as e:  # held by another run
+        raise CheckpointError(str(e)) from None
     except OSError as e:
-        reason = '%s is a symbolic link' % path if os.path.islink(path) else e.strerror or e
         kind = non_folder_kind(directory)
-        if kind:
-            reason = 'it is %s, not a folder' % kind
-        elif e.errno in (errno.EACCES, errno.EPERM) and e.filename == path \
-                and os.path.isfile(path) and os.access(directory, os.W_OK | os.X_OK):
-            raise ValueError('its lock file %s cannot be opened for writing (%s, mode %04o), '
-                             'though the folder is writable; make it writable (chmod u+w %s) '
-                             'or pass another folder' % (path, e.strerror, stat.S_IMODE(
-                                 os.stat(path).st_mode), path)) from None
+        reason = ('it is %s, not a folder' % kind if kind else '%s is a symbolic link' % path
+                  if os.path.islink(path) else e.strerror or e)
         raise ValueError('cannot write checkpoints to %s (%s); pass a folder you can write to'
                          % (directory, reason)) from None
 
@@ -129,8 +92,7 @@ def _write(path, write):
 
 
 def _updaters(trainer):
-    """``trainer`` as its first step leaves it (kvstore made, every device given device 0's
-    values); return its updaters, which hold the optimizer's states (MXNet 1.9.1)."""
+    """``trainer`` as its first step leaves it; its updaters, with the optimizer's states."""
     if not trainer._kv_initialized:
         trainer._init_kvstore()
     if trainer._params_to_init:
@@ -139,10 +101,8 @@ def _updaters(trainer):
 
 
 def save_checkpoint(directory, epoch, net, trainer, info):
-    """Write the checkpoint of finished epoch ``epoch`` (from 1); its JSON holds ``info`` (the
-    CLI's: ``argv``, ``history``, ``network``, ...) and the learning rate and update count.
-    Raises ``CheckpointError`` for an optimizer with state, before anything is written, and
-    ``files.OutputError`` when a file cannot be written (the checkpoint is then not committed)."""
+    """Write finished epoch ``epoch``'s checkpoint, its JSON with ``info``, the learning rate and
+    update count; ``CheckpointError`` for an optimizer with state, ``OutputError`` for a write."""
     if any(s is not None for u in _updaters(trainer) for s in u.states.values()):
         raise CheckpointError('the optimizer %s keeps state (momentum or the like), which a '
                               'checkpoint does not hold; train with SGD without momentum, as the '
@@ -163,23 +123,16 @@ def save_checkpoint(directory, epoch, net, trainer, info):
 
 
 def folder_identity(directory):
-    """What tells checkpoint folder ``directory`` from a copy of it: its absolute path, its
-    device and inode (a ``cp -r`` gets another inode, a ``mv`` within a disk keeps it)."""
+    """Folder ``directory``'s real path, device and inode (``cp -r`` gets another inode)."""
     st = os.stat(directory)
     return {'path': os.path.realpath(directory), 'device': st.st_dev, 'inode': st.st_ino}
 
 
 def copied_from(directory, record):
-    """The folder checkpoint ``record`` was written in, when ``directory`` is not that folder
-    (a copy of it, or a folder moved to another disk); None when it is, or when the record is
-    older than this check (it names no folder)."""
-    folder = record.get('folder')
-    if folder is None:
-        return None
-    here = folder_identity(directory)
-    same = here['inode'] == folder['inode'] and (here['device'] == folder['device']
-                                                  or here['path'] == folder['path'])
-    return None if same else folder['path']
+    """The folder ``record`` was written in if ``directory`` is a copy (or moved to a disk)."""
+    folder, here = record.get('folder'), folder_identity(directory)
+    return None if folder is None or here['inode'] == folder['inode'] and (
+        here['device'] == folder['device'] or here['path'] == folder['path']) else folder['path']
 
 
 def _fix(directory, epoch):
@@ -188,43 +141,23 @@ def _fix(directory, epoch):
         directory, epoch, '*'), earlier[-1]) if earlier else _NEW_RUN % 'with')
 
 
-def _read(path, limit, fix, listed_in=None):
-    """Up to ``limit`` + 1 bytes of file ``path``, and its size (``listed_in``: the JSON file)."""
-    try:
-        with open_input(path) as f:
-            size = os.fstat(f.fileno()).st_size
-            return f.read(min(size, limit) + 1), size
-    except InputError as e:
-        reason = e.reason
-        if listed_in:
-            raise CheckpointError('%s %s, but %s lists it; %s' % (path, 'is missing' if reason ==
-                                                                  'does not exist' else reason,
-                                                                  listed_in, fix)) from None
-    except OSError as e:
-        reason = e.strerror or e
-    raise CheckpointError('%s cannot be read (%s); %s' % (path, reason, fix))
-
-
 def read_checkpoint(directory, epoch=None, record=None):
-    """Read the JSON of epoch ``epoch``'s checkpoint (default: the latest) as a dict, or take it
-    as ``record``, once it and the files it lists are checked; else ``CheckpointError`` (the
-    refusals: docs/checkpoints.md)."""
-    if epoch is None:
-        epochs = list_checkpoints(directory)
-        if not epochs:
-            what = ('holds no checkpoint' if os.path.isdir(directory) else
-                    'is not a folder' if os.path.exists(directory) else 'does not exist')
-            raise CheckpointError('%s %s (no epoch-NNNN.json file), so there is nothing to '
-                                  'resume; leave out --resume to start a new run'
-                                  % (directory, what))
-        epoch = epochs[-1]
+    """The JSON of epoch ``epoch``'s checkpoint (default: the latest; or ``record``) as a dict,
+    once it and its files are checked; else ``CheckpointError``."""
+    epochs = list_checkpoints(directory) if epoch is None else [epoch]
+    if not epochs:
+        raise CheckpointError('%s %s (no epoch-NNNN.json file), so there is nothing to resume; '
+                              'leave out --resume to start a new run' % (directory, (
+                                  'holds no checkpoint' if os.path.isdir(directory) else
+                                  'is not a folder' if os.path.exists(directory) else
+                                  'does not exist')))
+    epoch = epochs[-1]
     path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     try:
-        if record is None:
-            record = read_json(path)
+        record = read_json(path) if record is None else record
     except (OSError, ValueError) as e:  # an InputError's strerror is its reason
         raise CheckpointError('%s cannot be read (%s); %s' % (
-            path, getattr(e, 'strerror', None) or e, fix)) from None
+            path, getattr(e, 'strerror', None) or e, getattr(e, 'fix', None) or fix)) from None
     if isinstance(record, dict) and record.get('format') in _OLDER:
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
@@ -234,21 +167,19 @@ def read_checkpoint(directory, epoch=None, record=None):
             or type(record['epoch']) is not int \
             or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s' % (path, FORMAT, epoch, fix))
-    history, optimizer = record.get('history'), record.get('optimizer')
+    history, optimizer, folder = (record.get(k) for k in ('history', 'optimizer', 'folder'))
     if not isinstance(history, list) or len(history) != epoch:
         raise not_ours(path, 'history is not a list of %d epoch records' % epoch)
     for i, entry in enumerate(history):
         problem = epoch_problem(entry) or (entry['epoch'] != i + 1 and 'epoch is not %d' % (i + 1))
         if problem:
             raise not_ours(path, 'history[%d]: %s' % (i, problem))
-    folder = record.get('folder')
     if folder is not None and not (isinstance(folder, dict) and set(folder) == {
             'path', 'device', 'inode'} and isinstance(folder['path'], str) and all(
             type(folder[k]) is int and 0 <= folder[k] < 2 ** 64 for k in ('device', 'inode'))):
         raise not_ours(path, 'folder is %s, not a path, a device and an inode'
                        % json.dumps(folder)[:40])
-    lr, updates = (optimizer.get(k) if isinstance(optimizer, dict) else None
-                   for k in ('lr', 'num_update'))
+    lr, updates = map((optimizer if isinstance(optimizer, dict) else {}).get, ('lr', 'num_update'))
     if not (type(lr) in (int, float) and 0 < lr < float('inf') and is_whole(updates, 0)):
         raise not_ours(path, 'optimizer is %s, not a learning rate above 0 and an update count'
                        % json.dumps(optimizer)[:40])
@@ -258,16 +189,22 @@ def read_checkpoint(directory, epoch=None, record=None):
 
 
 def _arrays(directory, record, kind):
-    """The arrays of one file of checkpoint ``record``, named and dense, once its size and
-    sha256 are those recorded."""
+    """The named dense arrays of one file of checkpoint ``record``, of its recorded sha256."""
     epoch, entry = record['epoch'], record['files'][kind]
     path, fix = checkpoint_path(directory, epoch, kind), _fix(directory, epoch)
-    if not (isinstance(entry, dict) and entry.get('name') == os.path.basename(path)
-            and is_whole(entry.get('bytes'), 0)
-            and re.fullmatch(r'[0-9a-f]{64}', str(entry.get('sha256')))):
+    if not (isinstance(entry, dict) and entry.get('name') == os.path.basename(path) and is_whole(
+            entry.get('bytes'), 0) and re.fullmatch(r'[0-9a-f]{64}', str(entry.get('sha256')))):
         raise CheckpointError('%s has no valid entry for its .%s file; %s'
                               % (checkpoint_path(directory, epoch, 'json'), kind, fix))
-    data, size = _read(path, entry['bytes'], fix, 'epoch-%04d.json' % epoch)
+    try:
+        with open_input(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(size, entry['bytes']) + 1)
+    except InputError as e:
+        raise CheckpointError('%s %s, but epoch-%04d.json lists it; %s' % (path, 'is missing' if (
+            e.reason == 'does not exist') else e.reason, epoch, fix)) from None
+    except OSError as e:
+        raise CheckpointError('%s cannot be read (%s); %s' % (path, e.strerror or e, fix)) from None
     if size != entry['bytes']:
         raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s'
                               % (path, 'truncated' if size < entry['bytes'] else 'changed',
@@ -288,21 +225,17 @@ def _arrays(directory, record, kind):
 
 
 def nonfinite(directory, record, arrays=None):
-    """``(path, name)`` of the first array of checkpoint ``record`` that holds NaN or infinite
-    values (``arrays``: its files' arrays, if already read), or None: can a run go on from it."""
+    """``(path, name)`` of checkpoint ``record``'s first array (of ``arrays``, if read) holding
+    NaN or infinite values, or None: can a run go on from it."""
     arrays = arrays or [_arrays(directory, record, kind) for kind in KINDS]
-    for kind, named in zip(KINDS, arrays):
-        bad = [k for k, v in sorted(named.items()) if not np.isfinite(v.asnumpy()).all()]
-        if bad:
-            return checkpoint_path(directory, record['epoch'], kind), bad[0]
-    return None
+    return next(((checkpoint_path(directory, record['epoch'], kind), name)
+                 for kind, named in zip(KINDS, arrays) for name, value in sorted(named.items())
+                 if not np.isfinite(value.asnumpy()).all()), None)
 
 
 def restore(directory, record, net, trainer, devices):
-    """Load checkpoint ``record`` (from ``read_checkpoint``) into ``net``, initialized on
-    ``devices``, and ``trainer``: parameters, each device's copies, learning rate, update count.
-    Raises ``CheckpointError`` before anything is loaded for a file changed since, or one that
-    does not fit ``net`` (another network) or ``devices`` (another count)."""
+    """Load checkpoint ``record`` into ``net`` (initialized on ``devices``) and ``trainer``, or
+    raise ``CheckpointError`` before loading anything changed or not fitting them."""
     loaded, replicas = (_arrays(directory, record, kind) for kind in KINDS)
     paths = {kind: checkpoint_path(directory, record['epoch'], kind) for kind in KINDS}
     params = net._collect_params_with_prefix()
@@ -346,9 +279,8 @@ def restore(directory, record, net, trainer, devices):
 
 
 class CheckpointHandler(TrainBegin, EpochEnd):
-    """Event handler: continue a restored run after the epoch of ``resume``, its record (if
-    any), with its history; save a checkpoint into ``directory`` at the end of every epoch
-    (``save_checkpoint`` with ``info`` and the history), unless it is None."""
+    """Continue the run of record ``resume`` (if any) after its epoch; save a checkpoint with
+    ``info`` and the history into ``directory`` (unless None) after every epoch."""
 
     priority = PRIORITY['CheckpointHandler']
 
@@ -367,38 +299,21 @@ class CheckpointHandler(TrainBegin, EpochEnd):
 
 
 def resumable(directory, net, trainer, devices, train_iter, settings):
-    """``train()``'s handlers for a run kept in checkpoint folder ``directory`` (made if
-    missing), continued from the latest checkpoint there if any: a notebook cell that trains
-    through it and is executed again after an interruption goes on after the last saved epoch.
-
-    Call it after ``init_training`` and before ``train(..., event_handlers=handlers)``. A found
-    checkpoint is restored into ``net`` and ``trainer`` (on ``devices``) and gives
-    ``train_iter`` the run's data order (its ``seed``, recorded). ``settings`` (a dict of JSON
-    values: batch size, learning rate, data slice) must equal the recorded run's, else
-    ``CheckpointError`` names both and the fix, before anything is loaded.
-
-    Returns
-    -------
-    (handlers, history)
-        The book's line, the loss check and a checkpoint after every epoch; the records of the
-        epochs done (``[]`` for a new run), whose lines the caller may print again.
-    """
-    from .events import EpochLine, LossGuard
+    """``(handlers, history)`` for ``train()`` to keep a run in ``directory`` and go on after its
+    latest checkpoint (restored into ``net``, ``trainer`` and ``train_iter``'s seed) once its
+    ``settings`` are these; call it after ``init_training``. ``history``: the epochs done."""
     record = read_checkpoint(directory) if list_checkpoints(directory) else None
     if record is not None:
         if record.get('settings') != settings:
             raise CheckpointError('%s holds a run with the settings %s, not %s; delete the folder '
-                                  'to start again, or use another one'
-                                  % (directory, json.dumps(record.get('settings'))[:200],
-                                     json.dumps(settings)))
+                                  'to start again, or use another one' % (directory, json.dumps(
+                                      record.get('settings'))[:200], json.dumps(settings)))
         if not is_whole(record.get('data_seed'), 0):
             raise not_ours(checkpoint_path(directory, record['epoch'], 'json'),
                            'data_seed is not a seed')
         restore(directory, record, net, trainer, devices)
         train_iter.seed = record['data_seed']
-    else:
-        os.makedirs(directory, exist_ok=True)
-    info = {'settings': settings, 'data_seed': train_iter.seed,
-            'devices': [str(d) for d in devices]}
+    os.makedirs(directory, exist_ok=True)
+    info = {'settings': settings, 'data_seed': train_iter.seed, 'devices': list(map(str, devices))}
     handlers = [EpochLine(), LossGuard(), CheckpointHandler(directory, info, resume=record)]
     return handlers, [] if record is None else record['history']

@@ -1,7 +1,5 @@
-"""A checkpoint folder's file names, and the command line its latest checkpoint records, read
-with ``json`` alone: what ``--resume`` needs before MXNet starts (the checkpoints themselves are
-``checkpoint.py``'s, docs/checkpoints.md).
-"""
+"""A checkpoint folder's file names and the command line its latest checkpoint records, read
+without MXNet: what ``--resume`` needs before MXNet starts (the rest: ``checkpoint.py``)."""
 import os
 import re
 
@@ -24,11 +22,10 @@ def list_checkpoints(directory):
 
 
 def latest_argv(directory):
-    """The ``argv`` the latest checkpoint's JSON in ``directory`` holds, unchecked; None when
-    there is no checkpoint or its JSON cannot be read (``checkpoint.read_checkpoint`` says why)."""
+    """The ``argv`` of the latest checkpoint's JSON in ``directory``, unchecked; None without one
+    or when it cannot be read (``checkpoint.read_checkpoint`` says why)."""
     try:
-        epochs = list_checkpoints(directory)
-        record = read_json(checkpoint_path(directory, epochs[-1], 'json')) if epochs else None
-    except (OSError, ValueError):
+        record = read_json(checkpoint_path(directory, list_checkpoints(directory)[-1], 'json'))
+    except (OSError, ValueError, IndexError):
         return None
     return record.get('argv') if isinstance(record, dict) else None

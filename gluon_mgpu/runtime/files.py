@@ -5,15 +5,19 @@ are written") explains it.
 import contextlib
 import errno
 import fcntl
+import io
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
 
+from .checks import is_digits
+
 __all__ = ['OutputError', 'InputError', 'output_problem', 'atomic_path', 'open_input',
            'input_problem', 'read_json', 'file_kind', 'non_folder_kind', 'write_hint',
-           'name_problem', 'mxnet_path_problem', 'temp_name']
+           'name_problem', 'mxnet_path_problem', 'temp_name', 'lock_file']
 
 _PROBE_BYTES = 1 << 20
 _TEMP_RANDOM = 8  # the characters tempfile.mkstemp adds to a prefix
@@ -57,6 +61,63 @@ class InputError(OSError):
 
     def __str__(self):
         return '%s %s' % (self.filename, self.reason)
+
+
+class _Lock(io.FileIO):
+    """A lock file, locked until ``release()`` or a ``with`` ends; deleted then unless ``keep``."""
+    keep = True
+
+    def close(self):
+        with contextlib.suppress(OSError, ValueError):  # only while it is still this file
+            if not self.keep and os.path.samestat(os.stat(self.name), os.fstat(self.fileno())):
+                os.remove(self.name)
+        super().close()
+    release = close
+
+
+def lock_file(path, owner, fix='write elsewhere', keep=False):
+    """``flock`` lock file ``path`` (made if missing; it gets this process's pid) against other
+    processes until the process ends, even killed, or ``release()``, which deletes it unless
+    ``keep`` (docs/outputs.md). Raises ``OutputError`` while another holds it ('``owner`` is in
+    use by another run (pid N); wait for it to end, or ``fix``'), ``ValueError`` for a file that
+    is no lock of ours or cannot be opened in a writable folder, ``OSError`` otherwise."""
+    try:
+        lock = _Lock(path, 'r+', opener=lambda p, _: os.open(  # a FIFO's read would not wait
+            p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
+    except PermissionError as e:
+        folder = os.path.dirname(os.path.abspath(path))
+        if not (os.path.isfile(path) and os.access(folder, os.W_OK | os.X_OK)):
+            raise
+        raise ValueError('its lock file %s cannot be opened for writing (%s, mode %04o), though '
+                         'the folder is writable; make it writable (chmod u+w %s) or pass another '
+                         'folder' % (path, e.strerror, stat.S_IMODE(os.stat(path).st_mode), path)
+                         ) from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        st = os.fstat(lock.fileno())
+        if not keep and not (os.path.lexists(path) and os.path.samestat(st, os.lstat(path))):
+            lock.close()  # its last holder deleted it meanwhile: take the next one
+            return lock_file(path, owner, fix, keep)
+        held = (lock.read(64) or b'') if stat.S_ISREG(st.st_mode) else None
+        if held is None or not re.fullmatch(rb'([0-9]{1,10}\n)?', held):  # ours: a run's pid
+            raise ValueError('%s holds %s, which is not the lock file of a gluon_mgpu run (%s) '
+                             'and is left as it is; pass another folder' % (
+                                 os.path.dirname(path), os.path.basename(path),
+                                 'it is %s' % file_kind(st.st_mode) if held is None else
+                                 'it starts %s' % json.dumps(held[:20].decode('utf-8', 'replace'))))
+        lock.seek(0)
+        lock.truncate(0)
+        lock.write(b'%d\n' % os.getpid())
+        lock.keep = keep
+        return lock
+    except BlockingIOError:
+        pid = (lock.read(32) or b'').decode('ascii', 'replace').strip()
+        lock.close()
+        raise OutputError(owner, '%s is in use by another run (pid %s); wait for it to end, or %s'
+                          % (owner, pid if is_digits(pid) else 'unknown', fix)) from None
+    except BaseException:
+        lock.close()
+        raise
 
 
 def file_kind(mode):
@@ -334,16 +395,27 @@ def read_json(path, limit=JSON_LIMIT):
         When reading it fails.
     ValueError
         When it is larger than ``limit``, not UTF-8 JSON, holds NaN or Infinity, or is nested
-        too deeply; the text is the reason (``'it is nested too deeply'``).
+        too deeply; the text is the reason (``'it is nested too deeply'``), and ``fix`` the
+        edit that mends it when one does (a trailing comma). A UTF-8 byte-order mark is read.
     """
     with open_input(path) as f:
         raw = f.read(limit + 1)
     if len(raw) > limit:
         raise ValueError('it is larger than %d MB' % (limit >> 20))
     try:
-        return json.loads(raw.decode('utf-8'), parse_constant=_refuse_constant)
+        text = raw.decode('utf-8-sig')  # an editor's byte-order mark is no error
+        return json.loads(text, parse_constant=_refuse_constant)
     except RecursionError:
         raise ValueError('it is nested too deeply') from None
+    except UnicodeDecodeError as e:
+        error = ValueError('it is not UTF-8 (byte 0x%02x at offset %d)' % (raw[e.start], e.start))
+        error.fix = 'save it as UTF-8'
+    except json.JSONDecodeError as e:
+        comma = re.search(r',\s*\Z', text[:e.pos]) and text[e.pos:e.pos + 1] in ('}', ']')
+        error = ValueError('it is not valid JSON at line %d column %d: %s' % (
+            e.lineno, e.colno, 'a trailing comma before %s' % text[e.pos] if comma else e.msg))
+        error.fix = comma and 'remove that comma'
+    raise error
 
 
 def _refuse_constant(name):
