@@ -1,4 +1,6 @@
+import os
 import re
+import socket
 
 import mxnet as mx
 import pytest
@@ -29,25 +31,59 @@ def test_rank_path():
     assert dist.rank_path('net', 0) == 'net.rank0'
 
 
-class _Rank1:
-    """Stands for a dist kvstore seen from rank 1: broadcast hands out rank 0's value."""
+class _Worker:
+    """Stands for a dist kvstore seen from ``rank``: ``broadcast`` hands out what rank 0 sent
+    (``sent``, or its own value on rank 0), as MXNet's init and pull do."""
+
+    def __init__(self, rank, sent=None):
+        self.rank, self.sent = rank, sent
 
     def broadcast(self, key, value, out):
-        self.key, self.mine = key, value.asscalar()
-        out[:] = 4321
+        self.key, self.mine = key, value
+        out[:] = value if self.sent is None else self.sent
+
+
+RUN = {'batch_size': 64, 'lr': 0.1, 'seed': None, 'hybridize': True, 'sync_bn': False,
+       'device_weights': [3.0, 1.0], 'cut': ('stage2', 'stage3'), 'model': 'lenet'}
+HERE = 'pid %d on %s' % (os.getpid(), socket.gethostname())
 
 
 def test_without_a_seed_every_worker_takes_rank_0s():
-    kv = _Rank1()
-    assert dist.shared_seed(kv) == 4321
-    assert 0 <= kv.mine < 2 ** 24 and kv.key == 2 ** 30
-    # On a real (single-process) kvstore: its own draw, a whole number float32 holds exactly.
-    seed = dist.shared_seed(mx.kv.create('local'))
-    assert isinstance(seed, int) and 0 <= seed < 2 ** 24
+    rank0 = _Worker(0)
+    seed = dist.shared_run(rank0, RUN)
+    assert 0 <= seed < 2 ** 31 and rank0.key == 2 ** 30 and rank0.mine.shape == (2 ** 14,)
+    rank1 = _Worker(1, rank0.mine)
+    assert dist.shared_run(rank1, RUN) == seed and rank1.mine.shape == (2 ** 14,)
+    # On a real (single-process) kvstore: its own draw.
+    seed = dist.shared_run(mx.kv.create('local'), RUN)
+    assert isinstance(seed, int) and 0 <= seed < 2 ** 31
 
 
 def test_a_given_seed_is_used_as_it_is():
-    assert dist.shared_seed(None, 7) == 7
+    assert dist.shared_run(mx.kv.create('local'), dict(RUN, seed=7), 7) == 7
+    rank0 = _Worker(0)
+    assert dist.shared_run(rank0, RUN, 2 ** 31 - 1) == 2 ** 31 - 1  # beyond float32's 2**24
+    assert dist.shared_run(_Worker(1, rank0.mine), RUN) == 2 ** 31 - 1
+
+
+@pytest.mark.parametrize('change,mine,theirs', [
+    ({'lr': 0.2}, '--lr 0.2', '--lr 0.1'),
+    ({'batch_size': 32}, '--batch-size 32', '--batch-size 64'),
+    ({'seed': 0}, '--seed 0', 'no --seed'),
+    ({'hybridize': False}, 'no --hybridize', '--hybridize'),
+    ({'sync_bn': True}, '--sync-bn', 'no --sync-bn'),
+    ({'device_weights': [1.0, 1.0]}, '--device-weights 1.0,1.0', '--device-weights 3.0,1.0'),
+    ({'cut': ('stage2',)}, '--cut stage2', '--cut stage2,stage3'),
+    ({'model': 'resnet18'}, '--model resnet18', '--model lenet'),
+])
+def test_a_worker_started_for_another_run_names_the_flag_and_both_values(change, mine, theirs):
+    rank0 = _Worker(0)
+    dist.shared_run(rank0, RUN)
+    with pytest.raises(ValueError) as e:
+        dist.shared_run(_Worker(1, rank0.mine), dict(RUN, **change))
+    assert str(e.value) == ('a worker (%s) trains with %s, rank 0 of the job (%s) with %s: every '
+                            'worker of a job must train the same run; start them all with the '
+                            'same flags' % (HERE, mine, HERE, theirs))
 
 
 @pytest.mark.parametrize('change,message', [

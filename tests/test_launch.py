@@ -593,7 +593,7 @@ import mxnet as mx
 from gluon_mgpu import data
 from gluon_mgpu.parallel import dist
 kv = mx.kv.create("dist_sync")
-seed = dist.shared_seed(kv)
+seed = dist.shared_run(kv, {})
 batches = data.ArrayBatches(np.zeros((70, 28, 28), np.uint8), np.arange(70), 16, shuffle=True,
                             seed=seed, num_parts=kv.num_workers, part_index=kv.rank)
 line = json.dumps({"rank": kv.rank, "seed": seed, "order": batches.order(0).tolist(),
@@ -755,3 +755,57 @@ def test_the_issue_53_command_without_dist_sync_is_one_line_and_exit_2(capsys):
     assert out == '' and err == ('python -m gluon_mgpu.launch: error: cannot run the command '
                                  'after --: %s (--kvstore device, the default); for example -- '
                                  'python -m gluon_mgpu.train --kvstore dist_sync\n' % ALONE)
+
+
+# --- issue 53, family 1: workers started for different runs --------------------------------
+
+# The first worker to start takes the extra flags (as when one machine's script was edited) and
+# writes its pid; which rank it gets is the scheduler's choice, so the tests take either.
+ONE_DIFFERS = '''
+import os
+import sys
+from gluon_mgpu.commands import train
+marker, extra = sys.argv.pop(1), sys.argv.pop(1).split()
+try:
+    if os.environ['DMLC_ROLE'] == 'worker':
+        with open(marker, 'x') as f:
+            f.write(str(os.getpid()))
+        sys.argv += extra
+except FileExistsError:
+    pass
+sys.exit(train.main())
+'''
+
+
+@pytest.mark.parametrize('extra,flag,mine,other', [
+    # unfixed: after the shorter worker's last step every process slept forever (also with
+    # another --epochs or --train-limit)
+    ('--batch-size 32', '--batch-size', '32', '64'),
+    ('--lr 0.2', '--lr', '0.2', '0.1'),  # unfixed: exit 0, trained at two rates
+    ('--seed 1', '--seed', '1', '0'),  # unfixed: exit 0, another run
+    ('--model resnet18', '--model', 'resnet18', 'lenet'),  # unfixed: SIGABRT, no cause given
+])
+def test_a_worker_started_for_another_run_ends_the_job_naming_the_flag(tmp_path, extra, flag,
+                                                                       mine, other):
+    job = _launch('-n', '2', '-s', '1', '--', PY, '-c', ONE_DIFFERS, str(tmp_path / 'first'),
+                  extra, *TRAIN[3:], '--kvstore', 'dist_sync', '--num-gpus', '1',
+                  '--train-limit', '256', '--batch-size', '64', '--lr', '0.1', '--epochs', '2',
+                  timeout=120)  # unfixed, a hang: TimeoutExpired
+    assert job.returncode == 2, job.stderr
+    pids = _pids(job.stderr)
+    differs = int((tmp_path / 'first').read_text())
+    same = next(pids[w] for w in ('worker 0', 'worker 1') if pids[w] != differs)
+    # A worker compares its settings with rank 0's: the one that differs, or the other one.
+    said = {'a worker (pid %d on %s) trains with %s %s, rank 0 of the job (pid %d on %s) with '
+            '%s %s' % (p, socket.gethostname(), flag, a, q, socket.gethostname(), flag, b): p
+            for p, a, q, b in ((differs, mine, same, other), (same, other, differs, mine))}
+    errors = [line for line in job.stderr.splitlines() if ': error: ' in line]
+    assert len(errors) == 1, job.stderr
+    line = errors[0].split(': every worker')[0]
+    assert line in ['python -m gluon_mgpu.train: error: ' + k for k in said], job.stderr
+    assert errors[0].endswith(': every worker of a job must train the same run; start them all '
+                              'with the same flags')
+    assert re.search(r'launch: worker [01] \(pid %d\) exited with code 2; stopped the 3 other '
+                     r'processes of the job\n\Z' % said[line[len('python -m gluon_mgpu.train: '
+                                                               'error: '):]], job.stderr)
+    assert 'epoch 1,' not in job.stdout

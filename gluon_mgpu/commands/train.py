@@ -426,7 +426,8 @@ def _resume(args):
 
 def _join_job(args, devices, train_iter):
     """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
-    worker's shard and the shared seed; return the kvstore."""
+    worker's shard, check that every worker trains the same run and take its seed; return the
+    kvstore."""
     from ..parallel import dist, horovod
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
@@ -443,15 +444,23 @@ def _join_job(args, devices, train_iter):
         raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
                          % (args.kvstore, e, args.train_limit, args.batch_size)) from None
     if args.kvstore == 'horovod':
-        job, kv = horovod, horovod.HorovodKVStore()  # joins the job
+        kv = horovod.HorovodKVStore()  # joins the job
     else:
-        job, kv = dist, startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
+        kv = startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
     # From here on, leaving normally would wait for the other workers (see main); so would
     # freeing the kvstore (MXNet's barrier), so it is held until a failed worker's os._exit.
     args.joined = True
     _JOINED.append(kv)
     train_iter.set_part(kv.num_workers, kv.rank)
-    args.seed = train_iter.seed = job.shared_seed(kv, args.seed)
+    # Every setting of the run (not where files go, nor what is printed) as rank 0's, seed
+    # included: workers started by hand with other flags hung, or trained another run.
+    skip = _NOT_RECORDED + OUTPUTS + ('help', 'data_dir', 'quiet')
+    run = {a.dest: getattr(args, a.dest) for a in build_parser()._actions if a.dest not in skip}
+    try:
+        args.seed = train_iter.seed = dist.shared_run(kv, dict(run, seed=args.given.get('seed')),
+                                                      args.seed)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     return kv
 
 

@@ -3,13 +3,12 @@ the processes of a ``horovodrun`` job, parameters broadcast from rank 0 (docs/di
 import importlib.util
 import os
 
-import numpy as np
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
 from ..runtime.checks import is_digits
 
-__all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank', 'shared_seed']
+__all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank']
 
 INSTALL = 'make horovod-install'
 # What Horovod (and Gloo under it) raise in the other processes once one of them has stopped.
@@ -100,12 +99,3 @@ def worker_rank(environ=None):
     """This process's rank in a ``horovodrun`` job, or None outside one."""
     value = (os.environ if environ is None else environ).get('HOROVOD_RANK', '')
     return int(value) if is_digits(value) else None
-
-
-def shared_seed(kv, seed=None):
-    """Rank 0's seed (its ``seed``, or one it draws), broadcast to every process: the workers
-    must draw the same initial parameters and the same epoch orders."""
-    mine = np.random.randint(2 ** 31) if seed is None else int(seed)
-    value = nd.array([mine], dtype='float64')  # exact for every seed below 2**53
-    kv.broadcast('seed', value, out=value)
-    return int(value.asscalar())
