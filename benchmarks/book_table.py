@@ -1059,6 +1059,8 @@ def _main(args):
     from gluon_mgpu.devices import format_devices, get_devices
     from gluon_mgpu.handlers.interrupts import DeferredInterrupt
     from gluon_mgpu.runtime.precision import check_dtype
+    if args.record:
+        cli.check_output('--record', args.record)
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)
