@@ -283,8 +283,8 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 # What a run's settings may differ in from the book table's command line and still be its run:
 # where it runs, how long, and what it prints, writes or checks besides.
 _NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'given', 'argv',
-                  'debug', 'force_dtype', 'quiet', 'plot', 'metrics_json', 'save_params',
-                  'check_replicas'}
+                  'now', 'recorded', 'debug', 'force_dtype', 'quiet', 'plot', 'metrics_json',
+                  'save_params', 'check_replicas'}
 
 
 def settings_difference(run, settings, ignore=()):

@@ -158,8 +158,9 @@ def _check_outputs(args):
 class Run(argparse.Namespace):
     """A run's settings, resolved once (``resolve``) and read-only: every flag's value with the
     per-device defaults filled in, ``given`` (the flags given, on ``--resume`` with the run's
-    recorded ones), ``argv``, ``num_workers`` and, on ``--resume``, ``recorded``: the settings
-    its latest checkpoint records (a ``Run``; None for one that could not be read)."""
+    recorded ones), ``now`` and ``argv`` (those of this command line), ``num_workers`` and
+    ``recorded``: on ``--resume``, the settings its latest checkpoint records (a ``Run``; None
+    for one that could not be read)."""
 
     def __init__(self, **settings):
         vars(self).update(settings)
@@ -197,8 +198,9 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
-def _settings(given, argv):
-    """The flags ``given`` explicitly with the parser's defaults for the others."""
+def _settings(given, argv, now=None):
+    """The flags ``given`` explicitly (``now`` on this command line: all) with the parser's
+    defaults for the others."""
     parser = build_parser()
     for group in parser._mutually_exclusive_groups:  # also for a merged line: argparse's words
         both = [a.option_strings[0] for a in group._group_actions if a.dest in given]
@@ -206,7 +208,7 @@ def _settings(given, argv):
             raise UsageError('argument %s: not allowed with argument %s' % tuple(both[-2:][::-1]))
     args = argparse.Namespace(**{a.dest: a.default for a in parser._actions if a.dest != 'help'})
     vars(args).update(given)
-    args.given, args.argv = dict(given), list(argv)
+    args.given, args.argv, args.now = dict(given), list(argv), dict(given if now is None else now)
     return args
 
 
@@ -243,7 +245,7 @@ def resolve(argv, start=None):
         except UsageError:
             pass
         if recorded is not None:
-            flags = _settings(dict(recorded.given, **now), argv)  # the flags given now win
+            flags = _settings(dict(recorded.given, **now), argv, now)  # the flags given now win
     if start is not None:
         start(flags)
     if recorded is not None:
@@ -368,13 +370,14 @@ def recorded_settings(directory, record, recorded=None):
         raise checkpoint.not_ours(path, problem)
     if before is None or before.argv != line:
         try:  # the command's own parser is the one check of what the run recorded
-            before = _complete(_settings(dict(_given(line), checkpoint_dir=directory), line))
+            flags = _settings(dict(_given(line), checkpoint_dir=directory), line)
+            before = None if flags.seed is None else _complete(flags)
         except UsageError as e:
             raise checkpoint.CheckpointError(
                 '%s records the command line %s, which the command refuses (%s); start a new '
                 'run in an empty --checkpoint-dir' % (path, ' '.join(map(shlex.quote, line))[
                     :200], str(e).replace(' (see --help)', ''))) from None
-    if before.seed is None:  # recorded_argv always writes it
+    if before is None:  # recorded_argv always writes the seed
         raise checkpoint.not_ours(path, 'argv holds no --seed=N, the seed of every run')
     if record.get('network') != network_name(before):
         raise checkpoint.CheckpointError(
@@ -395,7 +398,7 @@ def _resume(args):
             checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
     before, original = args.recorded, checkpoint.copied_from(directory, record)
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
-              if getattr(args, k) is not None and k not in args.given]
+              if getattr(args, k) is not None and k not in args.now]
     if original is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
@@ -535,7 +538,7 @@ def _file_handlers(args, devices, placement=None):
         try:
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'argv', 'recorded')},
+                                    if k not in ('given', 'now', 'argv', 'recorded')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
