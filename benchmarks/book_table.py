@@ -283,8 +283,8 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
 # What a run's settings may differ in from the book table's command line and still be its run:
 # where it runs, how long, and what it prints, writes or checks besides.
 _NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'given', 'argv',
-                  'debug', 'force_dtype', 'quiet', 'plot', 'metrics_json', 'save_params',
-                  'check_replicas'}
+                  'now', 'recorded', 'outputs', 'debug', 'force_dtype', 'quiet', 'plot',
+                  'metrics_json', 'save_params', 'check_replicas'}
 
 
 def settings_difference(run, settings, ignore=()):
@@ -1059,6 +1059,8 @@ def _main(args):
     from gluon_mgpu.devices import format_devices, get_devices
     from gluon_mgpu.handlers.interrupts import DeferredInterrupt
     from gluon_mgpu.runtime.precision import check_dtype
+    if args.record:
+        cli.check_output('--record', args.record)
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)

@@ -272,6 +272,8 @@ def _explain(e):
 
 
 def _main(args):
+    if args.output:
+        cli.check_output('--output', args.output)
     # SIGTERM or SIGHUP, before MXNet or while it loads: one line and 143 or 129, never silent.
     with startup.starting(PROG):
         record = checkpoint_json(args.checkpoint_dir, args.from_epoch)

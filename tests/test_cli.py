@@ -333,3 +333,28 @@ def test_one_table_words_every_commands_failures_and_the_command_adds_what_it_ke
     assert kept == [None, 'terminated (SIGTERM)', 'out of memory', 'unexpected ValueError']
     # Without a story: the defaults every command had.
     assert cli.failure('p', KeyboardInterrupt()) == (130, 'p: interrupted (Ctrl-C)')
+
+
+def test_a_resolved_run_is_read_only():
+    args = parse_args(['--num-gpus', '2'])
+    with pytest.raises(AttributeError, match=r'^Run\.seed: a run is resolved once \(resolve\) and '
+                                             r'read-only$'):
+        args.seed = 1
+    with pytest.raises(AttributeError, match=r'^Run\.lr: '):
+        del args.lr
+    assert (args.seed, args.lr, args.batch_size) == (None, 0.2, 512)
+
+
+def test_parsing_writes_nothing_the_resolved_outputs_are_checked_once(monkeypatch, tmp_path):
+    # The parser's types are pure: whether an output can be written (files.output_problem
+    # makes and removes a file to find out) is checked once the run is resolved.
+    from gluon_mgpu.commands import train
+    from gluon_mgpu.runtime import files
+    checked = []
+    monkeypatch.setattr(files, 'output_problem', lambda path: checked.append(path))
+    argv = ['--metrics-json', str(tmp_path / 'm.json'), '--plot', str(tmp_path / 'c.svg'),
+            '--save-params', str(tmp_path / 'n.params')]
+    train.build_parser().parse_args(argv)
+    assert checked == []
+    parse_args(argv)
+    assert checked == [str(tmp_path / n) for n in ('m.json', 'c.svg', 'c.png', 'n.params')]

@@ -246,6 +246,8 @@ def _argv(flag):
     (_argv('extra'), r': argv holds "extra", which is not a setting a run records'),
     (_argv('--frobnicate'), r': argv holds "--frobnicate", which is not a setting a run records'),
     (lambda r: r.pop('argv'), r': argv is null, not a command line'),
+    (lambda r: r.update(argv=[a for a in r['argv'] if not a.startswith('--seed=')]),
+     r': argv holds no --seed=N, the seed of every run; the file was not written by this'),
     (lambda r: r.update(history='oops'), r': history is not a list of 1 epoch records'),
     # Finite, but its sum over epochs was not: the summary failed to write at the run's end.
     (lambda r: r['history'][0].update(images_per_sec=1e308),

@@ -556,10 +556,10 @@ from gluon_mgpu.runtime import files
 joined = train._data_parallel
 
 
-def data_parallel(args, *rest):
-    if args.rank == 1:  # after the job was joined, before the first step
+def data_parallel(args, rank, *rest):
+    if rank == 1:  # after the job was joined, before the first step
         raise files.OutputError('here', 'cannot write here (No space left on device)', 28)
-    return joined(args, *rest)
+    return joined(args, rank, *rest)
 
 
 train._data_parallel = data_parallel

@@ -191,11 +191,17 @@ def test_a_resume_reads_the_runs_devices_from_its_checkpoint_without_mxnet(tmp_p
     folder = tmp_path / 'ck'
     folder.mkdir()
 
+    class Started(Exception):
+        pass
+
+    def start(flags):
+        raise Started(flags.num_gpus, flags.device)
+
     def run_flags(record, *given):
         (folder / 'epoch-0002.json').write_text(json.dumps(record))
-        on = train._run_flags(train.read_flags(['--resume', '--checkpoint-dir', str(folder)] +
-                                               list(given)))
-        return on.num_gpus, on.device
+        with pytest.raises(Started) as started:
+            train.resolve(['--resume', '--checkpoint-dir', str(folder)] + list(given), start)
+        return started.value.args
 
     (folder / 'epoch-0001.json').write_text('{"argv": ["--num-gpus=3"]}')  # not the latest
     assert run_flags({'argv': ['--num-gpus=2', '--device=cpu', '--seed=5']}) == (2, 'cpu')
@@ -205,13 +211,16 @@ def test_a_resume_reads_the_runs_devices_from_its_checkpoint_without_mxnet(tmp_p
                    {'argv': ['--num-g=2']}, {'argv': '--num-gpus=2'}, ['--num-gpus=2'], {}):
         assert run_flags(record) == (1, 'auto'), record
     (folder / 'epoch-0002.json').write_text('{"argv": ["--num-gpus=2"]')
-    assert train._run_flags(train.read_flags(
-        ['--resume', '--checkpoint-dir', str(folder)])).num_gpus == 1
+    with pytest.raises(Started) as started:
+        train.resolve(['--resume', '--checkpoint-dir', str(folder)], start)
+    assert started.value.args == (1, 'auto')
     (folder / 'epoch-0002.json').write_text('{"argv": ["--num-gpus=2"]}')
     out = _child('import sys\n'
                  'from gluon_mgpu.commands import train\n'
-                 'on = train._run_flags(train.read_flags(["--resume", "--checkpoint-dir", %r]))\n'
-                 'print(on.num_gpus, "mxnet" in sys.modules)' % str(folder))
+                 'def start(flags):\n'
+                 '    print(flags.num_gpus, "mxnet" in sys.modules)\n'
+                 '    sys.exit()\n'
+                 'train.resolve(["--resume", "--checkpoint-dir", %r], start)' % str(folder))
     assert out == '2 False'
 
 

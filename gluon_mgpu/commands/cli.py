@@ -106,20 +106,27 @@ def _empty(flag, text, example):
         raise _refuse(flag, 'is empty (%r; an unset variable?)' % text, example)
 
 
-def output_file(flag, suffixes=None, example='run.json', mxnet=False):
-    """A path the command may write (``files.output_problem``), ending in one of ``suffixes``;
-    with ``mxnet``, one MXNet's own writer opens as Python does (``files.mxnet_path_problem``)."""
+def output_file(flag, suffixes=None, example='run.json'):
+    """A path of a file the command writes, ending in one of ``suffixes``; whether it may be
+    written is checked once it is resolved (``check_output``), never while parsing."""
     def parse(text):
         _empty(flag, text, example)
         path = os.path.expanduser(text)
-        problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
-        if problem:
-            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
             raise _refuse(flag, '%s: the name must end in %s' % (text, ' or '.join(suffixes)),
                           example)
         return path
     return parse
+
+
+def check_output(flag, path, mxnet=False):
+    """``UsageError`` for an output ``path`` the command may not write (``files.output_problem``);
+    with ``mxnet``, one MXNet's own writer would not open as Python does
+    (``files.mxnet_path_problem``)."""
+    problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
+    if problem:
+        raise UsageError('argument %s: %s %s: %s (see --help)' % (flag, flag, shown(path),
+                                                                   problem))
 
 
 def output_folder(flag, example='runs/a', mxnet=True):

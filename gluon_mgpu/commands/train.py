@@ -120,8 +120,7 @@ def build_parser():
                    help="with --parallel layers: where to cut ResNet-18 between devices: params "
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
-    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params',
-                                                     mxnet=True),
+    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
                    metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
                         'a dist job every worker saves its own copy, rank r to PATH with '
@@ -130,9 +129,9 @@ def build_parser():
 
 
 def _check_outputs(args):
-    """Refuse, before training, outputs that would write over each other, the checkpoints or a
-    file of the data folder, and a checkpoint folder whose files the system cannot create;
-    return the outputs, ``{real path: (flag, path given)}``."""
+    """Refuse, before training, outputs that cannot be written or would write over each other,
+    the checkpoints or a file of the data folder, and a checkpoint folder whose files the system
+    cannot create; return the outputs, ``{real path: (flag, path given)}``."""
     from .. import data
     from ..handlers import checkpoint, plotting
     try:
@@ -153,6 +152,7 @@ def _check_outputs(args):
         given = getattr(args, flag[2:].replace('-', '_'))
         if not given:
             continue
+        cli.check_output(flag, given, mxnet=flag == '--save-params')
         for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
             problem = path != given and files.output_problem(path)
             if problem:  # the .png beside an .svg
@@ -172,6 +172,23 @@ def _check_outputs(args):
     return seen
 
 
+class Run(argparse.Namespace):
+    """A run's settings, resolved once (``resolve``) and read-only: every flag's value with the
+    per-device defaults filled in, ``given`` (the flags given, on ``--resume`` with the run's
+    recorded ones), ``now`` and ``argv`` (those of this command line), ``num_workers``,
+    ``outputs`` (``_check_outputs``'s, checked once) and ``recorded``: on ``--resume``, the
+    settings its latest checkpoint records (a ``Run``; None for one that could not be read)."""
+
+    def __init__(self, **settings):
+        vars(self).update(settings)
+
+    def __setattr__(self, name, value):
+        raise AttributeError('Run.%s: a run is resolved once (resolve) and read-only' % name)
+
+    def __delattr__(self, name):
+        self.__setattr__(name, None)
+
+
 def _recorded_options():
     """What ``recorded_argv`` may write: each option string, and whether it takes ``=value``."""
     options = {}
@@ -184,7 +201,7 @@ def _recorded_options():
 
 def recorded_argv(args):
     """The run's command line as its checkpoints record it: each setting given (``--flag=value``,
-    in the parser's order), with the seed the run chose; ``parse_args`` reads it back."""
+    in the parser's order), with the seed the run chose; ``resolve`` reads it back."""
     line = []
     for action in build_parser()._actions:
         value = args.given.get(action.dest)
@@ -198,9 +215,9 @@ def recorded_argv(args):
     return line + ([] if 'seed' in args.given else ['--seed=%d' % args.seed])
 
 
-def _settings(given, argv):
-    """The flags ``given`` explicitly with the parser's defaults for the others, as
-    ``read_flags`` returns them."""
+def _settings(given, argv, now=None):
+    """The flags ``given`` explicitly (``now`` on this command line: all) with the parser's
+    defaults for the others."""
     parser = build_parser()
     for group in parser._mutually_exclusive_groups:  # also for a merged line: argparse's words
         both = [a.option_strings[0] for a in group._group_actions if a.dest in given]
@@ -208,41 +225,74 @@ def _settings(given, argv):
             raise UsageError('argument %s: not allowed with argument %s' % tuple(both[-2:][::-1]))
     args = argparse.Namespace(**{a.dest: a.default for a in parser._actions if a.dest != 'help'})
     vars(args).update(given)
-    args.given, args.argv = dict(given), list(argv)
+    args.given, args.argv, args.now = dict(given), list(argv), dict(given if now is None else now)
     return args
 
 
-def read_flags(argv):
-    """The command line as argparse alone reads it (no MXNet): ``args.given`` holds the
-    settings given explicitly, ``args.argv`` the line; ``UsageError`` for bad input."""
+def _given(argv):
+    """The settings ``argv`` gives explicitly, as argparse alone reads them (no MXNet)."""
     parser, absent = build_parser(), object()
     # Every setting present and absent: argparse fills in no default, so what it sets was given.
     blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
-    parsed = vars(parser.parse_args(argv, blank))
-    args = _settings({k: v for k, v in parsed.items() if v is not absent}, argv)
-    if args.resume and args.checkpoint_dir is None:
+    return {k: v for k, v in vars(parser.parse_args(argv, blank)).items() if v is not absent}
+
+
+def resolve(argv, start=None):
+    """The run ``argv`` asks for, resolved once into a read-only ``Run``; ``UsageError`` for bad
+    input.
+
+    The flags are parsed once; with ``--resume``, the command line the latest checkpoint of
+    ``--checkpoint-dir`` records is read and parsed once and merged with them (the flags given
+    now win; ``RUN_SETTINGS`` may not change). ``start(flags)`` is called then, before anything
+    here imports MXNet (``main`` chooses the threads for the devices the flags name); then the
+    flags are checked against each other and a new run with ``--checkpoint-dir`` chooses its
+    seed. ``run`` verifies the checkpoint itself (``_resume``).
+    """
+    now, recorded = _given(argv), None
+    flags = _settings(now, argv)
+    if flags.resume and flags.checkpoint_dir is None:
         raise UsageError('--resume needs --checkpoint-dir DIR, the folder the run saved its '
                          'checkpoints in')
-    return args
+    if flags.resume:
+        from ..handlers import checkpoint_names
+        line = checkpoint_names.latest_argv(flags.checkpoint_dir)
+        try:  # what cannot be read or parsed, _resume refuses, naming the file
+            recorded = None if line is None or _unrecordable(line) else _settings(
+                dict(_given(line), checkpoint_dir=flags.checkpoint_dir), line)
+        except UsageError:
+            pass
+        if recorded is not None:
+            flags = _settings(dict(recorded.given, **now), argv, now)  # the flags given now win
+    if start is not None:
+        start(flags)
+    if recorded is not None:
+        try:
+            recorded = _complete(recorded) if recorded.seed is not None else None
+        except UsageError:
+            recorded = None
+    if flags.resume and recorded is None:  # not a run's settings: _resume refuses it
+        return Run(**vars(flags), num_workers=1, recorded=None, outputs={})
+    changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), now[k], getattr(recorded, k))
+               for k in RUN_SETTINGS if recorded and k in now and now[k] != getattr(recorded, k)]
+    if changed:
+        raise UsageError('--resume: cannot continue the run with other settings: %s; leave these '
+                         'flags out (the run\'s values are used) or start a new run in another '
+                         '--checkpoint-dir' % ', '.join(changed))
+    return _complete(flags, recorded)
 
 
-def parse_args(argv=None, complete=False):
-    """Parse the command line and fill in the per-device defaults; ``UsageError`` for bad input.
-
-    ``args.given`` holds the settings given explicitly. With ``--resume`` the others come from
-    the checkpoint: the flags are checked against each other once they are merged with the
-    run's (``complete``).
-    """
-    args = read_flags(sys.argv[1:] if argv is None else argv)
-    return args if args.resume and not complete else _complete(args)
+def parse_args(argv=None):
+    """``resolve(argv)`` (default: ``sys.argv[1:]``), for a program that has MXNet loaded."""
+    return resolve(sys.argv[1:] if argv is None else argv)
 
 
-def _complete(args):
-    """``read_flags``'s ``args`` with the per-device defaults filled in, once checked against
-    each other (MXNet starts here)."""
-    from .. import parallel, training
+def _complete(args, recorded=None):
+    """The ``Run`` of ``_settings``'s ``args``: the per-device defaults filled in, once checked
+    against each other (this imports MXNet); a new run with ``--checkpoint-dir`` chooses its
+    seed here."""
+    from .. import parallel
     from ..parallel import dist, horovod
-    args.num_workers = 1
+    num_workers = 1
     if args.kvstore in dist.DIST_KVSTORES and args.checkpoint_dir is not None:
         raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the optimizer '
                          'state on the servers and a worker cannot save it ("Cannot save states '
@@ -250,20 +300,21 @@ def _complete(args):
                          'the final parameters)' % args.kvstore)
     if args.kvstore in JOB_KVSTORES:
         try:
-            args.num_workers = (horovod.job_env()['size'] if args.kvstore == 'horovod'
-                                else dist.job_env()['num_workers'])
+            num_workers = (horovod.job_env()['size'] if args.kvstore == 'horovod'
+                           else dist.job_env()['num_workers'])
         except ValueError as e:
             raise UsageError('--kvstore %s: %s' % (args.kvstore, e)) from None
-    batch_size, lr = training.book_setting(args.num_gpus * args.num_workers)
-    args.batch_size, args.lr = args.batch_size or batch_size, args.lr or lr  # None: not given
+    book_batch, book_lr = cli.BOOK_PER_DEVICE
+    devices = args.num_gpus * num_workers  # the book's batch and rate grow with the devices
+    batch_size, lr = args.batch_size or book_batch * devices, args.lr or book_lr * devices
     if args.train_limit is not None and args.train_limit < args.num_gpus:
         raise UsageError('--train-limit %d gives fewer training images than the %d devices, so '
                          'some device would get no data; pass --train-limit %d or more'
                          % (args.train_limit, args.num_gpus, args.num_gpus))
-    if args.batch_size < args.num_gpus:
+    if batch_size < args.num_gpus:
         raise UsageError('--batch-size %d is smaller than --num-gpus %d, so some device would '
                          'get no data; pass --batch-size %d or more'
-                         % (args.batch_size, args.num_gpus, args.num_gpus))
+                         % (batch_size, args.num_gpus, args.num_gpus))
     if args.device_weights is not None and len(args.device_weights) != args.num_gpus:
         raise UsageError('--device-weights %s gives %d weights but --num-gpus is %d; give '
                          'one weight per device, e.g. --device-weights %s'
@@ -285,20 +336,22 @@ def _complete(args):
         ('--warmup-steps', args.warmup_steps is not None),
         ('--checkpoint-dir', args.checkpoint_dir is not None)) if given]
     try:
-        args.cut = parallel.parse_cut(args.cut)
+        cut = parallel.parse_cut(args.cut)
     except ValueError as e:
         raise UsageError('argument --cut: %s (see --help)' % e) from None
     try:
         parallel.check_parallel_options(
-            args.parallel, args.num_gpus, args.micro_batches, args.batch_size, args.cut,
+            args.parallel, args.num_gpus, args.micro_batches, batch_size, cut,
             model=args.given.get('model'), hybridize=args.given.get('hybridize'),
             data_only=data_only)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if args.parallel == 'scratch':
-        args.model = 'lenet'
-    _check_outputs(args)
-    return args
+    seed = args.seed
+    if seed is None and args.checkpoint_dir is not None and not args.resume:
+        seed = secrets.randbelow(2 ** 31)  # chosen once and recorded, to resume the same run
+    return Run(**dict(vars(args), num_workers=num_workers, batch_size=batch_size, lr=lr, cut=cut,
+                      model='lenet' if args.parallel == 'scratch' else args.model, seed=seed,
+                      recorded=recorded, outputs=_check_outputs(args)))
 
 
 def _resume_command(directory, extra=''):
@@ -318,57 +371,29 @@ def _unrecordable(recorded):
     return None
 
 
-def _run_flags(args):
-    """``--resume``, before MXNet starts: the flags of the run in ``--checkpoint-dir`` (the
-    command line its latest checkpoint records, parsed by this command's parser) with those
-    given now; ``args`` when that line cannot be read or parsed (``_resume`` says why later)."""
-    from ..handlers import checkpoint_names
-    recorded = checkpoint_names.latest_argv(args.checkpoint_dir)
-    if recorded is None or _unrecordable(recorded):
-        return args
-    try:
-        args.recorded = recorded, read_flags(recorded).given  # parsed once: _resume reuses it
-        return _merge(args.recorded[1], args)
-    except UsageError:
-        return args
-
-
-def _merge(recorded, args):
-    """The settings ``recorded`` (the ``given`` of a run's recorded line) with the flags given
-    now, which win."""
-    return _settings(dict(recorded, **args.given), args.recorded[0] + args.argv)
-
-
-def _parsed(recorded, args):
-    """``recorded``, a checkpoint's command line, as ``read_flags`` gives it: the one parse
-    ``_run_flags`` made before MXNet started, unless the checkpoint changed since."""
-    line, given = getattr(args, 'recorded', (None, None))
-    if line != recorded:
-        args.recorded = recorded, read_flags(recorded).given
-    return args.recorded[1]
-
-
-def recorded_settings(directory, record, args=None):
-    """The settings of the run that wrote checkpoint ``record`` (``checkpoint.read_checkpoint``)
-    in ``directory``: its recorded command line, which may hold only what ``recorded_argv``
-    writes, parsed by the command's own parser (once per resume: ``_parsed``, given the resume's
-    ``args``; benchmarks/ reads a checkpoint without them); else ``CheckpointError`` naming the
+def recorded_settings(directory, record, recorded=None):
+    """The settings (a ``Run``) of the run that wrote checkpoint ``record``
+    (``checkpoint.read_checkpoint``) in ``directory``: its recorded command line, which may hold
+    only what ``recorded_argv`` writes, parsed by the command's own parser (``recorded``: the
+    ``Run`` ``resolve`` made of it, unless the line differs); else ``CheckpointError`` naming the
     file."""
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
-    recorded = record.get('argv')
-    problem = _unrecordable(recorded)
+    line, before = record.get('argv'), recorded
+    problem = _unrecordable(line)
     if problem:
         raise checkpoint.not_ours(path, problem)
-    try:  # the command's own parser is the one check of what the run recorded
-        given = (dict(read_flags(recorded).given, checkpoint_dir=directory) if args is None
-                 else dict(_parsed(recorded, args), checkpoint_dir=args.checkpoint_dir))
-        before = _complete(_settings(given, recorded + ['--checkpoint-dir', directory]))
-    except UsageError as e:
-        raise checkpoint.CheckpointError(
-            '%s records the command line %s, which the command refuses (%s); start a new run in '
-            'an empty --checkpoint-dir' % (path, ' '.join(map(shlex.quote, recorded))[:200],
-                                           str(e).replace(' (see --help)', ''))) from None
+    if before is None or before.argv != line:
+        try:  # the command's own parser is the one check of what the run recorded
+            flags = _settings(dict(_given(line), checkpoint_dir=directory), line)
+            before = None if flags.seed is None else _complete(flags)
+        except UsageError as e:
+            raise checkpoint.CheckpointError(
+                '%s records the command line %s, which the command refuses (%s); start a new '
+                'run in an empty --checkpoint-dir' % (path, ' '.join(map(shlex.quote, line))[
+                    :200], str(e).replace(' (see --help)', ''))) from None
+    if before is None:  # recorded_argv always writes the seed
+        raise checkpoint.not_ours(path, 'argv holds no --seed=N, the seed of every run')
     if record.get('network') != network_name(before):
         raise checkpoint.CheckpointError(
             '%s: network is %s, but its command line trains %s; start a new run in an empty '
@@ -378,23 +403,17 @@ def recorded_settings(directory, record, args=None):
 
 
 def _resume(args):
-    """Read the latest checkpoint of ``args.checkpoint_dir``; return the run's settings (its
-    recorded command line parsed again, then with the flags given now) and the record."""
+    """Verify the latest checkpoint of ``args.checkpoint_dir`` and that it is the run ``args``
+    continue (``resolve`` read its command line before MXNet); return its record."""
     from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
-    before = recorded_settings(directory, record, args)
-    changed = ['--%s %s (the run used %s)' % (k.replace('_', '-'), args.given[k],
-                                              getattr(before, k))
-               for k in RUN_SETTINGS if k in args.given and args.given[k] != getattr(before, k)]
-    if changed:
-        raise ValueError('cannot continue the run with other settings: %s; leave these flags '
-                         'out (the run\'s values are used) or start a new run in another '
-                         '--checkpoint-dir' % ', '.join(changed))
-    merged = _complete(_merge(args.recorded[1], args))  # the flags given now win
-    original = checkpoint.copied_from(directory, record)
-    reused = ['--%s %s' % (k.replace('_', '-'), getattr(merged, k)) for k in OUTPUTS
-              if getattr(merged, k) is not None and k not in args.given]
+    if recorded_settings(directory, record, args.recorded) is not args.recorded:
+        raise ValueError('%s changed while the command started; run it again' % (
+            checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
+    before, original = args.recorded, checkpoint.copied_from(directory, record)
+    reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
+              if getattr(args, k) is not None and k not in args.now]
     if original is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
@@ -402,32 +421,32 @@ def _resume(args):
                          % (original, directory, ', '.join(reused),
                             ', '.join(r.partition(' ')[0] for r in reused)))
     done = record['epoch']
-    if merged.epochs <= done:
+    if args.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done
-                          if merged.epochs == done else '--epochs %d is fewer than the %d '
-                          'epochs the run already finished' % (merged.epochs, done))
+                          if args.epochs == done else '--epochs %d is fewer than the %d '
+                          'epochs the run already finished' % (args.epochs, done))
                          + '; pass --epochs %d or more to train it further' % (done + 1))
-    if before.kvstore != merged.kvstore and {before.kvstore, merged.kvstore} & set(JOB_KVSTORES):
+    if before.kvstore != args.kvstore and {before.kvstore, args.kvstore} & set(JOB_KVSTORES):
         raise ValueError('the run in %s trained with --kvstore %s; leave --kvstore out to '
                          'continue it, or start a new run in another --checkpoint-dir'
                          % (directory, before.kvstore))
-    if record.get('workers', 1) != merged.num_workers:
+    if record.get('workers', 1) != args.num_workers:
         raise ValueError('the run in %s trained with %s processes, this job has %d: its batches '
                          'and learning rate would differ; continue it with as many, or start a '
                          'new run in another --checkpoint-dir'
                          % (directory, json.dumps(record.get('workers'))[:20],
-                            merged.num_workers))
-    if network_name(merged) != record['network']:
+                            args.num_workers))
+    if network_name(args) != record['network']:
         raise ValueError('the run in %s trained %s, these flags train %s; start a new run in '
                          'another --checkpoint-dir' % (directory, record['network'],
-                                                       network_name(merged)))
-    return merged, record
+                                                       network_name(args)))
+    return record
 
 
 def _join_job(args, devices, train_iter):
     """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
-    worker's shard, check that every worker trains the same run and take its seed; return the
-    kvstore."""
+    worker's shard and check that every worker trains the same run; return the kvstore and
+    the job's shared seed."""
     from ..parallel import dist, horovod
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
@@ -449,19 +468,19 @@ def _join_job(args, devices, train_iter):
         kv = startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
     # From here on, leaving normally would wait for the other workers (see main); so would
     # freeing the kvstore (MXNet's barrier), so it is held until a failed worker's os._exit.
-    args.joined = True
     _JOINED.append(kv)
     train_iter.set_part(kv.num_workers, kv.rank)
     # Every setting of the run (not where files go, nor what is printed) as rank 0's, seed
     # included: workers started by hand with other flags hung, or trained another run.
     skip = _NOT_RECORDED + OUTPUTS + ('help', 'data_dir', 'quiet')
-    run = {a.dest: getattr(args, a.dest) for a in build_parser()._actions if a.dest not in skip}
+    settings = {a.dest: getattr(args, a.dest) for a in build_parser()._actions
+                if a.dest not in skip}
     try:
-        args.seed = train_iter.seed = dist.shared_run(kv, dict(run, seed=args.given.get('seed')),
-                                                      args.seed)
+        seed = train_iter.seed = dist.shared_run(
+            kv, dict(settings, seed=args.given.get('seed')), args.seed)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return kv
+    return kv, seed
 
 
 def _check_rank_paths(path, workers):
@@ -504,7 +523,7 @@ def _split(args, net, devices, test_iter):
 
 
 def run(args, interrupt=None):
-    """Train as ``args`` say (``parse_args``), print the summary and return the history.
+    """Train the ``Run`` ``args`` (``resolve``), print the summary and return the history.
 
     ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
     came inside a ``__del__`` (where Python drops it) right after that step or epoch.
@@ -523,20 +542,17 @@ def run(args, interrupt=None):
                 raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
         if args.resume:
             try:
-                merged, record = _resume(args)
+                record = _resume(args)
             except (checkpoint.CheckpointError, ValueError) as e:
                 raise UsageError('--resume: %s' % e) from None
-            vars(args).update(vars(merged))
         elif directory:
             done = checkpoint.list_checkpoints(directory)
             if done:
                 raise UsageError('--checkpoint-dir %s already holds the checkpoints of a run (up '
                                  'to epoch %d); add --resume to continue it, or pass another '
                                  'folder to start a new run' % (directory, done[-1]))
-            if args.seed is None:
-                args.seed = secrets.randbelow(2 ** 31)
         # One writer per output: a dist job's workers share a command line, and rank 0 writes.
-        for real, (flag, given) in _check_outputs(args).items() if horovod.worker_rank() in (
+        for real, (flag, given) in args.outputs.items() if horovod.worker_rank() in (
                 None, 0) and args.kvstore not in DIST_KVSTORES else ():
             try:
                 held.enter_context(files.lock_file('%s/.%s.lock' % os.path.split(real), real))
@@ -554,7 +570,7 @@ def _file_handlers(args, devices, placement=None):
         try:
             handlers.append(metrics.MetricsFile(
                 args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'argv', 'recorded')},
+                                    if k not in ('given', 'now', 'argv', 'recorded', 'outputs')},
                 devices, placement))
         except files.OutputError as e:
             raise UsageError('--metrics-json: %s' % e) from None
@@ -588,9 +604,9 @@ def _run(args, record, interrupt):
                          'computes each operator in the thread that issues it, so the first '
                          'device\'s SyncBatchNorm waits for devices whose work is never issued); '
                          'unset MXNET_ENGINE_TYPE or drop --sync-bn')
-    kvstore, rank, save_path = args.kvstore, 0, args.save_params
+    kvstore, rank, save_path, seed = args.kvstore, 0, args.save_params, args.seed
     if args.kvstore in JOB_KVSTORES:
-        kvstore = _join_job(args, devices, train_iter)
+        kvstore, seed = _join_job(args, devices, train_iter)
         rank = kvstore.rank
     if save_path is not None and args.kvstore in dist.DIST_KVSTORES:
         save_path = dist.rank_path(save_path, rank)  # every worker saves its own copy
@@ -604,9 +620,8 @@ def _run(args, record, interrupt):
     bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
     handlers = [events.LossGuard(), bar]
     if args.parallel == 'data':
-        args.rank = rank
-        net, placement, fit = _data_parallel(args, record, devices, kvstore, mode, handlers,
-                                             test_iter)
+        net, placement, fit = _data_parallel(args, rank, seed, record, devices, kvstore, mode,
+                                             handlers, test_iter)
     else:
         net, placement, fit = _split_parallel(args, devices, mode, handlers, test_iter)
     if lead:
@@ -627,13 +642,13 @@ def _run(args, record, interrupt):
     return history
 
 
-def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
+def _data_parallel(args, rank, seed, record, devices, kvstore, mode, handlers, test_iter):
     """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
     from ..handlers import checkpoint, events, replica_check
     cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
     # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
     net, trainer, fit = cli.data_parallel(
-        devices, args.lr, args.epochs, args.model, args.hybridize, args.seed, args.dtype,
+        devices, args.lr, args.epochs, args.model, args.hybridize, seed, args.dtype,
         args.force_dtype, kvstore, args.sync_bn, args.batch_size // args.num_workers)
     if args.warmup_steps is not None:
         handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
@@ -648,7 +663,7 @@ def _data_parallel(args, record, devices, kvstore, mode, handlers, test_iter):
                   checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                   flush=True)
     if args.checkpoint_dir is not None:  # only rank 0 of a job writes
-        handlers.append(checkpoint.CheckpointHandler(None if args.rank else args.checkpoint_dir, {
+        handlers.append(checkpoint.CheckpointHandler(None if rank else args.checkpoint_dir, {
             'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
             'devices': [str(d) for d in devices]}, resume=record))
     split_f, line = _split(args, net, devices, test_iter)
@@ -749,23 +764,23 @@ def _cpu_devices(num_gpus, device):
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.train``; returns the exit code (docs/outputs.md).
 
-    The flags are read first, by argparse alone: the threads are chosen for the devices they
+    The run is resolved first (``resolve``): the threads are chosen for the devices its flags
     name (with ``--resume``, those of the run it continues) before MXNet starts
     (``startup.before_mxnet``), then the rest of the package loads.
     """
     entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = None
+    args, joined = None, len(_JOINED)
+
+    def start(flags):  # no MXNet yet
+        startup.before_mxnet(PROG, _cpu_devices(flags.num_gpus, flags.device))
 
     def body():
         nonlocal args
-        flags = read_flags(argv)  # no MXNet yet
-        on = _run_flags(flags) if flags.resume else flags  # a resumed run's devices
         # From the entry file, a signal before DeferredInterrupt takes over is one line too.
         with startup.starting(PROG) if entry else contextlib.nullcontext():
-            startup.before_mxnet(PROG, _cpu_devices(on.num_gpus, on.device))
+            args = resolve(argv, start)
             from ..handlers.interrupts import DeferredInterrupt
-            args = flags if flags.resume else _complete(flags)
         with DeferredInterrupt() as interrupt:
             run(args, interrupt)
 
@@ -778,12 +793,12 @@ def main(argv=None):
         return {'saved': lambda e, why: _kept(args, e, why),
                 'lr': settled and ('--lr', args.lr),
                 'batch': settled and ('--batch-size', args.batch_size),
-                'devices': (args.num_gpus * getattr(args, 'num_workers', 1), simulated or 0),
+                'devices': (args.num_gpus * args.num_workers, simulated or 0),
                 'horovod': args.kvstore == 'horovod'}
 
     failed = {}
     code = cli.run_command(PROG, argv, body, story)
-    if code and (getattr(args, 'joined', False) or (entry and failed.get('memory'))):
+    if code and (len(_JOINED) > joined or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients. After
         # memory ran out, MXNet's engine may hold half-made arrays: its exit handlers crashed
