@@ -1005,7 +1005,7 @@ def build_parser():
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
     p.add_argument('--record', metavar='PATH', type=cli.output_file(
-                       '--record', ('.jsonl',), 'docs/records/book-table.jsonl'),
+                       '--record', 'docs/records/book-table.jsonl'),
                    help='the record to append to, or with --page or --tables, to make the '
                         'tables of (default: docs/records/book-table.jsonl, or '
                         'docs/records/bf16-table.jsonl for bfloat16)')
@@ -1060,7 +1060,8 @@ def _main(args):
     from gluon_mgpu.handlers.interrupts import DeferredInterrupt
     from gluon_mgpu.runtime.precision import check_dtype
     if args.record:
-        cli.check_output('--record', args.record)
+        cli.check_output('--record', args.record, suffixes=('.jsonl',),
+                         example='docs/records/book-table.jsonl')
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)

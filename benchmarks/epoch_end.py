@@ -248,7 +248,7 @@ def build_parser():
     p.add_argument('--decompose', type=cli.whole('--decompose', 0), default=0,
                    help="for each of the last N steps, also test the step's new weights and its "
                         "new running statistics apart (default: 0)")
-    p.add_argument('--output', type=cli.output_file('--output', ('.json',), 'epoch-end.json'),
+    p.add_argument('--output', type=cli.output_file('--output', 'epoch-end.json'),
                    help='write the result as JSON here (checked before the epoch trains)')
     p.add_argument('--data-dir', help="Fashion-MNIST's folder (default: searched)")
     return p
@@ -273,7 +273,7 @@ def _explain(e):
 
 def _main(args):
     if args.output:
-        cli.check_output('--output', args.output)
+        cli.check_output('--output', args.output, suffixes=('.json',), example='epoch-end.json')
     # SIGTERM or SIGHUP, before MXNet or while it loads: one line and 143 or 129, never silent.
     with startup.starting(PROG):
         record = checkpoint_json(args.checkpoint_dir, args.from_epoch)

@@ -106,27 +106,26 @@ def _empty(flag, text, example):
         raise _refuse(flag, 'is empty (%r; an unset variable?)' % text, example)
 
 
-def output_file(flag, suffixes=None, example='run.json'):
-    """A path of a file the command writes, ending in one of ``suffixes``; whether it may be
-    written is checked once it is resolved (``check_output``), never while parsing."""
+def output_file(flag, example='run.json'):
+    """A path of a file the command writes; whether it may be written, and its name's ending,
+    are checked once it is resolved (``check_output``), never while parsing."""
     def parse(text):
         _empty(flag, text, example)
-        path = os.path.expanduser(text)
-        if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
-            raise _refuse(flag, '%s: the name must end in %s' % (text, ' or '.join(suffixes)),
-                          example)
-        return path
+        return os.path.expanduser(text)
     return parse
 
 
-def check_output(flag, path, mxnet=False):
-    """``UsageError`` for an output ``path`` the command may not write (``files.output_problem``);
-    with ``mxnet``, one MXNet's own writer would not open as Python does
-    (``files.mxnet_path_problem``)."""
+def check_output(flag, path, mxnet=False, suffixes=None, example='run.json'):
+    """``UsageError`` for an output ``path`` the command may not write (``files.output_problem``;
+    with ``mxnet``, one MXNet's own writer would not open as Python does,
+    ``files.mxnet_path_problem``), or whose name does not end in one of ``suffixes``."""
     problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
     if problem:
         raise UsageError('argument %s: %s %s: %s (see --help)' % (flag, flag, shown(path),
                                                                    problem))
+    if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
+        raise UsageError('argument %s: %s (see --help)' % (flag, _refuse(
+            flag, '%s: the name must end in %s' % (shown(path), ' or '.join(suffixes)), example)))
 
 
 def output_folder(flag, example='runs/a', mxnet=True):

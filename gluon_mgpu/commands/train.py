@@ -77,7 +77,7 @@ def build_parser():
                    help='write arguments, devices, per-epoch numbers and the summary to this '
                         'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
     p.add_argument('--plot', metavar='PATH',
-                   type=cli.output_file('--plot', PLOT_SUFFIXES, 'curves.png'),
+                   type=cli.output_file('--plot', 'curves.png'),
                    help='draw test accuracy and training loss per epoch into this .png (an '
                         '.svg name writes the .svg and a .png beside it), redrawn every epoch')
     p.add_argument('--model', choices=MODELS, default='resnet18',
@@ -152,7 +152,8 @@ def _check_outputs(args):
         given = getattr(args, flag[2:].replace('-', '_'))
         if not given:
             continue
-        cli.check_output(flag, given, mxnet=flag == '--save-params')
+        cli.check_output(flag, given, mxnet=flag == '--save-params',
+                         suffixes=PLOT_SUFFIXES if flag == '--plot' else None, example='curves.png')
         for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
             problem = path != given and files.output_problem(path)
             if problem:  # the .png beside an .svg
