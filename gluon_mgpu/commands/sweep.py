@@ -183,10 +183,10 @@ def _prepare_output_dir(path, locks):
                              'folder' % path)
     for name in (TABLE_FILE, PLOT_FILE):  # found now, not after every setting has trained
         target = os.path.join(path, name)
+        problem = files.name_problem(target)
+        if problem:
+            raise cli.UsageError('--output-dir %s: %s: %s' % (path, target, problem))
         try:
-            problem = files.name_problem(target)
-            if problem:
-                raise ValueError('%s: %s' % (target, problem))
             locks.append(files.lock_file(os.path.join(path, '.%s.lock' % name), target))
         except (OSError, ValueError) as e:
             raise cli.UsageError('--output-dir %s: %s' % (path, e)) from None
