@@ -262,12 +262,12 @@ def main(argv=None):
                            lambda e: {'own': _explain(e)})
 
 
-def _explain(e):
+def _explain(e, prog=PROG):
     from gluon_mgpu.handlers.checkpoint import CheckpointError
     if isinstance(e, CheckpointError):
-        return 2, cli.error_line(PROG, e)
+        return 2, cli.error_line(prog, e)
     if isinstance(e, files.OutputError):
-        return 1, cli.error_line(PROG, e)
+        return 1, cli.error_line(prog, e)
     return None
 
 
