@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import os
 import re
+import shlex
 import sys
 
 from ..commands.cli import UsageError
@@ -79,16 +80,16 @@ def data_error(e, data_dir=None):
                       .replace('or None for all', 'or leave it out for all'))
 
 
-def check_training_images(train_iter, num_devices, data_dir=None, flag='--num-gpus'):
+def check_training_images(train_iter, num_devices, data_dir=None):
     """``UsageError`` when the training data (``train_iter.num_examples``, after any
     ``--train-limit``) holds fewer images than ``num_devices``: a device would get no data."""
     count = train_iter.num_examples
     if count < num_devices:
         raise UsageError('%sthe training data holds %d image%s, fewer than the %d devices, so '
-                         'some device would get no data; pass %s %d or fewer, or a data folder '
-                         'with more images' % ('' if data_dir is None else '--data-dir %s: '
-                                               % data_dir, count, '' if count == 1 else 's',
-                                               num_devices, flag, count))
+                         'some device would get no data; pass --num-gpus %d or fewer, or a data '
+                         'folder with more images' % ('' if data_dir is None else '--data-dir %s: '
+                                                      % data_dir, count, '' if count == 1 else 's',
+                                                      num_devices, count))
 
 
 # Each device's replica of a network and its gradients, in float32 bytes (tests/test_cli.py
@@ -100,11 +101,12 @@ def devices_for(num_gpus, device, model=None, warn=True):
     """``get_devices(num_gpus, device, warn)``, with its refusal as the command's ``UsageError``;
     and ``check_memory`` for replicas of ``model`` on them."""
     from ..devices import get_devices
+    flags = '--num-gpus %d --device %s' % (num_gpus, device)
     try:
         found = get_devices(num_gpus, device, warn)
     except ValueError as e:
-        raise UsageError('--num-gpus %d --device %s: %s' % (num_gpus, device, e)) from None
-    check_memory(found, model, '--num-gpus %d --device %s' % (num_gpus, device))
+        raise UsageError('%s: %s' % (flags, e)) from None
+    check_memory(found, model, flags)
     return found
 
 
@@ -450,3 +452,34 @@ def _split(args, net, devices, test_iter):
         values, ' images/s (measured)' if measured else '',
         ', '.join(map(str, weighted.slice_sizes(batch, weights))), batch)
     return weighted.split_by_weights(weights), line
+
+
+def kept(args, prog, e, why):
+    """What the failed run ``args`` kept (``cli.failure``'s ``saved``, ``why`` its failure): its
+    checkpoints and how to resume with ``prog``; after divergence, where to start again."""
+    from ..handlers import checkpoint
+    directory, done = args.checkpoint_dir, None
+    if why is not None and directory is not None:
+        done = (checkpoint.list_checkpoints(directory) or [0])[-1]
+    resume = '%s --checkpoint-dir %s --resume' % (prog, directory and shlex.quote(directory))
+    if why == 'training diverged':
+        try:
+            broken = done and checkpoint.nonfinite(
+                directory, checkpoint.read_checkpoint(directory, done))
+        except checkpoint.CheckpointError:  # changed since: --resume will say how
+            broken = None
+        if broken:  # its loss was finite, but its weights or running statistics are not
+            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
+                    'infinite values)' % done)
+        return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
+                'with a finite loss: %s --lr %g' % (done, resume, args.lr / 10) if done else '')
+    if why is None:
+        return ''
+    if done is None:
+        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
+    if done == 0:
+        return '%s %s holds no checkpoint yet; run the same command again to start over' % (
+            ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',
+            directory)
+    return '; the checkpoint of epoch %d in %s is complete; to resume: %s' % (done, directory,
+                                                                             resume)

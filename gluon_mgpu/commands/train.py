@@ -329,10 +329,6 @@ def _complete(args, recorded=None):
                       recorded=recorded, outputs=_check_outputs(args)))
 
 
-def _resume_command(directory, extra=''):
-    return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
-
-
 def _unrecordable(recorded):
     """Why ``recorded`` (a checkpoint's ``argv``) is not a line ``recorded_argv`` writes, or
     None: it may hold no --help, --resume, folder or abbreviation."""
@@ -418,44 +414,6 @@ def _resume(args):
     return record
 
 
-def _saved_epochs(args):
-    from ..handlers import checkpoint
-    if args is None or args.checkpoint_dir is None:
-        return None
-    done = checkpoint.list_checkpoints(args.checkpoint_dir)
-    return done[-1] if done else 0
-
-
-def _kept(args, e, why):
-    """What a failed run kept (``cli.failure``'s ``saved``): its checkpoints and how to
-    resume; after divergence, where to start again."""
-    done = None if why is None else _saved_epochs(args)
-    if why == 'training diverged':
-        from ..handlers import checkpoint
-        try:
-            broken = done and checkpoint.nonfinite(
-                args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
-        except checkpoint.CheckpointError:  # changed since: --resume will say how
-            broken = None
-        if broken:  # its loss was finite, but its weights or running statistics are not
-            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
-                    'infinite values)' % done)
-        return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
-                'with a finite loss: %s'
-                % (done, _resume_command(args.checkpoint_dir, ' --lr %g' % (args.lr / 10)))
-                if done else '')
-    if why is None:
-        return ''
-    if done is None:
-        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
-    if done == 0:
-        return '%s %s holds no checkpoint yet; run the same command again to start over' % (
-            ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',
-            args.checkpoint_dir)
-    return ('; the checkpoint of epoch %d in %s is complete; to resume: %s'
-            % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
-
-
 def _cpu_devices(num_gpus, device):
     """How many CPU contexts ``--num-gpus`` and ``--device`` make (None for GPUs), known before
     MXNet starts: the count its threads are chosen for (docs/devices.md)."""
@@ -492,7 +450,7 @@ def main(argv=None):
         failed['memory'] = cli.out_of_memory(e)
         settled = args.lr is not None  # with --resume: once merged with the run's
         simulated = args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device)
-        return {'saved': lambda e, why: _kept(args, e, why),
+        return {'saved': lambda e, why: runs.kept(args, PROG, e, why),
                 'lr': settled and ('--lr', args.lr),
                 'batch': settled and ('--batch-size', args.batch_size),
                 'devices': (args.num_gpus * args.num_workers, simulated or 0),
