@@ -33,12 +33,14 @@ class Run(argparse.Namespace):
     the others are the train command's defaults below (``tests/test_sweep.py`` checks they
     agree). ``label``, for a setting of a sweep, starts its progress lines (``'2 devices, '``);
     the sweep has announced its devices and checked ``--dtype`` for all its settings, and its
-    ``running on`` line also gives the batch and learning rate, which change between settings.
+    ``running on`` line also gives the batch and learning rate, which change between settings;
+    ``most_devices``, its largest setting's count, which its training images must cover before
+    the first setting trains (default: ``num_gpus``).
     """
 
     kvstore, loader, model, parallel, balance = 'device', 'array', 'resnet18', 'data', 'even'
     checkpoint_dir = save_params = metrics_json = plot = warmup_steps = check_replicas = None
-    device_weights = label = None
+    device_weights = label = most_devices = None
     resume = sync_bn = quiet = False
     num_workers, outputs = 1, {}
 
@@ -226,7 +228,7 @@ def _train(args, prog, extra, record, recorded_argv):
     devices = devices_for(args.num_gpus, args.device,
                           args.model if args.parallel in ('data', 'scratch') else None,
                           warn=args.label is None)
-    check_training_images(train_iter, args.num_gpus, args.data_dir)
+    check_training_images(train_iter, args.most_devices or args.num_gpus, args.data_dir)
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
                          'computes each operator in the thread that issues it, so the first '
