@@ -287,11 +287,12 @@ def _main(args):
 
 
 def _replay(args, record, interrupt):
+    from gluon_mgpu.assembly.runs import data_error
     from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
     try:
         find_data_dir(args.data_dir)
     except (DataError, DataNotFoundError) as e:
-        raise cli.data_error(e, args.data_dir) from None
+        raise data_error(e, args.data_dir) from None
     record, run = read_run(args.checkpoint_dir, args.from_epoch, record)
     result = replay(args.checkpoint_dir, record, run, args.test_limit, args.every, args.last,
                     args.data_dir, args.decompose, interrupt)

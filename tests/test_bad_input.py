@@ -213,7 +213,7 @@ def test_more_devices_than_gpus_present(monkeypatch, capsys, data_dir):
 # Unexpected errors: one line and a hint, or the traceback with --debug.
 
 def _boom(message, cls=TypeError):
-    def run(args, interrupt=None):
+    def run(args, *rest):
         raise cls(message)
     return run
 
@@ -221,7 +221,7 @@ def _boom(message, cls=TypeError):
 @pytest.fixture
 def broken_run(monkeypatch):
     monkeypatch.delenv('GLUON_MGPU_DEBUG', raising=False)
-    cli = sys.modules['gluon_mgpu.commands.train']
+    cli = sys.modules['gluon_mgpu.assembly.runs']
     monkeypatch.setattr(cli, 'run', _boom("unsupported operand type(s) for +: 'int' and 'str'"))
     return cli
 
@@ -261,7 +261,7 @@ def test_an_mxnet_error_is_shortened_to_its_message(monkeypatch, capsys):
     message = ('Traceback (most recent call last):\n  File "../src/storage/storage.cc", line 199'
                '\n  [bt] (0) libmxnet.so(+0x1234)\n'
                'MXNetError: Check failed: e == cudaSuccess: out of memory\n')
-    monkeypatch.setattr(sys.modules['gluon_mgpu.commands.train'], 'run', _boom(message, MXNetError))
+    monkeypatch.setattr(sys.modules['gluon_mgpu.assembly.runs'], 'run', _boom(message, MXNetError))
     assert main([]) == 1
     err = capsys.readouterr().err
     assert err.startswith('python -m gluon_mgpu.train: error: unexpected MXNetError: Check '

@@ -8,6 +8,7 @@ import pytest
 
 import gluon_mgpu
 from gluon_mgpu import data, devices
+from gluon_mgpu.assembly import runs
 from gluon_mgpu.commands.train import main, parse_args
 
 
@@ -278,7 +279,6 @@ def test_the_command_line_pages_synopsis_lists_every_flag_of_the_train_command()
 
 def test_replica_bytes_are_the_networks_parameters_and_gradients():
     from gluon_mgpu import training
-    from gluon_mgpu.commands import cli
     for model in ('resnet18', 'lenet'):
         net = training.new_network(model, hybridize=False)
         net.initialize(ctx=mx.cpu())
@@ -286,7 +286,7 @@ def test_replica_bytes_are_the_networks_parameters_and_gradients():
         params = list(net.collect_params().values())
         count = sum(p.data().size for p in params) + sum(
             p.data().size for p in params if p.grad_req != 'null')
-        assert cli.REPLICA_BYTES[model] == 4 * count, model
+        assert runs.REPLICA_BYTES[model] == 4 * count, model
 
 
 def test_replicas_that_do_not_fit_in_memory_are_refused(monkeypatch):
@@ -295,17 +295,17 @@ def test_replicas_that_do_not_fit_in_memory_are_refused(monkeypatch):
     monkeypatch.setattr(threads, 'memory_bytes', lambda: 1 << 30)  # 1 GiB: 12 replicas
     cpus = [mx.cpu(i) for i in range(13)]
     with pytest.raises(cli.UsageError) as e:
-        cli.check_memory(cpus, 'resnet18', '--num-gpus 13 --device cpu')
+        runs.check_memory(cpus, 'resnet18', '--num-gpus 13 --device cpu')
     assert str(e.value) == ("--num-gpus 13 --device cpu: 13 simulated devices would each hold a "
                             "replica of resnet18 with its gradients (85.3 MiB), 1.1 GiB in all, "
                             "more than this machine's 1.0 GiB of memory; pass --num-gpus 12 or "
                             "fewer")
-    assert cli.check_memory(cpus[:12], 'resnet18', '') is None
-    assert cli.check_memory(cpus, 'lenet', '') is None
-    assert cli.check_memory(cpus, None, '') is None  # a split network holds no replicas
-    assert cli.check_memory([mx.gpu(i) for i in range(13)], 'resnet18', '') is None
+    assert runs.check_memory(cpus[:12], 'resnet18', '') is None
+    assert runs.check_memory(cpus, 'lenet', '') is None
+    assert runs.check_memory(cpus, None, '') is None  # a split network holds no replicas
+    assert runs.check_memory([mx.gpu(i) for i in range(13)], 'resnet18', '') is None
     monkeypatch.setattr(threads, 'memory_bytes', lambda: None)
-    assert cli.check_memory(cpus, 'resnet18', '') is None
+    assert runs.check_memory(cpus, 'resnet18', '') is None
 
 
 def test_one_table_words_every_commands_failures_and_the_command_adds_what_it_kept():

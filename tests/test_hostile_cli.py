@@ -20,6 +20,7 @@ import time
 import mxnet as mx
 import pytest
 
+from gluon_mgpu.assembly import runs
 from gluon_mgpu.handlers import checkpoint
 from gluon_mgpu.commands.train import build_parser, main
 from gluon_mgpu.runtime import files
@@ -511,9 +512,8 @@ def test_a_million_devices_are_refused_at_once_in_one_short_line(capsys, data_di
 
 
 def test_more_replicas_than_memory_are_refused_before_any_is_made(data_dir):
-    from gluon_mgpu.commands import cli
     from gluon_mgpu.runtime.threads import memory_bytes
-    n = memory_bytes() // cli.REPLICA_BYTES['resnet18'] + 1
+    n = memory_bytes() // runs.REPLICA_BYTES['resnet18'] + 1
 
     def limit_memory():  # were the check gone, the replicas would fail here, not fill the machine
         resource.setrlimit(resource.RLIMIT_AS, (8 << 30, 8 << 30))
@@ -525,7 +525,7 @@ def test_more_replicas_than_memory_are_refused_before_any_is_made(data_dir):
     assert line == ("%s: error: --num-gpus %d --device cpu: %d simulated devices would each hold "
                     "a replica of resnet18 with its gradients (85.3 MiB), %.1f GiB in all, more "
                     "than this machine's %.1f GiB of memory; pass --num-gpus %d or fewer"
-                    % (PROG, n, n, n * cli.REPLICA_BYTES['resnet18'] / 2 ** 30,
+                    % (PROG, n, n, n * runs.REPLICA_BYTES['resnet18'] / 2 ** 30,
                        memory_bytes() / 2 ** 30, n - 1))
 
 
@@ -1023,11 +1023,10 @@ def test_45_4_devices_beyond_the_processs_memory_limit_are_refused_before_traini
                                 '--train-limit', '256', '--test-limit', '128')
     assert (run.returncode, run.stdout) == (2, ''), run.stderr
     line = run.stderr.splitlines()[-1]
-    # The cost of a device is an estimate (cli.DEVICE_COST), and the line says so; what the
+    # The cost of a device is an estimate (runs.DEVICE_COST), and the line says so; what the
     # process holds already is measured on the machine that runs the test.
-    from gluon_mgpu.commands import cli
-    fixed, times = cli.DEVICE_COST['address']
-    each = fixed + times * cli.REPLICA_BYTES['resnet18']
+    fixed, times = runs.DEVICE_COST['address']
+    each = fixed + times * runs.REPLICA_BYTES['resnet18']
     found = re.fullmatch(
         r"%s: error: --num-gpus 16 --device cpu: 16 simulated devices would need about %s GiB "
         r"more address space \(estimated: about %d MiB each for a replica of resnet18, its "

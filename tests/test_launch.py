@@ -551,9 +551,10 @@ def test_a_workers_save_params_path_is_checked_before_training(tmp_path):
 
 FAIL_ON_RANK_1 = '''
 import sys
+from gluon_mgpu.assembly import runs
 from gluon_mgpu.commands import train
 from gluon_mgpu.runtime import files
-joined = train._data_parallel
+joined = runs._data_parallel
 
 
 def data_parallel(args, rank, *rest):
@@ -562,7 +563,7 @@ def data_parallel(args, rank, *rest):
     return joined(args, rank, *rest)
 
 
-train._data_parallel = data_parallel
+runs._data_parallel = data_parallel
 sys.exit(train.main(sys.argv[1:]))
 '''
 

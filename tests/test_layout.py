@@ -68,7 +68,7 @@ def _cycle(graph):
 def test_no_module_imports_one_that_imports_it_back():
     mods = _modules()
     graph = {m: _imports(m, p, mods) for m, p in mods.items()}
-    assert 'gluon_mgpu.parallel.weighted' in graph['gluon_mgpu.commands.train']
+    assert 'gluon_mgpu.parallel.weighted' in graph['gluon_mgpu.assembly.runs']
     assert _cycle(graph) is None
     # The check finds a cycle when there is one (balance.py and training.py had one).
     graph['gluon_mgpu.training'] = graph['gluon_mgpu.training'] | {'gluon_mgpu.parallel.loop'}
@@ -79,7 +79,7 @@ def test_no_module_imports_one_that_imports_it_back():
 # The package's layers, lowest first: a module imports modules of its own layer or below only.
 # Above them: the entry files (gluon_mgpu/train.py, ..., replicas/__main__.py) and __init__.
 LAYERS = (('runtime', '_version'), ('devices', 'data', 'model', 'replicas'), ('handlers',),
-          ('training', 'train_checks'), ('parallel',), ('commands',))
+          ('training', 'train_checks'), ('parallel',), ('assembly', 'commands'))
 
 
 def _layer(name):
@@ -120,7 +120,7 @@ def test_no_command_module_imports_another():
 
 def test_the_chapters_modules_are_at_the_top_and_the_rest_in_folders():
     top = sorted(f for f in os.listdir(PACKAGE) if not f.startswith(('_', '.')))
-    assert top == ['commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',
+    assert top == ['assembly', 'commands', 'compare.py', 'data.py', 'devices.py', 'env.py', 'handlers',
                    'launch.py', 'model.py', 'parallel', 'replicas', 'runtime', 'sweep.py',
                    'train.py', 'train_checks.py', 'training.py']
     # The command names at the top are entry files that only start their command.

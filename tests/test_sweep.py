@@ -10,6 +10,7 @@ import pytest
 
 import gluon_mgpu
 from gluon_mgpu import devices
+from gluon_mgpu.assembly import runs
 from gluon_mgpu.handlers import events
 from gluon_mgpu.commands import sweep
 from gluon_mgpu.runtime import files
@@ -162,7 +163,8 @@ def test_plan_without_gpu_warns_once_for_the_whole_sweep(monkeypatch, caplog):
         "sharing this machine's CPU: the data parallelism is real, a speed-up is not expected"]
 
 
-# Failures in a setting: main() with run_setting replaced, so nothing trains for real.
+# Failures in a setting: main() with the training of every setting replaced (the network and
+# its fit, which the train command's run builds), so nothing trains for real.
 
 @pytest.fixture
 def failing_sweep(monkeypatch, tmp_path, caplog):
@@ -173,19 +175,46 @@ def failing_sweep(monkeypatch, tmp_path, caplog):
         types.SimpleNamespace(num_examples=1000), types.SimpleNamespace(num_examples=500)))
 
     def run(argv, fail_at, error):
-        def run_setting(setting, *args):
-            n = setting['num_devices']
-            if n == fail_at:
-                raise error
-            row = _row(n, 10.0 / n, 0.5)
-            row['line'] = 'test acc: 0.50, %.1f sec/epoch on %d devices' % (10.0 / n, n)
-            return row
-        monkeypatch.setattr(sweep, 'run_setting', run_setting)
+        def data_parallel(args, rank, seed, record, contexts, *rest):
+            def fit(train_iter, test_iter, handlers):
+                n = len(contexts)
+                if n == fail_at:
+                    raise error
+                return _row(n, 10.0 / n, 0.5)['history']
+            return None, None, fit
+        monkeypatch.setattr(runs, '_data_parallel', data_parallel)
         code = sweep.main(argv + ['--output-dir', str(tmp_path / 'out')])
         # Whatever happens, the no-GPU warning comes once.
         assert len(_gluon_warnings(caplog)) == 1
         return code
     return run
+
+
+def test_the_sweep_trains_every_setting_with_the_train_commands_run(monkeypatch, tmp_path,
+                                                                     capsys):
+    from gluon_mgpu.commands import train
+    monkeypatch.setattr(devices, 'num_gpus', lambda: 0)
+    called = []
+
+    def run(args, prog, *rest):
+        called.append((prog, args.num_gpus, args.batch_size, args.lr, args.label))
+        raise KeyboardInterrupt
+    monkeypatch.setattr(runs, 'run', run)
+    assert train.main(['--num-gpus', '2', '--batch-size', '8']) == 130
+    assert sweep.main(['--num-gpus', '2', '1', '--batch-size-per-device', '8', '--output-dir',
+                       str(tmp_path)]) == 130
+    assert called == [('python -m gluon_mgpu.train', 2, 8, 0.2, None),
+                      ('python -m gluon_mgpu.sweep', 2, 16, 0.2, '2 devices, ')]
+
+
+def test_a_run_built_directly_takes_the_train_commands_defaults():
+    from gluon_mgpu.commands import train
+    defaults = {a.dest: a.default for a in train.build_parser()._actions}
+    own = {k: v for k, v in vars(runs.Run).items()
+           if not k.startswith('_') and k not in ('label', 'most_devices', 'num_workers',
+                                                  'outputs')}
+    assert len(own) == 15
+    assert own == {k: defaults[k] for k in own}
 
 
 def _table_rows(text):

@@ -14,6 +14,7 @@ import sys
 
 import numpy as np
 
+from ..assembly import runs
 from ..devices import format_devices, simulated
 from ..runtime import startup
 from . import cli
@@ -466,7 +467,7 @@ def _compare(args):
         load_data_fashion_mnist(batch_size, data_dir=args.data_dir, train_limit=train_limit,
                                 test_limit=EQUALITY_TEST_LIMIT)
     except (DataError, DataNotFoundError) as e:
-        raise cli.data_error(e, args.data_dir) from None
+        raise runs.data_error(e, args.data_dir) from None
     except ValueError as e:
         raise cli.UsageError('%s: the step row trains on %d images and tests on %d, more than '
                              'it holds (%s); give the whole data set'

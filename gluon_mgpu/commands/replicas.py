@@ -6,6 +6,7 @@ import sys
 
 from .. import devices as devices_mod
 from . import cli
+from ..assembly import runs
 from ..replicas import format_replica_report, get_replica, inspect_replicas
 from ..runtime import startup
 
@@ -30,7 +31,7 @@ def run(args):
     from mxnet.gluon.parameter import DeferredInitializationError
 
     from .. import training
-    devices = cli.devices(args.num_gpus, args.device, 'resnet18')
+    devices = runs.devices_for(args.num_gpus, args.device, 'resnet18')
     print('running on:', devices_mod.format_devices(devices))
     if args.seed is not None:
         mx.random.seed(args.seed)

@@ -8,6 +8,7 @@ import sys
 
 from .. import devices as devices_mod
 from . import cli
+from ..assembly import runs
 from ..runtime import files, startup
 from ..runtime.checks import check_whole
 
@@ -47,10 +48,9 @@ def plan_sweep(num_gpus, batch_size_per_device=cli.BOOK_PER_DEVICE[0],
              'lr': lr_per_device * n} for n in counts]
 
 
-def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridize=True,
-                event_handlers=(), dtype='float32', force_dtype=False):
-    """Train a fresh ResNet-18 for one ``plan_sweep`` setting on iterators batched by its
-    ``batch_size``; return its row of the table. ``event_handlers`` come after a ``LossGuard``.
+def run_setting(args, setting, handlers=()):
+    """Train a fresh ResNet-18 for one ``plan_sweep`` setting with the sweep's flags ``args``, by
+    the train command's own ``runs.run`` (``handlers`` after its own); return its row of the table.
 
     Returns
     -------
@@ -61,17 +61,19 @@ def run_setting(setting, train_iter, test_iter, num_epochs=4, seed=None, hybridi
         CPU contexts), ``line`` (the summary line) and ``history``.
     """
     from ..handlers import metrics
-    from ..handlers.events import LossGuard
-    devices = setting['devices']
-    fit = cli.data_parallel(devices, setting['lr'], num_epochs, hybridize=hybridize, seed=seed,
-                            dtype=dtype, force_dtype=force_dtype)[2]
-    history = fit(train_iter, test_iter, [LossGuard()] + list(event_handlers))
+    n, devices = setting['num_devices'], setting['devices']
+    history, train_iter, test_iter = runs.run(runs.Run(
+        num_gpus=n, device=args.device, batch_size=setting['batch_size'], lr=setting['lr'],
+        epochs=args.epochs, data_dir=args.data_dir, train_limit=args.train_limit,
+        test_limit=args.test_limit, seed=args.seed, hybridize=args.hybridize, dtype=args.dtype,
+        force_dtype=args.force_dtype, label=devices_mod.plural(n, 'device') + ', ',
+        most_devices=max(args.num_gpus)), PROG, handlers)
     summary = metrics.summarize(history, devices)
     # Epoch 1 also pays one-time set-up (graph building, memory allocation): time the later
     # epochs when there are any.
     timed_epochs = history[1:] or history
     timed = metrics.summarize(timed_epochs, devices)
-    return dict(setting, devices=[str(d) for d in devices], epochs=num_epochs,
+    return dict(setting, devices=[str(d) for d in devices], epochs=args.epochs,
                 train_images=train_iter.num_examples, test_images=test_iter.num_examples,
                 timed_epochs=[r['epoch'] for r in timed_epochs],
                 sec_per_epoch=timed['sec_per_epoch'], images_per_sec=timed['images_per_sec'],
@@ -203,8 +205,6 @@ def _prepare_output_dir(path, locks):
 def _run(args, state):
     """Plan, train every setting and write the results. ``state['rows']`` collects the
     finished rows, ``state['setting']`` is the one under way (else None), for the error line."""
-    from .. import data
-    from ..handlers import progress
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
@@ -223,35 +223,15 @@ def _run(args, state):
                              '--train-limit %d or more' % (args.train_limit, top['num_devices'],
                                                            top['num_devices']))
     largest = top['devices']
-    cli.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
+    runs.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
         ' '.join(map(str, args.num_gpus)), args.device))
-    cli.check_dtype(PROG, args.dtype, largest, args.force_dtype)
+    runs.check_dtype(PROG, args.dtype, largest, args.force_dtype)
     _prepare_output_dir(args.output_dir, state['locks'])
-    mode = progress.choose_mode()
     rows = state['rows']
     for s in settings:
         state['setting'] = s
-        try:
-            train_iter, test_iter = data.load_data_fashion_mnist(
-                s['batch_size'], data_dir=args.data_dir, train_limit=args.train_limit,
-                test_limit=args.test_limit, seed=args.seed)
-        except (data.DataError, data.DataNotFoundError, ValueError) as e:
-            raise cli.data_error(e) from None
-        if not rows:  # the same images for every setting: checked once, for the largest
-            cli.check_training_images(train_iter, top['num_devices'], args.data_dir)
-        print('running on: %s (global batch %d, lr %g%s)' % (
-            devices_mod.format_devices(s['devices']), s['batch_size'], s['lr'],
-            '' if args.dtype == 'float32' else ', ' + args.dtype), flush=True)
-        report = progress.Progress(args.epochs, train_iter.num_examples, mode,
-                                   label=devices_mod.plural(s['num_devices'], 'device') + ', ')
-        try:
-            # The DeferredInterrupt raises a Ctrl-C noted inside a __del__, after the step.
-            row = run_setting(s, train_iter, test_iter, args.epochs, args.seed, args.hybridize,
-                              [report, state['interrupt']], args.dtype, args.force_dtype)
-        finally:
-            report.close()
-        print(row['line'], flush=True)
-        rows.append(row)
+        # The DeferredInterrupt raises a Ctrl-C noted inside a __del__, after the step.
+        rows.append(run_setting(args, s, [state['interrupt']]))
     state['setting'] = None
     add_speedups(rows)
     print()

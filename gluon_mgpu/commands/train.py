@@ -7,31 +7,22 @@ import contextlib
 import functools
 import json
 import os
-import re
 import secrets
 import shlex
 import sys
 
 from . import cli
+from ..assembly import runs
+from ..assembly.runs import NOT_RECORDED as _NOT_RECORDED, OUTPUTS, Run, network_name
 from ..runtime import files, startup
-from ..runtime.choices import DIST_KVSTORES, JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
+from ..runtime.choices import JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
 from .cli import UsageError
 
 PROG = 'python -m gluon_mgpu.train'
 PLOT_SUFFIXES = ('.png', '.svg')
-_NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
-_JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 # Settings that define a run: continuing with other values would be a different run.
-# Files a run writes outside its checkpoint folder, recorded with its settings.
-OUTPUTS = ('metrics_json', 'plot', 'save_params')
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
-
-
-def network_name(args):
-    """The network ``args`` describe, as checkpoints record it: ``resnet18(10)``."""
-    from .. import model
-    return model.network_name(args.model, args.num_gpus if args.sync_bn else None)
 
 
 @functools.lru_cache(maxsize=None)  # one parser: parsing never changes it
@@ -171,23 +162,6 @@ def _check_outputs(args):
                                  'it in another folder' % (flag, path, mine and '--checkpoint-dir '
                                                            '%s' % args.checkpoint_dir or owner))
     return seen
-
-
-class Run(argparse.Namespace):
-    """A run's settings, resolved once (``resolve``) and read-only: every flag's value with the
-    per-device defaults filled in, ``given`` (the flags given, on ``--resume`` with the run's
-    recorded ones), ``now`` and ``argv`` (those of this command line), ``num_workers``,
-    ``outputs`` (``_check_outputs``'s, checked once) and ``recorded``: on ``--resume``, the
-    settings its latest checkpoint records (a ``Run``; None for one that could not be read)."""
-
-    def __init__(self, **settings):
-        vars(self).update(settings)
-
-    def __setattr__(self, name, value):
-        raise AttributeError('Run.%s: a run is resolved once (resolve) and read-only' % name)
-
-    def __delattr__(self, name):
-        self.__setattr__(name, None)
 
 
 def _recorded_options():
@@ -355,10 +329,6 @@ def _complete(args, recorded=None):
                       recorded=recorded, outputs=_check_outputs(args)))
 
 
-def _resume_command(directory, extra=''):
-    return '%s --checkpoint-dir %s --resume%s' % (PROG, shlex.quote(directory), extra)
-
-
 def _unrecordable(recorded):
     """Why ``recorded`` (a checkpoint's ``argv``) is not a line ``recorded_argv`` writes, or
     None: it may hold no --help, --resume, folder or abbreviation."""
@@ -444,317 +414,6 @@ def _resume(args):
     return record
 
 
-def _join_job(args, devices, train_iter):
-    """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
-    worker's shard and check that every worker trains the same run; return the kvstore and
-    the job's shared seed."""
-    from ..parallel import dist, horovod
-    workers = args.num_workers
-    if args.batch_size % workers or args.batch_size // workers < len(devices):
-        share = max(workers * len(devices), args.batch_size // workers * workers)
-        raise UsageError('--batch-size %d cannot be shared by %d workers with %d device(s) '
-                         'each (every worker takes an equal share, at least one example per '
-                         'device); pass --batch-size %d'
-                         % (args.batch_size, workers, len(devices), share))
-    if args.save_params is not None and args.kvstore in dist.DIST_KVSTORES:
-        _check_rank_paths(args.save_params, workers)
-    try:
-        train_iter.set_part(workers, 0)
-    except ValueError as e:
-        raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
-                         % (args.kvstore, e, args.train_limit, args.batch_size)) from None
-    if args.kvstore == 'horovod':
-        kv = horovod.HorovodKVStore()  # joins the job
-    else:
-        kv = startup.join_job(args.kvstore, PROG, dist.job_env()['root'])  # waits
-    # From here on, leaving normally would wait for the other workers (see main); so would
-    # freeing the kvstore (MXNet's barrier), so it is held until a failed worker's os._exit.
-    _JOINED.append(kv)
-    train_iter.set_part(kv.num_workers, kv.rank)
-    # Every setting of the run (not where files go, nor what is printed) as rank 0's, seed
-    # included: workers started by hand with other flags hung, or trained another run.
-    skip = _NOT_RECORDED + OUTPUTS + ('help', 'data_dir', 'quiet')
-    settings = {a.dest: getattr(args, a.dest) for a in build_parser()._actions
-                if a.dest not in skip}
-    try:
-        seed = train_iter.seed = dist.shared_run(
-            kv, dict(settings, seed=args.given.get('seed')), args.seed)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
-    return kv, seed
-
-
-def _check_rank_paths(path, workers):
-    """Before the job is joined (a worker that fails after it waits for the others at MXNet's
-    barrier): every worker's ``--save-params`` file, ``.rank<r>``, can be written. A dist job
-    keeps no checkpoints, so one found unwritable after the last epoch would lose the run."""
-    from ..parallel import dist
-    root, ext = os.path.splitext(os.path.basename(path))
-    own = re.compile(re.escape(root) + r'\.rank(0|[1-9][0-9]{0,9})' + re.escape(ext) + r'\Z')
-    try:
-        present = os.listdir(os.path.dirname(os.path.abspath(path)))
-    except OSError:
-        present = []
-    ranks = {0} | {int(m[1]) for m in map(own.match, present) if m and int(m[1]) < workers}
-    for rank in sorted(ranks):
-        problem = files.output_problem(dist.rank_path(path, rank))
-        if problem:
-            raise UsageError('--save-params %s: worker %d saves to %s: %s'
-                             % (path, rank, dist.rank_path(path, rank), problem))
-
-
-def _split(args, net, devices, test_iter):
-    """The split of --device-weights, or measured for --balance auto (None: the book's even
-    split); and its line, or None."""
-    from ..parallel import weighted
-    weights, measured = args.device_weights, args.balance == 'auto'
-    if measured:
-        X, y = next(iter(test_iter))
-        share = max(1, min(X.shape[0], args.batch_size // args.num_workers // len(devices)))
-        weights = weighted.measure_device_speeds(net, X[:share], y[:share], devices)
-    if weights is None:
-        return None, None
-    batch = args.batch_size // args.num_workers
-    values = ', '.join('%s %s' % (d, ('%.1f' % w) if measured else ('%g' % w))
-                       for d, w in zip(devices, weights))
-    line = 'device weights: %s%s -> slices of %s per batch of %d' % (
-        values, ' images/s (measured)' if measured else '',
-        ', '.join(map(str, weighted.slice_sizes(batch, weights))), batch)
-    return weighted.split_by_weights(weights), line
-
-
-def run(args, interrupt=None):
-    """Train the ``Run`` ``args`` (``resolve``), print the summary and return the history.
-
-    ``interrupt``, a ``DeferredInterrupt``, is the last event handler: it raises a Ctrl-C that
-    came inside a ``__del__`` (where Python drops it) right after that step or epoch.
-    """
-    from ..handlers import checkpoint
-    from ..parallel import horovod
-    directory, record = args.checkpoint_dir, None
-    with contextlib.ExitStack() as held:
-        # Rank 0 of a Horovod job holds the folder and writes, the others read; --resume into
-        # no folder is refused by _resume, without making one.
-        if directory and horovod.worker_rank() in (None, 0) and (
-                os.path.isdir(directory) or not args.resume):
-            try:
-                held.enter_context(checkpoint.lock_dir(directory))
-            except (checkpoint.CheckpointError, ValueError) as e:
-                raise UsageError('--checkpoint-dir %s: %s' % (directory, e)) from None
-        if args.resume:
-            try:
-                record = _resume(args)
-            except (checkpoint.CheckpointError, ValueError) as e:
-                raise UsageError('--resume: %s' % e) from None
-        elif directory:
-            done = checkpoint.list_checkpoints(directory)
-            if done:
-                raise UsageError('--checkpoint-dir %s already holds the checkpoints of a run (up '
-                                 'to epoch %d); add --resume to continue it, or pass another '
-                                 'folder to start a new run' % (directory, done[-1]))
-        # One writer per output: a dist job's workers share a command line, and rank 0 writes.
-        for real, (flag, given) in args.outputs.items() if horovod.worker_rank() in (
-                None, 0) and args.kvstore not in DIST_KVSTORES else ():
-            try:
-                held.enter_context(files.lock_file('%s/.%s.lock' % os.path.split(real), real))
-            except (OSError, ValueError) as e:
-                raise UsageError('%s %s: %s' % (flag, given, e)) from None
-        return _run(args, record, interrupt)
-
-
-def _file_handlers(args, devices, placement=None):
-    """The handlers that write ``--metrics-json`` and ``--plot``."""
-    from .. import devices as devices_mod
-    from ..handlers import metrics, plotting
-    handlers = []
-    if args.metrics_json:
-        try:
-            handlers.append(metrics.MetricsFile(
-                args.metrics_json, {k: v for k, v in vars(args).items()
-                                    if k not in ('given', 'now', 'argv', 'recorded', 'outputs')},
-                devices, placement))
-        except files.OutputError as e:
-            raise UsageError('--metrics-json: %s' % e) from None
-    if args.plot:
-        network = 'LeNet' if args.model == 'lenet' else 'ResNet-18'
-        if args.parallel != 'data':
-            network += ' split by %s' % args.parallel
-        handlers.append(plotting.PlotHandler(args.plot, title='%s, Fashion-MNIST: %s, batch %d, '
-                                             'lr %g' % (network, devices_mod.format_devices(
-                                                 devices), args.batch_size, args.lr)))
-    return handlers
-
-
-def _run(args, record, interrupt):
-    from .. import data, devices as devices_mod
-    from ..handlers import events, metrics, progress
-    from ..parallel import dist
-    try:
-        train_iter, test_iter = data.load_data_fashion_mnist(
-            args.batch_size, data_dir=args.data_dir, train_limit=args.train_limit,
-            test_limit=args.test_limit, seed=args.seed, loader=args.loader)
-    except (data.DataError, data.DataNotFoundError, ValueError) as e:
-        raise cli.data_error(e, args.data_dir) from None
-    # After the data: the device check may log a warning, and bad input gets one line only.
-    # The split networks of --parallel layers and channels hold no replicas.
-    devices = cli.devices(args.num_gpus, args.device,
-                          args.model if args.parallel in ('data', 'scratch') else None)
-    cli.check_training_images(train_iter, args.num_gpus, args.data_dir)
-    if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
-        raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
-                         'computes each operator in the thread that issues it, so the first '
-                         'device\'s SyncBatchNorm waits for devices whose work is never issued); '
-                         'unset MXNET_ENGINE_TYPE or drop --sync-bn')
-    kvstore, rank, save_path, seed = args.kvstore, 0, args.save_params, args.seed
-    if args.kvstore in JOB_KVSTORES:
-        kvstore, seed = _join_job(args, devices, train_iter)
-        rank = kvstore.rank
-    if save_path is not None and args.kvstore in dist.DIST_KVSTORES:
-        save_path = dist.rank_path(save_path, rank)  # every worker saves its own copy
-    lead = rank == 0  # the one worker of a job that prints and writes files
-    mode = progress.choose_mode(quiet=args.quiet or not lead)
-    if mode != 'quiet':
-        where = devices_mod.format_devices(devices)
-        if args.kvstore in JOB_KVSTORES:
-            where += ' (worker 0 of %d, kvstore %s)' % (args.num_workers, args.kvstore)
-        print('running on:', where, flush=True)
-    bar = progress.Progress(args.epochs, getattr(train_iter, 'examples_per_epoch', None), mode)
-    handlers = [events.LossGuard(), bar]
-    if args.parallel == 'data':
-        net, placement, fit = _data_parallel(args, rank, seed, record, devices, kvstore, mode,
-                                             handlers, test_iter)
-    else:
-        net, placement, fit = _split_parallel(args, devices, mode, handlers, test_iter)
-    if lead:
-        handlers += _file_handlers(args, devices, placement)
-    if interrupt is not None:
-        handlers.append(interrupt)
-    try:
-        history = fit(train_iter, test_iter, handlers)
-    finally:
-        bar.close()  # also when training stops with an error
-    # --save-params: a dist worker saves to its .rank<r> path; a Horovod worker has the same
-    # parameters as rank 0, which saves them.
-    if save_path is not None and (lead or args.kvstore != 'horovod'):
-        with files.atomic_path(save_path) as tmp:
-            net.save_parameters(tmp)
-    if lead:
-        print(metrics.format_summary(history, devices), flush=True)
-    return history
-
-
-def _data_parallel(args, rank, seed, record, devices, kvstore, mode, handlers, test_iter):
-    """The chapter's network and its handlers (``--parallel data``); ``(net, None, fit)``."""
-    from ..handlers import checkpoint, events, replica_check
-    cli.check_dtype(PROG, args.dtype, devices, args.force_dtype)
-    # The chapter's trainer.step(batch_size): each worker's share of the nominal batch.
-    net, trainer, fit = cli.data_parallel(
-        devices, args.lr, args.epochs, args.model, args.hybridize, seed, args.dtype,
-        args.force_dtype, kvstore, args.sync_bn, args.batch_size // args.num_workers)
-    if args.warmup_steps is not None:
-        handlers.append(events.LinearWarmup(args.warmup_steps, args.lr))
-    if record is not None:
-        try:
-            checkpoint.restore(args.checkpoint_dir, record, net, trainer, devices)
-        except checkpoint.CheckpointError as e:
-            raise UsageError('--resume: %s' % e) from None
-        trainer.set_learning_rate(args.lr)
-        if mode != 'quiet':
-            print('resuming after epoch %d of %d from %s' % (record['epoch'], args.epochs,
-                  checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
-                  flush=True)
-    if args.checkpoint_dir is not None:  # only rank 0 of a job writes
-        handlers.append(checkpoint.CheckpointHandler(None if rank else args.checkpoint_dir, {
-            'argv': recorded_argv(args), 'network': network_name(args), 'workers': args.num_workers,
-            'devices': [str(d) for d in devices]}, resume=record))
-    split_f, line = _split(args, net, devices, test_iter)
-    if line is not None and mode != 'quiet':
-        print(line, flush=True)
-    if args.check_replicas is not None:
-        handlers.append(replica_check.ReplicaCheck(args.check_replicas, verbose=mode != 'quiet'))
-    return net, None, lambda train_iter, test_iter, handlers: fit(train_iter, test_iter,
-                                                                  handlers, split_f)
-
-
-def _split_parallel(args, devices, mode, handlers, test_iter):
-    """``--parallel scratch|layers|channels``: the split network (it saves an ordinary
-    ``.params`` file) and its handlers; ``(split, placement, fit)``."""
-    from .. import parallel, training
-    from ..handlers import replica_check
-    from ..replicas.placement import format_bytes
-    import mxnet as mx
-    X, _ = next(iter(test_iter))  # a batch of the run's size, to measure the bytes
-    if args.seed is not None:
-        mx.random.seed(args.seed)
-    try:
-        if args.parallel == 'scratch':
-            split = parallel.make_parallel('scratch', devices, args.lr)
-        else:
-            net = parallel.init_one_device(training.new_network(args.model, hybridize=False),
-                                           devices[0])
-            split = parallel.make_parallel(args.parallel, devices, args.lr, net=net,
-                                           micro_batches=args.micro_batches, cut=args.cut,
-                                           sample=X.as_in_context(devices[0]))
-    except ValueError as e:
-        raise UsageError('--parallel %s: %s' % (args.parallel, e)) from None
-    placement = split.summary(X)
-    if args.hybridize and args.parallel != 'scratch':
-        split.hybridize(static_alloc=True)
-    if mode != 'quiet':
-        if hasattr(split, 'describe'):
-            print('split: %s' % split.describe(), flush=True)
-        params, activations = (', '.join(map(format_bytes, placement[k]))
-                               for k in ('parameter_bytes', 'activation_bytes'))
-        print('bytes per device: parameters %s; activations of a batch of %d: %s; copied per '
-              'step: %s' % (params, placement['batch_size'], activations,
-                            format_bytes(placement['copied_bytes_per_step'])), flush=True)
-    if args.check_replicas is not None:
-        handlers.append(replica_check.PlacementCheck(verbose=mode != 'quiet'))
-
-    def fit(train_iter, test_iter, handlers):
-        return parallel.train_split(split, train_iter, test_iter, args.lr, args.epochs, handlers,
-                                    batch_size=args.batch_size)
-    return split, placement, fit
-
-
-def _saved_epochs(args):
-    from ..handlers import checkpoint
-    if args is None or args.checkpoint_dir is None:
-        return None
-    done = checkpoint.list_checkpoints(args.checkpoint_dir)
-    return done[-1] if done else 0
-
-
-def _kept(args, e, why):
-    """What a failed run kept (``cli.failure``'s ``saved``): its checkpoints and how to
-    resume; after divergence, where to start again."""
-    done = None if why is None else _saved_epochs(args)
-    if why == 'training diverged':
-        from ..handlers import checkpoint
-        try:
-            broken = done and checkpoint.nonfinite(
-                args.checkpoint_dir, checkpoint.read_checkpoint(args.checkpoint_dir, done))
-        except checkpoint.CheckpointError:  # changed since: --resume will say how
-            broken = None
-        if broken:  # its loss was finite, but its weights or running statistics are not
-            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
-                    'infinite values)' % done)
-        return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
-                'with a finite loss: %s'
-                % (done, _resume_command(args.checkpoint_dir, ' --lr %g' % (args.lr / 10)))
-                if done else '')
-    if why is None:
-        return ''
-    if done is None:
-        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
-    if done == 0:
-        return '%s %s holds no checkpoint yet; run the same command again to start over' % (
-            ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',
-            args.checkpoint_dir)
-    return ('; the checkpoint of epoch %d in %s is complete; to resume: %s'
-            % (done, args.checkpoint_dir, _resume_command(args.checkpoint_dir)))
-
-
 def _cpu_devices(num_gpus, device):
     """How many CPU contexts ``--num-gpus`` and ``--device`` make (None for GPUs), known before
     MXNet starts: the count its threads are chosen for (docs/devices.md)."""
@@ -771,7 +430,7 @@ def main(argv=None):
     """
     entry = argv is None
     argv = sys.argv[1:] if argv is None else list(argv)
-    args, joined = None, len(_JOINED)
+    args, joined = None, len(runs.JOINED)
 
     def start(flags):  # no MXNet yet
         startup.before_mxnet(PROG, _cpu_devices(flags.num_gpus, flags.device))
@@ -783,7 +442,7 @@ def main(argv=None):
             args = resolve(argv, start)
             from ..handlers.interrupts import DeferredInterrupt
         with DeferredInterrupt() as interrupt:
-            run(args, interrupt)
+            runs.run(args, PROG, [interrupt], _resume, recorded_argv)
 
     def story(e):  # what cli.failure's line adds for this command
         if args is None:  # a bad flag, or MXNet did not start
@@ -791,7 +450,7 @@ def main(argv=None):
         failed['memory'] = cli.out_of_memory(e)
         settled = args.lr is not None  # with --resume: once merged with the run's
         simulated = args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device)
-        return {'saved': lambda e, why: _kept(args, e, why),
+        return {'saved': lambda e, why: runs.kept(args, PROG, e, why),
                 'lr': settled and ('--lr', args.lr),
                 'batch': settled and ('--batch-size', args.batch_size),
                 'devices': (args.num_gpus * args.num_workers, simulated or 0),
@@ -799,7 +458,7 @@ def main(argv=None):
 
     failed = {}
     code = cli.run_command(PROG, argv, body, story)
-    if code and (len(_JOINED) > joined or (entry and failed.get('memory'))):
+    if code and (len(runs.JOINED) > joined or (entry and failed.get('memory'))):
         # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
         # final barrier for the other workers, which wait for this one's gradients. After
         # memory ran out, MXNet's engine may hold half-made arrays: its exit handlers crashed
