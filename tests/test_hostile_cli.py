@@ -1191,3 +1191,36 @@ def test_53_a_recorded_output_now_unwritable_is_no_refusal_once_given_anew(tmp_p
                          '--checkpoint-dir' % old), line
     assert main(['--checkpoint-dir', ck, '--resume', '--epochs', '2', '--metrics-json', new]) == 0
     assert len(json.load(open(new))['history']) == 2 and os.listdir(old) == []
+
+
+def test_53_7_a_copy_whose_recorded_folder_names_it_is_told_apart_by_device_and_inode(
+        cli_dir, capsys, monkeypatch, tmp_path):
+    # A folder moved to another disk, its recorded path fixed by hand (with a trailing slash):
+    # the paths are the same, what differs is named.
+    output = str(tmp_path / 'm.json')
+    _edit_json(cli_dir, lambda r: (r['argv'].append('--metrics-json=' + output),
+                                   r['folder'].update(path=cli_dir + '/')))
+    was, here = checkpoint.read_checkpoint(cli_dir)['folder'], checkpoint.folder_identity(cli_dir)
+    monkeypatch.chdir(tmp_path)
+    line = _refused(['--checkpoint-dir', 'ck', '--resume', '--epochs', '2'], capsys)
+    assert line == ("%s: error: --resume: the run was saved in %s/ (device %d, inode %d), not in "
+                    "%s (device %d, inode %d) (a copy of it, or moved to another disk): continuing "
+                    "it would write over the first run's --metrics-json %s; give --metrics-json "
+                    "again with new paths (or the same ones, to replace them)"
+                    % (PROG, cli_dir, was['device'], was['inode'], here['path'], here['device'],
+                       here['inode'], output))
+
+
+@pytest.mark.parametrize('flags', [['--checkpoint-dir', 'ck'], ['--metrics-json', 'm.json'],
+                                   ['--plot', 'p.png'], ['--checkpoint-dir', '{tmp}/ck']])
+def test_53_7_a_deleted_working_folder_is_one_line_naming_it(flags, tmp_path, capsys, monkeypatch,
+                                                             data_dir):
+    gone = tmp_path / 'gone'
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    line = _refused(T45 + ['--data-dir', data_dir] + [f.replace('{tmp}', str(tmp_path))
+                                                      for f in flags], capsys)
+    assert line == ('%s: error: the folder this command runs in was deleted, so no relative path '
+                    'names a file; cd into a folder that exists and run the command again' % PROG)
+    assert os.listdir(tmp_path) == (['ck'] if flags[1].startswith('{') else [])

@@ -238,7 +238,8 @@ def _given(argv, cwd=None, now=()):
     parser, absent = build_parser(), object()
     # Every setting present and absent: argparse fills in no default, so what it sets was given.
     blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
-    return {k: os.path.join(cwd, v) if k in PATHS and isinstance(cwd, str) else v
+    return {k: os.path.join(cwd, os.path.expanduser(v) if k == 'data_dir' else v)
+            if k in PATHS and isinstance(cwd, str) else v  # as data.data_dir_candidates reads it
             for k, v in vars(parser.parse_args(argv, blank)).items()
             if v is not absent and not (k in OUTPUTS and k in now)}
 
@@ -418,15 +419,15 @@ def _resume(args):
     if recorded_settings(directory, record, args.recorded, args.now) is not args.recorded:
         raise ValueError('%s changed while the command started; run it again' % (
             checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
-    before, original = args.recorded, checkpoint.copied_from(directory, record)
+    before, folders = args.recorded, checkpoint.copied_from(directory, record)
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
               if getattr(args, k) is not None and k not in args.now]
-    if original is not None and reused:
+    if folders is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
                          'again with new paths (or the same ones, to replace them)'
-                         % (original, directory, ', '.join(reused),
-                            ', '.join(r.partition(' ')[0] for r in reused)))
+                         % (folders + (', '.join(reused),
+                                       ', '.join(r.partition(' ')[0] for r in reused))))
     done = record['epoch']
     if args.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done

@@ -129,10 +129,15 @@ def folder_identity(directory):
 
 
 def copied_from(directory, record):
-    """The folder ``record`` was written in if ``directory`` is a copy (or moved to a disk)."""
+    """If ``directory`` is a copy of the folder ``record`` was written in (or moved to a disk):
+    that folder and this one, as paths, or with device and inode where the paths are equal."""
     folder, here = record.get('folder'), folder_identity(directory)
-    return None if folder is None or here['inode'] == folder['inode'] and (
-        here['device'] == folder['device'] or here['path'] == folder['path']) else folder['path']
+    same = folder is not None and os.path.normpath(folder['path']) == here['path']
+    if folder is None or here['inode'] == folder['inode'] and (
+            here['device'] == folder['device'] or same):
+        return None
+    return tuple(f['path'] + (' (device %d, inode %d)' % (f['device'], f['inode']) if same else '')
+                 for f in (folder, here))
 
 
 def _fix(directory, epoch):
