@@ -24,7 +24,6 @@ _JOINED = []  # the kvstore of the job this process joined, never freed (see _jo
 # Settings that define a run: continuing with other values would be a different run.
 # Files a run writes outside its checkpoint folder, recorded with its settings.
 OUTPUTS = ('metrics_json', 'plot', 'save_params')
-PATHS = OUTPUTS + ('data_dir',)  # a checkpoint reads them from its "cwd" (docs/checkpoints.md)
 RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', 'dtype',
                 'warmup_steps')
 
@@ -239,7 +238,7 @@ def _given(argv, cwd=None, now=()):
     # Every setting present and absent: argparse fills in no default, so what it sets was given.
     blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
     return {k: os.path.join(cwd, os.path.expanduser(v) if k == 'data_dir' else v)
-            if k in PATHS and isinstance(cwd, str) else v  # as data.data_dir_candidates reads it
+            if k in OUTPUTS + ('data_dir',) and isinstance(cwd, str) else v  # as data reads it
             for k, v in vars(parser.parse_args(argv, blank)).items()
             if v is not absent and not (k in OUTPUTS and k in now)}
 
@@ -563,7 +562,7 @@ def run(args, interrupt=None):
         for real, (flag, given) in args.outputs.items() if horovod.worker_rank() in (
                 None, 0) and args.kvstore not in DIST_KVSTORES else ():
             try:
-                held.enter_context(files.lock_file('%s/.%s.lock' % os.path.split(real), real))
+                held.enter_context(files.lock_file(real))
             except (OSError, ValueError) as e:
                 raise UsageError('%s %s: %s' % (flag, given, e)) from None
         return _run(args, record, interrupt)
