@@ -250,6 +250,7 @@ def _argv(flag):
     (lambda r: r.update(argv=[a for a in r['argv'] if not a.startswith('--seed=')]),
      r': argv holds no --seed=N, the seed of every run; the file was not written by this'),
     (lambda r: r.update(history='oops'), r': history is not a list of 1 epoch records'),
+    (lambda r: r.update(cwd='one'), r': cwd is "one", not an absolute path; the file was not'),
     # Finite, but its sum over epochs was not: the summary failed to write at the run's end.
     (lambda r: r['history'][0].update(images_per_sec=1e308),
      r'images_per_sec is 1e\+308, not number \(> 0, <= 1000000000000.0\)'),
@@ -1141,3 +1142,84 @@ def test_53_8_an_output_another_run_writes_is_refused_and_a_killed_ones_lock_is_
     assert os.listdir(tmp_path) == ['.run.json.lock']  # SIGKILL left the file, not the lock
     assert main(T45 + ['--data-dir', data_dir, '--metrics-json', path]) == 0
     assert os.listdir(tmp_path) == ['run.json']
+
+
+def test_53_5_a_resume_from_another_folder_reads_the_recorded_paths_where_the_run_started(
+        tmp_path, capsys, monkeypatch, data_dir):
+    one, two = (os.path.realpath(tmp_path / n) for n in ('one', 'two'))
+    os.makedirs(os.path.join(two, 'data'))  # no data here: reading it would fail
+    os.mkdir(one)
+    os.symlink(data_dir, os.path.join(one, 'data'))
+    monkeypatch.chdir(one)
+    assert main(T45 + ['--checkpoint-dir', 'ck', '--data-dir', 'data', '--metrics-json',
+                       'm.json', '--plot', 'p.png']) == 0
+    assert checkpoint.read_checkpoint('ck')['cwd'] == one
+    monkeypatch.chdir(two)
+    # A checkpoint without "cwd" (an older one) reads its relative paths here, as before.
+    path = _edit_json(os.path.join(one, 'ck'), lambda r: r.pop('cwd'))
+    line = _refused(['--checkpoint-dir', '../one/ck', '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --data-dir data: Fashion-MNIST not found: searched data '
+                           'for ' % PROG), line
+    _edit_json(os.path.join(one, 'ck'), lambda r: r.update(cwd=one))
+    assert main(['--checkpoint-dir', '../one/ck', '--resume', '--epochs', '2']) == 0
+    assert sorted(os.listdir(one)) == ['ck', 'data', 'm.json', 'p.png']
+    assert sorted(os.listdir(two)) == ['data'] and os.listdir('data') == []
+    assert len(json.load(open(os.path.join(one, 'm.json')))['history']) == 2
+    # A flag given again is read from the folder it is given in; the others still from one/.
+    assert main(['--checkpoint-dir', '../one/ck', '--resume', '--epochs', '3', '--metrics-json',
+                 'm.json']) == 0
+    assert sorted(os.listdir(two)) == ['data', 'm.json']
+    assert len(json.load(open('m.json'))['history']) == 3
+    assert len(json.load(open(os.path.join(one, 'm.json')))['history']) == 2
+    record = json.load(open(path.replace('0001', '0003')))
+    assert record['cwd'] == two and '--data-dir=%s/data' % one in record['argv']
+
+
+def test_53_a_recorded_output_now_unwritable_is_no_refusal_once_given_anew(tmp_path, capsys,
+                                                                          data_dir):
+    old, ck, new = str(tmp_path / 'old' / 'm.json'), str(tmp_path / 'ck'), str(tmp_path / 'n.json')
+    os.mkdir(os.path.dirname(old))
+    assert main(T45 + ['--data-dir', data_dir, '--checkpoint-dir', ck, '--metrics-json', old]) == 0
+    os.remove(old)
+    os.mkdir(old)  # the recorded output is a folder now
+    line = _refused(['--checkpoint-dir', ck, '--resume', '--epochs', '2'], capsys)
+    assert line.startswith('%s: error: --resume: %s records the command line ' % (
+        PROG, checkpoint.checkpoint_path(ck, 1, 'json'))), line
+    assert line.endswith('which the command refuses (argument --metrics-json: --metrics-json %s: '
+                         'it is a folder; name a file in it); start a new run in an empty '
+                         '--checkpoint-dir' % old), line
+    assert main(['--checkpoint-dir', ck, '--resume', '--epochs', '2', '--metrics-json', new]) == 0
+    assert len(json.load(open(new))['history']) == 2 and os.listdir(old) == []
+
+
+def test_53_7_a_copy_whose_recorded_folder_names_it_is_told_apart_by_device_and_inode(
+        cli_dir, capsys, monkeypatch, tmp_path):
+    # A folder moved to another disk, its recorded path fixed by hand (with a trailing slash):
+    # the paths are the same, what differs is named.
+    output = str(tmp_path / 'm.json')
+    _edit_json(cli_dir, lambda r: (r['argv'].append('--metrics-json=' + output),
+                                   r['folder'].update(path=cli_dir + '/')))
+    was, here = checkpoint.read_checkpoint(cli_dir)['folder'], checkpoint.folder_identity(cli_dir)
+    monkeypatch.chdir(tmp_path)
+    line = _refused(['--checkpoint-dir', 'ck', '--resume', '--epochs', '2'], capsys)
+    assert line == ("%s: error: --resume: the run was saved in %s/ (device %d, inode %d), not in "
+                    "%s (device %d, inode %d) (a copy of it, or moved to another disk): continuing "
+                    "it would write over the first run's --metrics-json %s; give --metrics-json "
+                    "again with new paths (or the same ones, to replace them)"
+                    % (PROG, cli_dir, was['device'], was['inode'], here['path'], here['device'],
+                       here['inode'], output))
+
+
+@pytest.mark.parametrize('flags', [['--checkpoint-dir', 'ck'], ['--metrics-json', 'm.json'],
+                                   ['--plot', 'p.png'], ['--checkpoint-dir', '{tmp}/ck']])
+def test_53_7_a_deleted_working_folder_is_one_line_naming_it(flags, tmp_path, capsys, monkeypatch,
+                                                             data_dir):
+    gone = tmp_path / 'gone'
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    line = _refused(T45 + ['--data-dir', data_dir] + [f.replace('{tmp}', str(tmp_path))
+                                                      for f in flags], capsys)
+    assert line == ('%s: error: the folder this command runs in was deleted, so no relative path '
+                    'names a file; cd into a folder that exists and run the command again' % PROG)
+    assert os.listdir(tmp_path) == (['ck'] if flags[1].startswith('{') else [])

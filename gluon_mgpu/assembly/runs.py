@@ -205,7 +205,7 @@ def run(args, prog, handlers=(), resume=None, recorded_argv=None):
         for real, (flag, given) in args.outputs.items() if horovod.worker_rank() in (
                 None, 0) and args.kvstore not in DIST_KVSTORES else ():
             try:
-                held.enter_context(files.lock_file('%s/.%s.lock' % os.path.split(real), real))
+                held.enter_context(files.lock_file(real))
             except (OSError, ValueError) as e:
                 raise UsageError('%s %s: %s' % (flag, given, e)) from None
         return _train(args, prog, list(handlers), record, recorded_argv)

@@ -342,6 +342,9 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
     memory = out_of_memory(e)
     table = (  # (whether e is this failure, why, its line but for what was kept)
         (isinstance(e, UsageError), None, lambda: str(e)),
+        (isinstance(e, FileNotFoundError) and e.filename is None and os.stat('.').st_nlink == 0,
+         None, lambda: 'the folder this command runs in was deleted, so no relative path names '
+                       'a file; cd into a folder that exists and run the command again'),
         (isinstance(e, KeyboardInterrupt), stopped_by(e), lambda: where),
         (lr and 'mxnet' in sys.modules and _in_optimizer(e), 'an error', lambda: (
             'the optimizer failed inside trainer.step%s: %s: %s; the step was not completed, so '

@@ -189,7 +189,7 @@ def _prepare_output_dir(path, locks):
         if problem:
             raise cli.UsageError('--output-dir %s: %s: %s' % (path, target, problem))
         try:
-            locks.append(files.lock_file(os.path.join(path, '.%s.lock' % name), target))
+            locks.append(files.lock_file(target))
         except (OSError, ValueError) as e:
             raise cli.UsageError('--output-dir %s: %s' % (path, e)) from None
         try:

@@ -204,12 +204,17 @@ def _settings(given, argv, now=None):
     return args
 
 
-def _given(argv):
-    """The settings ``argv`` gives explicitly, as argparse alone reads them (no MXNet)."""
+def _given(argv, cwd=None, now=()):
+    """The settings ``argv`` gives explicitly, as argparse alone reads them (no MXNet); for a
+    checkpoint's line, its relative paths read from ``cwd``, the folder its run started in (if
+    recorded), without the outputs ``now``, this command line's flags, replaces."""
     parser, absent = build_parser(), object()
     # Every setting present and absent: argparse fills in no default, so what it sets was given.
     blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
-    return {k: v for k, v in vars(parser.parse_args(argv, blank)).items() if v is not absent}
+    return {k: os.path.join(cwd, os.path.expanduser(v) if k == 'data_dir' else v)
+            if k in OUTPUTS + ('data_dir',) and isinstance(cwd, str) else v  # as data reads it
+            for k, v in vars(parser.parse_args(argv, blank)).items()
+            if v is not absent and not (k in OUTPUTS and k in now)}
 
 
 def resolve(argv, start=None):
@@ -230,10 +235,10 @@ def resolve(argv, start=None):
                          'checkpoints in')
     if flags.resume:
         from ..handlers import checkpoint_names
-        line = checkpoint_names.latest_argv(flags.checkpoint_dir)
+        line, cwd = checkpoint_names.latest_argv(flags.checkpoint_dir)
         try:  # what cannot be read or parsed, _resume refuses, naming the file
             recorded = None if line is None or _unrecordable(line) else _settings(
-                dict(_given(line), checkpoint_dir=flags.checkpoint_dir), line)
+                dict(_given(line, cwd, now), checkpoint_dir=flags.checkpoint_dir), line)
         except UsageError:
             pass
         if recorded is not None:
@@ -342,12 +347,12 @@ def _unrecordable(recorded):
     return None
 
 
-def recorded_settings(directory, record, recorded=None):
+def recorded_settings(directory, record, recorded=None, now=()):
     """The settings (a ``Run``) of the run that wrote checkpoint ``record``
     (``checkpoint.read_checkpoint``) in ``directory``: its recorded command line, which may hold
-    only what ``recorded_argv`` writes, parsed by the command's own parser (``recorded``: the
-    ``Run`` ``resolve`` made of it, unless the line differs); else ``CheckpointError`` naming the
-    file."""
+    only what ``recorded_argv`` writes, parsed by the command's own parser, its relative paths
+    read from its ``cwd``, its outputs but those ``now`` gives checked (``recorded``: the ``Run``
+    ``resolve`` made of it, unless the line differs); else ``CheckpointError`` naming the file."""
     from ..handlers import checkpoint
     path = checkpoint.checkpoint_path(directory, record['epoch'], 'json')
     line, before = record.get('argv'), recorded
@@ -356,7 +361,8 @@ def recorded_settings(directory, record, recorded=None):
         raise checkpoint.not_ours(path, problem)
     if before is None or before.argv != line:
         try:  # the command's own parser is the one check of what the run recorded
-            flags = _settings(dict(_given(line), checkpoint_dir=directory), line)
+            flags = _settings(dict(_given(line, record.get('cwd'), now),
+                                   checkpoint_dir=directory), line)
             before = None if flags.seed is None else _complete(flags)
         except UsageError as e:
             raise checkpoint.CheckpointError(
@@ -379,18 +385,18 @@ def _resume(args):
     from ..handlers import checkpoint
     directory = args.checkpoint_dir
     record = checkpoint.read_checkpoint(directory)
-    if recorded_settings(directory, record, args.recorded) is not args.recorded:
+    if recorded_settings(directory, record, args.recorded, args.now) is not args.recorded:
         raise ValueError('%s changed while the command started; run it again' % (
             checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
-    before, original = args.recorded, checkpoint.copied_from(directory, record)
+    before, folders = args.recorded, checkpoint.copied_from(directory, record)
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
               if getattr(args, k) is not None and k not in args.now]
-    if original is not None and reused:
+    if folders is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
                          'again with new paths (or the same ones, to replace them)'
-                         % (original, directory, ', '.join(reused),
-                            ', '.join(r.partition(' ')[0] for r in reused)))
+                         % (folders + (', '.join(reused),
+                                       ', '.join(r.partition(' ')[0] for r in reused))))
     done = record['epoch']
     if args.epochs <= done:
         raise ValueError(('the run already finished all its %d epochs' % done

@@ -129,10 +129,15 @@ def folder_identity(directory):
 
 
 def copied_from(directory, record):
-    """The folder ``record`` was written in if ``directory`` is a copy (or moved to a disk)."""
+    """If ``directory`` is a copy of the folder ``record`` was written in (or moved to a disk):
+    that folder and this one, as paths, or with device and inode where the paths are equal."""
     folder, here = record.get('folder'), folder_identity(directory)
-    return None if folder is None or here['inode'] == folder['inode'] and (
-        here['device'] == folder['device'] or here['path'] == folder['path']) else folder['path']
+    same = folder is not None and os.path.normpath(folder['path']) == here['path']
+    if folder is None or here['inode'] == folder['inode'] and (
+            here['device'] == folder['device'] or same):
+        return None
+    return tuple(f['path'] + (' (device %d, inode %d)' % (f['device'], f['inode']) if same else '')
+                 for f in (folder, here))
 
 
 def _fix(directory, epoch):
@@ -167,7 +172,7 @@ def read_checkpoint(directory, epoch=None, record=None):
             or type(record['epoch']) is not int \
             or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s' % (path, FORMAT, epoch, fix))
-    history, optimizer, folder = (record.get(k) for k in ('history', 'optimizer', 'folder'))
+    history, optimizer, folder, cwd = map(record.get, ('history', 'optimizer', 'folder', 'cwd'))
     if not isinstance(history, list) or len(history) != epoch:
         raise not_ours(path, 'history is not a list of %d epoch records' % epoch)
     for i, entry in enumerate(history):
@@ -179,6 +184,8 @@ def read_checkpoint(directory, epoch=None, record=None):
             type(folder[k]) is int and 0 <= folder[k] < 2 ** 64 for k in ('device', 'inode'))):
         raise not_ours(path, 'folder is %s, not a path, a device and an inode'
                        % json.dumps(folder)[:40])
+    if cwd is not None and not (isinstance(cwd, str) and os.path.isabs(cwd) and '\0' not in cwd):
+        raise not_ours(path, 'cwd is %s, not an absolute path' % json.dumps(cwd)[:40])
     lr, updates = map((optimizer if isinstance(optimizer, dict) else {}).get, ('lr', 'num_update'))
     if not (type(lr) in (int, float) and 0 < lr < float('inf') and is_whole(updates, 0)):
         raise not_ours(path, 'optimizer is %s, not a learning rate above 0 and an update count'
@@ -280,12 +287,13 @@ def restore(directory, record, net, trainer, devices):
 
 class CheckpointHandler(TrainBegin, EpochEnd):
     """Continue the run of record ``resume`` (if any) after its epoch; save a checkpoint with
-    ``info`` and the history into ``directory`` (unless None) after every epoch."""
+    ``info``, the history and ``cwd`` (the working folder now, which the relative paths of an
+    ``argv`` in ``info`` are read from) into ``directory`` (unless None) after every epoch."""
 
     priority = PRIORITY['CheckpointHandler']
 
     def __init__(self, directory, info, resume=None):
-        self.directory, self.info, self.resume = directory, dict(info), resume
+        self.directory, self.info, self.resume = directory, dict(info, cwd=os.getcwd()), resume
 
     def train_begin(self, estimator, *args, **kwargs):
         if self.resume is not None:

@@ -22,10 +22,10 @@ def list_checkpoints(directory):
 
 
 def latest_argv(directory):
-    """The ``argv`` of the latest checkpoint's JSON in ``directory``, unchecked; None without one
-    or when it cannot be read (``checkpoint.read_checkpoint`` says why)."""
+    """The ``argv`` and ``cwd`` of the latest checkpoint's JSON in ``directory``, unchecked; None
+    without one or when it cannot be read (``checkpoint.read_checkpoint`` says why)."""
     try:
         record = read_json(checkpoint_path(directory, list_checkpoints(directory)[-1], 'json'))
     except (OSError, ValueError, IndexError):
-        return None
-    return record.get('argv') if isinstance(record, dict) else None
+        record = None
+    return tuple(map(record.get, ('argv', 'cwd'))) if isinstance(record, dict) else (None, None)

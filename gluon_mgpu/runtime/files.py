@@ -75,12 +75,16 @@ class _Lock(io.FileIO):
     release = close
 
 
-def lock_file(path, owner, fix='write elsewhere', keep=False):
-    """``flock`` lock file ``path`` (made if missing; it gets this process's pid) against other
-    processes until the process ends, even killed, or ``release()``, which deletes it unless
+def lock_file(path, owner=None, fix='write elsewhere', keep=False):
+    """``flock`` lock file ``path`` (made if missing; it gets this process's pid; without an
+    ``owner``, ``path`` is the output it guards and the lock ``.NAME.lock`` beside it) against
+    other processes until the process ends, even killed, or ``release()``, which deletes it unless
     ``keep`` (docs/outputs.md). Raises ``OutputError`` while another holds it ('``owner`` is in
     use by another run (pid N); wait for it to end, or ``fix``'), ``ValueError`` for a file that
     is no lock of ours or cannot be opened in a writable folder, ``OSError`` otherwise."""
+    if owner is None:
+        folder, name = os.path.split(path)
+        path, owner = os.path.join(folder, '.%s.lock' % name), path
     try:
         lock = _Lock(path, 'r+', opener=lambda p, _: os.open(  # a FIFO's read would not wait
             p, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644))
