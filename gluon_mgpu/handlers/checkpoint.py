@@ -288,12 +288,15 @@ def restore(directory, record, net, trainer, devices):
 class CheckpointHandler(TrainBegin, EpochEnd):
     """Continue the run of record ``resume`` (if any) after its epoch; save a checkpoint with
     ``info``, the history and ``cwd`` (the working folder now, which the relative paths of an
-    ``argv`` in ``info`` are read from) into ``directory`` (unless None) after every epoch."""
+    ``argv`` in ``info`` are read from; none when it was deleted, where only absolute paths
+    name files) into ``directory`` (unless None) after every epoch."""
 
     priority = PRIORITY['CheckpointHandler']
 
     def __init__(self, directory, info, resume=None):
-        self.directory, self.info, self.resume = directory, dict(info, cwd=os.getcwd()), resume
+        self.directory, self.info, self.resume = directory, dict(info), resume
+        with contextlib.suppress(FileNotFoundError):
+            self.info['cwd'] = os.getcwd()
 
     def train_begin(self, estimator, *args, **kwargs):
         if self.resume is not None:
