@@ -94,7 +94,7 @@ def causes(directory, epoch, test_limit=2000, batches=10, data_dir=None, log=pri
     test_iter = data.ArrayBatches(test_x, test_y, 500)
     images = data.load_fashion_mnist_arrays('train', data_dir)[0][:run.train_limit]
 
-    counts = {}  # values per channel in a full batch, by layer
+    counts = {}  # values per channel in the first batch read (the last one), by layer
     for layer in book_table.batch_norm_layers(plain):
         layer.register_forward_hook(lambda block, inputs, output: counts.setdefault(
             block.running_var.name, inputs[0].shape[0] * inputs[0].shape[2] * inputs[0].shape[3]
