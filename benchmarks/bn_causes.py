@@ -45,7 +45,8 @@ MOMENTUM = 0.9  # gluon.nn.BatchNorm's default, the chapter's
 
 
 def _stats(net, device):
-    """Device ``device``'s running statistics of ``net``, copied, by parameter name."""
+    """Device ``device``'s running statistics of ``net``, copied, by their place in the network
+    (``'3.0.bn1.running_var'``: the same in every copy of it, unlike ``Parameter.name``)."""
     return {k: p.data(device).copy() for k, p in net._collect_params_with_prefix().items()
             if k.endswith(('running_mean', 'running_var'))}
 
@@ -54,6 +55,13 @@ def _put(net, device, stats):
     params = net._collect_params_with_prefix()
     for k, v in stats.items():
         params[k].data(device)[:] = v
+
+
+def cudnn_variance(stats, counts):
+    """``stats`` (``_stats``) with every running variance times ``N / (N - 1)``, ``N`` from
+    ``counts`` by the same names: cuDNN's unbiased variance averaged over a run."""
+    return {k: v * (counts[k] / (counts[k] - 1.0)) if k.endswith('running_var') else v
+            for k, v in stats.items()}
 
 
 def biased_update_check():
@@ -78,6 +86,7 @@ def biased_update_check():
 def causes(directory, epoch, test_limit=2000, batches=10, data_dir=None, log=print):
     """The accuracies of the module docstring for checkpoint ``epoch`` of the 1-device run in
     ``directory``; a dict (see ``main``'s output)."""
+    import numpy as np
     from mxnet import nd
     from gluon_mgpu import data, devices as devices_mod
     from gluon_mgpu.handlers import checkpoint
@@ -94,11 +103,11 @@ def causes(directory, epoch, test_limit=2000, batches=10, data_dir=None, log=pri
     test_iter = data.ArrayBatches(test_x, test_y, 500)
     images = data.load_fashion_mnist_arrays('train', data_dir)[0][:run.train_limit]
 
-    counts = {}  # values per channel in the first batch read (the last one), by layer
+    counts = {}  # values per channel in the first batch read (the last one), by _stats' names
+    names = {id(p): k for k, p in plain._collect_params_with_prefix().items()}
     for layer in book_table.batch_norm_layers(plain):
         layer.register_forward_hook(lambda block, inputs, output: counts.setdefault(
-            block.running_var.name, inputs[0].shape[0] * inputs[0].shape[2] * inputs[0].shape[3]
-            if inputs[0].ndim == 4 else inputs[0].shape[0]))
+            names[id(block.running_var)], int(np.prod(inputs[0].shape)) // inputs[0].shape[1]))
 
     def batch_statistics(index):
         X = nd.array(data.to_tensor(images[index]), dtype='float32')
@@ -134,9 +143,9 @@ def causes(directory, epoch, test_limit=2000, batches=10, data_dir=None, log=pri
     size = len(order) % run.batch_size or run.batch_size  # the first statistics: ``counts``
     last = batch_statistics(order[len(order) - size:])
     precise = batch_statistics(slice(0, book_table.PRECISE_BN_IMAGES))
-    result['values_per_channel'] = {k.rsplit('_', 2)[0]: n for k, n in sorted(counts.items())}
-    acc['cudnn_variance'] = read({k: v * (counts[k] / (counts[k] - 1.0))
-                                  if k in counts else v for k, v in saved.items()})
+    result['values_per_channel'] = {k[:-len('.running_var')]: n
+                                    for k, n in sorted(counts.items())}
+    acc['cudnn_variance'] = read(cudnn_variance(saved, counts))
     log('cudnn_variance %.4f' % acc['cudnn_variance'])
     acc['without_last_batch'] = read({k: (v - (1 - MOMENTUM) * last[k]) / MOMENTUM
                                       for k, v in saved.items()})

@@ -25,6 +25,16 @@ def test_mxnet_updates_the_running_variance_with_the_biased_variance_on_the_cpu(
     assert check['biased'] < 1e-5 < 1e-4 < check['unbiased']
 
 
+def test_cudnn_variance_scales_every_running_variance_and_no_mean():
+    # The first run's correction matched no layer (names of another copy of the network), so it
+    # read the saved statistics unchanged: a name it does not know is now a KeyError.
+    stats = {'1.running_mean': 2.0, '1.running_var': 3.0, '3.0.bn1.running_var': 5.0}
+    assert bn_causes.cudnn_variance(stats, {'1.running_var': 4, '3.0.bn1.running_var': 6}) == {
+        '1.running_mean': 2.0, '1.running_var': 4.0, '3.0.bn1.running_var': 6.0}
+    with pytest.raises(KeyError):
+        bn_causes.cudnn_variance(stats, {'batchnorm0_running_var': 4})
+
+
 def _causes(folder, data_dir, output):
     return subprocess.run([sys.executable, os.path.join(ROOT, 'benchmarks', 'bn_causes.py'),
                            '--checkpoint-dir', folder, '--epoch', '1', '--test-limit', '32',
@@ -53,7 +63,9 @@ def test_each_cause_is_read_on_the_saved_weights_and_a_two_device_run_is_refused
     # Values per channel in the last, short batch of 8: 28x28 at the stem and stage 1, then 14,
     # 7 and 4.
     counts = result['values_per_channel']
-    assert len(counts) == 17  # the BatchNorm layers of the chapter's ResNet-18
+    # The BatchNorm layers of the chapter's ResNet-18, named by their place in it, as _stats
+    # names them: the stem's, then each residual's two.
+    assert len(counts) == 17 and {'1', '3.0.bn1', '3.0.bn2', '6.1.bn2'} <= set(counts)
     assert sorted(set(counts.values())) == [8 * 4 * 4, 8 * 7 * 7, 8 * 14 * 14, 8 * 28 * 28]
     assert done.stdout.splitlines()[2] == 'without_last_batch %.4f (8 images)' % (
         result['acc']['without_last_batch'])
