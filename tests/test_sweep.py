@@ -211,7 +211,7 @@ def test_a_run_built_directly_takes_the_train_commands_defaults():
     from gluon_mgpu.commands import train
     defaults = {a.dest: a.default for a in train.build_parser()._actions}
     own = {k: v for k, v in vars(runs.Run).items()
-           if not k.startswith('_') and k not in ('label', 'most_devices', 'num_workers',
+           if not k.startswith('_') and k not in ('label', 'most_devices', 'devices', 'num_workers',
                                                   'outputs')}
     assert len(own) == 15
     assert own == {k: defaults[k] for k in own}

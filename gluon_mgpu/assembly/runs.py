@@ -15,7 +15,7 @@ from ..runtime import files, startup
 from ..runtime.choices import DIST_KVSTORES, JOB_KVSTORES
 
 # A Run's fields that are not settings of the run: see Run.
-DERIVED = ('given', 'now', 'argv', 'recorded', 'outputs')
+DERIVED = ('given', 'now', 'argv', 'recorded', 'outputs', 'devices')
 NOT_RECORDED = ('checkpoint_dir', 'resume', 'debug', 'force_dtype')  # not settings of a run
 # Files a run writes outside its checkpoint folder, recorded with its settings.
 OUTPUTS = ('metrics_json', 'plot', 'save_params')
@@ -34,13 +34,14 @@ class Run(argparse.Namespace):
     agree). ``label``, for a setting of a sweep, starts its progress lines (``'2 devices, '``);
     the sweep has announced its devices and checked ``--dtype`` for all its settings, and its
     ``running on`` line also gives the batch and learning rate, which change between settings;
-    ``most_devices``, its largest setting's count, which its training images must cover before
-    the first setting trains (default: ``num_gpus``).
+    ``devices``, the setting's, resolved with the others (``plan_sweep``; default: from
+    ``num_gpus`` and ``device``); ``most_devices``, its largest setting's count, which its
+    training images must cover before the first setting trains (default: ``num_gpus``).
     """
 
     kvstore, loader, model, parallel, balance = 'device', 'array', 'resnet18', 'data', 'even'
     checkpoint_dir = save_params = metrics_json = plot = warmup_steps = check_replicas = None
-    device_weights = label = most_devices = None
+    device_weights = label = most_devices = devices = None
     resume = sync_bn = quiet = False
     num_workers, outputs = 1, {}
 
@@ -99,13 +100,13 @@ def check_training_images(train_iter, num_devices, data_dir=None):
 REPLICA_BYTES = {'resnet18': (11183626 + 11175818) * 4, 'lenet': (44426 + 44426) * 4}
 
 
-def devices_for(num_gpus, device, model=None, warn=True):
-    """``get_devices(num_gpus, device, warn)``, with its refusal as the command's ``UsageError``;
-    and ``check_memory`` for replicas of ``model`` on them."""
+def devices_for(num_gpus, device, model=None):
+    """``get_devices(num_gpus, device)``, with its refusal as the command's ``UsageError``; and
+    ``check_memory`` for replicas of ``model`` on them."""
     from ..devices import get_devices
     flags = '--num-gpus %d --device %s' % (num_gpus, device)
     try:
-        found = get_devices(num_gpus, device, warn)
+        found = get_devices(num_gpus, device)
     except ValueError as e:
         raise UsageError('%s: %s' % (flags, e)) from None
     check_memory(found, model, flags)
@@ -225,9 +226,8 @@ def _train(args, prog, extra, record, recorded_argv):
         raise data_error(e, args.data_dir) from None
     # After the data: the device check may log a warning, and bad input gets one line only.
     # The split networks of --parallel layers and channels hold no replicas.
-    devices = devices_for(args.num_gpus, args.device,
-                          args.model if args.parallel in ('data', 'scratch') else None,
-                          warn=args.label is None)
+    devices = args.devices or devices_for(
+        args.num_gpus, args.device, args.model if args.parallel in ('data', 'scratch') else None)
     check_training_images(train_iter, args.most_devices or args.num_gpus, args.data_dir)
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
@@ -460,25 +460,21 @@ def kept(args, prog, e, why):
     """What the failed run ``args`` kept (``cli.failure``'s ``saved``, ``why`` its failure): its
     checkpoints and how to resume with ``prog``; after divergence, where to start again."""
     from ..handlers import checkpoint
-    directory, done = args.checkpoint_dir, None
-    if why is not None and directory is not None:
-        done = (checkpoint.list_checkpoints(directory) or [0])[-1]
-    resume = '%s --checkpoint-dir %s --resume' % (prog, directory and shlex.quote(directory))
-    if why == 'training diverged':
-        try:
-            broken = done and checkpoint.nonfinite(
-                directory, checkpoint.read_checkpoint(directory, done))
-        except checkpoint.CheckpointError:  # changed since: --resume will say how
-            broken = None
-        if broken:  # its loss was finite, but its weights or running statistics are not
-            return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
-                    'infinite values)' % done)
+    directory, diverged = args.checkpoint_dir, why == 'training diverged'
+    if why is None or (directory is None and diverged):
+        return ''
+    if directory is None:
+        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
+    done = (checkpoint.list_checkpoints(directory) or [0])[-1]
+    resume = '%s --checkpoint-dir %s --resume' % (prog, shlex.quote(directory))
+    if diverged:
+        with contextlib.suppress(checkpoint.CheckpointError):  # changed since: --resume says
+            record = done and checkpoint.read_checkpoint(directory, done)
+            if record and checkpoint.nonfinite(directory, record):
+                return (', in a new --checkpoint-dir (the checkpoint of epoch %d holds NaN or '
+                        'infinite values)' % done)  # its loss was finite, its arrays are not
         return (', in a new --checkpoint-dir, or continue from epoch %d, the last checkpoint '
                 'with a finite loss: %s --lr %g' % (done, resume, args.lr / 10) if done else '')
-    if why is None:
-        return ''
-    if done is None:
-        return '; nothing was saved (pass --checkpoint-dir DIR to keep every finished epoch)'
     if done == 0:
         return '%s %s holds no checkpoint yet; run the same command again to start over' % (
             ' before the first epoch finished, so' if isinstance(e, KeyboardInterrupt) else ';',

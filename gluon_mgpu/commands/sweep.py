@@ -67,7 +67,7 @@ def run_setting(args, setting, handlers=()):
         epochs=args.epochs, data_dir=args.data_dir, train_limit=args.train_limit,
         test_limit=args.test_limit, seed=args.seed, hybridize=args.hybridize, dtype=args.dtype,
         force_dtype=args.force_dtype, label=devices_mod.plural(n, 'device') + ', ',
-        most_devices=max(args.num_gpus)), PROG, handlers)
+        devices=devices, most_devices=max(args.num_gpus)), PROG, handlers)
     summary = metrics.summarize(history, devices)
     # Epoch 1 also pays one-time set-up (graph building, memory allocation): time the later
     # epochs when there are any.
