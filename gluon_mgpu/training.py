@@ -95,11 +95,8 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='f
     docs/precision.md); pass the same dtype to ``init_training``."""
     check_network(model, MODELS, sync_bn_devices, dtype)
     precision.use_dtype(dtype)
-    if model == 'lenet':
-        net = lenet(10)
-    else:
-        net = resnet18(10, norm_layer=sync_batch_norm(sync_bn_devices)
-                       if sync_bn_devices else None)
+    net = lenet(10) if model == 'lenet' else resnet18(
+        10, norm_layer=sync_batch_norm(sync_bn_devices) if sync_bn_devices else None)
     if hybridize:
         net.hybridize(static_alloc=True)
     return net
@@ -142,7 +139,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     devices = try_all_gpus() if devices is None else list(devices)
     if not isinstance(net, gluon.Block):
         devices = devices[:1]
-    call = dispatch.call if simulated(devices) else _call_here
+    call = dispatch.call if simulated(devices) else (lambda device, f, *args: f(*args))
     correct = [None] * len(devices)
     n = 0
     for X, y in data_iter:
@@ -157,10 +154,6 @@ def evaluate_accuracy(data_iter, net, devices=None):
         raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
                          'batches')
     return sum(c.asscalar() for c in correct if c is not None) / n
-
-
-def _call_here(device, f, *args):
-    return f(*args)
 
 
 def _hits(out, y):
