@@ -61,14 +61,13 @@ def train_batch_per_device(net, X, y, loss, trainer, devices, split_f=split_batc
     """``train_batch``, the same calls in the same order (so the same numbers), each device's
     issued from a thread of its own (``dispatch.call``): simulated CPU devices then compute side
     by side, each with its own scratch buffers, as GPUs do (docs/devices.md)."""
-    call = dispatch.call
     batch_size = X.shape[0] if batch_size is None else batch_size
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
-        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
-        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
+        outs = [dispatch.call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [dispatch.call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
     for d, l in zip(devices, ls):
-        call(d, l.backward)
+        dispatch.call(d, l.backward)
     trainer.step(batch_size)
     return ls, outs, ys
 

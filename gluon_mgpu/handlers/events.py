@@ -50,10 +50,7 @@ class TrainingState:
         self.net, self.trainer, self.loss = net, trainer, loss
         self.context = self.devices = devices
         self.train_iter, self.test_iter = train_iter, test_iter
-        self.num_epochs = num_epochs
-        self.epoch = 0
-        self.history = []
-        self.record = None
+        self.num_epochs, self.epoch, self.history, self.record = num_epochs, 0, [], None
 
     def end_epoch(self, stats, test_acc):
         """Record the epoch under way: ``train_epoch``'s ``stats`` and ``test_acc``."""
@@ -136,12 +133,10 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     the epoch's last step is checked at its end.
     """
 
-    # Before the checkpoint (-100): an epoch whose last step diverged is not saved.
     priority = PRIORITY['LossGuard']
 
     def __init__(self):
-        self.step = 0
-        self.pending = None
+        self.step, self.pending = 0, None
 
     def epoch_begin(self, estimator, *args, **kwargs):
         self.step, self.pending = 0, None

@@ -63,10 +63,8 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                                  'pass signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) or '
                                  'a part of it' % (signum,))
         self.signals = tuple(signals)
-        self.requested = False
-        self.signum = None
-        self._previous = {}
-        self._quit_dump = False
+        self.requested, self.signum = False, None
+        self._previous, self._quit_dump = {}, False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
