@@ -61,14 +61,13 @@ def train_batch_per_device(net, X, y, loss, trainer, devices, split_f=split_batc
     """``train_batch``, the same calls in the same order (so the same numbers), each device's
     issued from a thread of its own (``dispatch.call``): simulated CPU devices then compute side
     by side, each with its own scratch buffers, as GPUs do (docs/devices.md)."""
-    call = dispatch.call
     batch_size = X.shape[0] if batch_size is None else batch_size
     Xs, ys = split_f(X, y, devices)
     with autograd.record():
-        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
-        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
+        outs = [dispatch.call(d, net, X_d) for d, X_d in zip(devices, Xs)]
+        ls = [dispatch.call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
     for d, l in zip(devices, ls):
-        call(d, l.backward)
+        dispatch.call(d, l.backward)
     trainer.step(batch_size)
     return ls, outs, ys
 
@@ -95,11 +94,8 @@ def new_network(model='resnet18', hybridize=True, sync_bn_devices=None, dtype='f
     docs/precision.md); pass the same dtype to ``init_training``."""
     check_network(model, MODELS, sync_bn_devices, dtype)
     precision.use_dtype(dtype)
-    if model == 'lenet':
-        net = lenet(10)
-    else:
-        net = resnet18(10, norm_layer=sync_batch_norm(sync_bn_devices)
-                       if sync_bn_devices else None)
+    net = lenet(10) if model == 'lenet' else resnet18(
+        10, norm_layer=sync_batch_norm(sync_bn_devices) if sync_bn_devices else None)
     if hybridize:
         net.hybridize(static_alloc=True)
     return net
@@ -142,7 +138,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     devices = try_all_gpus() if devices is None else list(devices)
     if not isinstance(net, gluon.Block):
         devices = devices[:1]
-    call = dispatch.call if simulated(devices) else _call_here
+    call = dispatch.call if simulated(devices) else (lambda device, f, *args: f(*args))
     correct = [None] * len(devices)
     n = 0
     for X, y in data_iter:
@@ -157,10 +153,6 @@ def evaluate_accuracy(data_iter, net, devices=None):
         raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
                          'batches')
     return sum(c.asscalar() for c in correct if c is not None) / n
-
-
-def _call_here(device, f, *args):
-    return f(*args)
 
 
 def _hits(out, y):

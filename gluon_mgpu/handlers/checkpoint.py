@@ -151,11 +151,10 @@ def read_checkpoint(directory, epoch=None, record=None):
     once it and its files are checked; else ``CheckpointError``."""
     epochs = list_checkpoints(directory) if epoch is None else [epoch]
     if not epochs:
+        state = ('holds no checkpoint' if os.path.isdir(directory) else 'is not a folder'
+                 if os.path.exists(directory) else 'does not exist')
         raise CheckpointError('%s %s (no epoch-NNNN.json file), so there is nothing to resume; '
-                              'leave out --resume to start a new run' % (directory, (
-                                  'holds no checkpoint' if os.path.isdir(directory) else
-                                  'is not a folder' if os.path.exists(directory) else
-                                  'does not exist')))
+                              'leave out --resume to start a new run' % (directory, state))
     epoch = epochs[-1]
     path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     try:
@@ -167,9 +166,8 @@ def read_checkpoint(directory, epoch=None, record=None):
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % ((path,) + _OLDER[record['format']]))
-    if not isinstance(record, dict) or record.get('format') != FORMAT \
-            or record.get('step') != STEP or record.get('epoch') != epoch \
-            or type(record['epoch']) is not int \
+    if not isinstance(record, dict) or type(record.get('epoch')) is not int \
+            or tuple(map(record.get, ('format', 'step', 'epoch'))) != (FORMAT, STEP, epoch) \
             or not isinstance(record.get('files'), dict) or set(record['files']) != set(KINDS):
         raise CheckpointError('%s is not a %s file for epoch %d; %s' % (path, FORMAT, epoch, fix))
     history, optimizer, folder, cwd = map(record.get, ('history', 'optimizer', 'folder', 'cwd'))
@@ -286,10 +284,9 @@ def restore(directory, record, net, trainer, devices):
 
 
 class CheckpointHandler(TrainBegin, EpochEnd):
-    """Continue the run of record ``resume`` (if any) after its epoch; save a checkpoint with
-    ``info``, the history and ``cwd`` (the working folder now, which the relative paths of an
-    ``argv`` in ``info`` are read from; none when it was deleted, where only absolute paths
-    name files) into ``directory`` (unless None) after every epoch."""
+    """Continue the run of record ``resume`` (if any) after its epoch; after every epoch save a
+    checkpoint with ``info``, the history and ``cwd`` (the working folder, which the relative
+    paths of ``info``'s ``argv`` are read from; none if it was deleted) into ``directory``."""
 
     priority = PRIORITY['CheckpointHandler']
 

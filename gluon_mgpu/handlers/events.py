@@ -2,6 +2,7 @@
 handlers see (``TrainingState``), and the handlers of the book's line, the loss check and the
 learning-rate warmup (docs/events.md).
 """
+import functools
 import math
 
 from ..runtime.checks import check_whole
@@ -10,9 +11,7 @@ from mxnet.gluon.contrib.estimator.event_handler import (BatchBegin, BatchEnd, E
                                                          EpochEnd, TrainBegin, TrainEnd)
 
 __all__ = ['STEP', 'OLD_STEP', 'TrainBegin', 'TrainEnd', 'EpochBegin', 'EpochEnd', 'BatchBegin',
-           'BatchEnd',
-           'TrainingState', 'Events', 'EpochLine', 'LossGuard',
-           'LossNotFiniteError',
+           'BatchEnd', 'TrainingState', 'Events', 'EpochLine', 'LossGuard', 'LossNotFiniteError',
            'LinearWarmup', 'format_epoch', 'PRIORITY']
 
 # The update every epoch loop of the package makes, as the chapter's: the gradients' sum divided
@@ -51,10 +50,7 @@ class TrainingState:
         self.net, self.trainer, self.loss = net, trainer, loss
         self.context = self.devices = devices
         self.train_iter, self.test_iter = train_iter, test_iter
-        self.num_epochs = num_epochs
-        self.epoch = 0
-        self.history = []
-        self.record = None
+        self.num_epochs, self.epoch, self.history, self.record = num_epochs, 0, [], None
 
     def end_epoch(self, stats, test_acc):
         """Record the epoch under way: ``train_epoch``'s ``stats`` and ``test_acc``."""
@@ -93,23 +89,12 @@ class Events:
         # Every handler runs, even after one asked to stop (as in Estimator.fit).
         return any([getattr(h, name)(self.state, **kwargs) for h in self._handlers[name]])
 
-    def train_begin(self):
-        self._call('train_begin')
-
-    def epoch_begin(self):
-        self._call('epoch_begin')
-
-    def batch_begin(self, **kwargs):
-        self._call('batch_begin', **kwargs)
-
-    def batch_end(self, **kwargs):
-        return self._call('batch_end', **kwargs)
-
-    def epoch_end(self):
-        return self._call('epoch_end')
-
-    def train_end(self):
-        self._call('train_end')
+    train_begin = functools.partialmethod(_call, 'train_begin')
+    epoch_begin = functools.partialmethod(_call, 'epoch_begin')
+    batch_begin = functools.partialmethod(_call, 'batch_begin')
+    batch_end = functools.partialmethod(_call, 'batch_end')
+    epoch_end = functools.partialmethod(_call, 'epoch_end')
+    train_end = functools.partialmethod(_call, 'train_end')
 
 
 class EpochLine(EpochEnd):
@@ -148,12 +133,10 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     the epoch's last step is checked at its end.
     """
 
-    # Before the checkpoint (-100): an epoch whose last step diverged is not saved.
     priority = PRIORITY['LossGuard']
 
     def __init__(self):
-        self.step = 0
-        self.pending = None
+        self.step, self.pending = 0, None
 
     def epoch_begin(self, estimator, *args, **kwargs):
         self.step, self.pending = 0, None

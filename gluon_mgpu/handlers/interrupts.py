@@ -9,22 +9,18 @@ import signal
 import sys
 import threading
 
+from mxnet.kvstore.kvstore import _updater_wrapper
+
 from ..runtime.startup import Interrupted
 from .events import PRIORITY, BatchEnd, EpochEnd
 
 __all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
 
-
-def _callback_codes():
-    """Code objects of the Python functions MXNet calls from C as a kvstore's updater (a Trainer
-    that updates on the kvstore, as the book's does on two devices)."""
-    try:
-        from mxnet.kvstore.kvstore import _updater_wrapper
-    except ImportError:  # another MXNet layout: nothing to recognize
-        return ()
-    return (_updater_wrapper(None).__code__,)
-
-
+# The Python function MXNet calls from C as a kvstore's updater. The package's own Trainers never
+# make that callback (init_training updates in Python, train refuses one that would update on the
+# kvstore), but the book's Trainer, which python -m gluon_mgpu.compare runs as printed, does on
+# two devices.
+_CALLBACK = _updater_wrapper(None).__code__
 # The handler each signal has when nobody took it over; only then is it taken.
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
              signal.SIGHUP: signal.SIG_DFL}
@@ -48,9 +44,9 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the
-    exception), at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT
-    prints every thread's stack, then quits. Only default handlers of the main thread are taken over (not
+    inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the exception),
+    at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
+    thread's stack, then quits. Only default handlers of the main thread are taken over (not
     under ``nohup``), and given back on exit. As an event handler it calls ``check()`` after
     every step and epoch, last of all (docs/events.md)::
 
@@ -67,11 +63,8 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                                  'pass signals=(signal.SIGINT, signal.SIGTERM, signal.SIGHUP) or '
                                  'a part of it' % (signum,))
         self.signals = tuple(signals)
-        self.requested = False
-        self.signum = None
-        self._previous = {}
-        self._quit_dump = False
-        self._callbacks = _callback_codes()
+        self.requested, self.signum = False, None
+        self._previous, self._quit_dump = {}, False
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -82,7 +75,7 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                 self._quit_dump = _dump_stacks_on_quit()
         return self
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, *_):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
@@ -91,24 +84,16 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
             self._quit_dump = False
         return False
 
-    def _in_callback(self, frame):
-        """Whether ``frame`` runs inside a ``__del__`` (garbage collection: an NDArray freed at
-        any point) or inside MXNet's optimizer callback, where Python drops what is raised. The
-        package's own Trainers never make that callback (``init_training`` updates in Python,
-        ``train`` refuses one that would update on the kvstore), but the book's Trainer, which
-        ``python -m gluon_mgpu.compare`` runs as printed, does on two devices."""
-        while frame is not None:
-            if frame.f_code in self._callbacks or frame.f_code.co_name == '__del__':
-                return True
-            frame = frame.f_back
-        return False
-
     def _handle(self, signum, frame):
-        if self._in_callback(frame):
-            if not self.requested:  # the first signal is the one reported
-                self.requested, self.signum = True, signum
-        else:
-            raise Interrupted(signum)
+        # Inside a __del__ (an NDArray freed by the garbage collector, at any point) or MXNet's
+        # optimizer callback, Python would drop what is raised: the signal waits for check().
+        while frame is not None:
+            if frame.f_code is _CALLBACK or frame.f_code.co_name == '__del__':
+                if not self.requested:  # the first signal is the one reported
+                    self.requested, self.signum = True, signum
+                return
+            frame = frame.f_back
+        raise Interrupted(signum)
 
     def check(self, *args):
         """Raise ``Interrupted`` if a signal is waiting; takes any hook arguments."""

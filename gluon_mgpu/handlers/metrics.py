@@ -248,9 +248,6 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
                      'placement': placement,
                      'history': [],
                      'summary': None}
-        self.write()
-
-    def write(self):
         write_json_atomic(self.path, self.data)
 
     priority = PRIORITY['MetricsFile']
@@ -271,13 +268,13 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
         entry = {k: record[k] for k in EPOCH_FIELDS}
         entry['train_loss'] = _finite_or_none(entry['train_loss'])
         self.data['history'].append(entry)
-        self.write()
+        write_json_atomic(self.path, self.data)
 
     def finish(self, summary):
         """Store the summary (from ``summarize``), mark the run finished and rewrite the file."""
         self.data['summary'] = dict(summary)
         self.data['status'] = 'finished'
-        self.write()
+        write_json_atomic(self.path, self.data)
 
 
 _BOUNDS = (('minimum', '>= %s'), ('exclusiveMinimum', '> %s'), ('maximum', '<= %s'),

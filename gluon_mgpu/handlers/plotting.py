@@ -34,12 +34,11 @@ def _figure(figsize):
 
 def _save(fig, path):
     """Save ``fig`` in every format ``path`` asks for, each file atomically."""
-    written = []
-    for target in plot_paths(path):
+    targets = plot_paths(path)
+    for target in targets:
         with atomic_path(target) as tmp:
             fig.savefig(tmp, format=os.path.splitext(target)[1].lower()[1:], dpi=DPI)
-        written.append(target)
-    return written
+    return targets
 
 
 def _epoch_axis(ax, num_epochs):

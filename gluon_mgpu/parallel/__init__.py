@@ -3,8 +3,8 @@ parallelism by hand (``scratch``), by layers (``layers``) and by channels (``cha
 the chapter's own Gluon version in ``gluon_mgpu.training``; ``options`` holds what the command
 line calls. docs/three-ways.md explains each.
 """
-from .common import CopyCounter, check_trace, data_parallel_summary, init_one_device, trace_devices
-from .loop import train_split
+from .common import (CopyCounter, check_trace, data_parallel_summary, init_one_device,
+                     trace_devices, train_split)
 from .options import METHODS, check_parallel_options, make_parallel, parse_cut
 
 __all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel',

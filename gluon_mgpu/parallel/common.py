@@ -1,17 +1,20 @@
 """What the three ways of splitting training share: devices, copies between them (counted in
-bytes), traces of where every block ran, and checks (docs/three-ways.md, "Copies and placement").
+bytes), traces of where every block ran, checks (docs/three-ways.md, "Copies and placement"), and
+their epochs: ``training.train`` itself, whose step is the split network's own ``step``.
 """
+from types import SimpleNamespace
+
 import numpy as np
 import mxnet as mx
 from mxnet import init as mx_init, nd
 from mxnet.gluon import utils as gutils
 
-from ..training import evaluate_accuracy
+from ..training import evaluate_accuracy, train
 from ..replicas.placement import inspect_placement
 
 __all__ = ['check_devices', 'init_one_device', 'nbytes', 'CopyCounter', 'layer_output_bytes',
            'trace_devices', 'check_trace', 'parameter_bytes', 'make_summary',
-           'data_parallel_summary', 'SplitNet']
+           'data_parallel_summary', 'SplitNet', 'train_split']
 
 
 def check_devices(devices):
@@ -128,9 +131,7 @@ def check_trace(records):
     number checked. (A ``ChannelSplit`` holds no parameters and gathers on its input's device.)
     """
     for r in records:
-        devices = set(r['inputs']) | set(r['outputs'])
-        for contexts in r['parameters']:
-            devices |= set(contexts)
+        devices = set(r['inputs']).union(r['outputs'], *r['parameters'])
         if len(devices) > 1:
             raise RuntimeError(
                 'block %s mixed devices: inputs on %s, output on %s, parameters on %s; a copy '
@@ -203,3 +204,16 @@ class SplitNet:
         return make_summary(self.method, self.devices, X.shape[0],
                             parameter_bytes(self.net, self.devices), activations,
                             2 * counter.total, **extra)
+
+
+def train_split(split, train_iter, test_iter, lr, num_epochs=4, event_handlers=None,
+                batch_size=None):
+    """``train(split, ...)`` on ``split.devices``, so that the command line's handlers work for
+    every way of splitting: print the book's line per epoch; return the history (``train_acc``
+    None: a split network returns only its loss).
+
+    ``event_handlers`` as in ``train()``; they see the split network as ``estimator.net`` and
+    ``lr`` as ``estimator.trainer.learning_rate`` (a split has one Trainer per part, or none).
+    """
+    return train(split, train_iter, test_iter, split.devices, num_epochs,
+                 SimpleNamespace(learning_rate=lr), event_handlers, batch_size=batch_size)

@@ -11,6 +11,8 @@ from ..runtime.checks import is_digits
 __all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank']
 
 INSTALL = 'make horovod-install'
+_NOT_STARTED = ('so this process was not started by horovodrun; start the job with horovodrun '
+                '-np 2 -H localhost:2 --gloo python -m gluon_mgpu.train --kvstore horovod ...')
 # What Horovod (and Gloo under it) raise in the other processes once one of them has stopped.
 PEER_GONE = ('Horovod has been shut down', 'Connection reset by peer',
              'Connection closed by peer')
@@ -82,16 +84,12 @@ def job_env(environ=None):
     for name in ('HOROVOD_RANK', 'HOROVOD_SIZE'):
         value = environ.get(name, '')
         if not is_digits(value):
-            raise ValueError('%s is %s, so this process was not started by horovodrun; start '
-                             'the job with horovodrun -np 2 -H localhost:2 --gloo python -m '
-                             'gluon_mgpu.train --kvstore horovod ...'
-                             % (name, repr(value) if value else 'not set'))
+            raise ValueError('%s is %s, %s' % (name, repr(value) if value else 'not set',
+                                               _NOT_STARTED))
     rank, size = int(environ['HOROVOD_RANK']), int(environ['HOROVOD_SIZE'])
     if not rank < size:  # horovodrun sets a rank below a size of 1 or more
         raise ValueError('HOROVOD_RANK=%d and HOROVOD_SIZE=%d: a rank must be below the job\'s '
-                         'size, so this process was not started by horovodrun; start the job '
-                         'with horovodrun -np 2 -H localhost:2 --gloo python -m gluon_mgpu.train '
-                         '--kvstore horovod ...' % (rank, size))
+                         'size, %s' % (rank, size, _NOT_STARTED))
     return {'rank': rank, 'size': size}
 
 

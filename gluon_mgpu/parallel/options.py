@@ -10,9 +10,6 @@ from .scratch import ScratchDataParallel
 
 __all__ = ['METHODS', 'check_parallel_options', 'parse_cut', 'make_parallel']
 
-# 'data': the chapter's Gluon Trainer; 'scratch': the same by hand (the book's LeNet);
-# 'layers' and 'channels': the chapter's methods 1 and 2.
-
 
 def parse_cut(text):
     """Read ``--cut``: ``'params'``, ``'time'`` or unit names separated by commas.
