@@ -9,13 +9,10 @@ from importlib import metadata
 
 from . import cli
 from ..devices import num_gpus
-from ..runtime import startup
 from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
 from ..runtime.threads import format_thread_settings
 
 PROG = 'python -m gluon_mgpu.env'
-# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
-STOPPED = 'before the report was printed; it writes no file, so nothing was lost'
 # The driver API's codes that a machine without a usable GPU returns.
 CUDA_ERRORS = {3: 'CUDA_ERROR_NOT_INITIALIZED', 34: 'CUDA_ERROR_STUB_LIBRARY',
                35: 'CUDA_ERROR_INSUFFICIENT_DRIVER', 100: 'CUDA_ERROR_NO_DEVICE',
@@ -209,16 +206,9 @@ def format_report(info):
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.env``: print the report; return the exit code."""
-    argv = sys.argv[1:] if argv is None else list(argv)
     parser = cli.Parser(prog=PROG, description='Print what a bug report needs: Python, MXNet and '
                         'its build, where each CUDA library came from, the NVIDIA driver and '
                         'GPUs, threads, the data folder and the MXNET_* variables.')
-
-    def body():
-        parser.parse_args(argv)  # no MXNet yet: a bad flag is answered at once
-        startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        from ..handlers.interrupts import DeferredInterrupt
-        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
-            print(format_report(collect()))
-
-    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
+    return cli.run_report(PROG, sys.argv[1:] if argv is None else list(argv), parser.parse_args,
+                          lambda args: print(format_report(collect())),
+                          'before the report was printed')

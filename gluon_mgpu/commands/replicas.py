@@ -7,12 +7,9 @@ import sys
 from .. import devices as devices_mod
 from . import cli
 from ..assembly import runs
-from ..replicas import format_replica_report, get_replica, inspect_replicas
-from ..runtime import startup
+from ..replicas import format_replica_report, get_replica, inspect_replicas, inspection_cells
 
 PROG = 'python -m gluon_mgpu.replicas'
-# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
-STOPPED = 'before the report was complete; it writes no file, so nothing was lost'
 
 
 def build_parser():
@@ -45,7 +42,7 @@ def run(args):
             print('inspect_replicas(net) before a forward pass:', e)
 
     # The book's 4 images; at least one per device when there are more devices.
-    cells = cli.inspection_cells(devices, before_forward=before_forward)
+    cells = inspection_cells(devices, training.INIT_SIGMA, before_forward)
     net, x, weight = cells['net'], cells['x'], cells['weight']
     print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context)
                                                  for p in cells['parts'])))
@@ -67,14 +64,5 @@ def run(args):
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code (2: bad input)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-
-    def body():
-        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
-        startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        from ..handlers.interrupts import DeferredInterrupt
-        # A signal deferred in a __del__, or not answered inside MXNet, ends it within a second.
-        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
-            run(args)
-
-    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
+    return cli.run_report(PROG, sys.argv[1:] if argv is None else list(argv),
+                          build_parser().parse_args, run, 'before the report was complete')
