@@ -6,7 +6,6 @@ import contextlib
 import functools
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
@@ -17,7 +16,7 @@ import time
 from .cli import Parser, UsageError, die_with, positive_float, run_command, whole
 from ..runtime import files, startup
 from ..runtime.choices import DIST_KVSTORES
-from ..runtime.hosts import guess_host_ip, hold_port, host_problem, read_hostfile
+from ..runtime.hosts import guess_host_ip, hold_port, host_problem, read_hostfile, ssh_command
 from ..runtime.threads import memory_bytes, thread_limit, thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
@@ -199,24 +198,6 @@ def check_job(args):
                              'one' % (args.port, problem))
         return hold
     return None
-
-
-def remote_script(variables, workdir, command):
-    """The POSIX shell script one remote process runs: set variables, cd, run the command in
-    the background (its code is the script's) while a watcher reads the ssh connection (stdin,
-    kept as fd 3) and sends the command SIGTERM when it closes."""
-    exports = ' '.join('%s=%s' % (k, shlex.quote(str(v))) for k, v in variables.items())
-    return ('export %s; cd %s || exit 1; exec 3<&0; %s & child=$!; '
-            '(cat <&3; kill -TERM "$child") >/dev/null 2>&1 & watcher=$!; '
-            'wait "$child"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
-            % (exports, shlex.quote(workdir), ' '.join(shlex.quote(a) for a in command)))
-
-
-def ssh_command(host, port, variables, workdir, command):
-    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``); ``--`` ends
-    ssh's options, so that no host is ever read as one."""
-    return ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes', '-p', str(port),
-            '--', host, 'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))]
 
 
 def plan(args, environ=None, workdir=None):

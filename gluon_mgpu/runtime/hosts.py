@@ -1,11 +1,13 @@
 """Host names, addresses and ports from a hostfile, ``--host-ip``, ``--port`` and the ``DMLC_*``
 variables, checked here since ps-lite and ssh do not (docs/distributed.md, "Refused before
-anything starts"). No MXNet here: a server's ``import mxnet`` already joins the job.
+anything starts"), and the ssh command of a process on a host. No MXNet here: a server's
+``import mxnet`` already joins the job.
 """
 import contextlib
 import errno
 import ipaddress
 import re
+import shlex
 import socket
 import struct
 
@@ -13,7 +15,8 @@ from . import files
 from .checks import is_digits
 
 __all__ = ['JOB_VARIABLES', 'ROLES', 'host_problem', 'port_number', 'parse_host_port',
-           'read_hostfile', 'guess_host_ip', 'hold_port', 'job_problem']
+           'read_hostfile', 'guess_host_ip', 'hold_port', 'remote_script', 'ssh_command',
+           'job_problem']
 
 JOB_VARIABLES = ('DMLC_ROLE', 'DMLC_PS_ROOT_URI', 'DMLC_PS_ROOT_PORT', 'DMLC_NUM_SERVER',
                  'DMLC_NUM_WORKER')
@@ -157,6 +160,24 @@ def hold_port(port, host='127.0.0.1'):
             return None, 'cannot be used on %s (%s)' % (host or 'this machine',
                                                         e.strerror or e)
     return hold, None
+
+
+def remote_script(variables, workdir, command):
+    """The POSIX shell script one remote process runs: set variables, cd, run the command in
+    the background (its code is the script's) while a watcher reads the ssh connection (stdin,
+    kept as fd 3) and sends the command SIGTERM when it closes."""
+    exports = ' '.join('%s=%s' % (k, shlex.quote(str(v))) for k, v in variables.items())
+    return ('export %s; cd %s || exit 1; exec 3<&0; %s & child=$!; '
+            '(cat <&3; kill -TERM "$child") >/dev/null 2>&1 & watcher=$!; '
+            'wait "$child"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
+            % (exports, shlex.quote(workdir), ' '.join(shlex.quote(a) for a in command)))
+
+
+def ssh_command(host, port, variables, workdir, command):
+    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``); ``--`` ends
+    ssh's options, so that no host is ever read as one."""
+    return ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes', '-p', str(port),
+            '--', host, 'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))]
 
 
 def job_problem(environ):
