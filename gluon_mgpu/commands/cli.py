@@ -217,19 +217,10 @@ def out_of_memory(e):
     return text if any(words in text for words in OUT_OF_MEMORY) else None
 
 
-def unexpected(prog, e, debug, context=''):
-    """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
-    hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
-                             'include it in a bug report' % DEBUG_ENV)
-    return error_line(prog, 'unexpected %s: %s%s%s' % (type(e).__name__, one_line(e), context,
-                                                       hint))
-
-
 def _say(e, line, debug):
     if debug:
         traceback.print_exception(type(e), e, e.__traceback__)
-    # One line, whatever a path or a message holds.
-    line = line.replace('\r', '\\r').replace('\n', '\\n')
+    line = line.replace('\r', '\\r').replace('\n', '\\n')  # one line, whatever a message holds
     try:
         sys.stderr.write(line + '\n')
         sys.stderr.flush()
@@ -342,7 +333,10 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
                 return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (prog, why, line(), kept)
             return 2 if why is None else 1, error_line(prog, line() + kept)
     kept = saved(e, 'unexpected %s' % type(e).__name__) if saved else ''
-    return 1, unexpected(prog, e, debug, (' (%s)' % where.strip() if where else '') + kept)
+    hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
+                             'include it in a bug report' % DEBUG_ENV)
+    return 1, error_line(prog, 'unexpected %s: %s%s%s%s' % (
+        type(e).__name__, one_line(e), ' (%s)' % where.strip() if where else '', kept, hint))
 
 
 def run_command(prog, argv, body, story=None):
@@ -352,11 +346,10 @@ def run_command(prog, argv, body, story=None):
     the command adds to it (its keyword arguments: what the run kept, the flags a fix names),
     or under ``'own'`` the ``(exit code, line)`` of an error the table does not know (a script
     of benchmarks/ and its own errors; None: the table's).
-    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``--debug`` in ``argv``,
-    or ``GLUON_MGPU_DEBUG`` set and not 0, shows the traceback too. Standard output that cannot
-    be written ends the command as a Unix tool ends: quietly with 141 when its reader is gone
-    (``| head -1``), else with one line naming stdout and 1 (``>/dev/full``), never with a
-    traceback.
+    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``--debug`` in ``argv``
+    (or ``GLUON_MGPU_DEBUG``) adds the traceback. Standard output that cannot be written ends
+    the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
+    else with one line naming stdout and 1 (``>/dev/full``), never with a traceback.
     """
     debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
     stream = sys.stdout
@@ -408,9 +401,8 @@ def die_with(parent, signum):
 
 def run_report(prog, argv, parse, run, before):
     """``run_command`` of a command that prints a report and writes no file: ``parse(argv)``
-    before MXNet starts (a bad flag is answered at once), then ``run(args)``; a signal ends it
-    with one line, that it stopped ``before`` (``'before the table was printed'``) and lost
-    nothing."""
+    before MXNet starts, then ``run(args)``; a signal's line says it stopped ``before`` (``'before
+    the table was printed'``) and lost nothing."""
     stopped = before + '; it writes no file, so nothing was lost'
 
     def body():

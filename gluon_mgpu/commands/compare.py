@@ -179,8 +179,7 @@ def _most(pairs):
 
 
 def equality_sizes(num_devices, per_device=EQUALITY_PER_DEVICE):
-    """The batch and the training images of ``epoch_equality`` on ``num_devices``: 4 batches
-    of ``per_device`` (32) per device and a short one of half that (16)."""
+    """``(batch size, training images)`` of ``epoch_equality`` on ``num_devices``."""
     return per_device * num_devices, 4 * per_device * num_devices + per_device // 2
 
 
@@ -463,10 +462,6 @@ def _compare(args):
         raise cli.UsageError('--device %s: %s' % (args.device, e)) from None
     rows = deterministic_rows(chapter_cells(pair))
     rows.append(step_row(pair, args.data_dir))
-    print(describe_devices(pair))
-    print(format_table(rows))
-    print()
-    for line in notes():
-        print('note:', line)
-    print(ACCURACY_TABLE)
+    print('\n'.join([describe_devices(pair), format_table(rows), ''] +
+                    ['note: ' + line for line in notes()] + [ACCURACY_TABLE]))
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0

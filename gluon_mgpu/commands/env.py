@@ -112,7 +112,6 @@ def collect():
 
     from .._version import __version__
     from ..data import DataError, DataNotFoundError, find_data_dir
-    features = mx.runtime.Features()
     libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]
     libraries.append((DRIVER_LIBRARY, loaded_from(DRIVER_LIBRARY)))
     try:
@@ -128,7 +127,7 @@ def collect():
         'mxnet': mx.__version__,
         'mxnet_path': os.path.dirname(os.path.abspath(mx.__file__)),
         'build': gpu_build() or 'mxnet %s (CPU build)' % (_version('mxnet') or mx.__version__),
-        'features': [f.name for f in features.values() if f.enabled],
+        'features': [f.name for f in mx.runtime.Features().values() if f.enabled],
         'libmxnet': mx.base._LIB._name,
         'libraries': libraries,
         'kernel_module': kernel_module_version(),
@@ -142,19 +141,6 @@ def collect():
         'environment': sorted((k, v) for k, v in os.environ.items()
                               if k.startswith(_ENV_PREFIXES)),
     }
-
-
-def _driver_advice(cuda_version):
-    # What the GPU build (CUDA 11.2, NVRTC 11.8 from the wheels) needs from the driver.
-    if cuda_version is None:
-        return None
-    version = tuple(int(x) for x in cuda_version.split('.'))
-    if version < (11, 0):
-        return ('too old for the CUDA 11 build of MXNet: install a driver %s' % DRIVER_VERSIONS)
-    if version < (11, 8):
-        return ('MXNet\'s fused kernels (compiled by NVRTC 11.8) need a driver for CUDA 11.8 '
-                '(>= 520): update the driver or set MXNET_USE_FUSION=0')
-    return None
 
 
 def format_report(info):
@@ -186,9 +172,13 @@ def format_report(info):
         lines.append('NVIDIA driver: kernel module %s, for CUDA %s'
                      % (module, driver['cuda_version'] or 'unknown'))
         lines.extend('  %s' % e for e in driver['errors'])
-        advice = _driver_advice(driver['cuda_version'])
-        if advice and 'CUDA' in info['features']:
-            lines.append('  %s' % advice)
+        # What the GPU build (CUDA 11.2, NVRTC 11.8 from the wheels) needs from the driver.
+        cuda = driver['cuda_version'] and tuple(int(x) for x in driver['cuda_version'].split('.'))
+        if cuda and cuda < (11, 8) and 'CUDA' in info['features']:
+            lines.append('  too old for the CUDA 11 build of MXNet: install a driver %s'
+                         % DRIVER_VERSIONS if cuda < (11, 0) else
+                         "  MXNet's fused kernels (compiled by NVRTC 11.8) need a driver for CUDA "
+                         '11.8 (>= 520): update the driver or set MXNET_USE_FUSION=0')
     gpus = driver['gpus'] if driver else []
     lines.append('GPUs:         %d seen by the driver, %d by MXNet'
                  % (len(gpus), info['mxnet_gpus']))

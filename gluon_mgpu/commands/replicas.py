@@ -48,8 +48,7 @@ def run(args):
                                                  for p in cells['parts'])))
     print('one forward pass per device: %s'
           % ', '.join('%s on %s' % (o.shape, o.context) for o in cells['outputs']))
-    print("weight = net[0].params.get('weight'): %s, shape %s"
-          % (weight.name, weight.shape))
+    print("weight = net[0].params.get('weight'): %s, shape %s" % (weight.name, weight.shape))
     # A context the parameters do not live on: the book's cpu(0) on GPUs, else the next cpu.
     other = mx.cpu() if mx.cpu() not in devices else mx.cpu(max(d.device_id for d in devices) + 1)
     try:
@@ -58,8 +57,7 @@ def run(args):
         print('weight.data(%s): %s' % (other, e))
     for d in devices:
         print('weight.data(%s)[0]:%r' % (d, weight.data(d)[0]))
-    print()
-    print(format_replica_report(inspect_replicas(net)))
+    print('\n' + format_replica_report(inspect_replicas(net)))
 
 
 def main(argv=None):
