@@ -15,6 +15,7 @@ from mxnet import nd
 
 from gluon_mgpu.parallel import dist
 from gluon_mgpu.commands import launch
+from gluon_mgpu.runtime import hosts
 
 PY = sys.executable
 TRAIN = [PY, '-m', 'gluon_mgpu.train', '--model', 'lenet', '--device', 'cpu', '--seed', '0',
@@ -78,20 +79,20 @@ def test_bad_input_is_one_line_and_exit_2(argv, expected, capsys):
 def test_hostfile_format(tmp_path):
     path = tmp_path / 'hosts'
     path.write_text('# the cluster\nnode1\n\n  10.0.0.2:2222  \nnode3:22 # last one\n')
-    assert launch.read_hostfile(str(path)) == [('node1', 22), ('10.0.0.2', 2222),
+    assert hosts.read_hostfile(str(path)) == [('node1', 22), ('10.0.0.2', 2222),
                                                ('node3', 22)]
     path.write_text('node1\nnode2:ssh\n')
     with pytest.raises(ValueError, match=r'^line 2, \'node2:ssh\', is not a host name or '
                                          r'address with an optional :port; write one per line, '
                                          r'for example node1, node1:2222, 10.0.0.2 or '
                                          r'\[fe80::1\]:22$'):
-        launch.read_hostfile(str(path))
+        hosts.read_hostfile(str(path))
     path.write_text('node1:\u00b2\n')  # a digit to str.isdigit, not to int()
     with pytest.raises(ValueError, match='line 1, \'node1:\u00b2\', is not a host name'):
-        launch.read_hostfile(str(path))
+        hosts.read_hostfile(str(path))
     path.write_text('# nothing\n\n')
     with pytest.raises(ValueError, match='no hosts in the file'):
-        launch.read_hostfile(str(path))
+        hosts.read_hostfile(str(path))
 
 
 @pytest.mark.parametrize('line', [
@@ -116,17 +117,17 @@ def test_hosts_and_addresses_with_ports_are_read(tmp_path):
     hostfile = tmp_path / 'hosts'
     hostfile.write_text('node-1.example.com.\n[fe80::1]:2200\nfe80::2\n10.0.0.2:22\r\n'
                         'fe80::3%eth0\n[fe80::4%2]:22\n')
-    assert launch.read_hostfile(str(hostfile)) == [
+    assert hosts.read_hostfile(str(hostfile)) == [
         ('node-1.example.com.', 22), ('fe80::1', 2200), ('fe80::2', 22), ('10.0.0.2', 22),
         ('fe80::3%eth0', 22), ('fe80::4%2', 22)]
     hostfile.write_bytes(b'node1\nnode\xff2\n')
     with pytest.raises(ValueError, match=r'^line 2 is not UTF-8 text; write one host name or '
                                          r'address per line$'):
-        launch.read_hostfile(str(hostfile))
+        hosts.read_hostfile(str(hostfile))
 
 
 def test_ssh_reads_the_host_after_double_dash_never_as_an_option():
-    argv = launch.ssh_command('-oProxyCommand=x', 22, {}, '/', ['true'])
+    argv = hosts.ssh_command('-oProxyCommand=x', 22, {}, '/', ['true'])
     assert argv[argv.index('--') + 1] == '-oProxyCommand=x'
     # OpenSSH itself (ssh -G prints its configuration and connects nowhere): before --, such
     # a host is an option that runs a command; after it, a host name it refuses.
@@ -302,7 +303,7 @@ def test_ssh_plan_follows_mxnets_launcher(tmp_path, monkeypatch):
                          '-p', '2222', '--', 'beta', argv[9]]
     assert len(argv) == 10 and argv[9].startswith('sh -c ')
     script = shlex.split(argv[9])[2]
-    assert script == launch.remote_script(
+    assert script == hosts.remote_script(
         {'PYTHONPATH': '/src/my code', 'MXNET_HOME': '/data', 'EXTRA': 'a b',
          'DMLC_NODE_HOST': 'beta', 'DMLC_ROLE': 'server', 'DMLC_PS_ROOT_URI': '10.0.0.5',
          'DMLC_PS_ROOT_PORT': '9100', 'DMLC_NUM_SERVER': '2', 'DMLC_NUM_WORKER': '3'},
@@ -320,7 +321,7 @@ def _remote(tmp_path, code, **variables):
     """Run what ssh would run on the remote host, here: the login shell gets argv[-1]."""
     workdir = tmp_path / 'a dir'
     workdir.mkdir(exist_ok=True)
-    argv = launch.ssh_command('host', 22, variables, str(workdir), [PY, '-c', code])
+    argv = hosts.ssh_command('host', 22, variables, str(workdir), [PY, '-c', code])
     return subprocess.Popen(['bash', '-c', argv[-1]], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True), workdir
 

@@ -11,7 +11,7 @@ import signal
 import sys
 import traceback
 
-from ..runtime import choices, files
+from ..runtime import choices, files, startup
 from ..runtime.checks import LR_RANGE, one_line
 
 DEBUG_ENV = 'GLUON_MGPU_DEBUG'
@@ -203,11 +203,6 @@ def add_debug_flag(parser):
                              'environment variable %s=1 does the same' % DEBUG_ENV)
 
 
-def debug_requested(argv):
-    """``--debug`` in ``argv``, or ``GLUON_MGPU_DEBUG`` set and not 0."""
-    return '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
-
-
 # What MXNet 1.9.1 says when memory runs out (libmxnet.so's strings): on the CPU, on a GPU.
 OUT_OF_MEMORY = ('Failed to allocate CPU Memory', 'cudaMalloc retry failed',
                  'cudaMalloc failed: out of memory')
@@ -222,19 +217,10 @@ def out_of_memory(e):
     return text if any(words in text for words in OUT_OF_MEMORY) else None
 
 
-def unexpected(prog, e, debug, context=''):
-    """The one line for an unexpected error: its type and message, ``context``, a --debug hint."""
-    hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
-                             'include it in a bug report' % DEBUG_ENV)
-    return error_line(prog, 'unexpected %s: %s%s%s' % (type(e).__name__, one_line(e), context,
-                                                       hint))
-
-
 def _say(e, line, debug):
     if debug:
         traceback.print_exception(type(e), e, e.__traceback__)
-    # One line, whatever a path or a message holds.
-    line = line.replace('\r', '\\r').replace('\n', '\\n')
+    line = line.replace('\r', '\\r').replace('\n', '\\n')  # one line, whatever a message holds
     try:
         sys.stderr.write(line + '\n')
         sys.stderr.flush()
@@ -246,13 +232,6 @@ def stopped_by(e):
     """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal
     (``startup.Interrupted``; a plain ``KeyboardInterrupt`` is a Ctrl-C)."""
     return getattr(e, 'words', 'interrupted (Ctrl-C)')
-
-
-def writes_no_file(stopped):
-    """The ``story`` (``run_command``) of a command that writes no file: a signal's line ends
-    with ``stopped``, what the command had not done yet and that nothing was lost."""
-    return lambda e: {'saved': lambda e, why: ' ' + stopped
-                      if isinstance(e, KeyboardInterrupt) else ''}
 
 
 class StdoutError(Exception):
@@ -286,22 +265,6 @@ class _WatchedStdout:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
-
-
-def _stdout_failed(prog, e, stream, debug):
-    """The exit code for ``StdoutError`` ``e``: a broken pipe ends quietly with 141 (128 +
-    SIGPIPE, what a shell shows for a Unix tool killed by it); any other error is one line."""
-    try:  # what is still buffered goes nowhere, so that Python's flush at exit is quiet too
-        fd = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(fd, stream.fileno())
-        os.close(fd)
-    except (AttributeError, OSError, ValueError):  # not a file (a test's stream)
-        pass
-    if e.errno == errno.EPIPE:
-        return 128 + signal.SIGPIPE
-    _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
-        e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)
-    return 1
 
 
 def _in_optimizer(e):
@@ -370,27 +333,10 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
                 return getattr(e, 'exit_code', 130), '%s: %s%s%s' % (prog, why, line(), kept)
             return 2 if why is None else 1, error_line(prog, line() + kept)
     kept = saved(e, 'unexpected %s' % type(e).__name__) if saved else ''
-    return 1, unexpected(prog, e, debug, (' (%s)' % where.strip() if where else '') + kept)
-
-
-def _run_body(prog, body, story, debug):
-    try:
-        try:
-            code = body() or 0
-        except SystemExit:  # argparse's --help: its text reaches stdout, or this says why
-            sys.stdout.flush()
-            raise
-        sys.stdout.flush()
-        return code
-    except StdoutError:
-        raise
-    except (Exception, KeyboardInterrupt) as e:
-        told = story(e) if story else {}
-        # 'own': a script's wording of an error of its own (benchmarks/), else the table's.
-        code, line = told.pop('own', None) or failure(prog, e, debug, **told)
-        sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
-        _say(e, line, debug)
-        return code
+    hint = '' if debug else ('; rerun with --debug (or %s=1) for the full traceback, and '
+                             'include it in a bug report' % DEBUG_ENV)
+    return 1, error_line(prog, 'unexpected %s: %s%s%s%s' % (
+        type(e).__name__, one_line(e), ' (%s)' % where.strip() if where else '', kept, hint))
 
 
 def run_command(prog, argv, body, story=None):
@@ -400,44 +346,73 @@ def run_command(prog, argv, body, story=None):
     the command adds to it (its keyword arguments: what the run kept, the flags a fix names),
     or under ``'own'`` the ``(exit code, line)`` of an error the table does not know (a script
     of benchmarks/ and its own errors; None: the table's).
-    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``argv`` is read for
-    ``--debug``. Standard output that cannot be written ends the command as a Unix tool ends:
-    quietly with 141 when its reader is gone (``| head -1``), else with one line naming stdout
-    and 1 (``>/dev/full``), never with a traceback.
+    Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``--debug`` in ``argv``
+    (or ``GLUON_MGPU_DEBUG``) adds the traceback. Standard output that cannot be written ends
+    the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
+    else with one line naming stdout and 1 (``>/dev/full``), never with a traceback.
     """
-    debug = debug_requested(argv)
+    debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
     stream = sys.stdout
     sys.stdout = _WatchedStdout(stream)
     try:
-        return _run_body(prog, body, story, debug)
-    except StdoutError as e:
-        return _stdout_failed(prog, e, stream, debug)
+        try:
+            code = body() or 0
+            sys.stdout.flush()
+        except SystemExit:  # argparse's --help: its text reaches stdout, or this says why
+            sys.stdout.flush()
+            raise
+        except StdoutError:
+            raise
+        except (Exception, KeyboardInterrupt) as e:
+            told = story(e) if story else {}
+            # 'own': a script's wording of an error of its own (benchmarks/), else the table's.
+            code, line = told.pop('own', None) or failure(prog, e, debug, **told)
+            sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
+            _say(e, line, debug)
+        return code
+    except StdoutError as e:  # a broken pipe ends quietly, 128 + SIGPIPE as a shell shows it
+        try:  # what is still buffered goes nowhere, so that Python's flush at exit is quiet too
+            fd = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(fd, stream.fileno())
+            os.close(fd)
+        except (AttributeError, OSError, ValueError):  # not a file (a test's stream)
+            pass
+        if e.errno == errno.EPIPE:
+            return 128 + signal.SIGPIPE
+        _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
+            e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)
+        return 1
     finally:
         if isinstance(sys.stdout, _WatchedStdout):
             sys.stdout = stream
 
 
-def inspection_cells(devices, num_images=4, before_forward=None):
-    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``, as
-    ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` do.
+def die_with(parent, signum):
+    """Have this process get ``signum`` when process ``parent`` ends, even by SIGKILL (Linux's
+    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing): in its child, or as the ``preexec_fn``."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # it ended before prctl took effect
+        os.kill(os.getpid(), signum)
 
-    ResNet-18 initialized with ``Normal(sigma=0.01)`` on every device, ``before_forward(net)``,
-    a random batch of ``num_images`` images (at least one per device) split with
-    ``split_and_load``, one forward pass per device. Returns a dict of ``net``, ``x``,
-    ``parts``, ``outputs`` (one per device) and ``weight`` (the first convolution's).
-    """
-    from mxnet import init, nd
-    from mxnet.gluon import utils as gutils
 
-    from ..model import resnet18
-    from ..training import INIT_SIGMA
+def run_report(prog, argv, parse, run, before):
+    """``run_command`` of a command that prints a report and writes no file: ``parse(argv)``
+    before MXNet starts, then ``run(args)``; a signal's line says it stopped ``before`` (``'before
+    the table was printed'``) and lost nothing."""
+    stopped = before + '; it writes no file, so nothing was lost'
 
-    net = resnet18(10)
-    net.initialize(init=init.Normal(sigma=INIT_SIGMA), ctx=devices)
-    if before_forward is not None:
-        before_forward(net)
-    x = nd.random.uniform(shape=(max(num_images, len(devices)), 1, 28, 28))
-    parts = gutils.split_and_load(x, devices, even_split=False)
-    outputs = [net(part) for part in parts]
-    return {'net': net, 'x': x, 'parts': parts, 'outputs': outputs,
-            'weight': net[0].params.get('weight')}
+    def body():
+        args = parse(argv)
+        startup.before_mxnet(prog)  # threads, checks, then MXNet
+        from ..handlers.interrupts import DeferredInterrupt
+        # A signal deferred in a __del__, or waiting inside MXNet (the book's Trainer updates in
+        # its optimizer callback), ends the command within a second.
+        with DeferredInterrupt(), startup.interruptible(prog, stopped):
+            return run(args)
+
+    return run_command(prog, argv, body, lambda e: {'saved': lambda e, why: ' ' + stopped
+                                                    if isinstance(e, KeyboardInterrupt) else ''})

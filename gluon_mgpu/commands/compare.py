@@ -9,6 +9,7 @@ import io
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..assembly import runs
 from ..devices import format_devices, simulated
-from ..runtime import startup
+from ..replicas import inspection_cells
 from . import cli
 
 
@@ -59,8 +60,9 @@ def format_like_book(values):
         return str(np.asarray(values, dtype=np.float32))
 
 
-def run_chapter_cells(devices):
-    """Run the chapter's ``In [2]`` to ``In [5]`` in this process on two ``devices``.
+def chapter_cells(devices, fresh_process=True):
+    """Run the chapter's ``In [2]`` to ``In [5]`` on two ``devices``, by default in a new Python
+    process, whose MXNet random state is the default one (the book's values need it untouched).
 
     Returns
     -------
@@ -68,13 +70,29 @@ def run_chapter_cells(devices):
         ``devices`` (names), ``outputs`` (``Out[4]``: a 2x10 list per device), ``weights``
         (``Out[5]``: ``weight.data(device)[0]`` per device), ``default_read`` (``raised`` and
         ``printed``: what ``weight.data()`` without a device did) and ``mxnet_version``.
+
+    Raises
+    ------
+    RuntimeError
+        If the new process fails; the message holds the end of its error output.
     """
+    if fresh_process:
+        code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
+                '_cells_child(*sys.argv[1:])')
+        result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices),
+                                 str(os.getpid())],
+                                capture_output=True, text=True, env=child_env(), timeout=600)
+        if result.returncode != 0:
+            raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): '
+                               '%s' % (result.returncode, result.stderr.strip()[-2000:]))
+        return json.loads(result.stdout.splitlines()[-1])
     import mxnet as mx
 
+    from ..training import INIT_SIGMA
     if len(devices) != 2:
         raise ValueError('the chapter splits its batch over 2 devices, got %d (%s); pass two '
                          'contexts' % (len(devices), devices))
-    cells = cli.inspection_cells(devices)
+    cells = inspection_cells(devices, INIT_SIGMA)
     outputs, weight = cells['outputs'], cells['weight']
     try:
         weight.data()
@@ -92,39 +110,11 @@ def run_chapter_cells(devices):
 def _cells_child(names, parent):
     """The new process of ``chapter_cells``: print the cells as JSON; it ends with process
     ``parent``, however that ends (a signal that another of its threads received ends it
-    without killing this one; Linux's PR_SET_PDEATHSIG)."""
-    import ctypes
-    import signal
-    prctl = getattr(ctypes.CDLL(None), 'prctl', None)
-    if prctl is not None:
-        prctl(1, signal.SIGKILL)
-    if os.getppid() != int(parent):  # it ended before prctl
-        return
+    without killing this one: ``cli.die_with``)."""
+    cli.die_with(int(parent), signal.SIGKILL)
     import mxnet as mx
     devices = [mx.Context(kind, int(i)) for kind, i in re.findall(r'(cpu|gpu)\((\d+)\)', names)]
-    print(json.dumps(run_chapter_cells(devices)))
-
-
-def chapter_cells(devices, fresh_process=True):
-    """``run_chapter_cells(devices)``, by default in a new Python process, whose MXNet random
-    state is the default one (the book's values need it untouched).
-
-    Raises
-    ------
-    RuntimeError
-        If the new process fails; the message holds the end of its error output.
-    """
-    if not fresh_process:
-        return run_chapter_cells(devices)
-    code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
-            '_cells_child(*sys.argv[1:])')
-    result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices),
-                             str(os.getpid())],
-                            capture_output=True, text=True, env=child_env(), timeout=600)
-    if result.returncode != 0:
-        raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): %s'
-                           % (result.returncode, result.stderr.strip()[-2000:]))
-    return json.loads(result.stdout.splitlines()[-1])
+    print(json.dumps(chapter_cells(devices, fresh_process=False)))
 
 
 def book_train(num_gpus, batch_size, lr, net, gb, devices, num_epochs=4, on_step=None):
@@ -189,8 +179,7 @@ def _most(pairs):
 
 
 def equality_sizes(num_devices, per_device=EQUALITY_PER_DEVICE):
-    """The batch and the training images of ``epoch_equality`` on ``num_devices``: 4 batches
-    of ``per_device`` (32) per device and a short one of half that (16)."""
+    """``(batch size, training images)`` of ``epoch_equality`` on ``num_devices``."""
     return per_device * num_devices, 4 * per_device * num_devices + per_device // 2
 
 
@@ -411,8 +400,6 @@ def child_env():
 
 
 PROG = 'python -m gluon_mgpu.compare'
-# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
-STOPPED = 'before the table was printed; it writes no file, so nothing was lost'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
                   'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
@@ -437,26 +424,21 @@ def build_parser():
     return p
 
 
+def _parse_args(argv):  # the flags, then d2lzh: a step row without it is bad input
+    args = build_parser().parse_args(argv)
+    if importlib.util.find_spec('d2lzh') is None:  # after a plain pip install .
+        raise cli.UsageError(
+            "the step row trains the book's own network, from its package d2lzh, which is "
+            "not installed for %s; install it with pip install %s (or gluon_mgpu's test "
+            "extra: pip install '.[test]')" % (sys.executable, BOOK_PACKAGE))
+    return args
+
+
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.compare``; returns the exit code: 1 when a row of
     the port is a mismatch, 2 for bad input or without d2lzh (``BOOK_PACKAGE``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-
-    def body():
-        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
-        if importlib.util.find_spec('d2lzh') is None:  # after a plain pip install .
-            raise cli.UsageError(
-                "the step row trains the book's own network, from its package d2lzh, which is "
-                "not installed for %s; install it with pip install %s (or gluon_mgpu's test "
-                "extra: pip install '.[test]')" % (sys.executable, BOOK_PACKAGE))
-        startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        from ..handlers.interrupts import DeferredInterrupt
-        # The book's Trainer updates inside MXNet's optimizer callback, where a signal waits:
-        # then it ends the command within a second.
-        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
-            return _compare(args)
-
-    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
+    return cli.run_report(PROG, sys.argv[1:] if argv is None else list(argv), _parse_args,
+                          _compare, 'before the table was printed')
 
 
 def _compare(args):
@@ -480,10 +462,6 @@ def _compare(args):
         raise cli.UsageError('--device %s: %s' % (args.device, e)) from None
     rows = deterministic_rows(chapter_cells(pair))
     rows.append(step_row(pair, args.data_dir))
-    print(describe_devices(pair))
-    print(format_table(rows))
-    print()
-    for line in notes():
-        print('note:', line)
-    print(ACCURACY_TABLE)
+    print('\n'.join([describe_devices(pair), format_table(rows), ''] +
+                    ['note: ' + line for line in notes()] + [ACCURACY_TABLE]))
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0

@@ -9,13 +9,10 @@ from importlib import metadata
 
 from . import cli
 from ..devices import num_gpus
-from ..runtime import startup
 from ..runtime.gpu_build import DRIVER_LIBRARY, DRIVER_VERSIONS, LIBRARIES, gpu_build
 from ..runtime.threads import format_thread_settings
 
 PROG = 'python -m gluon_mgpu.env'
-# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
-STOPPED = 'before the report was printed; it writes no file, so nothing was lost'
 # The driver API's codes that a machine without a usable GPU returns.
 CUDA_ERRORS = {3: 'CUDA_ERROR_NOT_INITIALIZED', 34: 'CUDA_ERROR_STUB_LIBRARY',
                35: 'CUDA_ERROR_INSUFFICIENT_DRIVER', 100: 'CUDA_ERROR_NO_DEVICE',
@@ -115,7 +112,6 @@ def collect():
 
     from .._version import __version__
     from ..data import DataError, DataNotFoundError, find_data_dir
-    features = mx.runtime.Features()
     libraries = [(soname, loaded_from(soname)) for _, soname in LIBRARIES]
     libraries.append((DRIVER_LIBRARY, loaded_from(DRIVER_LIBRARY)))
     try:
@@ -131,7 +127,7 @@ def collect():
         'mxnet': mx.__version__,
         'mxnet_path': os.path.dirname(os.path.abspath(mx.__file__)),
         'build': gpu_build() or 'mxnet %s (CPU build)' % (_version('mxnet') or mx.__version__),
-        'features': [f.name for f in features.values() if f.enabled],
+        'features': [f.name for f in mx.runtime.Features().values() if f.enabled],
         'libmxnet': mx.base._LIB._name,
         'libraries': libraries,
         'kernel_module': kernel_module_version(),
@@ -145,19 +141,6 @@ def collect():
         'environment': sorted((k, v) for k, v in os.environ.items()
                               if k.startswith(_ENV_PREFIXES)),
     }
-
-
-def _driver_advice(cuda_version):
-    # What the GPU build (CUDA 11.2, NVRTC 11.8 from the wheels) needs from the driver.
-    if cuda_version is None:
-        return None
-    version = tuple(int(x) for x in cuda_version.split('.'))
-    if version < (11, 0):
-        return ('too old for the CUDA 11 build of MXNet: install a driver %s' % DRIVER_VERSIONS)
-    if version < (11, 8):
-        return ('MXNet\'s fused kernels (compiled by NVRTC 11.8) need a driver for CUDA 11.8 '
-                '(>= 520): update the driver or set MXNET_USE_FUSION=0')
-    return None
 
 
 def format_report(info):
@@ -189,9 +172,13 @@ def format_report(info):
         lines.append('NVIDIA driver: kernel module %s, for CUDA %s'
                      % (module, driver['cuda_version'] or 'unknown'))
         lines.extend('  %s' % e for e in driver['errors'])
-        advice = _driver_advice(driver['cuda_version'])
-        if advice and 'CUDA' in info['features']:
-            lines.append('  %s' % advice)
+        # What the GPU build (CUDA 11.2, NVRTC 11.8 from the wheels) needs from the driver.
+        cuda = driver['cuda_version'] and tuple(int(x) for x in driver['cuda_version'].split('.'))
+        if cuda and cuda < (11, 8) and 'CUDA' in info['features']:
+            lines.append('  too old for the CUDA 11 build of MXNet: install a driver %s'
+                         % DRIVER_VERSIONS if cuda < (11, 0) else
+                         "  MXNet's fused kernels (compiled by NVRTC 11.8) need a driver for CUDA "
+                         '11.8 (>= 520): update the driver or set MXNET_USE_FUSION=0')
     gpus = driver['gpus'] if driver else []
     lines.append('GPUs:         %d seen by the driver, %d by MXNet'
                  % (len(gpus), info['mxnet_gpus']))
@@ -209,16 +196,9 @@ def format_report(info):
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.env``: print the report; return the exit code."""
-    argv = sys.argv[1:] if argv is None else list(argv)
     parser = cli.Parser(prog=PROG, description='Print what a bug report needs: Python, MXNet and '
                         'its build, where each CUDA library came from, the NVIDIA driver and '
                         'GPUs, threads, the data folder and the MXNET_* variables.')
-
-    def body():
-        parser.parse_args(argv)  # no MXNet yet: a bad flag is answered at once
-        startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        from ..handlers.interrupts import DeferredInterrupt
-        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
-            print(format_report(collect()))
-
-    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
+    return cli.run_report(PROG, sys.argv[1:] if argv is None else list(argv), parser.parse_args,
+                          lambda args: print(format_report(collect())),
+                          'before the report was printed')

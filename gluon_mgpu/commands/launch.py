@@ -3,22 +3,20 @@ servers and workers, here or over ssh, and stops them all when one dies (docs/di
 """
 import argparse
 import contextlib
-import errno
+import functools
 import os
 import re
-import shlex
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, positive_float, run_command, whole
+from .cli import Parser, UsageError, die_with, positive_float, run_command, whole
 from ..runtime import files, startup
 from ..runtime.choices import DIST_KVSTORES
-from ..runtime.hosts import host_problem, parse_host_port
+from ..runtime.hosts import guess_host_ip, hold_port, host_problem, read_hostfile, ssh_command
 from ..runtime.threads import memory_bytes, thread_limit, thread_settings
 
 PROG = 'python -m gluon_mgpu.launch'
@@ -48,10 +46,10 @@ def build_parser():
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile',
                    help='file with one ssh host per line: a host name or address, with an '
-                        'optional :port (ssh port, default 22; [IPv6]:port); blank lines and '
-                        '# comments are skipped. Servers and '
-                        'workers are spread over the hosts round-robin, the scheduler runs '
-                        'here (default: everything here, on 127.0.0.1)')
+                        'optional :port (ssh port, default 22; [IPv6]:port); blank lines and # '
+                        'comments are skipped. Servers and workers are spread over the hosts '
+                        'round-robin, the scheduler runs here (default: everything here, on '
+                        '127.0.0.1)')
     p.add_argument('--port', type=whole('--port'),
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--host-ip',
@@ -150,43 +148,6 @@ def command_problem(command):
             % (' or '.join(DIST_KVSTORES), kvstore or 'device, the default'))
 
 
-def hold_port(port, host='127.0.0.1'):
-    """Return ``(hold, problem)``: why the scheduler could not listen on ``host:port`` now
-    (``hold`` None), or a socket holding the port for this launcher until it is closed, and None.
-
-    The port is bound for a moment with ``SO_REUSEADDR``, as ZeroMQ does: one in TIME_WAIT is
-    free. The hold is an abstract Unix socket named after the port (Linux; elsewhere None):
-    another launcher here asking for it at the same moment, whose processes would join this
-    job's scheduler and abort it, is refused with this launcher's pid (``SO_PEERCRED``).
-    """
-    name = '\0gluon_mgpu.launch --port %d' % port
-    hold = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        hold.bind(name)
-        hold.listen()
-    except OSError as e:
-        hold.close()
-        hold = None  # no abstract sockets here: nothing to hold
-        if e.errno == errno.EADDRINUSE:
-            holder = ''
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer, \
-                    contextlib.suppress(OSError):  # it may have just ended
-                peer.connect(name)
-                holder = ' (pid %d)' % struct.unpack('3i', peer.getsockopt(
-                    socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize('3i')))[0]
-            return None, 'is taken by the job of another launcher on this machine' + holder
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as e:
-            if hold is not None:
-                hold.close()
-            return None, 'cannot be used on %s (%s)' % (host or 'this machine',
-                                                        e.strerror or e)
-    return hold, None
-
-
 def max_local_processes(each='process loads MXNet', size=(PROCESS_BYTES, PROCESS_THREADS)):
     """``(n, reason)``: the most processes of a job this machine could hold, each taking at
     least ``size`` (bytes, threads: MXNet loaded; an ssh client with ``SSH_BYTES``,
@@ -237,73 +198,6 @@ def check_job(args):
                              'one' % (args.port, problem))
         return hold
     return None
-
-
-def read_hostfile(path):
-    """Return ``[(host, ssh_port), ...]`` from a hostfile (docs/distributed.md, "Several
-    machines").
-
-    Raises
-    ------
-    files.InputError
-        For a path that is not a readable regular file (a FIFO is refused, not waited on).
-    ValueError
-        Naming the line that is not a host with an optional ``:port``, or not UTF-8 text; for a
-        file without hosts.
-    """
-    with files.open_input(path) as f:
-        data = f.read()
-    hosts = []
-    for number, raw in enumerate(data.split(b'\n'), 1):
-        try:
-            line = raw.decode('utf-8')
-        except UnicodeDecodeError:
-            raise ValueError('line %d is not UTF-8 text; write one host name or address per '
-                             'line' % number) from None
-        line = line.split('#', 1)[0].strip(' \t\r')
-        if not line:
-            continue
-        host = parse_host_port(line, 22)
-        if host is None:
-            raise ValueError('line %d, %r, is not a host name or address with an optional '
-                             ':port; write one per line, for example node1, node1:2222, '
-                             '10.0.0.2 or [fe80::1]:22' % (number, line))
-        hosts.append(host)
-    if not hosts:
-        raise ValueError('no hosts in the file; write one host (or host:port) per line')
-    return hosts
-
-
-def guess_host_ip():
-    """This machine's address as other hosts would reach it, found as dmlc-core's tracker does."""
-    try:
-        ip = socket.gethostbyname(socket.getfqdn())
-    except socket.gaierror:
-        ip = socket.gethostbyname(socket.gethostname())
-    if ip.startswith('127.'):
-        # A UDP "connection" sends nothing; it only makes the OS choose the outgoing interface.
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(('10.255.255.255', 1))
-            ip = s.getsockname()[0]
-    return ip
-
-
-def remote_script(variables, workdir, command):
-    """The POSIX shell script one remote process runs: set variables, cd, run the command in
-    the background (its code is the script's) while a watcher reads the ssh connection (stdin,
-    kept as fd 3) and sends the command SIGTERM when it closes."""
-    exports = ' '.join('%s=%s' % (k, shlex.quote(str(v))) for k, v in variables.items())
-    return ('export %s; cd %s || exit 1; exec 3<&0; %s & child=$!; '
-            '(cat <&3; kill -TERM "$child") >/dev/null 2>&1 & watcher=$!; '
-            'wait "$child"; code=$?; kill "$watcher" 2>/dev/null; exit "$code"'
-            % (exports, shlex.quote(workdir), ' '.join(shlex.quote(a) for a in command)))
-
-
-def ssh_command(host, port, variables, workdir, command):
-    """The argv that runs ``command`` on ``host`` over ssh (see ``remote_script``); ``--`` ends
-    ssh's options, so that no host is ever read as one."""
-    return ['ssh', '-o', 'StrictHostKeyChecking=no', '-o', 'BatchMode=yes', '-p', str(port),
-            '--', host, 'sh -c %s' % shlex.quote(remote_script(variables, workdir, command))]
 
 
 def plan(args, environ=None, workdir=None):
@@ -376,20 +270,6 @@ def _stop(running):
             p.wait()
 
 
-def _die_with(parent):
-    """A ``preexec_fn``: the child gets SIGTERM when ``parent`` dies, even by SIGKILL (Linux's
-    ``prctl(PR_SET_PDEATHSIG)``; elsewhere nothing)."""
-    def preexec():
-        try:
-            import ctypes
-            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            return
-        if os.getppid() != parent:  # the launcher died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-    return preexec
-
-
 def run_job(processes, grace=30.0, poll=0.1, log=None):
     """Start ``processes`` (from ``plan``), watch them, and return the launcher's exit code: 2
     when one cannot start, else as docs/distributed.md ("If a process dies") says."""
@@ -408,7 +288,8 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
                 started.append((name, subprocess.Popen(
                     argv, env=env, stdin=subprocess.PIPE if env is None else subprocess.DEVNULL,
                     start_new_session=True,
-                    preexec_fn=None if env is None else _die_with(os.getpid()))))
+                    preexec_fn=None if env is None else functools.partial(
+                        die_with, os.getpid(), signal.SIGTERM))))
             except OSError as e:
                 _stop(started)
                 say('error: cannot start %s: %s: %s; stopped the %d processes already started'

@@ -7,12 +7,9 @@ import sys
 from .. import devices as devices_mod
 from . import cli
 from ..assembly import runs
-from ..replicas import format_replica_report, get_replica, inspect_replicas
-from ..runtime import startup
+from ..replicas import format_replica_report, get_replica, inspect_replicas, inspection_cells
 
 PROG = 'python -m gluon_mgpu.replicas'
-# After the signal's name, when SIGINT, SIGTERM or SIGHUP ends the command.
-STOPPED = 'before the report was complete; it writes no file, so nothing was lost'
 
 
 def build_parser():
@@ -45,14 +42,13 @@ def run(args):
             print('inspect_replicas(net) before a forward pass:', e)
 
     # The book's 4 images; at least one per device when there are more devices.
-    cells = cli.inspection_cells(devices, before_forward=before_forward)
+    cells = inspection_cells(devices, training.INIT_SIGMA, before_forward)
     net, x, weight = cells['net'], cells['x'], cells['weight']
     print('x %s split: %s' % (x.shape, ', '.join('%s on %s' % (p.shape, p.context)
                                                  for p in cells['parts'])))
     print('one forward pass per device: %s'
           % ', '.join('%s on %s' % (o.shape, o.context) for o in cells['outputs']))
-    print("weight = net[0].params.get('weight'): %s, shape %s"
-          % (weight.name, weight.shape))
+    print("weight = net[0].params.get('weight'): %s, shape %s" % (weight.name, weight.shape))
     # A context the parameters do not live on: the book's cpu(0) on GPUs, else the next cpu.
     other = mx.cpu() if mx.cpu() not in devices else mx.cpu(max(d.device_id for d in devices) + 1)
     try:
@@ -61,20 +57,10 @@ def run(args):
         print('weight.data(%s): %s' % (other, e))
     for d in devices:
         print('weight.data(%s)[0]:%r' % (d, weight.data(d)[0]))
-    print()
-    print(format_replica_report(inspect_replicas(net)))
+    print('\n' + format_replica_report(inspect_replicas(net)))
 
 
 def main(argv=None):
     """Entry point of ``python -m gluon_mgpu.replicas``; returns the exit code (2: bad input)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-
-    def body():
-        args = build_parser().parse_args(argv)  # no MXNet yet: a bad flag is answered at once
-        startup.before_mxnet(PROG)  # threads, checks, then MXNet
-        from ..handlers.interrupts import DeferredInterrupt
-        # A signal deferred in a __del__, or not answered inside MXNet, ends it within a second.
-        with DeferredInterrupt(), startup.interruptible(PROG, STOPPED):
-            run(args)
-
-    return cli.run_command(PROG, argv, body, cli.writes_no_file(STOPPED))
+    return cli.run_report(PROG, sys.argv[1:] if argv is None else list(argv),
+                          build_parser().parse_args, run, 'before the report was complete')

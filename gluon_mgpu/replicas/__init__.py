@@ -10,7 +10,8 @@ from ..devices import format_devices, plural
 
 __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspect_replicas',
            'assert_replicas_match', 'get_replica', 'format_replica_report',
-           'format_replica_summary', 'AUXILIARY_WHY', 'FROZEN_WHY', 'GRADIENT_WHY']
+           'format_replica_summary', 'inspection_cells', 'AUXILIARY_WHY', 'FROZEN_WHY',
+           'GRADIENT_WHY']
 
 _WHATS = ('data', 'grad')
 _BATCHNORM_STATS = ('running_mean', 'running_var')
@@ -167,16 +168,6 @@ class ReplicaReport:
                 'parameters': [p.to_dict() for p in self.parameters]}
 
 
-def _params_of(net):
-    from mxnet.gluon.parameter import ParameterDict
-    if isinstance(net, ParameterDict):
-        return list(net.values())
-    if hasattr(net, 'collect_params'):
-        return list(net.collect_params().values())
-    raise ValueError('expected a gluon Block (e.g. resnet18(10)) or a ParameterDict, got %r; '
-                     'pass the network itself' % (type(net).__name__,))
-
-
 def _check_initialized(param):
     """Return ``param``'s contexts, or say in the error how to initialize it."""
     from mxnet.gluon.parameter import DeferredInitializationError
@@ -271,7 +262,14 @@ def inspect_replicas(net, what='data', devices=None):
     if devices is not None and not devices:
         raise ValueError('devices is empty; pass at least one context, or None for all')
     from mxnet import nd
-    params = _params_of(net)
+    from mxnet.gluon.parameter import ParameterDict
+    if isinstance(net, ParameterDict):
+        params = list(net.values())
+    elif hasattr(net, 'collect_params'):
+        params = list(net.collect_params().values())
+    else:
+        raise ValueError('expected a gluon Block (e.g. resnet18(10)) or a ParameterDict, got %r; '
+                         'pass the network itself' % (type(net).__name__,))
     nd.waitall()
     rows, seen = [], []
     for param in params:
@@ -281,19 +279,14 @@ def inspect_replicas(net, what='data', devices=None):
         arrays = [get_replica(param, c, what) for c in contexts]
         first = arrays[0].asnumpy()
         diffs = [(0.0, 0.0)] + [_difference(a, first) for a in arrays[1:]]
+        # MXNet 1.9 keeps whether a gradient can reach a parameter only in ``_differentiable``.
+        kind = 'trained' if param.grad_req != 'null' else (
+            'frozen' if getattr(param, '_differentiable', True) else 'auxiliary')
         rows.append(ParameterReplicas(
-            name=param.name, shape=tuple(first.shape), contexts=tuple(contexts),
-            kind=_kind(param),
+            name=param.name, shape=tuple(first.shape), contexts=tuple(contexts), kind=kind,
             abs_diff=tuple(d[0] for d in diffs), rel_diff=tuple(d[1] for d in diffs)))
         seen.extend(c for c in contexts if c not in seen)
     return ReplicaReport(what=what, contexts=tuple(seen), parameters=tuple(rows))
-
-
-def _kind(param):
-    # MXNet 1.9 keeps whether a gradient can reach a parameter only in ``_differentiable``.
-    if param.grad_req != 'null':
-        return 'trained'
-    return 'frozen' if getattr(param, '_differentiable', True) else 'auxiliary'
 
 
 def _checked_phrase(report):
@@ -401,3 +394,27 @@ def format_replica_report(report):
     lines = [title] + ['  '.join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip()
                        for r in [header] + rows]
     return '\n'.join(lines + [format_replica_summary(report)])
+
+
+def inspection_cells(devices, sigma, before_forward=None):
+    """Run the chapter's inspection cells (its In [2] to In [5]) on ``devices``, as
+    ``python -m gluon_mgpu.replicas`` and ``python -m gluon_mgpu.compare`` do.
+
+    ResNet-18 initialized with ``Normal(sigma)`` on every device, ``before_forward(net)``, a
+    random batch of 4 images (at least one per device) split with ``split_and_load``, one
+    forward pass per device. Returns a dict of ``net``, ``x``, ``parts``, ``outputs`` (one per
+    device) and ``weight`` (the first convolution's).
+    """
+    from mxnet import init, nd
+    from mxnet.gluon import utils as gutils
+
+    from ..model import resnet18
+    net = resnet18(10)
+    net.initialize(init=init.Normal(sigma=sigma), ctx=devices)
+    if before_forward is not None:
+        before_forward(net)
+    x = nd.random.uniform(shape=(max(4, len(devices)), 1, 28, 28))
+    parts = gutils.split_and_load(x, devices, even_split=False)
+    outputs = [net(part) for part in parts]
+    return {'net': net, 'x': x, 'parts': parts, 'outputs': outputs,
+            'weight': net[0].params.get('weight')}
