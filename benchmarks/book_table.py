@@ -288,12 +288,12 @@ _NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'g
 
 
 def settings_difference(run, settings, ignore=()):
-    """How a train command's ``settings`` (``train.parse_args``'s) differ from those with which
+    """How a train command's ``settings`` (``train.resolve``'s) differ from those with which
     this script trains ``run``, but in ``ignore``: ``['--seed 1 (the table's run: 0)', ...]``,
     empty for none."""
     from gluon_mgpu.commands import train
-    wanted = train.parse_args(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
-                                         False)[3:])
+    wanted = train.resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
+                                      False)[3:])
     return ['--%s %s (the table\'s run: %s)' % (k.replace('_', '-'), v, getattr(wanted, k, None))
             for k, v in sorted(vars(settings).items())
             if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]

@@ -386,11 +386,11 @@ def test_lock_dir_refuses_a_path_under_a_file(tmp_path):
 ])
 def test_the_recorded_command_line_parses_back_to_the_same_settings(tmp_path, flags):
     from gluon_mgpu.commands import train
-    args = train.parse_args([f.replace('{tmp}', str(tmp_path)) for f in flags] +
-                            ['--checkpoint-dir', str(tmp_path / 'ck')])
+    args = train.resolve([f.replace('{tmp}', str(tmp_path)) for f in flags] +
+                          ['--checkpoint-dir', str(tmp_path / 'ck')])
     assert isinstance(args.seed, int)  # given, or chosen by a new run with --checkpoint-dir
     recorded = json.loads(json.dumps(train.recorded_argv(args)))  # as the JSON gives it back
-    again = train.parse_args(recorded)
+    again = train.resolve(recorded)
     for key, value in vars(args).items():
         if key not in ('given', 'now', 'argv', 'checkpoint_dir'):
             assert getattr(again, key) == value, key

@@ -9,7 +9,7 @@ import pytest
 import gluon_mgpu
 from gluon_mgpu import data, devices
 from gluon_mgpu.assembly import runs
-from gluon_mgpu.commands.train import main, parse_args
+from gluon_mgpu.commands.train import main, resolve
 
 
 def run_cli(*args, env=None):
@@ -46,11 +46,11 @@ def test_cli_bad_input_is_one_line_and_exit_2():
 
 
 def test_defaults_follow_the_book_per_device():
-    one, two = parse_args([]), parse_args(['--num-gpus', '2'])
+    one, two = resolve([]), resolve(['--num-gpus', '2'])
     assert (one.num_gpus, one.batch_size, one.lr, one.epochs, one.device) == (1, 256, 0.1, 4,
                                                                               'auto')
     assert (two.batch_size, two.lr) == (512, 0.2)
-    explicit = parse_args(['--num-gpus', '2', '--batch-size', '32', '--lr', '0.05'])
+    explicit = resolve(['--num-gpus', '2', '--batch-size', '32', '--lr', '0.05'])
     assert (explicit.batch_size, explicit.lr) == (32, 0.05)
 
 
@@ -101,9 +101,9 @@ JOB = {'DMLC_ROLE': 'worker', 'DMLC_PS_ROOT_URI': '127.0.0.1', 'DMLC_PS_ROOT_POR
 def test_dist_defaults_count_the_devices_of_all_workers(monkeypatch):
     for name, value in JOB.items():
         monkeypatch.setenv(name, value)
-    args = parse_args(['--kvstore', 'dist_sync', '--num-gpus', '2'])
+    args = resolve(['--kvstore', 'dist_sync', '--num-gpus', '2'])
     assert (args.num_workers, args.batch_size, args.lr) == (2, 1024, pytest.approx(0.4))
-    assert parse_args([]).kvstore == 'device'
+    assert resolve([]).kvstore == 'device'
 
 
 @pytest.mark.parametrize('argv,expected', [
@@ -336,7 +336,7 @@ def test_one_table_words_every_commands_failures_and_the_command_adds_what_it_ke
 
 
 def test_a_resolved_run_is_read_only():
-    args = parse_args(['--num-gpus', '2'])
+    args = resolve(['--num-gpus', '2'])
     with pytest.raises(AttributeError, match=r'^Run\.seed: a run is resolved once \(resolve\) and '
                                              r'read-only$'):
         args.seed = 1
@@ -356,5 +356,5 @@ def test_parsing_writes_nothing_the_resolved_outputs_are_checked_once(monkeypatc
             '--save-params', str(tmp_path / 'n.params')]
     train.build_parser().parse_args(argv)
     assert checked == []
-    parse_args(argv)
+    resolve(argv)
     assert checked == [str(tmp_path / n) for n in ('m.json', 'c.svg', 'c.png', 'n.params')]

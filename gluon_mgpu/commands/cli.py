@@ -339,7 +339,7 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
         type(e).__name__, one_line(e), ' (%s)' % where.strip() if where else '', kept, hint))
 
 
-def run_command(prog, argv, body, story=None):
+def run_command(prog, argv, body, story=None, leave=None):
     """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
     A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
@@ -350,9 +350,13 @@ def run_command(prog, argv, body, story=None):
     (or ``GLUON_MGPU_DEBUG``) adds the traceback. Standard output that cannot be written ends
     the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
     else with one line naming stdout and 1 (``>/dev/full``), never with a traceback.
+    ``leave(e)``, if given, is asked of every failure ``e``: true ends the process right after
+    its line (``os._exit``), as a failed worker of a dist job must (a normal exit would wait at
+    MXNet's final barrier for the others) and one whose memory ran out should (MXNet's engine
+    may hold half-made arrays: its exit handlers crashed, 'double free or corruption').
     """
     debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
-    stream = sys.stdout
+    stream, failed = sys.stdout, None
     sys.stdout = _WatchedStdout(stream)
     try:
         try:
@@ -364,12 +368,11 @@ def run_command(prog, argv, body, story=None):
         except StdoutError:
             raise
         except (Exception, KeyboardInterrupt) as e:
-            told = story(e) if story else {}
+            failed, told = e, story(e) if story else {}
             # 'own': a script's wording of an error of its own (benchmarks/), else the table's.
             code, line = told.pop('own', None) or failure(prog, e, debug, **told)
             sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
             _say(e, line, debug)
-        return code
     except StdoutError as e:  # a broken pipe ends quietly, 128 + SIGPIPE as a shell shows it
         try:  # what is still buffered goes nowhere, so that Python's flush at exit is quiet too
             fd = os.open(os.devnull, os.O_WRONLY)
@@ -377,14 +380,16 @@ def run_command(prog, argv, body, story=None):
             os.close(fd)
         except (AttributeError, OSError, ValueError):  # not a file (a test's stream)
             pass
-        if e.errno == errno.EPIPE:
-            return 128 + signal.SIGPIPE
-        _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
-            e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)
-        return 1
+        failed, code = e, 128 + signal.SIGPIPE if e.errno == errno.EPIPE else 1
+        if code == 1:
+            _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
+                e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)
     finally:
         if isinstance(sys.stdout, _WatchedStdout):
             sys.stdout = stream
+    if failed is not None and leave is not None and leave(failed):
+        os._exit(code)
+    return code
 
 
 def die_with(parent, signum):

@@ -293,17 +293,11 @@ def main(argv=None):
     def story(e):  # what cli.failure's line adds for this command: the finished settings
         if args is None:
             return {}
-        failed['memory'] = cli.out_of_memory(e)
         return {'saved': lambda e, why: _keep_finished(args, state, why), 'where': _where(state),
                 'lr': ('--lr-per-device', args.lr_per_device),
                 'batch': ('--batch-size-per-device', args.batch_size_per_device)}
 
-    failed = {}
-    code = cli.run_command(PROG, argv, body, story)
+    code = cli.run_command(PROG, argv, body, story, lambda e: entry and cli.out_of_memory(e))
     for lock in state['locks']:  # held while the finished settings are written
         lock.release()
-    if code and entry and failed:  # MXNet's exit handlers may crash after memory ran out
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
     return code

@@ -261,11 +261,6 @@ def resolve(argv, start=None):
     return _complete(flags, recorded)
 
 
-def parse_args(argv=None):
-    """``resolve(argv)`` (default: ``sys.argv[1:]``), for a program that has MXNet loaded."""
-    return resolve(sys.argv[1:] if argv is None else argv)
-
-
 def _complete(args, recorded=None):
     """The ``Run`` of ``_settings``'s ``args``: the per-device defaults filled in, once checked
     against each other (this imports MXNet); a new run with ``--checkpoint-dir`` chooses its
@@ -453,7 +448,6 @@ def main(argv=None):
     def story(e):  # what cli.failure's line adds for this command
         if args is None:  # a bad flag, or MXNet did not start
             return {}
-        failed['memory'] = cli.out_of_memory(e)
         settled = args.lr is not None  # with --resume: once merged with the run's
         simulated = args.num_gpus > 1 and _cpu_devices(args.num_gpus, args.device)
         return {'saved': lambda e, why: runs.kept(args, PROG, e, why),
@@ -462,14 +456,5 @@ def main(argv=None):
                 'devices': (args.num_gpus * args.num_workers, simulated or 0),
                 'horovod': args.kvstore == 'horovod'}
 
-    failed = {}
-    code = cli.run_command(PROG, argv, body, story)
-    if code and (len(runs.JOINED) > joined or (entry and failed.get('memory'))):
-        # A failed worker of a dist job leaves at once: a normal exit would wait at MXNet's
-        # final barrier for the other workers, which wait for this one's gradients. After
-        # memory ran out, MXNet's engine may hold half-made arrays: its exit handlers crashed
-        # (a traceback in _notify_shutdown, then 'double free or corruption', exit 134).
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    return cli.run_command(PROG, argv, body, story, lambda e: len(runs.JOINED) > joined or (
+        entry and cli.out_of_memory(e)))  # a failed dist worker; MXNet after memory ran out
