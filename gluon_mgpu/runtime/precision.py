@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from .choices import DTYPES
+from .threads import read_text
 
 __all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'cpu_flags', 'check_dtype',
            'probe_bfloat16', 'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
@@ -42,14 +43,8 @@ _probed = {}
 
 def cpu_flags(path='/proc/cpuinfo'):
     """The CPU's feature flags (``path``'s first ``flags`` line) as a set; empty if unreadable."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return set(line.split(':', 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    found = re.search(r'^flags[^:\n]*:(.*)', read_text(path), re.M)
+    return set(found[1].split()) if found else set()
 
 
 def _checked(dtype):

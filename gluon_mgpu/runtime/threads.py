@@ -14,7 +14,7 @@ from .checks import is_digits
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
            'thread_limit', 'usable_cores', 'has_gpu', 'DEVICES_ENV',
-           'devices_from_environment']
+           'devices_from_environment', 'read_text']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
@@ -39,7 +39,8 @@ def has_gpu():
         return False
 
 
-def _read(path):
+def read_text(path):
+    """The text of file ``path``, or '' when it cannot be read."""
     try:
         with open(path) as f:
             return f.read()
@@ -48,13 +49,13 @@ def _read(path):
 
 
 def _read_int(path):
-    text = _read(path).strip()
+    text = read_text(path).strip()
     return int(text) if is_digits(text) else None
 
 
 def _cgroup_pids_max():
     """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
-    for line in _read('/proc/self/cgroup').splitlines():
+    for line in read_text('/proc/self/cgroup').splitlines():
         _, controllers, path = line.split(':', 2)
         if controllers == '' or 'pids' in controllers.split(','):
             found = _read_int('/sys/fs/cgroup%s%s/pids.max'
@@ -66,14 +67,8 @@ def _cgroup_pids_max():
 
 def memory_bytes(path='/proc/meminfo'):
     """This machine's memory (``MemTotal``), or None when unknown."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('MemTotal:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    found = re.search(r'^MemTotal:\s*([0-9]+)\b', read_text(path), re.M)
+    return int(found[1]) * 1024 if found else None
 
 
 def memory_limits():
@@ -85,7 +80,7 @@ def memory_limits():
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         limits.append((soft, 'ulimit -v %d' % (soft // 1024), 'address'))
-    for line in _read('/proc/self/cgroup').splitlines():
+    for line in read_text('/proc/self/cgroup').splitlines():
         _, controllers, path = line.split(':', 2)
         if controllers == '' or 'memory' in controllers.split(','):
             name = 'memory.limit_in_bytes' if controllers else 'memory.max'
@@ -99,12 +94,8 @@ def memory_limits():
 def memory_used():
     """``(address space, resident)`` of this process in bytes (``/proc/self/status``), 0 when
     unknown."""
-    found = {}
-    for line in _read('/proc/self/status').splitlines():
-        key, _, value = line.partition(':')
-        if key in ('VmSize', 'VmRSS') and value.split()[:1] and is_digits(value.split()[0]):
-            found[key] = int(value.split()[0]) * 1024
-    return found.get('VmSize', 0), found.get('VmRSS', 0)
+    found = dict(re.findall(r'^(VmSize|VmRSS):\s*([0-9]+)\b', read_text('/proc/self/status'), re.M))
+    return tuple(int(found.get(key, 0)) * 1024 for key in ('VmSize', 'VmRSS'))
 
 
 def thread_limit():
@@ -151,11 +142,8 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     Raises ValueError for a ``GLUON_MGPU_CPU_DEVICES`` that is not a whole number >= 1.
     """
     environ = os.environ if environ is None else environ
-    if mxnet_imported is None:
-        mxnet_imported = 'mxnet' in sys.modules
-    if devices is None:
-        devices = devices_from_environment(environ)
-    devices = devices or 1
+    mxnet_imported = 'mxnet' in sys.modules if mxnet_imported is None else mxnet_imported
+    devices = (devices_from_environment(environ) if devices is None else devices) or 1
     cores = usable_cores()
     if not mxnet_imported:
         # Values a parent process's gluon_mgpu set are not the user's: choose them again.
