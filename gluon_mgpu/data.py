@@ -80,7 +80,9 @@ def find_data_dir(data_dir=None):
         path, problem = broken
         raise DataError('%s %s; %s' % (path, problem, _input_fix(problem, path)))
     if data_dir is not None and not os.path.isdir(candidates[0]):
-        what = _not_a_folder(candidates[0])
+        what = input_problem(candidates[0]) or 'is a file, not a regular file'
+        if what.startswith('is ') and what.endswith(', not a regular file'):
+            what = what[:-len(', not a regular file')] + ', not a folder'
         raise DataNotFoundError('data dir %s %s; pass a folder that holds %s, or leave it out '
                                 'to search the default places'
                                 % (candidates[0], what, ', '.join(names)))
@@ -98,15 +100,6 @@ def _read_up_to(f, size):
         chunks.append(block)
         left -= len(block)
     return b''.join(chunks)
-
-
-def _not_a_folder(path):
-    problem = input_problem(path)
-    if problem is None:
-        return 'is a file, not a folder'
-    if problem.startswith('is ') and problem.endswith(', not a regular file'):
-        return problem[:-len(', not a regular file')] + ', not a folder'
-    return problem
 
 
 def _input_fix(problem, path):

@@ -149,22 +149,18 @@ def check_environment(environ, cores=1):
                          'instead of it; point it at a libmxnet.so by its absolute path, or unset '
                          'it' % (library, 'an existing file' if os.path.isabs(library)
                                  else 'an absolute path'))
+    most, reason = most_threads(cores)
     for name, least in THREAD_COUNTS.items():
         value = environ.get(name, '')
-        if value == '':
-            continue
-        number = _whole(name, value, least, cores)
-        most, reason = most_threads(cores)
-        if number > most:
+        if value != '' and _whole(name, value, least, cores) > most:
             raise ValueError('%s=%s is more threads than MXNet can use here: at most %d, %s; set '
                              'it to the number of cores, %s=%d, or unset it'
                              % (name, value.strip(' \t\n\v\f\r'), most, reason, name, cores))
     for name, least in WHOLE_NUMBERS.items():
         value = environ.get(name, '')
-        if value != '':
-            if _whole(name, value, least, 1) == 0 and name in ZERO_CRASHES:
-                raise ValueError('%s=%r ends MXNet with SIGFPE (it divides by it); set it to 1 '
-                                 'or more, or unset it' % (name, value))
+        if value != '' and _whole(name, value, least, 1) == 0 and name in ZERO_CRASHES:
+            raise ValueError('%s=%r ends MXNet with SIGFPE (it divides by it); set it to 1 or '
+                             'more, or unset it' % (name, value))
     for name in NUMBERS:
         value = environ.get(name, '')
         problem = value != '' and _number_problem(value)

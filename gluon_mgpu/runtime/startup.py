@@ -142,7 +142,6 @@ def starting(command):
                 _end(lines[signum], signum)
             if isinstance(e, ImportError) and e.name in ('mxnet', 'numpy'):  # a command's module
                 sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
-                sys.stderr.flush()
                 raise SystemExit(2) from None
             raise
 
@@ -180,7 +179,6 @@ def before_mxnet(command, devices=None, mxnet=True):
         prepare_mxnet()
     except (ValueError, gpu_build.GPUBuildError) as e:
         sys.stderr.write('%s: error: %s\n' % (command, e))
-        sys.stderr.flush()
         raise SystemExit(2)
     threads.warn_if_imported_late()
     if not mxnet:
@@ -190,7 +188,6 @@ def before_mxnet(command, devices=None, mxnet=True):
             import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
         except Exception as e:  # noqa: BLE001 (whatever stops MXNet's import: one line)
             sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
-            sys.stderr.flush()
             raise SystemExit(2)
 
 
