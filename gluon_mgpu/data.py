@@ -90,18 +90,6 @@ def find_data_dir(data_dir=None):
                             % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
 
 
-def _read_up_to(f, size):
-    """At most ``size`` bytes, read in blocks: memory follows the file, not its header."""
-    chunks, left = [], size
-    while left > 0:
-        block = f.read(min(left, 1 << 24))
-        if not block:
-            break
-        chunks.append(block)
-        left -= len(block)
-    return b''.join(chunks)
-
-
 def _input_fix(problem, path):
     if problem.startswith('cannot be read'):
         return 'make it readable for this user, or copy it to a folder of your own'
@@ -154,7 +142,12 @@ def read_idx(path, ndim, item_shape=None, max_items=None):
                                 'Fashion-MNIST file holds; is it the right file?'
                                 % (path, shape[0], max_items))
             expected = math.prod(shape)  # Python ints: no overflow, whatever the header says
-            raw = _read_up_to(f, expected + 1)
+            raw = b''
+            while len(raw) <= expected:  # in blocks: memory follows the file, not its header
+                block = f.read(1 << 24)
+                if not block:
+                    break
+                raw += block
     except (OSError, EOFError, zlib.error) as e:
         raise DataError('%s is not a complete gzip file (%s); replace it with a fresh copy'
                         % (path, e)) from None

@@ -98,10 +98,10 @@ def _emulated(why, force, fix, undo=''):
     return '%s (forced)' % why
 
 
-def _onednn_check(found, force, fix, environ):
+def _onednn_check(found, force, fix):
     """The refusal of ``probe_bfloat16``'s result ``found``, or whether oneDNN emulates
     bfloat16 (a note when forced); None when it computes in bfloat16."""
-    isa = found['isa']
+    isa, environ = found['isa'], os.environ
     cap = environ.get('DNNL_MAX_CPU_ISA', '')
     capped = ', capped by DNNL_MAX_CPU_ISA=%s' % cap if cap else ''
     if not found['ok']:
@@ -166,8 +166,7 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
             notes.append(_emulated('this CPU has neither %s in /proc/cpuinfo, so oneDNN would '
                                    'emulate bfloat16, slower than float32'
                                    % ' nor '.join(BF16_CPU_FLAGS), force, fix))
-        note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix,
-                             os.environ)
+        note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix)
         if note and not emulated:
             notes.append(note)
     return notes

@@ -166,11 +166,9 @@ _PREPARED = []
 def before_mxnet(command, devices=None, mxnet=True):
     """What a command does before MXNet starts, then MXNet: ``OMP_NUM_THREADS`` for ``devices``
     simulated CPU devices (``threads.configure_threads``; ``GLUON_MGPU_CPU_DEVICES`` and the
-    user's own value win), the variables MXNet would abort on (``mxnet_env``), the GPU build's
-    libraries (``gpu_build.prepare``), each refusal one line on stderr and exit code 2; then
-    ``import mxnet`` (unless not ``mxnet``: a command that only starts others), SIGINT, SIGTERM
-    and SIGHUP ending it with one line, also while MXNet's import waits in C code (a dist job's
-    server). Nothing once MXNet is imported (a command's ``main`` called in a program)."""
+    user's own value win) and ``prepare_mxnet``, each refusal one line on stderr and exit code
+    2; then ``import mxnet`` (unless not ``mxnet``: a command that only starts others) inside
+    ``starting``. Nothing once MXNet is imported (a command's ``main`` called in a program)."""
     if 'mxnet' in sys.modules:
         return
     from . import gpu_build, threads
