@@ -189,21 +189,17 @@ def output_problem(path):
         return problem
     if not path or path.endswith(os.sep):
         return 'it names a folder, not a file; name a file in it'
-    folder = os.path.dirname(os.path.abspath(path))
+    folder, name = os.path.split(os.path.abspath(path))
     if not os.path.exists(folder):
         return 'folder %s does not exist; create it first' % folder
     if not os.path.isdir(folder):
         return '%s is not a folder; name a file in a folder' % folder
     if not os.access(folder, os.W_OK | os.X_OK):
         return 'folder %s is not writable; choose another folder' % folder
-    return name_problem(path) or _create_problem(path)
-
-
-def _create_problem(path):
-    """Why the temporary file of ``path`` cannot be created, tried as ``atomic_path`` will: what
-    permission bits do not tell (root's writes into /sys or /proc, a read-only mount)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    try:
+    problem = name_problem(path)
+    if problem:
+        return problem
+    try:  # as atomic_path will: what permission bits do not tell (root in /sys, a read-only mount)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix=_TEMP_SUFFIX)
     except OSError as e:
         return ('no file can be created in folder %s (%s); choose another folder'

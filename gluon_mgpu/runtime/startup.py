@@ -18,6 +18,7 @@ _SIGNALS = {signal.SIGINT: 'interrupted (Ctrl-C)', signal.SIGTERM: 'terminated (
             signal.SIGHUP: 'terminated (SIGHUP)'}
 # How long the main thread has to handle a signal itself before the watcher ends the process.
 LATE_SECONDS = 1.0
+_PREPARED = []  # prepare_mxnet ran
 
 
 class Interrupted(KeyboardInterrupt):
@@ -158,9 +159,6 @@ def prepare_mxnet():
     mxnet_env.check_environment(os.environ, threads.usable_cores())
     gpu_build.prepare()
     _PREPARED.append(True)
-
-
-_PREPARED = []
 
 
 def before_mxnet(command, devices=None, mxnet=True):
