@@ -216,7 +216,7 @@ class ArrayBatches:
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=None, num_parts=None,
                  part_index=0):
-        _check_count('batch_size', batch_size)
+        check_whole('batch_size', batch_size, 'pass a positive count')
         if len(images) != len(labels):
             raise ValueError('%d images but %d labels' % (len(images), len(labels)))
         self.images, self.labels = images, labels
@@ -248,7 +248,7 @@ class ArrayBatches:
     def set_min_batch(self, min_batch):
         """Make a last batch of fewer than ``min_batch`` examples join the batch before it
         (``train()`` passes the device count: every device needs an example)."""
-        _check_count('min_batch', min_batch)
+        check_whole('min_batch', min_batch, 'pass a positive count')
         self.min_batch = int(min_batch)
 
     def _bounds(self, n, batch_size):
@@ -264,7 +264,7 @@ class ArrayBatches:
         Part ``r`` gets the ``r``-th equal slice of every full global batch of the epoch; the
         rest is skipped (docs/distributed.md). ``ValueError`` when the shares cannot be equal.
         """
-        _check_count('num_parts', num_parts)
+        check_whole('num_parts', num_parts, 'pass a positive count')
         if not 0 <= part_index < num_parts:
             raise ValueError('part_index must be in 0..%d, got %r' % (num_parts - 1, part_index))
         if self.batch_size % num_parts:
@@ -329,10 +329,6 @@ class GluonBatches(ArrayBatches):
 
 
 LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}
-
-
-def _check_count(name, value):
-    check_whole(name, value, 'pass a positive count')
 
 
 def _check_limit(name, value, size, what):

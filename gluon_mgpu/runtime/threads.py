@@ -53,16 +53,17 @@ def _read_int(path):
     return int(text) if is_digits(text) else None
 
 
-def _cgroup_pids_max():
-    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
+def _cgroup_values(controller, v1_name, v2_name):
+    """``(n, file name)`` for each cgroup of this process (/proc/self/cgroup's order) whose
+    ``controller`` file (``v1_name`` in cgroup v1, ``v2_name`` in v2) holds a whole number."""
     for line in read_text('/proc/self/cgroup').splitlines():
         _, controllers, path = line.split(':', 2)
-        if controllers == '' or 'pids' in controllers.split(','):
-            found = _read_int('/sys/fs/cgroup%s%s/pids.max'
-                              % ('/pids' if controllers else '', path.rstrip('/')))
+        if controllers == '' or controller in controllers.split(','):
+            name = v1_name if controllers else v2_name
+            found = _read_int('/sys/fs/cgroup%s%s/%s' % ('/' + controller if controllers else '',
+                                                         path.rstrip('/'), name))
             if found is not None:
-                return found
-    return None
+                yield found, name
 
 
 def memory_bytes(path='/proc/meminfo'):
@@ -80,14 +81,9 @@ def memory_limits():
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         limits.append((soft, 'ulimit -v %d' % (soft // 1024), 'address'))
-    for line in read_text('/proc/self/cgroup').splitlines():
-        _, controllers, path = line.split(':', 2)
-        if controllers == '' or 'memory' in controllers.split(','):
-            name = 'memory.limit_in_bytes' if controllers else 'memory.max'
-            found = _read_int('/sys/fs/cgroup%s%s/%s' % ('/memory' if controllers else '',
-                                                         path.rstrip('/'), name))
-            if found is not None and found < 2 ** 62:  # v1 says "no limit" as 2**63 - 4096
-                limits.append((found, "the cgroup's %s" % name, 'resident'))
+    for found, name in _cgroup_values('memory', 'memory.limit_in_bytes', 'memory.max'):
+        if found < 2 ** 62:  # v1 says "no limit" as 2**63 - 4096
+            limits.append((found, "the cgroup's %s" % name, 'resident'))
     return limits
 
 
@@ -105,9 +101,10 @@ def thread_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
     limits = [(soft, 'ulimit -u')] if soft != resource.RLIM_INFINITY and os.geteuid() else []
+    cgroup, _ = next(_cgroup_values('pids', 'pids.max', 'pids.max'), (None, None))
     for found, source in ((_read_int('/proc/sys/kernel/threads-max'), 'kernel.threads-max'),
                           (_read_int('/proc/sys/kernel/pid_max'), 'kernel.pid_max'),
-                          (_cgroup_pids_max(), "the cgroup's pids.max")):
+                          (cgroup, "the cgroup's pids.max")):
         if found:
             limits.append((found, source))
     return min(limits) if limits else (None, None)
