@@ -6,7 +6,6 @@ Importing the package does only what must come before MXNet starts: it chooses M
 (docs/devices.md) and has ``import mxnet`` run its checks first (``_BeforeMXNet``). The rest is
 imported when first used.
 """
-import importlib
 import importlib.util
 import sys
 

@@ -80,33 +80,14 @@ def find_data_dir(data_dir=None):
         path, problem = broken
         raise DataError('%s %s; %s' % (path, problem, _input_fix(problem, path)))
     if data_dir is not None and not os.path.isdir(candidates[0]):
-        what = _not_a_folder(candidates[0])
+        what = input_problem(candidates[0]) or 'is a file, not a regular file'
+        if what.startswith('is ') and what.endswith(', not a regular file'):
+            what = what[:-len(', not a regular file')] + ', not a folder'
         raise DataNotFoundError('data dir %s %s; pass a folder that holds %s, or leave it out '
                                 'to search the default places'
                                 % (candidates[0], what, ', '.join(names)))
     raise DataNotFoundError('Fashion-MNIST not found: searched %s for %s; %s'
                             % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
-
-
-def _read_up_to(f, size):
-    """At most ``size`` bytes, read in blocks: memory follows the file, not its header."""
-    chunks, left = [], size
-    while left > 0:
-        block = f.read(min(left, 1 << 24))
-        if not block:
-            break
-        chunks.append(block)
-        left -= len(block)
-    return b''.join(chunks)
-
-
-def _not_a_folder(path):
-    problem = input_problem(path)
-    if problem is None:
-        return 'is a file, not a folder'
-    if problem.startswith('is ') and problem.endswith(', not a regular file'):
-        return problem[:-len(', not a regular file')] + ', not a folder'
-    return problem
 
 
 def _input_fix(problem, path):
@@ -161,7 +142,12 @@ def read_idx(path, ndim, item_shape=None, max_items=None):
                                 'Fashion-MNIST file holds; is it the right file?'
                                 % (path, shape[0], max_items))
             expected = math.prod(shape)  # Python ints: no overflow, whatever the header says
-            raw = _read_up_to(f, expected + 1)
+            raw = b''
+            while len(raw) <= expected:  # in blocks: memory follows the file, not its header
+                block = f.read(1 << 24)
+                if not block:
+                    break
+                raw += block
     except (OSError, EOFError, zlib.error) as e:
         raise DataError('%s is not a complete gzip file (%s); replace it with a fresh copy'
                         % (path, e)) from None
@@ -230,7 +216,7 @@ class ArrayBatches:
 
     def __init__(self, images, labels, batch_size, shuffle=False, seed=None, num_parts=None,
                  part_index=0):
-        _check_count('batch_size', batch_size)
+        check_whole('batch_size', batch_size, 'pass a positive count')
         if len(images) != len(labels):
             raise ValueError('%d images but %d labels' % (len(images), len(labels)))
         self.images, self.labels = images, labels
@@ -262,7 +248,7 @@ class ArrayBatches:
     def set_min_batch(self, min_batch):
         """Make a last batch of fewer than ``min_batch`` examples join the batch before it
         (``train()`` passes the device count: every device needs an example)."""
-        _check_count('min_batch', min_batch)
+        check_whole('min_batch', min_batch, 'pass a positive count')
         self.min_batch = int(min_batch)
 
     def _bounds(self, n, batch_size):
@@ -278,7 +264,7 @@ class ArrayBatches:
         Part ``r`` gets the ``r``-th equal slice of every full global batch of the epoch; the
         rest is skipped (docs/distributed.md). ``ValueError`` when the shares cannot be equal.
         """
-        _check_count('num_parts', num_parts)
+        check_whole('num_parts', num_parts, 'pass a positive count')
         if not 0 <= part_index < num_parts:
             raise ValueError('part_index must be in 0..%d, got %r' % (num_parts - 1, part_index))
         if self.batch_size % num_parts:
@@ -343,10 +329,6 @@ class GluonBatches(ArrayBatches):
 
 
 LOADERS = {'array': ArrayBatches, 'gluon': GluonBatches}
-
-
-def _check_count(name, value):
-    check_whole(name, value, 'pass a positive count')
 
 
 def _check_limit(name, value, size, what):

@@ -5,16 +5,15 @@ import logging
 import os
 
 from .runtime.checks import check_whole
-from .runtime.choices import DEVICES
-from .runtime.threads import thread_limit
+from .runtime.choices import DEVICES as DEVICE_CHOICES  # shared with the parsers
+from .runtime.threads import thread_limit, thread_settings
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
            'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
            'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count', 'simulated']
 
-DEVICE_CHOICES = DEVICES  # runtime/choices.py, shared with the parsers
-
 logger = logging.getLogger('gluon_mgpu')
+ENGINE_BASE_THREADS = 6  # MXNet's threads besides the contexts' (docs/devices.md, "How many")
 
 
 def num_gpus():
@@ -121,13 +120,9 @@ def abbreviate_devices(devices, limit=8):
     return '[%s, %s, ..., %s]' % tuple(str(d) for d in (devices[0], devices[1], devices[-1]))
 
 
-ENGINE_BASE_THREADS = 6  # MXNet's threads besides the contexts' (docs/devices.md, "How many")
-
-
 def threads_per_cpu_context():
     """The threads each CPU context costs: ``OMP_NUM_THREADS`` (MXNet's default, half the cores,
     when unset) for MXNet, and one that issues its calls (``runtime.dispatch``)."""
-    from .runtime.threads import thread_settings
     value = thread_settings().get('omp_num_threads')
     if isinstance(value, int) and value > 0:
         return value + 1

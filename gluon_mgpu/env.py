@@ -1,8 +1,6 @@
 """``python -m gluon_mgpu.env``: the command line is ``gluon_mgpu/commands/env.py``."""
-import sys
-
 if __name__ == '__main__':
     from gluon_mgpu.runtime.startup import starting
     with starting('python -m gluon_mgpu.env'):  # a signal until main handles it: one line
         from gluon_mgpu.commands.env import main  # its flags come before MXNet
-    sys.exit(main())
+    raise SystemExit(main())

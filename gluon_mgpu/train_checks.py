@@ -17,6 +17,8 @@ from .runtime.checks import LR_RANGE, check_whole
 __all__ = ['check_network', 'check_init', 'check_train', 'check_trainer',
            'check_batch_size', 'check_split', 'check_batch', 'check_once']
 
+_CHECKED = weakref.WeakSet()  # the networks a step has checked a batch for, each once
+
 
 def check_network(model, models, sync_bn_devices, dtype):
     """``ValueError`` for a network ``new_network`` cannot build: a ``model`` not in ``models``,
@@ -210,10 +212,6 @@ def check_batch(X, y, net, where='the first batch'):
         raise ValueError('%s: y holds labels from %d to %d, but the network has %s classes (0 to '
                          '%s); map the labels to 0..%s, or build the network with as many '
                          'outputs as classes' % (where, low, high, classes or 'its', top, top))
-
-
-# The networks a step has checked a batch for; each is checked once.
-_CHECKED = weakref.WeakSet()
 
 
 def check_once(X, y, net, devices, where, one_thread=False, again=False):

@@ -20,13 +20,13 @@ def is_whole(value, least=1):
             and least <= value < 2 ** 63)
 
 
-def check_whole(name, value, fix, least=1):
-    """``ValueError`` naming ``name``, ``value`` and ``fix`` unless ``is_whole(value, least)``:
+def check_whole(name, value, fix):
+    """``ValueError`` naming ``name``, ``value`` and ``fix`` unless ``is_whole(value)``:
     ``check_whole('num_epochs', 0, 'for example num_epochs=4')``."""
-    if not is_whole(value, least):
+    if not is_whole(value):
         shown = repr(value) if not isinstance(value, int) or abs(value) < 10 ** 20 else \
             'a number of %d digits' % len(str(abs(value)))
-        raise ValueError('%s must be a whole number >= %d, got %s; %s' % (name, least, shown, fix))
+        raise ValueError('%s must be a whole number >= 1, got %s; %s' % (name, shown, fix))
 
 
 def is_digits(text):

@@ -189,21 +189,17 @@ def output_problem(path):
         return problem
     if not path or path.endswith(os.sep):
         return 'it names a folder, not a file; name a file in it'
-    folder = os.path.dirname(os.path.abspath(path))
+    folder, name = os.path.split(os.path.abspath(path))
     if not os.path.exists(folder):
         return 'folder %s does not exist; create it first' % folder
     if not os.path.isdir(folder):
         return '%s is not a folder; name a file in a folder' % folder
     if not os.access(folder, os.W_OK | os.X_OK):
         return 'folder %s is not writable; choose another folder' % folder
-    return name_problem(path) or _create_problem(path)
-
-
-def _create_problem(path):
-    """Why the temporary file of ``path`` cannot be created, tried as ``atomic_path`` will: what
-    permission bits do not tell (root's writes into /sys or /proc, a read-only mount)."""
-    folder, name = os.path.split(os.path.abspath(path))
-    try:
+    problem = name_problem(path)
+    if problem:
+        return problem
+    try:  # as atomic_path will: what permission bits do not tell (root in /sys, a read-only mount)
         fd, tmp = tempfile.mkstemp(dir=folder, prefix='.%s.' % name, suffix=_TEMP_SUFFIX)
     except OSError as e:
         return ('no file can be created in folder %s (%s); choose another folder'
@@ -228,14 +224,11 @@ def name_problem(path):
         name_max, path_max = (os.pathconf(folder, n) for n in ('PC_NAME_MAX', 'PC_PATH_MAX'))
     except (OSError, ValueError):
         name_max, path_max = 255, 4096
-    name = os.path.basename(path)
-    encoded, temp = (len(os.fsencode(n)) for n in (name, temp_name(path)))
-    extra = temp - encoded
+    encoded, temp = (len(os.fsencode(n)) for n in (os.path.basename(path), temp_name(path)))
     if temp > name_max:
         return ('its name is %d bytes long, and the temporary file written beside it first (%s) '
                 'would be %d, more than the %d its folder allows; use a name of at most %d bytes'
-                % (encoded, '.NAME.%s%s' % ('X' * _TEMP_RANDOM, _TEMP_SUFFIX), temp, name_max,
-                   name_max - extra))
+                % (encoded, temp_name('NAME'), temp, name_max, name_max - temp + encoded))
     full = len(os.fsencode(os.path.join(folder, temp_name(path))))
     if full >= path_max:
         return ('the path of the temporary file written beside it first is %d bytes long, more '
@@ -278,18 +271,6 @@ def _os_failure(path, error):
                        code)
 
 
-def _probe(tmp):
-    """After a writer failed without an OS reason: write more to ``tmp``; return the OSError
-    this meets (no space left, ...), or None if the disk takes it."""
-    try:
-        with open(tmp, 'ab', buffering=0) as f:
-            f.write(b'\0' * _PROBE_BYTES)
-            os.fsync(f.fileno())
-    except OSError as e:
-        return e
-    return None
-
-
 def _fsync(path):
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -326,10 +307,13 @@ def atomic_path(path):
         except OSError as e:
             raise _os_failure(path, e) from e
         except Exception as e:
-            failure = _probe(tmp)
-            if failure is None:
-                raise
-            raise _os_failure(path, failure) from e
+            try:  # a writer that failed without the OS's reason: meet it (no space left, ...)
+                with open(tmp, 'ab', buffering=0) as f:
+                    f.write(b'\0' * _PROBE_BYTES)
+                    os.fsync(f.fileno())
+            except OSError as failure:
+                raise _os_failure(path, failure) from e
+            raise
         try:
             _fsync(tmp)
             mask = os.umask(0)

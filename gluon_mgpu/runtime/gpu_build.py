@@ -50,11 +50,9 @@ def gpu_build(path=None):
         folder = folder or os.curdir
         if not os.path.isfile(os.path.join(folder, 'mxnet', '__init__.py')):
             continue
-        for name in sorted(os.listdir(folder)):
-            match = re.match(r'mxnet_(cu\d+)-([^-]+)\.dist-info$', name)
-            if match:
-                return 'mxnet-%s %s' % match.groups()
-        return None
+        found = (re.match(r'mxnet_(cu\d+)-([^-]+)\.dist-info$', n)
+                 for n in sorted(os.listdir(folder)))
+        return next(('mxnet-%s %s' % m.groups() for m in found if m), None)
     return None
 
 
@@ -146,18 +144,12 @@ def install_hook(site_dir=None):
     return target
 
 
-def _main(argv):
-    if argv != ['install-hook']:
+if __name__ == '__main__':
+    if sys.argv[1:] != ['install-hook']:
         sys.stderr.write('usage: python gluon_mgpu/runtime/gpu_build.py install-hook\n')
-        return 2
+        sys.exit(2)
     try:
-        target = install_hook()
+        print('wrote %s: import mxnet now finds the nvidia-*-cu11 libraries' % install_hook())
     except RuntimeError as e:
         sys.stderr.write('error: %s\n' % e)
-        return 2
-    print('wrote %s: import mxnet now finds the nvidia-*-cu11 libraries' % target)
-    return 0
-
-
-if __name__ == '__main__':
-    sys.exit(_main(sys.argv[1:]))
+        sys.exit(2)

@@ -9,13 +9,12 @@ from .hosts import job_problem
 from .threads import thread_limit
 
 __all__ = ['THREAD_COUNTS', 'THREADS_PER_CORE', 'WHOLE_NUMBERS', 'ZERO_CRASHES', 'FLAGS',
-           'NUMBERS', 'PYTHON_WHOLE_NUMBERS', 'ENGINES', 'NOT_NUMBERS', 'check_environment',
-           'most_threads']
+           'NUMBERS', 'PYTHON_WHOLE_NUMBERS', 'ENGINES', 'NOT_NUMBERS', 'check_environment']
 
 # The variables are those libmxnet.so 1.9.1 names (``strings libmxnet.so``) and its Python code
 # reads with int(); their types come from MXNet's sources (dmlc::GetEnv's default), and which
 # values end the process was measured (docs/devices.md). Thread counts: whole numbers from the
-# least value given (None: any) to most_threads().
+# least value given (None: any) to the most check_environment allows.
 THREAD_COUNTS = {'OMP_NUM_THREADS': 1, 'MXNET_OMP_MAX_THREADS': 1,
                  'MXNET_CPU_WORKER_NTHREADS': 1, 'MXNET_CPU_PRIORITY_NTHREADS': 1,
                  'MXNET_GPU_WORKER_NTHREADS': 1, 'MXNET_GPU_COPY_NTHREADS': 1,
@@ -78,18 +77,6 @@ _INT_MAX = 2 ** 31 - 1
 _DOUBLE_MIN = 2.2250738585072014e-308  # below it (not 0), dmlc::stod says "Out of range"
 
 
-def most_threads(cores):
-    """``(n, reason)``: the most threads the package lets MXNet use on ``cores`` usable cores,
-    ``THREADS_PER_CORE`` per core and at most half of ``threads.thread_limit()``."""
-    most, reason = THREADS_PER_CORE * cores, (
-        '%d per usable core (more spin waiting for each other: docs/devices.md)'
-        % THREADS_PER_CORE)
-    limit, source = thread_limit()
-    if limit is not None and limit // 2 < most:
-        most, reason = limit // 2, 'half of the %d threads %s allows' % (limit, source)
-    return most, reason
-
-
 def _c_int(value):
     found = _INT.fullmatch(value)
     if not found or len(found[2]) > 10:  # no C int, and Python's int() reads 4300 digits at most
@@ -139,7 +126,7 @@ def check_environment(environ, cores=1):
     environ : mapping
         The environment MXNet will read (``os.environ``).
     cores : int, default 1
-        Usable cores, for the example in a message.
+        Usable cores: the ceiling of the thread counts, and the example in a message.
     """
     library = environ.get('MXNET_LIBRARY_PATH', '')
     if library and not (os.path.isabs(library) and os.path.isfile(library)):
@@ -149,22 +136,23 @@ def check_environment(environ, cores=1):
                          'instead of it; point it at a libmxnet.so by its absolute path, or unset '
                          'it' % (library, 'an existing file' if os.path.isabs(library)
                                  else 'an absolute path'))
+    # The most threads MXNet may use: THREADS_PER_CORE per core, at most half of thread_limit().
+    most, reason = THREADS_PER_CORE * cores, ('%d per usable core (more spin waiting for each '
+                                              'other: docs/devices.md)' % THREADS_PER_CORE)
+    limit, source = thread_limit()
+    if limit is not None and limit // 2 < most:
+        most, reason = limit // 2, 'half of the %d threads %s allows' % (limit, source)
     for name, least in THREAD_COUNTS.items():
         value = environ.get(name, '')
-        if value == '':
-            continue
-        number = _whole(name, value, least, cores)
-        most, reason = most_threads(cores)
-        if number > most:
+        if value != '' and _whole(name, value, least, cores) > most:
             raise ValueError('%s=%s is more threads than MXNet can use here: at most %d, %s; set '
                              'it to the number of cores, %s=%d, or unset it'
                              % (name, value.strip(' \t\n\v\f\r'), most, reason, name, cores))
     for name, least in WHOLE_NUMBERS.items():
         value = environ.get(name, '')
-        if value != '':
-            if _whole(name, value, least, 1) == 0 and name in ZERO_CRASHES:
-                raise ValueError('%s=%r ends MXNet with SIGFPE (it divides by it); set it to 1 '
-                                 'or more, or unset it' % (name, value))
+        if value != '' and _whole(name, value, least, 1) == 0 and name in ZERO_CRASHES:
+            raise ValueError('%s=%r ends MXNet with SIGFPE (it divides by it); set it to 1 or '
+                             'more, or unset it' % (name, value))
     for name in NUMBERS:
         value = environ.get(name, '')
         problem = value != '' and _number_problem(value)

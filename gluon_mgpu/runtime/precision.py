@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 from .choices import DTYPES
+from .threads import read_text
 
 __all__ = ['DTYPES', 'BF16_CPU_FLAGS', 'PROBE_SECONDS', 'cpu_flags', 'check_dtype',
            'probe_bfloat16', 'read_probe', 'use_dtype', 'active_dtype', 'init_trainer']
@@ -42,14 +43,8 @@ _probed = {}
 
 def cpu_flags(path='/proc/cpuinfo'):
     """The CPU's feature flags (``path``'s first ``flags`` line) as a set; empty if unreadable."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('flags'):
-                    return set(line.split(':', 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    found = re.search(r'^flags[^:\n]*:(.*)', read_text(path), re.M)
+    return set(found[1].split()) if found else set()
 
 
 def _checked(dtype):
@@ -103,10 +98,10 @@ def _emulated(why, force, fix, undo=''):
     return '%s (forced)' % why
 
 
-def _onednn_check(found, force, fix, environ):
+def _onednn_check(found, force, fix):
     """The refusal of ``probe_bfloat16``'s result ``found``, or whether oneDNN emulates
     bfloat16 (a note when forced); None when it computes in bfloat16."""
-    isa = found['isa']
+    isa, environ = found['isa'], os.environ
     cap = environ.get('DNNL_MAX_CPU_ISA', '')
     capped = ', capped by DNNL_MAX_CPU_ISA=%s' % cap if cap else ''
     if not found['ok']:
@@ -171,8 +166,7 @@ def check_dtype(dtype, devices, force=False, flags=None, fix=None, onednn=None):
             notes.append(_emulated('this CPU has neither %s in /proc/cpuinfo, so oneDNN would '
                                    'emulate bfloat16, slower than float32'
                                    % ' nor '.join(BF16_CPU_FLAGS), force, fix))
-        note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix,
-                             os.environ)
+        note = _onednn_check(probe_bfloat16() if onednn is None else onednn, force, fix)
         if note and not emulated:
             notes.append(note)
     return notes

@@ -18,6 +18,7 @@ _SIGNALS = {signal.SIGINT: 'interrupted (Ctrl-C)', signal.SIGTERM: 'terminated (
             signal.SIGHUP: 'terminated (SIGHUP)'}
 # How long the main thread has to handle a signal itself before the watcher ends the process.
 LATE_SECONDS = 1.0
+_PREPARED = []  # prepare_mxnet ran
 
 
 class Interrupted(KeyboardInterrupt):
@@ -142,7 +143,6 @@ def starting(command):
                 _end(lines[signum], signum)
             if isinstance(e, ImportError) and e.name in ('mxnet', 'numpy'):  # a command's module
                 sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
-                sys.stderr.flush()
                 raise SystemExit(2) from None
             raise
 
@@ -161,17 +161,12 @@ def prepare_mxnet():
     _PREPARED.append(True)
 
 
-_PREPARED = []
-
-
 def before_mxnet(command, devices=None, mxnet=True):
     """What a command does before MXNet starts, then MXNet: ``OMP_NUM_THREADS`` for ``devices``
     simulated CPU devices (``threads.configure_threads``; ``GLUON_MGPU_CPU_DEVICES`` and the
-    user's own value win), the variables MXNet would abort on (``mxnet_env``), the GPU build's
-    libraries (``gpu_build.prepare``), each refusal one line on stderr and exit code 2; then
-    ``import mxnet`` (unless not ``mxnet``: a command that only starts others), SIGINT, SIGTERM
-    and SIGHUP ending it with one line, also while MXNet's import waits in C code (a dist job's
-    server). Nothing once MXNet is imported (a command's ``main`` called in a program)."""
+    user's own value win) and ``prepare_mxnet``, each refusal one line on stderr and exit code
+    2; then ``import mxnet`` (unless not ``mxnet``: a command that only starts others) inside
+    ``starting``. Nothing once MXNet is imported (a command's ``main`` called in a program)."""
     if 'mxnet' in sys.modules:
         return
     from . import gpu_build, threads
@@ -180,7 +175,6 @@ def before_mxnet(command, devices=None, mxnet=True):
         prepare_mxnet()
     except (ValueError, gpu_build.GPUBuildError) as e:
         sys.stderr.write('%s: error: %s\n' % (command, e))
-        sys.stderr.flush()
         raise SystemExit(2)
     threads.warn_if_imported_late()
     if not mxnet:
@@ -190,7 +184,6 @@ def before_mxnet(command, devices=None, mxnet=True):
             import mxnet  # noqa: F401  (what loads for seconds, or serves a dist job)
         except Exception as e:  # noqa: BLE001 (whatever stops MXNet's import: one line)
             sys.stderr.write('%s: error: %s\n' % (command, import_failure(e)))
-            sys.stderr.flush()
             raise SystemExit(2)
 
 

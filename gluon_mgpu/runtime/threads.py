@@ -14,7 +14,7 @@ from .checks import is_digits
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
            'thread_limit', 'usable_cores', 'has_gpu', 'DEVICES_ENV',
-           'devices_from_environment']
+           'devices_from_environment', 'read_text']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
@@ -39,7 +39,8 @@ def has_gpu():
         return False
 
 
-def _read(path):
+def read_text(path):
+    """The text of file ``path``, or '' when it cannot be read."""
     try:
         with open(path) as f:
             return f.read()
@@ -48,32 +49,27 @@ def _read(path):
 
 
 def _read_int(path):
-    text = _read(path).strip()
+    text = read_text(path).strip()
     return int(text) if is_digits(text) else None
 
 
-def _cgroup_pids_max():
-    """The ``pids.max`` of this process's cgroup (v2 or v1), or None when unlimited/unknown."""
-    for line in _read('/proc/self/cgroup').splitlines():
+def _cgroup_values(controller, v1_name, v2_name):
+    """``(n, file name)`` for each cgroup of this process (/proc/self/cgroup's order) whose
+    ``controller`` file (``v1_name`` in cgroup v1, ``v2_name`` in v2) holds a whole number."""
+    for line in read_text('/proc/self/cgroup').splitlines():
         _, controllers, path = line.split(':', 2)
-        if controllers == '' or 'pids' in controllers.split(','):
-            found = _read_int('/sys/fs/cgroup%s%s/pids.max'
-                              % ('/pids' if controllers else '', path.rstrip('/')))
+        if controllers == '' or controller in controllers.split(','):
+            name = v1_name if controllers else v2_name
+            found = _read_int('/sys/fs/cgroup%s%s/%s' % ('/' + controller if controllers else '',
+                                                         path.rstrip('/'), name))
             if found is not None:
-                return found
-    return None
+                yield found, name
 
 
 def memory_bytes(path='/proc/meminfo'):
     """This machine's memory (``MemTotal``), or None when unknown."""
-    try:
-        with open(path) as f:
-            for line in f:
-                if line.startswith('MemTotal:'):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    found = re.search(r'^MemTotal:\s*([0-9]+)\b', read_text(path), re.M)
+    return int(found[1]) * 1024 if found else None
 
 
 def memory_limits():
@@ -85,26 +81,17 @@ def memory_limits():
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
     if soft != resource.RLIM_INFINITY:
         limits.append((soft, 'ulimit -v %d' % (soft // 1024), 'address'))
-    for line in _read('/proc/self/cgroup').splitlines():
-        _, controllers, path = line.split(':', 2)
-        if controllers == '' or 'memory' in controllers.split(','):
-            name = 'memory.limit_in_bytes' if controllers else 'memory.max'
-            found = _read_int('/sys/fs/cgroup%s%s/%s' % ('/memory' if controllers else '',
-                                                         path.rstrip('/'), name))
-            if found is not None and found < 2 ** 62:  # v1 says "no limit" as 2**63 - 4096
-                limits.append((found, "the cgroup's %s" % name, 'resident'))
+    for found, name in _cgroup_values('memory', 'memory.limit_in_bytes', 'memory.max'):
+        if found < 2 ** 62:  # v1 says "no limit" as 2**63 - 4096
+            limits.append((found, "the cgroup's %s" % name, 'resident'))
     return limits
 
 
 def memory_used():
     """``(address space, resident)`` of this process in bytes (``/proc/self/status``), 0 when
     unknown."""
-    found = {}
-    for line in _read('/proc/self/status').splitlines():
-        key, _, value = line.partition(':')
-        if key in ('VmSize', 'VmRSS') and value.split()[:1] and is_digits(value.split()[0]):
-            found[key] = int(value.split()[0]) * 1024
-    return found.get('VmSize', 0), found.get('VmRSS', 0)
+    found = dict(re.findall(r'^(VmSize|VmRSS):\s*([0-9]+)\b', read_text('/proc/self/status'), re.M))
+    return tuple(int(found.get(key, 0)) * 1024 for key in ('VmSize', 'VmRSS'))
 
 
 def thread_limit():
@@ -114,9 +101,10 @@ def thread_limit():
     soft, _ = resource.getrlimit(resource.RLIMIT_NPROC)
     # Root (CAP_SYS_RESOURCE) is exempt from RLIMIT_NPROC.
     limits = [(soft, 'ulimit -u')] if soft != resource.RLIM_INFINITY and os.geteuid() else []
+    cgroup, _ = next(_cgroup_values('pids', 'pids.max', 'pids.max'), (None, None))
     for found, source in ((_read_int('/proc/sys/kernel/threads-max'), 'kernel.threads-max'),
                           (_read_int('/proc/sys/kernel/pid_max'), 'kernel.pid_max'),
-                          (_cgroup_pids_max(), "the cgroup's pids.max")):
+                          (cgroup, "the cgroup's pids.max")):
         if found:
             limits.append((found, source))
     return min(limits) if limits else (None, None)
@@ -151,11 +139,8 @@ def configure_threads(environ=None, mxnet_imported=None, devices=None):
     Raises ValueError for a ``GLUON_MGPU_CPU_DEVICES`` that is not a whole number >= 1.
     """
     environ = os.environ if environ is None else environ
-    if mxnet_imported is None:
-        mxnet_imported = 'mxnet' in sys.modules
-    if devices is None:
-        devices = devices_from_environment(environ)
-    devices = devices or 1
+    mxnet_imported = 'mxnet' in sys.modules if mxnet_imported is None else mxnet_imported
+    devices = (devices_from_environment(environ) if devices is None else devices) or 1
     cores = usable_cores()
     if not mxnet_imported:
         # Values a parent process's gluon_mgpu set are not the user's: choose them again.
