@@ -177,8 +177,8 @@ class ChannelSplitNet(SplitNet):
     """A network split by channels over devices, ready to train: the API the command line uses.
 
     ``net``, initialized on one device (``init_one_device``), is split in place into ``layers``
-    (``split_channels``); ``trainers[k]``, SGD at ``lr``, updates the pieces on ``devices[k]``;
-    ``copies`` counts the bytes every forward pass copied between devices.
+    (``split_channels``), whose ``pieces`` ``trainers[k]``, SGD at ``lr``, updates on
+    ``devices[k]``; ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method, hybridizes = 'channels', 'pieces'
@@ -188,6 +188,7 @@ class ChannelSplitNet(SplitNet):
         self.devices = check_devices(devices)
         self.copies = CopyCounter()  # looked up at every copy: summary() swaps in its own
         self.layers = split_channels(net, self.devices, lambda x, d: self.copies.copy(x, d))
+        self.pieces = [piece for _, split in self.layers for piece in split.pieces]
         self.trainers = [
             gluon.Trainer([p for _, split in self.layers
                            for p in split[k].collect_params().values()],
@@ -200,13 +201,6 @@ class ChannelSplitNet(SplitNet):
         sizes = ' | '.join(str(b - a) for a, b in self.layers[0][1].slices)
         return '%d layers split by channels over %s (first layer: %s)' % (
             len(self.layers), ', '.join(str(d) for d in self.devices), sizes)
-
-    def hybridize(self, **kwargs):
-        """Hybridize every piece on its own device (keyword arguments go to ``hybridize``)."""
-        for _, split in self.layers:
-            for piece in split.pieces:
-                piece.hybridize(**kwargs)
-        self.hybridized = True
 
     def __call__(self, X):
         """Logits for ``X`` (moved to the first device, where they come out)."""
