@@ -33,13 +33,10 @@ def _kind(layer):
     return next((kind for kind in SPLIT_LAYERS if isinstance(layer, kind)), None)
 
 
-def _act_type(layer):
-    return None if layer.act is None else layer.act._act_type
-
-
 def _piece(layer, kind, channels, prefix):
     """A layer like ``layer`` with ``channels`` output channels (or units) instead of all."""
     weight = None if kind is nn.BatchNorm else layer.weight
+    act = None if kind is nn.BatchNorm or layer.act is None else layer.act._act_type
     if kind is nn.Conv2D:
         kw = layer._kwargs
         if kw['num_group'] != 1 or kw['layout'] != 'NCHW':
@@ -48,12 +45,12 @@ def _piece(layer, kind, channels, prefix):
                              % (layer.name, kw['num_group'], kw['layout']))
         return nn.Conv2D(channels, kw['kernel'], strides=kw['stride'], padding=kw['pad'],
                          dilation=kw['dilate'], use_bias=not kw['no_bias'],
-                         activation=_act_type(layer), in_channels=weight.shape[1], prefix=prefix)
+                         activation=act, in_channels=weight.shape[1], prefix=prefix)
     if kind is nn.Dense:
         if not layer._flatten:
             raise ValueError('layer %s: a Dense layer with flatten=False puts its units on the '
                              'last axis and is not split here; use flatten=True' % layer.name)
-        return nn.Dense(channels, activation=_act_type(layer), use_bias=layer.bias is not None,
+        return nn.Dense(channels, activation=act, use_bias=layer.bias is not None,
                         in_units=weight.shape[1], prefix=prefix)
     kw = layer._kwargs
     if kw['axis'] != 1:
