@@ -77,10 +77,7 @@ def get_devices(num_gpus, device='auto', warn=True):
         raise ValueError('device must be one of %s, got %r; pass device=\'auto\' to use GPUs '
                          'when there are enough and CPU contexts otherwise'
                          % ('/'.join(DEVICE_CHOICES), device))
-    if device == 'cpu':
-        check_cpu_device_count(n)
-        return [mx.cpu(i) for i in range(n)]
-    found = _count_gpus()
+    found = 0 if device == 'cpu' else _count_gpus()
     if found >= n:
         return [mx.gpu(i) for i in range(n)]
     if device == 'gpu' or found > 0:
@@ -92,9 +89,9 @@ def get_devices(num_gpus, device='auto', warn=True):
                             fix))
     check_cpu_device_count(n)
     cpus = [mx.cpu(i) for i in range(n)]
-    if warn and n == 1:
+    if warn and device == 'auto' and n == 1:
         logger.warning('warning: no GPU found, so training runs on the CPU as [cpu(0)]')
-    elif warn:
+    elif warn and device == 'auto':
         logger.warning("warning: no GPU found, so %s are simulated devices sharing this "
                        "machine's CPU: the data parallelism is real, a speed-up is not expected",
                        abbreviate_devices(cpus))

@@ -87,8 +87,7 @@ def sync_batch_norm(num_devices):
     the number of devices the batch is split over: each layer waits for that many
     (docs/devices.md)."""
     from mxnet.gluon.contrib.nn import SyncBatchNorm
-    check_whole('num_devices', num_devices,
-                'pass the number of devices the batch is split over')
+    check_whole('num_devices', num_devices, 'pass the number of devices the batch is split over')
     return functools.partial(SyncBatchNorm, num_devices=num_devices)
 
 

@@ -48,11 +48,10 @@ class Run(argparse.Namespace):
     def __init__(self, **settings):
         vars(self).update(settings)
 
-    def __setattr__(self, name, value):
+    def __setattr__(self, name, value=None):
         raise AttributeError('Run.%s: a run is resolved once (resolve) and read-only' % name)
 
-    def __delattr__(self, name):
-        self.__setattr__(name, None)
+    __delattr__ = __setattr__
 
 
 def network_name(args):
@@ -81,18 +80,6 @@ def data_error(e, data_dir=None):
     return UsageError(str(e).replace('train_limit', '--train-limit')
                       .replace('test_limit', '--test-limit')
                       .replace('or None for all', 'or leave it out for all'))
-
-
-def check_training_images(train_iter, num_devices, data_dir=None):
-    """``UsageError`` when the training data (``train_iter.num_examples``, after any
-    ``--train-limit``) holds fewer images than ``num_devices``: a device would get no data."""
-    count = train_iter.num_examples
-    if count < num_devices:
-        raise UsageError('%sthe training data holds %d image%s, fewer than the %d devices, so '
-                         'some device would get no data; pass --num-gpus %d or fewer, or a data '
-                         'folder with more images' % ('' if data_dir is None else '--data-dir %s: '
-                                                      % data_dir, count, '' if count == 1 else 's',
-                                                      num_devices, count))
 
 
 # Each device's replica of a network and its gradients, in float32 bytes (tests/test_cli.py
@@ -228,7 +215,14 @@ def _train(args, prog, extra, record, recorded_argv):
     # The split networks of --parallel layers and channels hold no replicas.
     devices = args.devices or devices_for(
         args.num_gpus, args.device, args.model if args.parallel in ('data', 'scratch') else None)
-    check_training_images(train_iter, args.most_devices or args.num_gpus, args.data_dir)
+    needed = args.most_devices or args.num_gpus  # a sweep's largest setting, before its first
+    count = train_iter.num_examples  # after --train-limit
+    if count < needed:
+        raise UsageError('%sthe training data holds %d image%s, fewer than the %d devices, so '
+                         'some device would get no data; pass --num-gpus %d or fewer, or a data '
+                         'folder with more images' % ('' if args.data_dir is None else
+                                                      '--data-dir %s: ' % args.data_dir, count,
+                                                      '' if count == 1 else 's', needed, count))
     if args.sync_bn and len(devices) > 1 and os.environ.get('MXNET_ENGINE_TYPE') == 'NaiveEngine':
         raise UsageError('--sync-bn with MXNET_ENGINE_TYPE=NaiveEngine deadlocks (that engine '
                          'computes each operator in the thread that issues it, so the first '

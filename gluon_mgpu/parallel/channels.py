@@ -33,13 +33,10 @@ def _kind(layer):
     return next((kind for kind in SPLIT_LAYERS if isinstance(layer, kind)), None)
 
 
-def _act_type(layer):
-    return None if layer.act is None else layer.act._act_type
-
-
 def _piece(layer, kind, channels, prefix):
     """A layer like ``layer`` with ``channels`` output channels (or units) instead of all."""
     weight = None if kind is nn.BatchNorm else layer.weight
+    act = None if kind is nn.BatchNorm or layer.act is None else layer.act._act_type
     if kind is nn.Conv2D:
         kw = layer._kwargs
         if kw['num_group'] != 1 or kw['layout'] != 'NCHW':
@@ -48,12 +45,12 @@ def _piece(layer, kind, channels, prefix):
                              % (layer.name, kw['num_group'], kw['layout']))
         return nn.Conv2D(channels, kw['kernel'], strides=kw['stride'], padding=kw['pad'],
                          dilation=kw['dilate'], use_bias=not kw['no_bias'],
-                         activation=_act_type(layer), in_channels=weight.shape[1], prefix=prefix)
+                         activation=act, in_channels=weight.shape[1], prefix=prefix)
     if kind is nn.Dense:
         if not layer._flatten:
             raise ValueError('layer %s: a Dense layer with flatten=False puts its units on the '
                              'last axis and is not split here; use flatten=True' % layer.name)
-        return nn.Dense(channels, activation=_act_type(layer), use_bias=layer.bias is not None,
+        return nn.Dense(channels, activation=act, use_bias=layer.bias is not None,
                         in_units=weight.shape[1], prefix=prefix)
     kw = layer._kwargs
     if kw['axis'] != 1:
@@ -177,8 +174,8 @@ class ChannelSplitNet(SplitNet):
     """A network split by channels over devices, ready to train: the API the command line uses.
 
     ``net``, initialized on one device (``init_one_device``), is split in place into ``layers``
-    (``split_channels``); ``trainers[k]``, SGD at ``lr``, updates the pieces on ``devices[k]``;
-    ``copies`` counts the bytes every forward pass copied between devices.
+    (``split_channels``), whose ``pieces`` ``trainers[k]``, SGD at ``lr``, updates on
+    ``devices[k]``; ``copies`` counts the bytes every forward pass copied between devices.
     """
 
     method, hybridizes = 'channels', 'pieces'
@@ -188,6 +185,7 @@ class ChannelSplitNet(SplitNet):
         self.devices = check_devices(devices)
         self.copies = CopyCounter()  # looked up at every copy: summary() swaps in its own
         self.layers = split_channels(net, self.devices, lambda x, d: self.copies.copy(x, d))
+        self.pieces = [piece for _, split in self.layers for piece in split.pieces]
         self.trainers = [
             gluon.Trainer([p for _, split in self.layers
                            for p in split[k].collect_params().values()],
@@ -200,13 +198,6 @@ class ChannelSplitNet(SplitNet):
         sizes = ' | '.join(str(b - a) for a, b in self.layers[0][1].slices)
         return '%d layers split by channels over %s (first layer: %s)' % (
             len(self.layers), ', '.join(str(d) for d in self.devices), sizes)
-
-    def hybridize(self, **kwargs):
-        """Hybridize every piece on its own device (keyword arguments go to ``hybridize``)."""
-        for _, split in self.layers:
-            for piece in split.pieces:
-                piece.hybridize(**kwargs)
-        self.hybridized = True
 
     def __call__(self, X):
         """Logits for ``X`` (moved to the first device, where they come out)."""

@@ -174,11 +174,18 @@ class SplitNet:
     """What the split networks share; each sets ``devices``, the first computing the logits.
 
     The layer and channel splits also set ``net`` (the one-device network they split),
-    ``copies`` (a ``CopyCounter``) and ``trainers`` (one per device), and name what they
-    hybridize in ``hybridizes`` (``'parts'``, ``'pieces'``).
+    ``copies`` (a ``CopyCounter``) and ``trainers`` (one per device), and name the attribute
+    holding the blocks they hybridize, each on its device, in ``hybridizes`` (``'parts'``,
+    ``'pieces'``); scratch hybridizes nothing.
     """
 
     hybridized = False
+
+    def hybridize(self, **kwargs):
+        """Hybridize each block of ``hybridizes`` (keyword arguments go to ``hybridize``)."""
+        for block in getattr(self, self.hybridizes):
+            block.hybridize(**kwargs)
+        self.hybridized = True
 
     def step(self, net, X, y, loss, trainer, devices, split_f, batch_size):
         """``train()``'s step (``training.choose_step``), in ``train_batch``'s arguments, of

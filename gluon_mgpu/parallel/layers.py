@@ -209,12 +209,6 @@ class LayerSplit(SplitNet):
         """``cpu(0): stem, stage1, stage2, stage3 | cpu(1): stage4, head``."""
         return ' | '.join('%s: %s' % (d, ', '.join(n)) for d, n in zip(self.devices, self.names))
 
-    def hybridize(self, **kwargs):
-        """Hybridize each part on its own device (keyword arguments go to ``hybridize``)."""
-        for part in self.parts:
-            part.hybridize(**kwargs)
-        self.hybridized = True
-
     def __call__(self, X):
         """Logits for ``X`` (moved to the first device); they come out on the last device."""
         return forward(self.parts, X.as_in_context(self.devices[0]), self.devices,

@@ -4,7 +4,6 @@ constructor the command line calls (docs/three-ways.md).
 from ..runtime.checks import is_whole
 from ..runtime.choices import METHODS
 from .channels import ChannelSplitNet
-from .common import check_devices
 from .layers import CUT_RULES, LayerSplit
 from .scratch import ScratchDataParallel
 
@@ -77,7 +76,6 @@ def make_parallel(parallel, devices, lr, net=None, micro_batches=1, cut='params'
     summed loss), ``__call__(X)``, ``evaluate_accuracy``, ``save_parameters``,
     ``load_parameters`` and ``summary(X)``.
     """
-    devices = check_devices(devices)
     if parallel == 'scratch':
         return ScratchDataParallel(devices, lr)
     if parallel not in ('layers', 'channels'):

@@ -3,6 +3,7 @@
 explains it.
 """
 import functools
+import itertools
 import math
 import numbers
 import time
@@ -70,13 +71,10 @@ def split_by_weights(device_weights):
 def split_by(X, y, devices, device_weights):
     """Like ``training.split_batch``, with slices in proportion to ``device_weights``."""
     check_split(X, y, devices)
-    Xs, ys, start = [], [], 0
-    for size, d in zip(slice_sizes(X.shape[0], check_device_weights(device_weights,
-                                                                    len(devices))), devices):
-        Xs.append(X[start:start + size].as_in_context(d))
-        ys.append(y[start:start + size].as_in_context(d))
-        start += size
-    return Xs, ys
+    sizes = slice_sizes(X.shape[0], check_device_weights(device_weights, len(devices)))
+    edges = list(itertools.accumulate([0] + sizes))
+    return ([X[a:b].as_in_context(d) for a, b, d in zip(edges, edges[1:], devices)],
+            [y[a:b].as_in_context(d) for a, b, d in zip(edges, edges[1:], devices)])
 
 
 def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=0.2):

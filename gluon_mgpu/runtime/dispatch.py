@@ -28,14 +28,9 @@ class _Job:
         self.done = threading.Event()
 
     def run(self):
-        try:
-            recording = autograd.set_recording(self.recording)
-            training = autograd.set_training(self.training)
-            try:
+        try:  # the scope autograd.record() enters, restored after the call
+            with autograd._RecordingStateScope(self.recording, self.training):
                 self.result = self.f(*self.args)
-            finally:
-                autograd.set_recording(recording)
-                autograd.set_training(training)
         except BaseException as e:  # handed to the caller, who raises it
             self.error = e
         finally:

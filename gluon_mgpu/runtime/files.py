@@ -242,12 +242,7 @@ def mxnet_path_problem(path):
     so a name that is not valid UTF-8 (a byte like ``\\xff``), or any non-ASCII name in a
     Latin-1 locale, names another file for MXNet, or none."""
     full = os.path.abspath(path)
-    mine = os.fsencode(full)
-    try:
-        theirs = full.encode('utf-8')
-    except UnicodeEncodeError:
-        theirs = None
-    if theirs == mine:
+    if os.fsencode(full) == full.encode('utf-8', 'surrogatepass'):  # a surrogate: never equal
         return None
     return ('MXNet writes there and encodes a path as UTF-8, but this path is not UTF-8 (file '
             'names are %s here), so MXNet would open another file or none; use a name of ASCII '

@@ -79,24 +79,19 @@ _DOUBLE_MIN = 2.2250738585072014e-308  # below it (not 0), dmlc::stod says "Out 
 
 def _c_int(value):
     found = _INT.fullmatch(value)
-    if not found or len(found[2]) > 10:  # no C int, and Python's int() reads 4300 digits at most
-        return None
-    number = int(found[1] + found[2])
-    return number if abs(number) <= _INT_MAX else None
-
-
-def _python_int(value):
-    try:
-        return int(value)
-    except ValueError:
-        return None
+    # No C int, and Python's int() reads 4300 digits at most.
+    if not found or len(found[2]) > 10 or abs(int(found[1] + found[2])) > _INT_MAX:
+        raise ValueError(value)
+    return int(found[1] + found[2])
 
 
 def _whole(name, value, least, example, read=_c_int, fails='MXNet aborts on it'):
-    number = read(value)
-    if number is None:
+    try:
+        number = read(value)
+    except ValueError:
         raise ValueError('%s=%r is not a whole number, and %s; set it to a whole number, for '
-                         'example %s=%s, or unset it' % (name, value, fails, name, example))
+                         'example %s=%s, or unset it' % (name, value, fails, name, example)
+                         ) from None
     if least is not None and number < least:
         raise ValueError('%s=%r is below %d, and MXNet fails on it; set it to %d or more, for '
                          'example %s=%s, or unset it' % (name, value, least, least, name, example))
@@ -166,8 +161,7 @@ def check_environment(environ, cores=1):
                              'unset it' % (name, value))
     for name, least in PYTHON_WHOLE_NUMBERS.items():
         if name in environ:
-            _whole(name, environ[name], least, 1, _python_int,
-                   "MXNet's Python code fails on it (int())")
+            _whole(name, environ[name], least, 1, int, "MXNet's Python code fails on it (int())")
     engine = environ.get('MXNET_ENGINE_TYPE', '')
     if engine != '' and engine not in ENGINES:
         raise ValueError('MXNET_ENGINE_TYPE=%r is not an engine of MXNet 1.9.1, and MXNet fails '

@@ -41,10 +41,8 @@ def _lines(command, doing):
 
 def _flush():
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(Exception):  # a closed or broken stream: the line still goes out
             stream.flush()
-        except Exception:  # noqa: BLE001 (a closed or broken stream: the line still goes out)
-            pass
 
 
 def _end(line, signum, flush_seconds=None):
@@ -57,10 +55,8 @@ def _end(line, signum, flush_seconds=None):
         flusher = threading.Thread(target=_flush, daemon=True)
         flusher.start()
         flusher.join(flush_seconds)
-    try:
+    with contextlib.suppress(OSError):  # SIGHUP: the terminal may be gone
         os.write(2, line)
-    except OSError:  # SIGHUP: the terminal may be gone
-        pass
     os._exit(128 + signum)
 
 
