@@ -1116,6 +1116,15 @@ def test_a_json_that_is_a_fifo_does_not_block(ck):
                             'start a new run with an empty --checkpoint-dir' % path)
 
 
+@pytest.mark.parametrize('value', [[], {}, ['gluon_mgpu checkpoint 1']])
+def test_a_format_that_is_no_string_is_one_line(ck, value):
+    path = _edit(ck, lambda r: r.update(format=value))
+    with pytest.raises(checkpoint.CheckpointError) as e:
+        checkpoint.read_checkpoint(ck)
+    assert str(e.value) == ('%s is not a gluon_mgpu checkpoint 4 file for epoch 1; start a new run '
+                            'with an empty --checkpoint-dir' % path)
+
+
 @pytest.mark.parametrize('entry', [
     {'name': 'epoch-0002.params'}, {'name': '../epoch-0001.params'}, {'bytes': -1},
     {'bytes': True}, {'bytes': 10 ** 400}, {'sha256': 'abc'}, {'name': 7},

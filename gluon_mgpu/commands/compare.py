@@ -96,8 +96,7 @@ def chapter_cells(devices, fresh_process=True):
     outputs, weight = cells['outputs'], cells['weight']
     try:
         weight.data()
-        default_read = {'raised': False,
-                        'printed': 'no error: %s holds a replica' % mx.cpu()}
+        default_read = {'raised': False, 'printed': 'no error: %s holds a replica' % mx.cpu()}
     except RuntimeError:
         default_read = {'raised': True, 'printed': 'not initialized on %s' % mx.cpu()}
     return {'devices': [str(d) for d in devices],
@@ -239,13 +238,11 @@ def epoch_equality(devices, data_dir=None, epochs=EQUALITY_EPOCHS, seed=EQUALITY
         def batch_end(self, estimator, *args, **kwargs):
             self.losses.append([l.asnumpy() for l in kwargs['loss']])
             self.sizes.append(kwargs['batch'][0].shape[0])
-            return False
 
         def epoch_end(self, estimator, *args, **kwargs):
             self.arrays.append(_arrays(estimator.net, devices))
             self.device0_acc.append(training.evaluate_accuracy(estimator.test_iter,
                                                                estimator.net, devices[:1]))
-            return False
 
     ours, watch = training.new_network('resnet18'), Watch()
     train_iter, test_iter = load(batch_size)

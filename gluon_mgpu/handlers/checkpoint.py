@@ -19,10 +19,9 @@ from ..runtime.checks import is_whole, one_line
 from ..runtime.files import (InputError, OutputError, atomic_path, file_kind, lock_file,
                              non_folder_kind, open_input, read_json)
 
-__all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'checkpoint_path',
-           'is_checkpoint_file', 'list_checkpoints', 'lock_dir', 'save_checkpoint',
-           'read_checkpoint', 'nonfinite', 'restore', 'folder_identity', 'copied_from',
-           'CheckpointHandler', 'resumable']
+__all__ = ['CheckpointError', 'FORMAT', 'KINDS', 'LOCK_NAME', 'not_ours', 'is_checkpoint_file',
+           'lock_dir', 'save_checkpoint', 'read_checkpoint', 'nonfinite', 'restore',
+           'folder_identity', 'copied_from', 'CheckpointHandler', 'resumable']
 
 FORMAT = 'gluon_mgpu checkpoint 4'
 KINDS = ('params', 'replicas')  # the arrays' files, listed in the JSON file
@@ -51,9 +50,8 @@ def is_checkpoint_file(name):
 
 
 def lock_dir(directory):
-    """Lock checkpoint folder ``directory`` (made if needed) by its ``.lock`` (``lock_file``, kept),
-    then delete killed writes' temporaries; ``CheckpointError`` while another process holds it,
-    ``ValueError`` for a folder not writable or holding no regular file where one of ours goes."""
+    """Lock checkpoint folder ``directory`` (made if needed) by its kept ``.lock``; delete killed
+    writes' temporaries. ``CheckpointError`` if another run holds it, ``ValueError`` if unusable."""
     path = os.path.join(directory, LOCK_NAME)
     try:
         os.makedirs(directory, exist_ok=True)
@@ -149,20 +147,19 @@ def _fix(directory, epoch):
 def read_checkpoint(directory, epoch=None, record=None):
     """The JSON of epoch ``epoch``'s checkpoint (default: the latest; or ``record``) as a dict,
     once it and its files are checked; else ``CheckpointError``."""
-    epochs = list_checkpoints(directory) if epoch is None else [epoch]
-    if not epochs:
+    epoch = max(list_checkpoints(directory), default=None) if epoch is None else epoch
+    if epoch is None:
         state = ('holds no checkpoint' if os.path.isdir(directory) else 'is not a folder'
                  if os.path.exists(directory) else 'does not exist')
         raise CheckpointError('%s %s (no epoch-NNNN.json file), so there is nothing to resume; '
                               'leave out --resume to start a new run' % (directory, state))
-    epoch = epochs[-1]
     path, fix = checkpoint_path(directory, epoch, 'json'), _fix(directory, epoch)
     try:
         record = read_json(path) if record is None else record
     except (OSError, ValueError) as e:  # an InputError's strerror is its reason
         raise CheckpointError('%s cannot be read (%s); %s' % (
             path, getattr(e, 'strerror', None) or e, getattr(e, 'fix', None) or fix)) from None
-    if isinstance(record, dict) and record.get('format') in _OLDER:
+    if isinstance(record, dict) and str(record.get('format')) in _OLDER:  # a list: unhashable
         raise CheckpointError('%s was written by an older gluon_mgpu (%s); start a new run with '
                               'another --checkpoint-dir, or resume it with gluon_mgpu at commit '
                               '%s' % ((path,) + _OLDER[record['format']]))
@@ -211,9 +208,8 @@ def _arrays(directory, record, kind):
     except OSError as e:
         raise CheckpointError('%s cannot be read (%s); %s' % (path, e.strerror or e, fix)) from None
     if size != entry['bytes']:
-        raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s'
-                              % (path, 'truncated' if size < entry['bytes'] else 'changed',
-                                 size, entry['bytes'], fix))
+        raise CheckpointError('%s is %s: %d bytes, but the run wrote %d bytes; %s' % (
+            path, 'truncated' if size < entry['bytes'] else 'changed', size, entry['bytes'], fix))
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry['sha256']:
         raise CheckpointError('%s has sha256 %s..., but the run recorded %s...: it was changed '
@@ -230,8 +226,7 @@ def _arrays(directory, record, kind):
 
 
 def nonfinite(directory, record, arrays=None):
-    """``(path, name)`` of checkpoint ``record``'s first array (of ``arrays``, if read) holding
-    NaN or infinite values, or None: can a run go on from it."""
+    """``(path, name)`` of ``record``'s first array (of ``arrays``, if read) not finite, or None."""
     arrays = arrays or [_arrays(directory, record, kind) for kind in KINDS]
     return next(((checkpoint_path(directory, record['epoch'], kind), name)
                  for kind, named in zip(KINDS, arrays) for name, value in sorted(named.items())
@@ -303,7 +298,6 @@ class CheckpointHandler(TrainBegin, EpochEnd):
         if self.directory is not None:
             save_checkpoint(self.directory, estimator.record['epoch'], estimator.net,
                             estimator.trainer, dict(self.info, history=list(estimator.history)))
-        return False
 
 
 def resumable(directory, net, trainer, devices, train_iter, settings):

@@ -1,5 +1,4 @@
-"""A checkpoint folder's file names and the command line its latest checkpoint records, read
-without MXNet: what ``--resume`` needs before MXNet starts (the rest: ``checkpoint.py``)."""
+"""What ``--resume`` needs before MXNet starts: checkpoint file names, the latest command line."""
 import os
 import re
 
@@ -22,8 +21,7 @@ def list_checkpoints(directory):
 
 
 def latest_argv(directory):
-    """The ``argv`` and ``cwd`` of the latest checkpoint's JSON in ``directory``, unchecked; None
-    without one or when it cannot be read (``checkpoint.read_checkpoint`` says why)."""
+    """``(argv, cwd)`` of the latest checkpoint in ``directory``, unchecked, or ``(None, None)``."""
     try:
         record = read_json(checkpoint_path(directory, list_checkpoints(directory)[-1], 'json'))
     except (OSError, ValueError, IndexError):

@@ -105,7 +105,6 @@ class EpochLine(EpochEnd):
 
     def epoch_end(self, estimator, *args, **kwargs):
         print(format_epoch(estimator.record), file=self.stream, flush=True)
-        return False
 
 
 class LossNotFiniteError(RuntimeError):
@@ -141,25 +140,21 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     def epoch_begin(self, estimator, *args, **kwargs):
         self.step, self.pending = 0, None
 
-    def _check(self, estimator):
-        if self.pending is None:
-            return
-        loss = sum(l.sum().asscalar() for l in self.pending)
-        if not math.isfinite(loss):
-            raise LossNotFiniteError(self.step - 1, estimator.trainer.learning_rate, loss,
-                                     getattr(estimator, 'epoch', None) or None)
+    def _check(self, estimator, then):
+        # Count a step, check the one before (its loss pending), and keep ``then`` pending.
+        self.step += 1
+        if self.pending is not None:
+            loss = sum(l.sum().asscalar() for l in self.pending)
+            if not math.isfinite(loss):
+                raise LossNotFiniteError(self.step - 1, estimator.trainer.learning_rate, loss,
+                                         getattr(estimator, 'epoch', None) or None)
+        self.pending = then
 
     def batch_end(self, estimator, *args, **kwargs):
-        self.step += 1
-        self._check(estimator)
-        self.pending = kwargs['loss']
-        return False
+        self._check(estimator, kwargs['loss'])
 
     def epoch_end(self, estimator, *args, **kwargs):
-        self.step += 1  # the check names the step before the current count
-        self._check(estimator)
-        self.pending = None
-        return False
+        self._check(estimator, None)
 
 
 class LinearWarmup(TrainBegin, EpochBegin, BatchBegin):
@@ -192,5 +187,4 @@ class LinearWarmup(TrainBegin, EpochBegin, BatchBegin):
     def batch_begin(self, estimator, *args, **kwargs):
         self.step += 1
         if self.step <= self.steps + 1:
-            estimator.trainer.set_learning_rate(self.lr * min(self.step, self.steps) /
-                                                self.steps)
+            estimator.trainer.set_learning_rate(self.lr * min(self.step, self.steps) / self.steps)

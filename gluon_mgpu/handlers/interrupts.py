@@ -4,6 +4,7 @@ callback, which the book's Trainer makes on two devices): ``DeferredInterrupt`` 
 at once or right after the step, and lets SIGQUIT print every thread's stack. docs/events.md
 says why; docs/outputs.md gives the exit codes.
 """
+import contextlib
 import faulthandler
 import signal
 import sys
@@ -25,19 +26,6 @@ _CALLBACK = _updater_wrapper(None).__code__
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
              signal.SIGHUP: signal.SIG_DFL}
 STOPPING = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def _dump_stacks_on_quit():
-    """Make SIGQUIT print every thread's stack on stderr (``sys.__stderr__`` when
-    ``sys.stderr`` has no file descriptor) before its default action; whether it could."""
-    for stream in (sys.stderr, sys.__stderr__):
-        try:
-            # In C: it runs even while the main thread is inside MXNet.
-            faulthandler.register(signal.SIGQUIT, file=stream, all_threads=True, chain=True)
-            return True
-        except (AttributeError, ValueError, OSError, RuntimeError):  # no file descriptor
-            continue
-    return False
 
 
 class DeferredInterrupt(BatchEnd, EpochEnd):
@@ -72,7 +60,14 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                 if signal.getsignal(signum) is _DEFAULTS[signum]:
                     self._previous[signum] = signal.signal(signum, self._handle)
             if signal.getsignal(signal.SIGQUIT) is signal.SIG_DFL:
-                self._quit_dump = _dump_stacks_on_quit()
+                # Every thread's stack on stderr (sys.__stderr__ when sys.stderr has no file
+                # descriptor), then SIGQUIT's default action; in C, so also inside MXNet.
+                for stream in (sys.stderr, sys.__stderr__):
+                    with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):
+                        faulthandler.register(signal.SIGQUIT, file=stream, all_threads=True,
+                                              chain=True)
+                        self._quit_dump = True
+                        break
         return self
 
     def __exit__(self, *_):
@@ -82,7 +77,6 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
         if self._quit_dump:
             faulthandler.unregister(signal.SIGQUIT)
             self._quit_dump = False
-        return False
 
     def _handle(self, signum, frame):
         # Inside a __del__ (an NDArray freed by the garbage collector, at any point) or MXNet's
@@ -104,6 +98,5 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
 
     def batch_end(self, estimator, *args, **kwargs):
         self.check()
-        return False
 
     epoch_end = batch_end

@@ -258,7 +258,6 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
 
     def epoch_end(self, estimator, *args, **kwargs):
         self.add_epoch(estimator.record)
-        return False
 
     def train_end(self, estimator, *args, **kwargs):
         self.finish(summarize(estimator.history, estimator.devices))
@@ -272,8 +271,7 @@ class MetricsFile(TrainBegin, EpochEnd, TrainEnd):
 
     def finish(self, summary):
         """Store the summary (from ``summarize``), mark the run finished and rewrite the file."""
-        self.data['summary'] = dict(summary)
-        self.data['status'] = 'finished'
+        self.data.update(summary=dict(summary), status='finished')
         write_json_atomic(self.path, self.data)
 
 

@@ -132,4 +132,3 @@ class PlotHandler(EpochEnd):
     def epoch_end(self, estimator, *args, **kwargs):
         plot_history(estimator.history, self.path, title=self.title,
                      num_epochs=estimator.num_epochs)
-        return False

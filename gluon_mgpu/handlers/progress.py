@@ -57,7 +57,7 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def batch_end(self, estimator, *args, **kwargs):
         if self.mode != 'bar':
-            return False
+            return
         losses = kwargs['loss']
         sums = [l.sum() for l in losses]
         self._loss_sums = sums if self._loss_sums is None else [
@@ -81,13 +81,11 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
         if self._loss_shown_at == 0.0 or now - self._loss_shown_at >= LOSS_REFRESH_SECONDS:
             self._loss_shown_at = now
             self.bar.set_postfix(loss='%.4f' % self._running_loss())
-        return False
 
     def epoch_end(self, estimator, *args, **kwargs):
         self.close()
         if self.mode != 'quiet':
             print(format_epoch(estimator.record), file=self.stream, flush=True)
-        return False
 
     def train_end(self, estimator, *args, **kwargs):
         self.close()

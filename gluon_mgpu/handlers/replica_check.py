@@ -49,14 +49,12 @@ class ReplicaCheck(EpochBegin, BatchEnd, EpochEnd):
         self.step += 1
         if self.step % self.every == 0:
             self._check(estimator, 'epoch %d, step %d' % (self.epoch, self.step))
-        return False
 
     def epoch_end(self, estimator, *args, **kwargs):
         report = self._check(estimator, 'the end of epoch %d' % self.epoch)
         self.reports.append(report)
         if self.verbose:
             print(format_replica_summary(report), file=self.stream, flush=True)
-        return False
 
 
 class PlacementCheck(EpochEnd):
@@ -92,4 +90,3 @@ class PlacementCheck(EpochEnd):
         self.lines.append(line)
         if self.verbose:
             print(line, file=self.stream, flush=True)
-        return False

@@ -345,21 +345,6 @@ def assert_replicas_match(net, atol=0.0, what='data', devices=None):
                                worst.max_rel_diff, atol, report)
 
 
-def _auxiliary_phrase(report):
-    aux = report.auxiliary
-    if not aux:
-        return ''
-    noun = 'BatchNorm statistic' if all(p.is_batchnorm_statistic for p in aux) else \
-        'auxiliary state'
-    differ = [p for p in aux if not p.identical]
-    if not differ:
-        return '; %s identical' % plural(len(aux), noun)
-    count = plural(len(aux), noun) if len(differ) == len(aux) else \
-        '%d of %s' % (len(differ), plural(len(aux), noun))
-    return '; %s differ by at most %s (expected: %s)' % (
-        count, _number(report.auxiliary_max_abs_diff), AUXILIARY_WHY)
-
-
 def format_replica_summary(report):
     """One line about a report, ``replicas: 76 trained parameters identical on 2 devices; 34
     BatchNorm statistics differ by at most 3.1e-02 (expected: ...)`` (docs/replicas.md)."""
@@ -378,7 +363,15 @@ def format_replica_summary(report):
             worst.contexts[0], worst.worst_context)
         if report.what == 'grad':
             head += ' (%s)' % GRADIENT_WHY
-    return head + _auxiliary_phrase(report)
+    aux = report.auxiliary
+    differ = sum(not p.identical for p in aux)
+    count = plural(len(aux), 'BatchNorm statistic' if all(
+        p.is_batchnorm_statistic for p in aux) else 'auxiliary state')
+    if differ:
+        return '%s; %s differ by at most %s (expected: %s)' % (
+            head, count if differ == len(aux) else '%d of %s' % (differ, count),
+            _number(report.auxiliary_max_abs_diff), AUXILIARY_WHY)
+    return head + ('; %s identical' % count if aux else '')
 
 
 def format_replica_report(report):

@@ -61,9 +61,8 @@ def inspect_placement(source):
         for c in contexts:
             count, size = totals.get(c, (0, 0))
             totals[c] = (count + 1, size + nbytes)
-    devices = tuple(totals)
-    return Placement(tuple(rows), devices, tuple(totals[d][1] for d in devices),
-                     tuple(totals[d][0] for d in devices))
+    return Placement(tuple(rows), tuple(totals), tuple(s for _, s in totals.values()),
+                     tuple(n for n, _ in totals.values()))
 
 
 def format_bytes(n):
