@@ -380,7 +380,7 @@ def run_command(prog, argv, body, story=None, leave=None):
             os.close(fd)
         except (AttributeError, OSError, ValueError):  # not a file (a test's stream)
             pass
-        failed, code = e, 128 + signal.SIGPIPE if e.errno == errno.EPIPE else 1
+        failed, code = failed or e, 128 + signal.SIGPIPE if e.errno == errno.EPIPE else 1
         if code == 1:
             _say(e, error_line(prog, 'cannot write to stdout (%s); %s' % (
                 e.strerror, files.write_hint(e.errno, 'send the output elsewhere'))), debug)

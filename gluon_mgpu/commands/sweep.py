@@ -297,7 +297,14 @@ def main(argv=None):
                 'lr': ('--lr-per-device', args.lr_per_device),
                 'batch': ('--batch-size-per-device', args.batch_size_per_device)}
 
-    code = cli.run_command(PROG, argv, body, story, lambda e: entry and cli.out_of_memory(e))
-    for lock in state['locks']:  # held while the finished settings are written
-        lock.release()
+    def release():  # the locks, held while the finished settings are written
+        for lock in state['locks']:
+            lock.release()
+        state['locks'] = []
+        return True
+
+    # After memory ran out MXNet's exit may crash: the process leaves at once, locks released.
+    code = cli.run_command(PROG, argv, body, story,
+                           lambda e: entry and cli.out_of_memory(e) and release())
+    release()
     return code
