@@ -6,7 +6,7 @@ for token, comments aside: tests/test_notebooks.py), so that it is not trained t
 markdown cell, written here, names the machine, the date, the commit and the setting; every code
 cell records the hash of its code (``code_hash``), which tests/test_notebook_outputs.py checks.
 
-The training cells of multiple-gpus-gluon.ipynb save every epoch in the folder
+The training cells of both notebooks save every epoch in the folder
 ``GLUON_MGPU_CHECKPOINTS``, set here to ``--checkpoints``/<setting>/<notebook>; stopped (Ctrl-C,
 SIGTERM, a reboot), the same command executes the notebook again and those cells go on after
 their last saved epoch. A notebook is written only once it has run to its end.

@@ -134,3 +134,54 @@ def test_the_summary_table_is_the_packages(printed):
         assert cells[1] == ' | '.join(format_bytes(b) for b in s['parameter_bytes'])
         assert cells[2] == ' | '.join(format_bytes(16 * b) for b in s['activation_bytes'])
         assert cells[3] == format_bytes(s['copied_bytes_per_step'] * (16 if copies_scale else 1))
+
+
+def _cells(monkeypatch, tmp_path, checkpoints, tag, seed):
+    """The English notebook's imports, ``train`` and training cell ``tag``, run here for 3 epochs
+    on the quick look's 64 images, with ``GLUON_MGPU_CHECKPOINTS`` (``make notebooks``') set to
+    ``checkpoints`` and MXNet seeded with ``seed`` before the network is made."""
+    nb = nbformat.read(os.path.join(ROOT, 'notebooks', NOTEBOOKS['en']), as_version=4)
+    monkeypatch.setenv('GLUON_MGPU_QUICK', '1')
+    monkeypatch.setenv('GLUON_MGPU_CHECKPOINTS', str(checkpoints))
+    monkeypatch.setattr('tempfile.tempdir', str(tmp_path))
+    namespace = {}
+    for name in ('imports', 'train-function', tag):
+        if name == tag:
+            mx.random.seed(seed)
+            namespace['num_epochs'] = 3
+        cell = [c for c in nb.cells if name in c.metadata.get('tags', [])]
+        exec(cell[0].source, namespace)
+    return namespace
+
+
+@pytest.mark.parametrize('tag, name, result', [('train-scratch', 'scratch', 'scratch_acc'),
+                                               ('layers-train', 'layers', 'split_acc'),
+                                               ('channels-train', 'channels', 'channels_acc')])
+def test_a_training_cell_executed_again_goes_on_after_its_last_kept_epoch(
+        monkeypatch, tmp_path, capsys, tag, name, result):
+    from gluon_mgpu.handlers.checkpoint_names import checkpoint_path, list_checkpoints
+    full, cut = tmp_path / 'full', tmp_path / 'cut'
+    whole = _cells(monkeypatch, tmp_path, full, tag, 0)
+    printed = capsys.readouterr().out
+    assert list_checkpoints(str(full / name)) == [1, 2, 3]
+    assert len(re.findall(r'^epoch \d, training time', printed, re.M)) == 3
+    # Stopped after epoch 1, executed again from another initialization: the kept epoch's
+    # parameters replace it, epoch 1's line is printed as recorded, and epochs 2 and 3 train
+    # on their own data order, to the very bytes of the uninterrupted run.
+    os.makedirs(str(cut / name))
+    for kind in ('params', 'json'):
+        os.link(checkpoint_path(str(full / name), 1, kind),
+                checkpoint_path(str(cut / name), 1, kind))
+    again = _cells(monkeypatch, tmp_path, cut, tag, 5)
+    resumed = capsys.readouterr().out
+    assert again[result] == whole[result]
+    first = printed.splitlines()
+    assert resumed.splitlines()[:3] == first[:3]  # devices, running on, epoch 1 as recorded
+    timeless = [re.sub(r'time: \d+\.\d sec', 'time', line) for line in first]
+    assert [re.sub(r'time: \d+\.\d sec', 'time', line) for line in resumed.splitlines()] == timeless
+    with open(checkpoint_path(str(full / name), 3, 'params'), 'rb') as a, \
+            open(checkpoint_path(str(cut / name), 3, 'params'), 'rb') as b:
+        assert a.read() == b.read()
+    # All epochs kept: nothing trains, the lines are printed as recorded.
+    assert _cells(monkeypatch, tmp_path, full, tag, 9)[result] == whole[result]
+    assert capsys.readouterr().out == printed
