@@ -15,9 +15,15 @@ the CPU model, its flags and the instruction set oneDNN reported using), and wri
     .venv/bin/python benchmarks/demo_spread.py run --candidate demo-old --seeds 0 1
     .venv/bin/python benchmarks/demo_spread.py report
 
-A run already in the records (same candidate, arguments, setting, seed and CPU model) is not
-trained again. The accuracies are deterministic for a given setting on a given CPU, so one run
-per cell is enough; the seconds depend on the machine's load and are kept only as an indication.
+A run already in the records (same candidate, arguments, setting, seed and CPU: its family,
+model and stepping) is not trained again. The accuracies are deterministic for a given setting
+on a given CPU, so one run per cell is enough; the seconds depend on the machine's load and are
+kept only as an indication. The notebook's candidates set no seed (a reader's run draws its data
+order), so each of their runs is a new sample: ``--runs N`` trains until the records hold N of
+them per setting on this CPU.
+
+    .venv/bin/python benchmarks/demo_spread.py run --candidate notebook-quick-lr0.0125-b16-2000 \
+        --settings native-2t --runs 3
 """
 import argparse
 import json
@@ -144,12 +150,12 @@ def train_once(candidate, setting, seed):
     return run, wall
 
 
-def claim(candidate, setting, seed):
-    """Whether this process may train the run: False when another instance of the script has
-    claimed it already (instances may share the machine's cores, each with other settings)."""
+def claim(candidate, setting, seed, k=0):
+    """Whether this process may train the ``k``-th run: False when another instance of the script
+    has claimed it already (instances may share the machine's cores, each with other settings)."""
     folder = os.path.join(tempfile.gettempdir(), 'demo-spread-claims')
     os.makedirs(folder, exist_ok=True)
-    name = '%s_%s_%s_%d' % (cpu_model(), candidate, setting, seed)
+    name = '%s_%s_%s_%d_%d' % (cpu_id(), candidate, setting, seed, k)
     try:
         os.close(os.open(os.path.join(folder, re.sub(r'[^\w.-]', '_', name)),
                          os.O_CREAT | os.O_EXCL | os.O_WRONLY))
@@ -173,8 +179,8 @@ def notebook_once(candidate, setting):
     return json.loads(line[len('RESULT '):]), wall
 
 
-def run(candidates, seeds, settings, path=RECORDS):
-    model = cpu_model()
+def run(candidates, seeds, settings, path=RECORDS, runs=1):
+    ident = cpu_id()
     isa = {}
     for candidate in candidates:
         for seed in seeds:
@@ -185,36 +191,42 @@ def run(candidates, seeds, settings, path=RECORDS):
                 args = NOTEBOOK_CANDIDATES[candidate] if notebook else CANDIDATES[candidate]
                 run_seed = None if notebook else seed
                 have = [r for r in read_records(path)
-                        if (r['candidate'], r['args'], r['setting'], r['seed'], r['cpu_model'])
-                        == (candidate, args, setting, run_seed, model)]
-                if have or not claim(candidate, setting, -1 if notebook else seed):
-                    continue
-                if setting not in isa:
-                    isa[setting] = onednn_isa(child_env(setting), ROOT)
-                if notebook:
-                    out, wall = notebook_once(candidate, setting)
-                    result = {'history': out['history_1'] + out['history_2'],
-                              'threads': out['threads'], 'versions': {}}
-                else:
-                    result, wall = train_once(candidate, setting, seed)
-                record = {
-                    'candidate': candidate, 'args': args, 'setting': setting,
-                    'dnnl_max_cpu_isa': SETTINGS[setting][0],
-                    'omp_num_threads': SETTINGS[setting][1], 'seed': run_seed,
-                    'test_acc': [h['test_acc'] for h in result['history']],
-                    'train_loss': [h['train_loss'] for h in result['history']],
-                    'seconds': [round(h['seconds'], 1) for h in result['history']],
-                    'wall_seconds': round(wall, 1), 'cpu_model': model,
-                    'cpu_flags': kernel_setting()['cpu_flags'], 'cpu_id': cpu_id(),
-                    'onednn_isa': isa[setting],
-                    'threads': result['threads'], 'versions': result['versions'],
-                    'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                }
-                with open(path, 'a') as f:
-                    f.write(json.dumps(record, sort_keys=True) + '\n')
-                print('%s %s seed %s: test_acc %s (%.0f s)'
-                      % (candidate, setting, run_seed,
-                         ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
+                        if (r['candidate'], r['args'], r['setting'], r['seed'], r.get('cpu_id'))
+                        == (candidate, args, setting, run_seed, ident)]
+                for k in range(len(have), runs if notebook else 1):
+                    if claim(candidate, setting, -1 if notebook else seed, k):
+                        _run_once(path, candidate, args, setting, seed, run_seed, isa)
+
+
+def _run_once(path, candidate, args, setting, seed, run_seed, isa):
+    """Train one run and append its record to ``path``."""
+    notebook = candidate in NOTEBOOK_CANDIDATES
+    if setting not in isa:
+        isa[setting] = onednn_isa(child_env(setting), ROOT)
+    if notebook:
+        out, wall = notebook_once(candidate, setting)
+        result = {'history': out['history_1'] + out['history_2'],
+                  'threads': out['threads'], 'versions': {}}
+    else:
+        result, wall = train_once(candidate, setting, seed)
+    record = {
+        'candidate': candidate, 'args': args, 'setting': setting,
+        'dnnl_max_cpu_isa': SETTINGS[setting][0],
+        'omp_num_threads': SETTINGS[setting][1], 'seed': run_seed,
+        'test_acc': [h['test_acc'] for h in result['history']],
+        'train_loss': [h['train_loss'] for h in result['history']],
+        'seconds': [round(h['seconds'], 1) for h in result['history']],
+        'wall_seconds': round(wall, 1), 'cpu_model': cpu_model(),
+        'cpu_flags': kernel_setting()['cpu_flags'], 'cpu_id': cpu_id(),
+        'onednn_isa': isa[setting],
+        'threads': result['threads'], 'versions': result['versions'],
+        'date': time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+    }
+    with open(path, 'a') as f:
+        f.write(json.dumps(record, sort_keys=True) + '\n')
+    print('%s %s seed %s: test_acc %s (%.0f s)'
+          % (candidate, setting, run_seed,
+             ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
 
 
 def _count(n, noun):
@@ -225,9 +237,19 @@ def _spread(values):
     return max(values) - min(values)
 
 
-def candidate_section(candidate, records):
+def _cpu(record, records):
+    """The CPU's generation, ``'AMD Zen 3'``, from the ``records`` of the same model and flags
+    (the older ones do not name the CPU's family and model)."""
+    same = {r['cpu_id'] for r in records if r.get('cpu_id') and (r['cpu_model'], r['cpu_flags'])
+            == (record['cpu_model'], record['cpu_flags'])}
+    return ' or '.join(sorted({(cpu_generation(i) or i).split(' (')[0] for i in same})) or \
+        record['cpu_model']
+
+
+def candidate_section(candidate, records, everything):
     notebook = candidate in NOTEBOOK_CANDIDATES
-    rows = sorted(records, key=lambda r: (r['seed'] or 0, list(SETTINGS).index(r['setting'])))
+    rows = sorted(records, key=lambda r: (r['seed'] or 0, r.get('cpu_id') or '',
+                                          list(SETTINGS).index(r['setting']), r['date']))
     epochs = max(len(r['test_acc']) for r in rows)
     if notebook:
         half = epochs // 2
@@ -240,12 +262,13 @@ def candidate_section(candidate, records):
         heads = ['epoch %d' % (e + 1) for e in range(epochs)]
         command = '`python -m gluon_mgpu.train %s --seed S`' % rows[0]['args']
     lines = ['### `%s`' % candidate, '', command, '',
-             '| seed | kernels | threads per device | oneDNN reported | %s | train loss, last epoch '
-             '| s per epoch |' % ' | '.join('test acc, ' + h for h in heads),
-             '|' + '---|' * (6 + epochs)]
+             '| seed | CPU | kernels | threads per device | oneDNN reported | %s | train loss, '
+             'last epoch | s per epoch |' % ' | '.join('test acc, ' + h for h in heads),
+             '|' + '---|' * (7 + epochs)]
     for r in rows:
-        lines.append('| %s | %s | %d | %s | %s | %.3f | %s |' % (
+        lines.append('| %s | %s | %s | %d | %s | %s | %.3f | %s |' % (
             'MXNet default' if r['seed'] is None else r['seed'],
+            _cpu(r, everything),
             'AVX2 (`DNNL_MAX_CPU_ISA=AVX2`)' if r['dnnl_max_cpu_isa'] else 'no cap',
             r['omp_num_threads'], r['onednn_isa'] or '?',
             ' | '.join('%.3f' % a for a in r['test_acc']), r['train_loss'][-1],
@@ -304,19 +327,20 @@ def report(path=RECORDS, out=REPORT):
              '`%s` for the notebooks\' quick mode. A candidate was judged by how little its '
              'test accuracy after each epoch moves across the kernel settings while clearly '
              'rising; with the CPU budget at hand (a shared 2-core machine), only seed 0 was run '
-             'under all four settings, a second seed under some, and the chosen quick mode %s.'
+             'under all four settings, a second seed under some, and the chosen quick mode %s. '
+             'The notebook\'s runs set no seed for the data order, as a reader\'s do, so each '
+             'is a sample of its own; on the AVX2 Zen 3 the quick mode ran under native-2t only, '
+             'that machine\'s default setting, several times.'
              % (CHOSEN, CHOSEN_QUICK, _settings_run(CHOSEN_QUICK, records)), '']
     machines = sorted({(r['cpu_model'], tuple(r['cpu_flags'])) for r in records})
     for model, flags in machines:
-        isas = sorted({(r['setting'], r['onednn_isa']) for r in records
-                       if r['cpu_model'] == model})
-        ident = sorted({r['cpu_id'] for r in records if r['cpu_model'] == model
-                        and r.get('cpu_id')})
+        mine = [r for r in records if (r['cpu_model'], tuple(r['cpu_flags'])) == (model, flags)]
+        isas = sorted({(r['setting'], r['onednn_isa']) for r in mine})
+        ident = sorted({r['cpu_id'] for r in mine if r.get('cpu_id')})
         ident += sorted({cpu_generation(i) for i in ident} - {None})
         lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
             model, ', '.join(ident), ', '.join(flags),
-            '/'.join(sorted({str(r['threads']['cores']) for r in records
-                             if r['cpu_model'] == model})),
+            '/'.join(sorted({str(r['threads']['cores']) for r in mine})),
             '; '.join('%s: %s' % (s, i) for s, i in isas)
             + ' (oneDNN names its kernels after Intel\'s instruction sets, on AMD as well)'))
         lines.append('')
@@ -327,7 +351,8 @@ def report(path=RECORDS, out=REPORT):
     lines.append('')
     order = list(CANDIDATES) + list(NOTEBOOK_CANDIDATES)
     for candidate in sorted({r['candidate'] for r in records}, key=order.index):
-        lines += candidate_section(candidate, [r for r in records if r['candidate'] == candidate])
+        lines += candidate_section(candidate, [r for r in records if r['candidate'] == candidate],
+                                   records)
     with open(out, 'w') as f:
         f.write('\n'.join(lines).rstrip('\n') + '\n')
     print('wrote %s (%d runs)' % (os.path.relpath(out, ROOT), len(records)))
@@ -341,10 +366,12 @@ def main(argv=None):
                    required=True)
     r.add_argument('--seeds', nargs='+', type=int, default=[0])
     r.add_argument('--settings', nargs='+', choices=list(SETTINGS), default=list(SETTINGS))
+    r.add_argument('--runs', type=int, default=1,
+                   help="the notebook's candidates (no seed): runs per setting on this CPU")
     sub.add_parser('report', help='write docs/demo-spread.md from the records')
     args = parser.parse_args(argv)
     if args.command == 'run':
-        run(args.candidate, args.seeds, args.settings)
+        run(args.candidate, args.seeds, args.settings, runs=args.runs)
     report()
 
 
