@@ -124,9 +124,11 @@ def package_hash():
 
 def _run_record(folder, commit, hashes, resumed):
     """Check (or start, when no epoch is kept) the record of what trained the epochs kept in
-    ``folder``: a later execution continues them only with the same package and code cells."""
+    ``folder``: a later execution continues them only with the same package, code cells and
+    machine (the header names one: another CPU's kernels or threads give other float32 numbers)."""
     path = os.path.join(folder, 'run.json')
-    now = {'commit': commit, 'package_sha256': package_hash(), 'code': hashes}
+    now = {'commit': commit, 'package_sha256': package_hash(), 'code': hashes,
+           'machine': machine()}
     if not resumed:
         os.makedirs(folder, exist_ok=True)
         with open(path, 'w') as f:
@@ -141,7 +143,9 @@ def _run_record(folder, commit, hashes, resumed):
         raise cli.UsageError('%s holds checkpoints but no run.json of this script; delete the '
                              'folder to train again (rm -r %s)' % (folder, folder))
     changed = [what for what, key in (('gluon_mgpu/', 'package_sha256'),
-                                      ("the notebook's code", 'code')) if was.get(key) != now[key]]
+                                      ("the notebook's code", 'code'),
+                                      ('the machine (CPU, kernels or threads)', 'machine'))
+               if was.get(key) != now[key]]
     if changed:
         raise cli.UsageError('%s holds epochs trained at commit %s, and %s changed since; delete '
                              'the folder to train again (rm -r %s)'

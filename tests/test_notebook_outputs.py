@@ -205,3 +205,19 @@ def test_epochs_trained_by_other_code_are_not_continued(tmp_path):
     os.remove(os.path.join(folder, 'run.json'))
     with pytest.raises(runner.cli.UsageError, match='holds checkpoints but no run.json'):
         runner._run_record(folder, 'b' * 40, hashes, resumed)
+
+
+def test_epochs_trained_on_another_machine_are_not_continued(tmp_path, monkeypatch):
+    # The header names one machine: another thread count (or CPU, or kernel cap) would give the
+    # epochs still to train other float32 numbers than the kept ones had.
+    folder = str(tmp_path)
+    hashes = [runner.code_hash(c.source) for c in _code(_read('multiple-gpus-gluon'))]
+    monkeypatch.setenv('OMP_NUM_THREADS', '2')
+    runner._run_record(folder, 'a' * 40, hashes, {})
+    resumed = {'train-1': 1}
+    assert runner._run_record(folder, 'b' * 40, hashes, resumed)['commit'] == 'a' * 40
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    with pytest.raises(runner.cli.UsageError, match=re.escape(
+            "%s holds epochs trained at commit aaaaaaa, and the machine (CPU, kernels or threads) "
+            "changed since; delete the folder to train again (rm -r %s)" % (folder, folder))):
+        runner._run_record(folder, 'b' * 40, hashes, resumed)
