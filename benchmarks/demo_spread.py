@@ -237,16 +237,8 @@ def _spread(values):
     return max(values) - min(values)
 
 
-def _cpu(record, records):
-    """The CPU's generation, ``'AMD Zen 3'``, from the ``records`` of the same model and flags
-    (the older ones do not name the CPU's family and model)."""
-    same = {r['cpu_id'] for r in records if r.get('cpu_id') and (r['cpu_model'], r['cpu_flags'])
-            == (record['cpu_model'], record['cpu_flags'])}
-    return ' or '.join(sorted({(cpu_generation(i) or i).split(' (')[0] for i in same})) or \
-        record['cpu_model']
-
-
-def candidate_section(candidate, records, everything):
+def candidate_section(candidate, records, cpus):
+    """The report's section of ``candidate``; ``cpus`` names each ``(cpu_model, cpu_flags)``."""
     notebook = candidate in NOTEBOOK_CANDIDATES
     rows = sorted(records, key=lambda r: (r['seed'] or 0, r.get('cpu_id') or '',
                                           list(SETTINGS).index(r['setting']), r['date']))
@@ -268,7 +260,7 @@ def candidate_section(candidate, records, everything):
     for r in rows:
         lines.append('| %s | %s | %s | %d | %s | %s | %.3f | %s |' % (
             'MXNet default' if r['seed'] is None else r['seed'],
-            _cpu(r, everything),
+            cpus[r['cpu_model'], tuple(r['cpu_flags'])],
             'AVX2 (`DNNL_MAX_CPU_ISA=AVX2`)' if r['dnnl_max_cpu_isa'] else 'no cap',
             r['omp_num_threads'], r['onednn_isa'] or '?',
             ' | '.join('%.3f' % a for a in r['test_acc']), r['train_loss'][-1],
@@ -333,10 +325,14 @@ def report(path=RECORDS, out=REPORT):
              'that machine\'s default setting, several times.'
              % (CHOSEN, CHOSEN_QUICK, _settings_run(CHOSEN_QUICK, records)), '']
     machines = sorted({(r['cpu_model'], tuple(r['cpu_flags'])) for r in records})
+    cpus = {}  # each machine's short name for the tables: its generation, 'AMD Zen 3'
     for model, flags in machines:
         mine = [r for r in records if (r['cpu_model'], tuple(r['cpu_flags'])) == (model, flags)]
         isas = sorted({(r['setting'], r['onednn_isa']) for r in mine})
         ident = sorted({r['cpu_id'] for r in mine if r.get('cpu_id')})
+        # The older records do not name the CPU's family and model: their machine's others do.
+        cpus[model, flags] = ' or '.join(sorted({(cpu_generation(i) or i).split(' (')[0]
+                                                  for i in ident})) or model
         ident += sorted({cpu_generation(i) for i in ident} - {None})
         lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
             model, ', '.join(ident), ', '.join(flags),
@@ -352,7 +348,7 @@ def report(path=RECORDS, out=REPORT):
     order = list(CANDIDATES) + list(NOTEBOOK_CANDIDATES)
     for candidate in sorted({r['candidate'] for r in records}, key=order.index):
         lines += candidate_section(candidate, [r for r in records if r['candidate'] == candidate],
-                                   records)
+                                   cpus)
     with open(out, 'w') as f:
         f.write('\n'.join(lines).rstrip('\n') + '\n')
     print('wrote %s (%d runs)' % (os.path.relpath(out, ROOT), len(records)))
