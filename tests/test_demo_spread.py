@@ -4,6 +4,7 @@ import json
 import os
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -44,3 +45,27 @@ def test_the_report_says_under_which_settings_a_candidate_ran():
     records += [{'candidate': 'q', 'setting': s} for s in ('native-1t', 'native-2t')]
     assert demo_spread._settings_run('q', records) == 'under all four'
     assert demo_spread._settings_run('other', records) == 'under none of them'
+
+
+@pytest.mark.bench
+def test_a_notebook_candidate_runs_until_this_cpu_holds_runs_samples(tmp_path, monkeypatch):
+    # The notebook sets no seed, so each run is a sample: --runs N trains until the records hold
+    # N per setting on this CPU (family and model); another CPU's runs, though named alike
+    # ("AMD EPYC"), do not count.
+    path = str(tmp_path / 'records.jsonl')
+    candidate = demo_spread.CHOSEN_QUICK
+    args = demo_spread.NOTEBOOK_CANDIDATES[candidate]
+    mine, other = demo_spread.cpu_id(), 'cpu family 25, model 17, stepping 1'
+    with open(path, 'w') as f:
+        for ident in (mine, other, other):
+            f.write(json.dumps({'candidate': candidate, 'args': args, 'setting': 'native-2t',
+                                'seed': None, 'cpu_id': ident}) + '\n')
+    trained = []
+    monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # the claims' folder
+    monkeypatch.setattr(demo_spread, '_run_once', lambda path, candidate, args, setting, seed,
+                        run_seed, isa: trained.append((setting, run_seed)))
+    demo_spread.run([candidate], [0, 1], ['native-2t'], path, runs=3)
+    assert trained == [('native-2t', None)] * 2
+    # A second instance on the same machine finds those runs claimed.
+    demo_spread.run([candidate], [0], ['native-2t'], path, runs=3)
+    assert len(trained) == 2
