@@ -10,10 +10,11 @@ every draw with replacement counted):
 
 The runs are the record's (docs/records/book-table.jsonl, one per seed and epoch) and the other
 runs of the same code whose epochs are not in it (docs/records/book-table-other-runs.jsonl: runs
-of a seed the record holds from another machine at those epochs). The question is answered once every cell
-holds ``MIN_DIP_SEEDS`` seeds of the record: our runs dip more often than the GPU runs when one
-of the eight odds is below ``FAMILY_ODDS`` shared over the eight (Bonferroni), as the GPU runs
-do otherwise.
+of a seed the record holds from another machine at those epochs, and the training cells of the
+notebook executed at the book's settings, named by their data order's seed). The question is
+answered once every cell holds ``MIN_DIP_SEEDS`` seeds of the record: our runs dip more often
+than the GPU runs when one of the eight odds is below ``FAMILY_ODDS`` shared over the eight
+(Bonferroni), as the GPU runs do otherwise.
 
 Whether our runs sit low is asked once per setting, over all its cells (``pooled``): each of
 our values takes its place among the GPU runs of its epoch, and the mean place is set against
