@@ -1,8 +1,11 @@
 # `make demo` and `make test` do all set-up themselves on a fresh Debian machine:
 # a virtualenv in .venv, the pinned packages, and Debian's Fashion-MNIST when it is missing.
+# Any python3 from 3.9 to 3.13 (docs/install.md); another: make PYTHON=python3.13 ...
 PYTHON ?= python3
 VENV ?= .venv
 REQUIREMENTS ?= requirements.txt
+# MXNet, installed without its dependencies: its metadata asks for numpy<2 (requirements.txt).
+MXNET ?= mxnet==1.9.1
 PY := $(VENV)/bin/python
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.025 --train-limit 3000 --test-limit 1000 --seed 0
@@ -41,13 +44,19 @@ STAMP := $(VENV)/.installed-$(notdir $(REQUIREMENTS))
 install: $(STAMP)
 
 $(STAMP): $(REQUIREMENTS) setup.py
-	@$(PYTHON) -c 'import sys; v = sys.version_info[:2]; sys.exit(0 if (3, 9) <= v <= (3, 11) else "gluon_mgpu needs Python 3.9 to 3.11: mxnet 1.9.1 needs numpy 1.23.5, which has no wheel for Python %d.%d; run make PYTHON=python3.11 ..." % v)'
+	@$(PYTHON) -c 'import platform, sys; v = sys.version_info[:2]; m = platform.machine(); sys.exit( \
+	  "make: error: $(PYTHON) is Python %d.%d: gluon_mgpu runs on Python 3.9 to 3.13 (3.11 and 3.13 tested); run make PYTHON=python3.13 ... (docs/install.md)" % v \
+	  if not (3, 9) <= v <= (3, 13) else "make: error: this machine is %s: mxnet 1.9.1 has wheels only for x86_64; use an x86_64 machine (docs/install.md)" % m \
+	  if m != "x86_64" else None)' || exit 2
 	@$(PYTHON) -c 'import ensurepip' 2>/dev/null || { \
-	  echo "$(PYTHON) cannot create a virtualenv: installing Debian's package python3-venv"; \
+	  V=$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])'); \
+	  echo "$(PYTHON) cannot create a virtualenv: installing Debian's package python$$V-venv"; \
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
-	  $$SUDO apt-get update && $$SUDO apt-get install -y python3-venv; }
+	  $$SUDO apt-get update && $$SUDO apt-get install -y python$$V-venv; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -r $(REQUIREMENTS) -e .
+	$(PY) -m pip install --no-deps $(MXNET)
+	$(PY) gluon_mgpu/runtime/gpu_build.py install-hook
 	touch $@
 
 data: install
@@ -79,20 +88,21 @@ $(HOROVOD_STAMP): $(STAMP)
 	touch $@
 
 # The GPU set-up (docs/gpu.md): mxnet-cu112 and NVIDIA's CUDA libraries from PyPI in their own
-# environment; the machine needs only the NVIDIA driver. gpu-install also writes a .pth file that
-# makes any `import mxnet` in .venv-gpu find those libraries (gluon_mgpu/runtime/gpu_build.py).
+# environment; the machine needs only the NVIDIA driver. The .pth file that install writes makes
+# any `import mxnet` in .venv-gpu find those libraries (gluon_mgpu/runtime/gpu_build.py).
 GPU_VENV ?= .venv-gpu
 GPU_PY := $(GPU_VENV)/bin/python
+GPU_MAKE := $(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt \
+	MXNET=mxnet-cu112==1.9.1
 
 gpu-install:
-	$(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt install
+	$(GPU_MAKE) install
 	@echo '*' > $(GPU_VENV)/.gitignore
-	$(GPU_PY) gluon_mgpu/runtime/gpu_build.py install-hook
 
 # The environment report first: without a driver it is the one line that says so (exit 2).
 gpu-demo: gpu-install
 	$(GPU_PY) -m gluon_mgpu.env
-	$(MAKE) --no-print-directory VENV=$(GPU_VENV) REQUIREMENTS=requirements-gpu.txt demo
+	$(GPU_MAKE) demo
 
 # The GPU build's checks on any machine, GPU or not (tests_gpu/): pytest runs in the CPU
 # environment, which the checks compare against, and starts the GPU environment's Python.

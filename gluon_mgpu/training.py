@@ -152,7 +152,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     if n == 0:
         raise ValueError('the data iterator yielded no examples; pass one that yields (X, y) '
                          'batches')
-    return sum(c.asscalar() for c in correct if c is not None) / n
+    return sum(float(c.asscalar()) for c in correct if c is not None) / n
 
 
 def _hits(out, y):
@@ -193,8 +193,8 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
         raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
                          'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
     return {'seconds': time.time() - start,
-            'train_loss': sum(v.asscalar() for v in loss_sum) / n,
-            'train_acc': None if correct is None else sum(v.asscalar() for v in correct) / n,
+            'train_loss': sum(float(v.asscalar()) for v in loss_sum) / n,
+            'train_acc': correct and sum(float(v.asscalar()) for v in correct) / n,
             'examples': n}
 
 

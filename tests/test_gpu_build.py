@@ -107,13 +107,13 @@ def test_an_import_without_a_driver_raises_when_mxnet_is_imported_not_before():
 
 def test_install_hook_writes_its_pth_and_keeps_a_foreign_one(tmp_path):
     target = gb.install_hook(str(tmp_path))
-    assert target == str(tmp_path / 'gluon_mgpu_cuda.pth')
+    assert target == str(tmp_path / 'gluon_mgpu_mxnet.pth')
     assert gb.install_hook(str(tmp_path)) == target  # its own file: written again
-    (tmp_path / 'gluon_mgpu_cuda.pth').write_text('import something_else\n')
-    with pytest.raises(RuntimeError, match=r'gluon_mgpu_cuda\.pth exists and was not written by '
-                       r'gluon_mgpu; move it away and run make gpu-install again'):
+    (tmp_path / 'gluon_mgpu_mxnet.pth').write_text('import something_else\n')
+    with pytest.raises(RuntimeError, match=r'gluon_mgpu_mxnet\.pth exists and was not written by '
+                       r'gluon_mgpu; move it away and run make install again'):
         gb.install_hook(str(tmp_path))
-    assert (tmp_path / 'gluon_mgpu_cuda.pth').read_text() == 'import something_else\n'
+    assert (tmp_path / 'gluon_mgpu_mxnet.pth').read_text() == 'import something_else\n'
 
 
 def test_the_pth_hook_prepares_the_first_import_of_mxnet(tmp_path):

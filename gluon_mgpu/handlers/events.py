@@ -144,7 +144,7 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
         # Count a step, check the one before (its loss pending), and keep ``then`` pending.
         self.step += 1
         if self.pending is not None:
-            loss = sum(l.sum().asscalar() for l in self.pending)
+            loss = sum(float(l.sum().asscalar()) for l in self.pending)
             if not math.isfinite(loss):
                 raise LossNotFiniteError(self.step - 1, estimator.trainer.learning_rate, loss,
                                          getattr(estimator, 'epoch', None) or None)

@@ -53,7 +53,7 @@ class Progress(EpochBegin, BatchEnd, EpochEnd, TrainEnd):
 
     def _running_loss(self):
         # Reading the sums waits for the devices: only when the bar shows it.
-        return sum(s.asscalar() for s in self._loss_sums) / self._examples
+        return sum(float(s.asscalar()) for s in self._loss_sums) / self._examples
 
     def batch_end(self, estimator, *args, **kwargs):
         if self.mode != 'bar':

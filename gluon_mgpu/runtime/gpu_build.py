@@ -1,7 +1,9 @@
-"""The GPU build of MXNet on a machine that has nothing but the NVIDIA driver: load the CUDA
-libraries of NVIDIA's wheels before MXNet, or say in one line that the driver is missing. It
-imports only the standard library, since a ``.pth`` file loads it by path (docs/gpu.md); as a
-script: ``python gluon_mgpu/runtime/gpu_build.py install-hook``.
+"""What ``import mxnet`` needs first, in any import order: numpy 1's names on numpy 2
+(``numpy_compat``), and for the GPU build of MXNet on a machine that has nothing but the NVIDIA
+driver, the CUDA libraries of NVIDIA's wheels, or one line saying that the driver is missing.
+It imports only the standard library, since a ``.pth`` file that ``make install`` writes loads
+it by path (docs/install.md, docs/gpu.md); as a script:
+``python gluon_mgpu/runtime/gpu_build.py install-hook``.
 """
 import os
 import re
@@ -10,7 +12,7 @@ import sysconfig
 
 __all__ = ['LIBRARIES', 'DRIVER_LIBRARY', 'DRIVER_VERSIONS', 'GPUBuildError', 'NoDriverError',
            'gpu_build', 'library_paths', 'no_driver_message', 'prepare',
-           'install_finder', 'install_hook', 'HOOK_NAME']
+           'install_finder', 'install_hook', 'numpy_compat', 'HOOK_NAME']
 
 # (folder under site-packages/nvidia/, soname): each after the libraries it needs (cuBLAS needs
 # cuBLASLt, cuSOLVER needs both), libmxnet.so's NEEDED entries in full but libcuda.so.1.
@@ -30,8 +32,8 @@ DRIVER_LIBRARY = 'libcuda.so.1'
 # NVIDIA's minor-version compatibility: an 11.x build on 11.8 libraries runs on >= 450.80.02;
 # the PTX that NVRTC 11.8 makes for MXNet's fused kernels needs a driver for CUDA 11.8 (>= 520).
 DRIVER_VERSIONS = '>= 450.80.02, or >= 520 for fused kernels'
-HOOK_NAME = 'gluon_mgpu_cuda.pth'
-_HOOK_MARK = '# gluon_mgpu: load the nvidia-*-cu11 libraries before mxnet'
+HOOK_NAME = 'gluon_mgpu_mxnet.pth'
+_HOOK_MARK = "# gluon_mgpu: before mxnet, numpy 1's names and the nvidia-*-cu11 libraries"
 
 
 class GPUBuildError(ImportError):
@@ -104,13 +106,29 @@ def prepare(path=None):
     return loaded
 
 
+def numpy_compat():
+    """The module ``numpy_compat`` beside this file, imported as the package's when this file
+    is, else loaded by path (as the ``.pth`` file loads this one)."""
+    if __package__:
+        from . import numpy_compat as module
+        return module
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        '_gluon_mgpu_numpy_compat', os.path.join(os.path.dirname(__file__), 'numpy_compat.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class _MXNetFinder:
-    """On ``sys.meta_path``: runs :func:`prepare` when ``mxnet`` is imported, then steps aside
-    (after a failure it stays, so a second ``import mxnet`` raises the same error)."""
+    """On ``sys.meta_path``: when ``mxnet`` is imported, gives numpy its numpy 1 names
+    (``numpy_compat.restore``) and runs :func:`prepare`, then steps aside (after a failure it
+    stays, so a second ``import mxnet`` raises the same error)."""
 
     @classmethod
     def find_spec(cls, name, path=None, target=None):
         if name == 'mxnet':
+            numpy_compat().restore()
             prepare()
             if cls in sys.meta_path:
                 sys.meta_path.remove(cls)
@@ -118,13 +136,15 @@ class _MXNetFinder:
 
 
 def install_finder():
-    """Put the finder first on ``sys.meta_path`` (what the ``.pth`` file runs); once only."""
-    if 'mxnet' not in sys.modules and _MXNetFinder not in sys.meta_path:
+    """Put the finder first on ``sys.meta_path`` (what the ``.pth`` file runs); once only, even
+    when two ``.pth`` files (two site folders) load this file."""
+    names = [getattr(finder, '__qualname__', None) for finder in sys.meta_path]
+    if 'mxnet' not in sys.modules and _MXNetFinder.__qualname__ not in names:
         sys.meta_path.insert(0, _MXNetFinder)
 
 
 def install_hook(site_dir=None):
-    """Write ``gluon_mgpu_cuda.pth`` into ``site_dir`` (default: this Python's
+    """Write ``gluon_mgpu_mxnet.pth`` into ``site_dir`` (default: this Python's
     ``site-packages``) and return its path: its line loads this file by path at every start of
     Python and calls :func:`install_finder`. RuntimeError when a file of that name exists and
     was not written by this function."""
@@ -134,7 +154,7 @@ def install_hook(site_dir=None):
         with open(target) as f:
             if not f.readline().startswith(_HOOK_MARK):
                 raise RuntimeError('%s exists and was not written by gluon_mgpu; move it away '
-                                   'and run make gpu-install again' % target)
+                                   'and run make install again' % target)
     source = os.path.abspath(__file__)
     line = ('import importlib.util as u; s = u.spec_from_file_location("_gluon_mgpu_gpu_build", '
             '%r); m = u.module_from_spec(s); s.loader.exec_module(m); m.install_finder()'
@@ -149,7 +169,8 @@ if __name__ == '__main__':
         sys.stderr.write('usage: python gluon_mgpu/runtime/gpu_build.py install-hook\n')
         sys.exit(2)
     try:
-        print('wrote %s: import mxnet now finds the nvidia-*-cu11 libraries' % install_hook())
+        print("wrote %s: import mxnet now finds numpy 1's names and the nvidia-*-cu11 libraries"
+              % install_hook())
     except RuntimeError as e:
         sys.stderr.write('error: %s\n' % e)
         sys.exit(2)

@@ -146,13 +146,15 @@ def starting(command):
 def prepare_mxnet():
     """What must come before MXNet starts, once per process (``before_mxnet``, or the package's
     hook on ``import mxnet``): ``GLUON_MGPU_CPU_DEVICES`` read, the variables MXNet would abort
-    on (``mxnet_env``), the GPU build's libraries (``gpu_build.prepare``); raises ValueError or
+    on (``mxnet_env``), numpy 1's names MXNet reads (``numpy_compat``), the GPU build's
+    libraries (``gpu_build.prepare``); raises ValueError or
     ``gpu_build.GPUBuildError`` (one line each, naming the value and the fix)."""
     if _PREPARED:
         return
-    from . import gpu_build, mxnet_env, threads
+    from . import gpu_build, mxnet_env, numpy_compat, threads
     threads.devices_from_environment(os.environ)
     mxnet_env.check_environment(os.environ, threads.usable_cores())
+    numpy_compat.restore()
     gpu_build.prepare()
     _PREPARED.append(True)
 
