@@ -158,7 +158,7 @@ def dip_cells(records, other_runs, gpu_runs, devices=DEVICES, path=None):
                 'expected': None}
         if values:
             p10 = summary['p10']
-            cell.update(mean=sum(values) / len(values),
+            cell.update(mean=book_records.total(values) / len(values),
                         below=sum(v < p10 for v in values),
                         expected=len(values) * sum(v < p10 for v in gpu) / len(gpu))
             cell.update(p_mean=mean_at_most(gpu, len(values), cell['mean']),
@@ -305,7 +305,7 @@ def dip_answer(cells, lang='en'):
     ran = [c for c in cells if c['runs']]
     return words['as often'] % ((devices, 2 * len(cells)) + said + (
         cut, sum(c['below'] for c in ran),
-        sum(len(c['runs']) for c in ran), sum(c['expected'] for c in ran)))
+        sum(len(c['runs']) for c in ran), book_records.total(c['expected'] for c in ran)))
 
 
 def format_dips(cells, lang='en'):

@@ -591,7 +591,7 @@ def _seconds_per_epoch(spent, records, cpu=None):
     cpu = cpu_model() if cpu is None else cpu
     seconds = spent or [r['seconds'] for r in records if r.get('cpu') == cpu] \
         or [r['seconds'] for r in records]
-    return sum(seconds) / len(seconds) if seconds else None
+    return book_records.total(seconds) / len(seconds) if seconds else None
 
 
 # The page's tables beside the accuracy table: the runs seen three ways, the old step, bfloat16.
@@ -608,8 +608,8 @@ def prediction_interval(values):
     n = len(values)
     if n < 2:
         raise ValueError('a prediction interval needs at least 2 values, got %d' % n)
-    mean = sum(values) / n
-    s = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    mean = book_records.total(values) / n
+    s = math.sqrt(book_records.total((v - mean) ** 2 for v in values) / (n - 1))
     # Between the table's rows, the smaller row's t: the wider, cautious interval.
     t = _T975[max(k for k in _T975 if k <= n - 1)]
     half = t * s * math.sqrt(1 + 1 / n)
@@ -701,7 +701,8 @@ def _same_seed_change(old, new):
     """The mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}`` hold, and
     how many those are (``None, 0`` for none)."""
     both = set(new) & set(old)
-    return (sum(new[k] - old[k] for k in both) / len(both) if both else None), len(both)
+    return (book_records.total(new[k] - old[k] for k in both) / len(both) if both else None), \
+        len(both)
 
 
 def _cell_of(summary):

@@ -53,10 +53,25 @@ def path_of(name):
 
 
 def code_hash(source):
-    """sha256 of a code cell's tokens, comments and blank lines aside: what its output depends on
-    in the cell itself (a twin's Chinese comments give the English cell's hash)."""
-    tokens = tokenize.generate_tokens(io.StringIO(source).readline)
-    kept = [[t.type, t.string] for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL)]
+    """sha256 of a code cell's tokens (kind and text), comments and blank lines aside: what its
+    output depends on in the cell itself (a twin's Chinese comments give the English cell's
+    hash). The same on every Python: an f-string is one string token, its text as written, as
+    Python 3.9 to 3.11 read it (3.12 splits it into parts, PEP 701)."""
+    offsets = [0]  # where each line of source starts
+    for line in io.StringIO(source):
+        offsets.append(offsets[-1] + len(line))
+    kept, depth = [], 0
+    for t in tokenize.generate_tokens(io.StringIO(source).readline):
+        kind = tokenize.tok_name[t.type]
+        if kind == 'FSTRING_START':
+            depth, start = depth + 1, start if depth else t.start
+        elif kind == 'FSTRING_END':
+            depth -= 1
+            if not depth:
+                text = source[offsets[start[0] - 1] + start[1]:offsets[t.end[0] - 1] + t.end[1]]
+                kept.append(['STRING', text])
+        elif not depth and kind not in ('COMMENT', 'NL'):
+            kept.append([kind, t.string])
     return hashlib.sha256(json.dumps(kept).encode()).hexdigest()
 
 

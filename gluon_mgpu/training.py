@@ -2,6 +2,7 @@
 epoch loop and the test accuracy. The rest comes in as event handlers (docs/events.md); the
 checks of arguments and batches live in ``train_checks``.
 """
+import math
 import time
 
 import mxnet as mx
@@ -193,7 +194,7 @@ def train_epoch(net, train_iter, loss, trainer, devices, split_f=split_batch, ev
         raise ValueError('train_iter yielded no examples in this epoch; pass an iterable that '
                          'yields (X, y) batches on every pass, such as load_data_fashion_mnist')
     return {'seconds': time.time() - start,
-            'train_loss': sum(float(v.asscalar()) for v in loss_sum) / n,
+            'train_loss': math.fsum(float(v.asscalar()) for v in loss_sum) / n,
             'train_acc': correct and sum(float(v.asscalar()) for v in correct) / n,
             'examples': n}
 

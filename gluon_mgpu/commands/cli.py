@@ -33,6 +33,10 @@ class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``."""
 
     def error(self, message):
+        # Python 3.12.8 and 3.13.1 on print an invalid choice's list unquoted: quoted on every
+        # Python, as 3.9 to 3.11 print it, so the line is the same wherever it runs.
+        message = re.sub(r'(: invalid choice: .*\(choose from )([^)]*)\)$', lambda m: '%s%s)' % (
+            m[1], ', '.join(c if c[:1] == "'" else repr(c) for c in m[2].split(', '))), message)
         raise UsageError('%s (see --help)' % message)
 
 

@@ -394,6 +394,8 @@ def read_json(path, limit=JSON_LIMIT):
         error = ValueError('it is not UTF-8 (byte 0x%02x at offset %d)' % (raw[e.start], e.start))
         error.fix = 'save it as UTF-8'
     except json.JSONDecodeError as e:
+        if e.msg.startswith('Illegal trailing comma'):  # 3.13 points at the comma, 3.9-3.12 after
+            e = json.JSONDecodeError(e.msg, text, re.compile(r',\s*').match(text, e.pos).end())
         comma = re.search(r',\s*\Z', text[:e.pos]) and text[e.pos:e.pos + 1] in ('}', ']')
         error = ValueError('it is not valid JSON at line %d column %d: %s' % (
             e.lineno, e.colno, 'a trailing comma before %s' % text[e.pos] if comma else e.msg))
