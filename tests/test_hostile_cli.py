@@ -535,10 +535,12 @@ def test_more_replicas_than_memory_are_refused_before_any_is_made(data_dir):
      'out of memory (Failed to allocate CPU Memory) with --batch-size 4000 over 1 device(s); '
      'pass a smaller --batch-size, for example --batch-size 2000; nothing was saved (pass '
      '--checkpoint-dir DIR to keep every finished epoch)'),
-    ('sweep', ['--num-gpus', '1', '--batch-size-per-device', '4000', '--output-dir', '{tmp}'],
-     'out of memory (Failed to allocate CPU Memory) in the 1-device setting with '
-     '--batch-size-per-device 4000; pass a smaller --batch-size-per-device, for example '
-     '--batch-size-per-device 2000; no setting had finished, so nothing was written')])
+    pytest.param(  # make test-slow
+        'sweep', ['--num-gpus', '1', '--batch-size-per-device', '4000', '--output-dir', '{tmp}'],
+        'out of memory (Failed to allocate CPU Memory) in the 1-device setting with '
+        '--batch-size-per-device 4000; pass a smaller --batch-size-per-device, for example '
+        '--batch-size-per-device 2000; no setting had finished, so nothing was written',
+        marks=pytest.mark.slow)])
 def test_running_out_of_memory_is_one_line_naming_the_batch_size(command, flags, line, tmp_path,
                                                                  data_dir):
     # 4000 images of ResNet-18 need more than the 4 GB of address space the run may take.

@@ -783,9 +783,13 @@ sys.exit(train.main())
     # unfixed: after the shorter worker's last step every process slept forever (also with
     # another --epochs or --train-limit)
     ('--batch-size 32', '--batch-size', '32', '64'),
-    ('--lr 0.2', '--lr', '0.2', '0.1'),  # unfixed: exit 0, trained at two rates
-    ('--seed 1', '--seed', '1', '0'),  # unfixed: exit 0, another run
-    ('--model resnet18', '--model', 'resnet18', 'lenet'),  # unfixed: SIGABRT, no cause given
+    # the other flags the same way, in make test-slow
+    pytest.param('--lr 0.2', '--lr', '0.2', '0.1', marks=pytest.mark.slow),  # unfixed: exit 0,
+    # trained at two rates
+    pytest.param('--seed 1', '--seed', '1', '0', marks=pytest.mark.slow),  # unfixed: exit 0,
+    # another run
+    pytest.param('--model resnet18', '--model', 'resnet18', 'lenet',
+                 marks=pytest.mark.slow),  # unfixed: SIGABRT, no cause given
 ])
 def test_a_worker_started_for_another_run_ends_the_job_naming_the_flag(tmp_path, extra, flag,
                                                                        mine, other):

@@ -153,7 +153,9 @@ def _rerun(name, nb, monkeypatch):
     return _code(nb)
 
 
-@pytest.mark.parametrize('name', sorted(runner.NOTEBOOKS))
+@pytest.mark.parametrize('name', [  # three-ways-to-split's cells run again: make test-slow
+    pytest.param(n, marks=pytest.mark.slow) if n == 'three-ways-to-split' else n
+    for n in sorted(runner.NOTEBOOKS)])
 def test_outputs_that_do_not_depend_on_training_are_what_the_code_prints(name, monkeypatch):
     nb = _read(name)
     fixed = _fixed(name, nb)

@@ -76,7 +76,7 @@ def test_training_mode_loss_equals_one_device_and_the_first_stage_gradients(n, t
     assert layer_gap(split, reference) <= 1e-4
 
 
-@pytest.mark.parametrize('n', [2, 3])
+@pytest.mark.parametrize('n', [2, pytest.param(3, marks=pytest.mark.slow)])  # 3: make test-slow
 def test_training_mode_gradients_equal_one_device_in_float64(n, tmp_path):
     code = 'import parallel_helpers; parallel_helpers.float64_gap(%d, 0, %r)' % (n, str(tmp_path))
     env = dict(os.environ, MXNET_ENGINE_TYPE='NaiveEngine',

@@ -17,6 +17,10 @@ from gluon_mgpu.model import resnet18
 from gluon_mgpu.parallel import channels, data_parallel_summary, init_one_device, layers, scratch
 from gluon_mgpu.replicas.placement import format_bytes
 
+# Executing both notebooks (and each training cell twice): make test-slow. The methods they run
+# keep their fast tests (test_parallel_*.py).
+pytestmark = pytest.mark.slow
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = {'en': 'three-ways-to-split.ipynb', 'zh': 'three-ways-to-split.zh.ipynb'}
 EPOCH = re.compile(r'^epoch 1, training time: \d+\.\d sec, test_acc [01]\.\d\d$', re.M)
