@@ -54,6 +54,7 @@ $(STAMP): $(REQUIREMENTS) setup.py
 	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 	  $$SUDO apt-get update && $$SUDO apt-get install -y python$$V-venv; }
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --upgrade pip  # an older Python's own pip backtracks for minutes
 	$(PY) -m pip install -r $(REQUIREMENTS) -e .
 	$(PY) -m pip install --no-deps $(MXNET)
 	$(PY) gluon_mgpu/runtime/gpu_build.py install-hook

@@ -12,7 +12,8 @@ adds each name of :data:`NAMES` that ``numpy`` lacks, with what numpy 1.23.5 gav
   functions numpy 2 names ``all``, ``any``, ``prod``, ``round``, ``trapezoid``; ``in1d`` and
   ``msort`` as numpy 1 defined them, over ``isin`` and ``sort``;
 - ``int`` (``builtins.int``, as numpy 1.23's deprecated alias was), read by ``mxnet.test_utils``;
-  ``compat``, of which MXNet reads only ``compat.basestring`` (``str``);
+  ``compat``: numpy's own submodule where numpy still ships it (2.0 to 2.2), else one that holds
+  what MXNet reads of it, ``compat.basestring`` (``str``);
 - ``mirr``, ``npv``, ``pmt``, ``ppmt``, ``pv``, ``rate``: numpy removed them in 1.20 (NEP 32)
   and numpy 1.23 answered with a stub that raises ``RuntimeError`` when called; so do these.
 
@@ -24,6 +25,7 @@ the standard library at its top: ``gpu_build.py``'s hook (a ``.pth`` file, so ``
 in any order, the book's ``import d2lzh`` first included) loads it by path.
 """
 import builtins
+import importlib
 import math
 import types
 import warnings
@@ -59,9 +61,12 @@ def _values(np):
         b = np.array(a, subok=True, copy=True)
         b.sort(0)
         return b
-    compat = types.ModuleType('numpy.compat', 'numpy 1\'s numpy.compat, as far as MXNet 1.9.1 '
-                                              'reads it (gluon_mgpu.runtime.numpy_compat)')
-    compat.basestring = str
+    try:
+        compat = importlib.import_module(np.__name__ + '.compat')  # deprecated: warns
+    except ImportError:
+        compat = types.ModuleType('numpy.compat', "numpy 1's numpy.compat, as far as MXNet 1.9.1 "
+                                                  'reads it (gluon_mgpu.runtime.numpy_compat)')
+        compat.basestring = str
     values = dict(_CONSTANTS, in1d=in1d, msort=msort, int=builtins.int, compat=compat)
     values.update((old, getattr(np, new, None)) for old, new in _RENAMED.items())
     values.update((name, _expired(name)) for name in _FINANCIAL)
@@ -76,12 +81,12 @@ def restore(np=None):
             import numpy as np
         except ImportError:  # no numpy, so no MXNet: its import says so
             return []
-    with warnings.catch_warnings():  # numpy 1's deprecated aliases warn when looked up
+    with warnings.catch_warnings():  # numpy's deprecated names warn when looked up
         warnings.simplefilter('ignore')
         missing = [name for name in NAMES if not hasattr(np, name)]
-    if not missing:
-        return []
-    values = _values(np)
+        if not missing:
+            return []
+        values = _values(np)
     added = [name for name in missing if values[name] is not None]
     for name in added:
         setattr(np, name, values[name])
