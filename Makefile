@@ -21,8 +21,10 @@ demo: install data
 # `make bench-test`, the tests of the scripts in benchmarks/. CI runs all three (.ci/run).
 PYTEST := $(PY) -m pytest -v --durations=10
 
+# Two pytest workers, a test file each (pytest-xdist): most of the fast suite is interpreters
+# that start and import MXNet one thread at a time (864 s alone, 641 s so on a 2-core Zen 3).
 test: install data
-	$(PYTEST) -m 'not slow and not bench' tests
+	$(PYTEST) -n 2 --dist loadfile -m 'not slow and not bench' tests
 
 test-slow: install data horovod-install
 	$(PYTEST) -m 'slow and not bench' tests

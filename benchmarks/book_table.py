@@ -1105,9 +1105,12 @@ def _main(args):
             raise cli.UsageError('--work-dir %s: %s %s; remove it or pass another --work-dir'
                                  % (args.work_dir, log_file(args.work_dir, run), problem))
     print('running on:', format_devices(pair), flush=True)
-    with DeferredInterrupt():
+    with DeferredInterrupt() as interrupt:
+        def progress(line):
+            print(line, flush=True)
+            interrupt.check()  # a signal that landed inside a __del__ stops us between epochs
         run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,
-                  progress=lambda line: print(line, flush=True))
+                  progress=progress)
     print('all %d epochs recorded in %s; %s --page fills the page\'s tables'
           % (sum(r.epochs for r in runs), os.path.relpath(record, ROOT), PROG))
     return 0

@@ -79,3 +79,14 @@ def test_inside_a_del_ctrl_c_waits_for_check():
         with pytest.raises(KeyboardInterrupt):
             interrupt.epoch_end(None)
 
+
+def test_a_signal_still_waiting_when_the_block_ends_is_raised_then():
+    # book_table.py's SIGTERM landed while a diagnosis freed its NDArrays, no check() came
+    # after it, and the run went on to exit 0.
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with DeferredInterrupt() as interrupt:
+            _Freed(_ctrl_c)
+            assert interrupt.requested
+    assert not interrupt.requested and raised.value.signum == signal.SIGINT
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+

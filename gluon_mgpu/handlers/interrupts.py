@@ -33,10 +33,10 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
     inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the exception),
-    at the next ``check()`` (``requested`` and ``signum`` say one waits); SIGQUIT prints every
-    thread's stack, then quits. Only default handlers of the main thread are taken over (not
-    under ``nohup``), and given back on exit. As an event handler it calls ``check()`` after
-    every step and epoch, last of all (docs/events.md)::
+    at the next ``check()`` or when the block ends (``requested`` and ``signum`` say one
+    waits); SIGQUIT prints every thread's stack, then quits. Only default handlers of the main
+    thread are taken over (not under ``nohup``), and given back on exit. As an event handler it
+    calls ``check()`` after every step and epoch, last of all (docs/events.md)::
 
         with DeferredInterrupt() as interrupt:
             train(..., event_handlers=[EpochLine(), interrupt])
@@ -70,13 +70,15 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
                         break
         return self
 
-    def __exit__(self, *_):
+    def __exit__(self, kind, *_):
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         self._previous = {}
         if self._quit_dump:
             faulthandler.unregister(signal.SIGQUIT)
             self._quit_dump = False
+        if kind is None:
+            self.check()  # a signal still waiting is raised, never dropped with the block
 
     def _handle(self, signum, frame):
         # Inside a __del__ (an NDArray freed by the garbage collector, at any point) or MXNet's
