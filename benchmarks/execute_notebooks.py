@@ -20,6 +20,7 @@ import hashlib
 import io
 import json
 import os
+import platform
 import shutil
 import signal
 import subprocess
@@ -31,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 import gluon_mgpu  # noqa: E402,F401,I001  (first: it sets the threads the kernel inherits)
 from gluon_mgpu.commands import cli  # noqa: E402
+import numpy as np  # noqa: E402
 
 import book_records  # noqa: E402
 import measuring  # noqa: E402
@@ -185,6 +187,8 @@ def header(info, lang):
     zh = lang == 'zh'
     where = ('%s；oneDNN 内核：%s；线程：%s' if zh else '%s; oneDNN kernels: %s; threads: %s') % (
         m['cpu'], book_records.kernels(m, lang), 'OMP_NUM_THREADS=%s' % m['threads'])
+    if info.get('python'):  # since 2026-12-02; before, Python 3.11 with numpy 1.23.5
+        where += ('；Python %s' if zh else '; Python %s') % info['python']
     commit = '`%s`%s' % (info['commit'][:7], (
         '（gluon_mgpu/ 有未提交的改动）' if zh else ' with uncommitted changes to gluon_mgpu/')
         if info['gluon_mgpu_changed'] else '')
@@ -272,7 +276,8 @@ def execute(name, checkpoints):
         cell.metadata['gluon_mgpu'] = {'code_sha256': h}
     info = {'commit': commit, 'gluon_mgpu_changed': changed, 'trained_at': was['commit'],
             'date': start.strftime('%Y-%m-%d'), 'setting': setting, 'machine': machine(),
-            'resumed': resumed, 'seconds': round(seconds)}
+            'resumed': resumed, 'seconds': round(seconds),
+            'python': '%s, numpy %s' % (platform.python_version(), np.__version__)}
     _write(_with_header(nb, info, 'en'), path_of(name))
     twin = copy_to_twin(nb, clean(_read(path_of(NOTEBOOKS[name]))))
     _write(_with_header(twin, info, 'zh'), path_of(NOTEBOOKS[name]))

@@ -223,3 +223,13 @@ def test_epochs_trained_on_another_machine_are_not_continued(tmp_path, monkeypat
             "%s holds epochs trained at commit aaaaaaa, and the machine (CPU, kernels or threads) "
             "changed since; delete the folder to train again (rm -r %s)" % (folder, folder))):
         runner._run_record(folder, 'b' * 40, hashes, resumed)
+
+
+@pytest.mark.parametrize('lang', ['en', 'zh'])
+def test_the_header_names_the_python_of_the_execution(lang):
+    name = 'multiple-gpus-gluon'
+    info = _read(name).metadata['gluon_mgpu']  # written before executions recorded their Python
+    assert 'Python' not in runner.header(info, lang).split('\n\n')[0]
+    first = runner.header(dict(info, python='3.13.5, numpy 2.4.6'), lang).split('\n\n')[0]
+    assert first.endswith('OMP_NUM_THREADS=2; Python 3.13.5, numpy 2.4.6.*' if lang == 'en' else
+                          'OMP_NUM_THREADS=2；Python 3.13.5, numpy 2.4.6。*')
