@@ -74,21 +74,17 @@ def _books_relu():
 
 
 def _network(devices, model='ours', hybrid=True, dtype='float32', static_shape=False):
-    """The chapter's ResNet-18 (ours, ours with BatchNorm+ReLU fused, or d2lzh's) and its
-    Trainer, set up as the book does; ours also in bfloat16 (``--dtype``), and hybridized with
-    ``static_shape`` (1 device only: docs/speed.md)."""
+    """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does;
+    ours also in bfloat16 (``--dtype``), and hybridized with ``static_shape`` (1 device only:
+    docs/speed.md)."""
     if model == 'ours':
         net = training.new_network('resnet18', hybrid, dtype=dtype)
         if hybrid and static_shape:
             net.hybridize(static_alloc=True, static_shape=True)
         return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, dtype=dtype)
     else:
-        if model == 'bnrelu':
-            import bnrelu
-            net = bnrelu.fused_resnet18(10)
-        else:
-            import d2lzh
-            net = d2lzh.resnet18(10)
+        import d2lzh
+        net = d2lzh.resnet18(10)
         if hybrid:
             net.hybridize(static_alloc=True)  # as training.new_network
     return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0)
@@ -102,11 +98,6 @@ def _training(cfg, num_batches):
         _books_relu()
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid',
                             cfg.get('dtype', 'float32'), cfg.get('static_shape', False))
-    if cfg['model'] == 'bnrelu':
-        import bnrelu
-        # Every step pays for the fence that makes the fused layers' statistics safe to read.
-        fused, step = bnrelu.fused_layers(net), trainer.step
-        trainer.step = lambda batch_size: (bnrelu.fence(fused), step(batch_size))
     loss = gloss.SoftmaxCrossEntropyLoss()
     return devices, net, trainer, loss, iter(_batches(cfg, cfg['batch_size'] * num_batches))
 

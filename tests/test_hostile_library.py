@@ -1092,7 +1092,7 @@ def test_a_json_that_cannot_be_read_is_one_line(ck, text, reason):
 
 
 def test_read_json_reads_no_more_than_its_limit(tmp_path):
-    # the one JSON reader of the package's checkpoints and of benchmarks/epoch_end.py
+    # the one JSON reader of the package's checkpoints
     path = str(tmp_path / 'big.json')
     with open(path, 'wb') as f:
         f.write(b'[' + b'0,' * (1 << 20) + b'0]')  # 2 MB and 2 bytes
