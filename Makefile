@@ -10,34 +10,35 @@ PY := $(VENV)/bin/python
 
 DEMO_ARGS ?= --num-gpus 2 --epochs 2 --batch-size 32 --lr 0.025 --train-limit 3000 --test-limit 1000 --seed 0
 
-.PHONY: demo test test-slow bench-test test-all install data clean gpu-install gpu-demo gpu-test \
+.PHONY: demo test test-slow lab-test test-all install data clean gpu-install gpu-demo gpu-test \
 	horovod-install notebooks
 
 demo: install data
 	$(PY) -m gluon_mgpu.train $(DEMO_ARGS)
 
-# Three targets share tests/ by marker (docs/testing.md): `make test`, the fast suite to run
-# after every change; `make test-slow`, what trains for long or starts real Horovod jobs;
-# `make bench-test`, the tests of the scripts in benchmarks/. CI runs all three (.ci/run).
+# Three targets (docs/testing.md): `make test`, the fast suite to run after every change, and
+# `make test-slow`, what trains for long or starts real Horovod jobs, share tests/ by marker;
+# `make lab-test` runs the tests of lab/ (the studies: the book table, the speed per CPU class),
+# in lab/tests/. CI runs all three (.ci/run).
 PYTEST := $(PY) -m pytest -v --durations=10
 
 # Two pytest workers, a test file each (pytest-xdist): most of the fast suite is interpreters
 # that start and import MXNet one thread at a time (864 s alone, 641 s so on a 2-core Zen 3).
 test: install data
-	$(PYTEST) -n 2 --dist loadfile -m 'not slow and not bench' tests
+	$(PYTEST) -n 2 --dist loadfile -m 'not slow' tests
 
 test-slow: install data horovod-install
-	$(PYTEST) -m 'slow and not bench' tests
+	$(PYTEST) -m slow tests
 
-bench-test: install data
-	$(PYTEST) -m bench tests
+lab-test: install data
+	$(PYTEST) lab/tests
 
-test-all: test test-slow bench-test
+test-all: test test-slow lab-test
 
 # The notebooks executed from a fresh kernel, outputs kept (docs/notebooks.md): at the book's
 # settings, hours; stopped, the same command goes on after the last saved epoch.
 notebooks: install data
-	$(PY) benchmarks/execute_notebooks.py $(NOTEBOOKS_ARGS)
+	$(PY) tools/execute_notebooks.py $(NOTEBOOKS_ARGS)
 
 # One stamp per requirements file: switching files reinstalls (use another VENV for the GPU
 # build: mxnet and mxnet-cu112 are the same module and must not share an environment).

@@ -22,6 +22,6 @@ setup(
     # bar (tqdm) and --plot (matplotlib).
     install_requires=['numpy>=2,<2.5', 'tqdm>=4.60', 'matplotlib>=3.9'],
     extras_require={'test': ['pytest', 'd2lzh==1.0.0', 'nbformat', 'nbconvert', 'ipykernel'],
-                    # benchmarks/run.py's PyTorch rows only; never needed to train.
+                    # lab/run.py's PyTorch rows only; never needed to train.
                     'bench': ['torch==2.13.0']},
 )

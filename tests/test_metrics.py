@@ -12,11 +12,8 @@ import gluon_mgpu
 from gluon_mgpu.handlers import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
 from metrics_schema import schema_markdown  # noqa: E402
-
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _record(epoch, seconds, images, loss, train_acc, test_acc):
@@ -38,7 +35,7 @@ def test_the_documented_schema_is_the_one_in_code():
     jsonschema.Draft202012Validator.check_schema(metrics.SCHEMA)
     with open(os.path.join(ROOT, 'docs', 'metrics-schema.md')) as f:
         assert f.read() == schema_markdown(), (
-            'docs/metrics-schema.md is stale: run python benchmarks/metrics_schema.py > '
+            'docs/metrics-schema.md is stale: run python tools/metrics_schema.py > '
             'docs/metrics-schema.md')
     table = schema_markdown()
     for field in metrics.EPOCH_FIELDS:

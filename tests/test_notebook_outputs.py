@@ -1,6 +1,6 @@
 """The notebooks' committed outputs are what their committed code prints (docs/notebooks.md).
 
-``make notebooks`` (benchmarks/execute_notebooks.py) executes each English notebook from a fresh
+``make notebooks`` (tools/execute_notebooks.py) executes each English notebook from a fresh
 kernel, gives its Chinese twin the same outputs, and records in every code cell the hash of its
 code. An output is stale when its cell's code changed since (or the cell is new), when the cells
 did not run top to bottom in one kernel, or when a twin's outputs are not the English one's. The
@@ -23,7 +23,7 @@ import pytest
 from nbclient import NotebookClient
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+sys.path.insert(0, os.path.join(ROOT, 'tools'))
 import execute_notebooks as runner  # noqa: E402
 
 TWINS = sorted(runner.NOTEBOOKS.items())

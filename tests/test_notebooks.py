@@ -26,7 +26,7 @@ from gluon_mgpu.commands import compare
 from gluon_mgpu import model, training
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_records  # noqa: E402
 
 NOTEBOOKS = {'en': os.path.join(ROOT, 'notebooks', 'multiple-gpus-gluon.ipynb'),
@@ -322,7 +322,7 @@ def test_replica_inspector_cells(executed):
 
 # The accuracy table next to the training cells: every number it quotes is the committed
 # record's (docs/records/book-table.jsonl) or the GPU runs' (docs/records/book-gpu-runs.csv), so
-# a new record line without the notebooks fails here (benchmarks/book_table.py --tables
+# a new record line without the notebooks fails here (lab/book_table.py --tables
 # refreshes them).
 def _book_table_from_records(lang):
     records = book_records.read_records(book_records.DEFAULT_RECORD)

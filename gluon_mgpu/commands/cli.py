@@ -349,7 +349,7 @@ def run_command(prog, argv, body, story=None, leave=None):
     A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
     the command adds to it (its keyword arguments: what the run kept, the flags a fix names),
     or under ``'own'`` the ``(exit code, line)`` of an error the table does not know (a script
-    of benchmarks/ and its own errors; None: the table's).
+    of lab/ and its own errors; None: the table's).
     Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``--debug`` in ``argv``
     (or ``GLUON_MGPU_DEBUG``) adds the traceback. Standard output that cannot be written ends
     the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
@@ -373,7 +373,7 @@ def run_command(prog, argv, body, story=None, leave=None):
             raise
         except (Exception, KeyboardInterrupt) as e:
             failed, told = e, story(e) if story else {}
-            # 'own': a script's wording of an error of its own (benchmarks/), else the table's.
+            # 'own': a script's wording of an error of its own (lab/), else the table's.
             code, line = told.pop('own', None) or failure(prog, e, debug, **told)
             sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
             _say(e, line, debug)

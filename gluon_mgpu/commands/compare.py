@@ -1,6 +1,6 @@
 """The book's printed outputs next to ours: ``python -m gluon_mgpu.compare`` re-runs the chapter's
 cells whose output does not depend on the hardware and runs its ``train`` beside ours over whole
-epochs. The accuracy table over seeds is ``benchmarks/book_table.py``'s, in docs/book-comparison.md.
+epochs. The accuracy table over seeds is ``lab/book_table.py``'s, in docs/book-comparison.md.
 Library functions return rows; only ``main`` prints. docs/notebooks.md explains each row.
 """
 import contextlib
@@ -399,7 +399,7 @@ def child_env():
 PROG = 'python -m gluon_mgpu.compare'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
-                  'seeds: docs/book-comparison.md (made by benchmarks/book_table.py --tables '
+                  'seeds: docs/book-comparison.md (made by lab/book_table.py --tables '
                   'from the record, docs/records/book-table.jsonl)')
 
 
@@ -412,7 +412,7 @@ def build_parser():
     p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its train, and print '
                    'a table: the book\'s printed values, ours, the difference, a verdict. The '
                    'book\'s accuracy table over seeds is docs/book-comparison.md (made by '
-                   'benchmarks/book_table.py --tables).')
+                   'lab/book_table.py --tables).')
     cli.add_device_flag(p)
     p.add_argument('--data-dir', metavar='DIR',
                    help='the folder of the four Fashion-MNIST files (default: searched; '

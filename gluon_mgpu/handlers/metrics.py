@@ -1,5 +1,5 @@
 """What a training run measured: the final summary and the ``--metrics-json`` file, whose layout is
-``SCHEMA``. docs/metrics-schema.md is generated from it (benchmarks/metrics_schema.py) and
+``SCHEMA``. docs/metrics-schema.md is generated from it (tools/metrics_schema.py) and
 docs/outputs.md describes the file.
 """
 import json

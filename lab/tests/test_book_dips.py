@@ -1,4 +1,4 @@
-"""The answers to the dip question and whether our runs sit low (benchmarks/book_dips.py): every
+"""The answers to the dip question and whether our runs sit low (lab/book_dips.py): every
 run of ours on 1 and 2 devices beside the later editions' GPU runs, with exact odds, on the page
 and in both notebooks."""
 import collections
@@ -10,15 +10,13 @@ from fractions import Fraction
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_dips  # noqa: E402
 import book_records  # noqa: E402
 import book_table  # noqa: E402
 import gpu_run_odds  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 GPU_RUNS = book_records.read_gpu_runs()
 WHOLE_RUNS = book_records.read_gpu_runs(whole=True)
@@ -200,7 +198,7 @@ def test_a_tampered_other_runs_file_is_one_line_and_exit_2_and_writes_nothing(
     monkeypatch.setattr(book_table, 'PAGE', str(page))
     assert book_table.main(['--tables', '--data-dir', data_dir]) == 2
     err = capsys.readouterr().err
-    assert err == ('benchmarks/book_table.py: error: %s, line 1: test_acc is "0.9", not a '
+    assert err == ('lab/book_table.py: error: %s, line 1: test_acc is "0.9", not a '
                    'number from 0 to 1; fix the line or restore the file: git checkout %s\n'
                    % (other, os.path.relpath(str(other), ROOT)))
     assert page.read_bytes() == open(os.path.join(ROOT, 'docs', 'book-comparison.md'),

@@ -1,16 +1,13 @@
-"""benchmarks/run.py's verdicts on the targets, from fixed medians (nothing is measured)."""
+"""lab/run.py's verdicts on the targets, from fixed medians (nothing is measured)."""
 import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'benchmarks'))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab/
 import run  # noqa: E402
 
 import pytest  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _row(rows, start):
@@ -104,8 +101,7 @@ import pytest  # noqa: E402
 
 
 def _script(name, args, cwd):
-    return subprocess.run([sys.executable, os.path.join(os.path.dirname(run.HERE), 'benchmarks',
-                                                        name)] + args,
+    return subprocess.run([sys.executable, os.path.join(run.HERE, name)] + args,
                           cwd=cwd, capture_output=True, text=True, timeout=300)
 
 

@@ -11,10 +11,10 @@ measured it): the CPU, the instruction sets oneDNN could pick (``cpu_flags``), i
 ``DNNL_MAX_CPU_ISA`` and the thread count; lines recorded before 2026-11-27 name the CPU only.
 From issue 45 on, a line also names its data: ``data_sha256``, of the four files in order.
 
-    .venv/bin/python benchmarks/book_table.py --seeds 0 1 2 --warmup-steps 50   # 10-20 h, 2 cores
-    .venv/bin/python benchmarks/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
-    .venv/bin/python benchmarks/book_table.py --page       # after new record lines (minutes)
-    .venv/bin/python benchmarks/book_table.py --tables     # the tables of the records only
+    .venv/bin/python lab/book_table.py --seeds 0 1 2 --warmup-steps 50   # 10-20 h, 2 cores
+    .venv/bin/python lab/book_table.py --dtype bfloat16 --epochs 1 --seeds 0 1 2
+    .venv/bin/python lab/book_table.py --page       # after new record lines (minutes)
+    .venv/bin/python lab/book_table.py --tables     # the tables of the records only
 
 Every value of the accuracy table names its run's machine (a key, and a legend of the machines:
 the CPU, oneDNN's kernels and the threads). A table of one machine's runs is made the same way
@@ -40,7 +40,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))  # book_records, beside this file
+sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, beside this file
 
 import gluon_mgpu  # noqa: E402,F401  (first: it sets the threads MXNet starts with)
 from gluon_mgpu import training  # noqa: E402
@@ -60,7 +60,7 @@ import book_records  # noqa: E402
 from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
                           table_records)
 
-PROG = 'benchmarks/book_table.py'
+PROG = 'lab/book_table.py'
 DEFAULT_RECORD = book_records.DEFAULT_RECORD
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
 DEFAULT_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table.jsonl')

@@ -1,5 +1,5 @@
-"""The book table's runs, records, resumption and page tables (benchmarks/book_table.py, and the
-records' reader in benchmarks/book_records.py)."""
+"""The book table's runs, records, resumption and page tables (lab/book_table.py, and the
+records' reader in lab/book_records.py)."""
 import json
 import os
 import signal
@@ -16,13 +16,11 @@ from gluon_mgpu import data, training
 from gluon_mgpu.model import lenet
 from conftest import max_abs_diff
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_records  # noqa: E402
 import book_table  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _line(**changes):
@@ -219,7 +217,7 @@ def test_the_runner_looks_up_each_epoch_so_a_deleted_line_is_made_again(tmp_path
 
 
 def _script(*args, **kwargs):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'benchmarks', 'book_table.py'),
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'lab', 'book_table.py'),
                              *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             **kwargs)
 
@@ -240,7 +238,7 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data
     out, err = first.communicate(timeout=300)
     assert first.returncode == 143, err
     assert err.splitlines()[-1] == (
-        'benchmarks/book_table.py: terminated (SIGTERM); the finished epochs are recorded, '
+        'lab/book_table.py: terminated (SIGTERM); the finished epochs are recorded, '
         'give the same command again to continue')
     [kept] = open(record).read().splitlines()
 
@@ -276,7 +274,7 @@ def test_full_run_is_recorded_per_epoch_and_resumes_after_sigterm(tmp_path, data
             # One device: the train command's accuracy is the book's measure.
             assert r['acc_running'] == [r['test_acc']]
     assert 'book table: 3 of 4 epochs recorded; training 1dev-seed0-limit256x128 epoch 2' in out
-    assert out.splitlines()[-1] == ('all 4 epochs recorded in %s; benchmarks/book_table.py '
+    assert out.splitlines()[-1] == ('all 4 epochs recorded in %s; lab/book_table.py '
                                     "--page fills the page's tables"
                                     % os.path.relpath(record, ROOT))
     names = os.listdir(os.path.join(work, '2dev-seed0-limit256x128'))
@@ -294,14 +292,14 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, 
     argv = ['--data-dir', data_dir, '--work-dir', str(work)]
     assert book_table.main(argv + ['--dtype', 'bfloat16', '--record',
                                    str(tmp_path / 'b.jsonl')]) == 2
-    assert capsys.readouterr().err == ('benchmarks/book_table.py: error: --dtype bfloat16: this '
+    assert capsys.readouterr().err == ('lab/book_table.py: error: --dtype bfloat16: this '
                                        'CPU cannot; leave out --dtype bfloat16\n')
     assert not (tmp_path / 'b.jsonl').exists() and os.listdir(work) == ['logs']
     bad = tmp_path / 'bad.jsonl'
     bad.write_text('{"seed": -5}\n')
     assert book_table.main(argv + ['--record', str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith('benchmarks/book_table.py: error: %s, line 1: ' % bad)
+    assert err.startswith('lab/book_table.py: error: %s, line 1: ' % bad)
     assert len(err.splitlines()) == 1
     assert book_table.main(argv + ['--seeds', '-1']) == 2
     assert 'argument --seeds: --seeds must be between 0 and 2147483647, got -1' in \
@@ -316,13 +314,13 @@ def test_bad_input_is_one_line_and_exit_2_before_any_run(tmp_path, monkeypatch, 
                            (['--work-dir', ''], "argument --work-dir: --work-dir expects a "
                             "folder, got ''; for example --work-dir ~/book-table (see --help)")):
         assert book_table.main(['--data-dir', data_dir] + extra) == 2
-        assert capsys.readouterr().err == 'benchmarks/book_table.py: error: %s\n' % message
+        assert capsys.readouterr().err == 'lab/book_table.py: error: %s\n' % message
     # A log in the work folder that is not ours: refused before any run, and left as it is.
     logs = work / 'logs'
     (logs / '2dev-seed0.log').symlink_to(tmp_path / 'not-ours.txt')
     assert book_table.main(argv + ['--record', str(tmp_path / 'c.jsonl')]) == 2
     err = capsys.readouterr().err
-    assert err.startswith('benchmarks/book_table.py: error: --work-dir %s: %s ' % (
+    assert err.startswith('lab/book_table.py: error: --work-dir %s: %s ' % (
         work, logs / '2dev-seed0.log')) and 'symbolic link' in err, err
     assert not (tmp_path / 'not-ours.txt').exists() and not (tmp_path / 'c.jsonl').exists()
 
@@ -336,7 +334,7 @@ def test_a_short_write_leaves_the_record_as_it_was(tmp_path):
             'signal.signal(signal.SIGXFSZ, signal.SIG_IGN); '
             'resource.setrlimit(resource.RLIMIT_FSIZE, (%d, %d)); '
             'book_table.append_record(%r, json.loads(%r))'
-            % (os.path.join(ROOT, 'benchmarks'), len(kept) + 100, len(kept) + 100, str(path),
+            % (os.path.join(ROOT, 'lab'), len(kept) + 100, len(kept) + 100, str(path),
                json.dumps(_line(epoch=2))))
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           timeout=300)
@@ -694,7 +692,7 @@ def test_input_the_train_command_refuses_is_its_line_and_exit_2(tmp_path, capsys
                             '--work-dir', str(tmp_path / 'work')]) == 2
     err = capsys.readouterr().err
     log = tmp_path / 'work' / 'logs' / '2dev-seed0-limit70000xall.log'
-    assert err.startswith('benchmarks/book_table.py: error: the train command of '
+    assert err.startswith('lab/book_table.py: error: the train command of '
                           '2dev-seed0-limit70000xall refused its input: python -m '
                           'gluon_mgpu.train: error: '), err
     assert err.endswith(' (its output is in %s)\n' % log) and '70000' in err

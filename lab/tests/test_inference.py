@@ -1,4 +1,4 @@
-"""benchmarks/fold.py's fold_batchnorm: the same predictions without BatchNorm layers, the
+"""lab/fold.py's fold_batchnorm: the same predictions without BatchNorm layers, the
 original intact."""
 import os
 import sys
@@ -13,12 +13,9 @@ from mxnet.gluon.nn.basic_layers import _BatchNorm
 
 from gluon_mgpu import data, training
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'benchmarks'))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab/
 from fold import FOLD_ATOL, FOLD_RTOL, fold_batchnorm  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):

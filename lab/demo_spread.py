@@ -12,8 +12,8 @@ for one or more seeds, appends one JSON line per run to ``docs/records/demo-spre
 the CPU model, its flags and the instruction set oneDNN reported using), and writes
 ``docs/demo-spread.md`` from those lines.
 
-    .venv/bin/python benchmarks/demo_spread.py run --candidate demo-old --seeds 0 1
-    .venv/bin/python benchmarks/demo_spread.py report
+    .venv/bin/python lab/demo_spread.py run --candidate demo-old --seeds 0 1
+    .venv/bin/python lab/demo_spread.py report
 
 A run already in the records (same candidate, arguments, setting, seed and CPU: its family,
 model and stepping) is not trained again. The accuracies are deterministic for a given setting
@@ -22,7 +22,7 @@ kept only as an indication. The notebook's candidates set no seed (a reader's ru
 order), so each of their runs is a new sample: ``--runs N`` trains until the records hold N of
 them per setting on this CPU.
 
-    .venv/bin/python benchmarks/demo_spread.py run --candidate notebook-quick-lr0.0125-b16-2000 \
+    .venv/bin/python lab/demo_spread.py run --candidate notebook-quick-lr0.0125-b16-2000 \
         --settings native-2t --runs 3
 """
 import argparse
@@ -304,7 +304,7 @@ def _settings_run(candidate, records):
 def report(path=RECORDS, out=REPORT):
     records = read_records(path)
     lines = ['# How `make demo` learns under different CPU kernels', '',
-             '<!-- Written by `benchmarks/demo_spread.py report` from '
+             '<!-- Written by `lab/demo_spread.py report` from '
              'docs/records/demo-spread.jsonl. -->',
              '',
              'Issue 46, item 4: the old demo printed 0.54 then 0.72 with oneDNN capped at AVX2 and '
@@ -312,7 +312,7 @@ def report(path=RECORDS, out=REPORT):
              'depends on the instructions oneDNN uses and on its thread count, so each candidate '
              'setting below was trained under up to four kernel settings (oneDNN capped at AVX2 '
              'or not capped, 1 or 2 OpenMP threads per simulated device), each run a '
-             'fresh `python -m gluon_mgpu.train` process (`benchmarks/demo_spread.py run`). '
+             'fresh `python -m gluon_mgpu.train` process (`lab/demo_spread.py run`). '
              'The seconds are only an indication: the machine was shared with other jobs, '
              'at times 20 to 35 processes wanting its 2 cores.', '',
              'Chosen: `%s` for `make demo` (the Makefile\'s `DEMO_ARGS`, with `--seed 0`) and '

@@ -11,8 +11,8 @@ The training cells of both notebooks save every epoch in the folder
 SIGTERM, a reboot), the same command executes the notebook again and those cells go on after
 their last saved epoch. A notebook is written only once it has run to its end.
 
-    .venv/bin/python benchmarks/execute_notebooks.py                      # the book's settings: hours
-    GLUON_MGPU_QUICK=1 .venv/bin/python benchmarks/execute_notebooks.py   # minutes; not for committing
+    .venv/bin/python tools/execute_notebooks.py                      # the book's settings: hours
+    GLUON_MGPU_QUICK=1 .venv/bin/python tools/execute_notebooks.py   # minutes; not for committing
 """
 import copy
 import datetime
@@ -30,6 +30,7 @@ import tokenize
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, measuring
 import gluon_mgpu  # noqa: E402,F401,I001  (first: it sets the threads the kernel inherits)
 from gluon_mgpu.commands import cli  # noqa: E402
 import numpy as np  # noqa: E402
@@ -37,7 +38,7 @@ import numpy as np  # noqa: E402
 import book_records  # noqa: E402
 import measuring  # noqa: E402
 
-PROG = 'benchmarks/execute_notebooks.py'
+PROG = 'tools/execute_notebooks.py'
 NOTEBOOKS = {'multiple-gpus-gluon': 'multiple-gpus-gluon.zh',
              'three-ways-to-split': 'three-ways-to-split.zh'}
 DEFAULT_CHECKPOINTS = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'notebooks')

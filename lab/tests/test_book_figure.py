@@ -1,4 +1,4 @@
-"""The book's accuracy table as a picture (benchmarks/book_figure.py), which
+"""The book's accuracy table as a picture (lab/book_figure.py), which
 ``book_table.py --tables`` draws from the records: the committed one is the records' now."""
 import io
 import json
@@ -7,13 +7,11 @@ import sys
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_figure  # noqa: E402
 import book_records  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _data_now():
@@ -27,7 +25,7 @@ def test_the_committed_figure_plots_the_records_and_gpu_runs_now():
     data = _data_now()
     # JSON keeps every float as it is: the committed figure's values are the records', exactly.
     assert book_figure.read_data() == json.loads(json.dumps(data)), (
-        'docs/figures/book-accuracy.png is stale: run benchmarks/book_table.py --tables')
+        'docs/figures/book-accuracy.png is stale: run lab/book_table.py --tables')
     # What a reader sees: the book's printed values, every GPU run, every seed of ours.
     [one, two] = data['panels']
     assert [e['book'] for e in one['epochs']] == [0.86, 0.91, 0.91, 0.93]

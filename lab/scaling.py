@@ -1,16 +1,16 @@
 """How a step's cost grows with devices and with workers. Writes docs/scaling.md.
 
-    .venv/bin/python benchmarks/scaling.py                 # about 8 minutes on 2 quiet cores
-    .venv/bin/python benchmarks/scaling.py --part workers  # the dist_sync jobs only (~1 min)
-    .venv/bin/python benchmarks/scaling.py --part jobs     # dist_sync and Horovod, interleaved
-    .venv/bin/python benchmarks/scaling.py --quick --out /tmp/scaling.md   # a smoke run
-    .venv/bin/python benchmarks/scaling.py --report-only   # from docs/records/scaling.json
+    .venv/bin/python lab/scaling.py                 # about 8 minutes on 2 quiet cores
+    .venv/bin/python lab/scaling.py --part workers  # the dist_sync jobs only (~1 min)
+    .venv/bin/python lab/scaling.py --part jobs     # dist_sync and Horovod, interleaved
+    .venv/bin/python lab/scaling.py --quick --out /tmp/scaling.md   # a smoke run
+    .venv/bin/python lab/scaling.py --report-only   # from docs/records/scaling.json
 
 Two tables. Every row is measured in fresh processes, the rows interleaved and repeated:
 
 - ``devices``: the chapter's ResNet-18, hybridized, data parallel over 1, 2, 4 and 8
   simulated devices (``mx.cpu(0)`` ... ``mx.cpu(7)``) at a fixed global batch of 256, one
-  process each (benchmarks/worker.py, kind "phases"). First the images/s of the package's step
+  process each (lab/worker.py, kind "phases"). First the images/s of the package's step
   (``training.choose_step``: on CPU devices each device's calls from its own thread) without
   waits; then, in the same process, the step's phases with
   ``nd.waitall()`` after each: the split and the copies (the two halves of
@@ -26,7 +26,7 @@ Two tables. Every row is measured in fresh processes, the rows interleaved and r
   of the gradients, then every worker's own update).
 
 Each measurement records its CPU time against the wall time and the others' load
-(benchmarks/measuring.py; for a job, over the whole job, seen from here: every process of the
+(lab/measuring.py; for a job, over the whole job, seen from here: every process of the
 job is a child of this one); a disturbed one is measured again (``--retries``) and kept,
 marked. The raw records are kept in docs/records/scaling.json; ``--part`` measures one table
 again and keeps the other's records.
@@ -41,7 +41,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-import run  # noqa: E402  (benchmarks/run.py: config, measure, measure_until_quiet, machine)
+import run  # noqa: E402  (lab/run.py: config, measure, measure_until_quiet, machine)
 from measuring import (DISTURBED_CORES, TABLE_LEGEND, Interval, raw_values,  # noqa: E402
                        summarize)
 
@@ -83,7 +83,7 @@ def job_command(config, workers):
 
 
 def job_record(interval, worker_records):
-    """One job's record: ``interval`` (the whole job's, from benchmarks/measuring.py), the
+    """One job's record: ``interval`` (the whole job's, from lab/measuring.py), the
     workers' records, and ``value``, the job's images/s as its slowest worker saw them."""
     workers = sorted(worker_records, key=lambda r: r['rank'])
     return dict(interval, value=min(r['value'] for r in workers), workers=workers)
@@ -319,7 +319,7 @@ def report(raw, raw_name='scaling.json'):
     info, every = raw['machine'], raw['records']
     quick = raw.get('quick')
     lines = ['# How cost grows with devices and workers', '',
-             'Written by `benchmarks/scaling.py`%s from the raw records in [%s](%s); do not '
+             'Written by `lab/scaling.py`%s from the raw records in [%s](%s); do not '
              'edit by hand.' % (' --quick (a smoke run, NOT representative)' if quick else '',
                                 raw_name, raw_name), '',
              '- when: %s' % '; '.join('%s to %s: %s' % (r['start'], r['end'], r['what'])
@@ -347,7 +347,7 @@ def report(raw, raw_name='scaling.json'):
         records = [r for r in every if r['part'] == part]
         if records:
             lines += ['', '## %s' % titles[part], '', texts[part], ''] + part_lines(part, records)
-    lines += ['', 'Reproduce: `.venv/bin/python benchmarks/scaling.py%s` (one table: `--part '
+    lines += ['', 'Reproduce: `.venv/bin/python lab/scaling.py%s` (one table: `--part '
               'devices`, `--part workers` or `--part horovod`; the two jobs interleaved: `--part '
               'jobs`).' % (' --quick' if quick else '')]
     return lines

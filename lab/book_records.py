@@ -41,7 +41,7 @@ NEWER_EDITION = {1: {'sec_per_epoch': 14.1, 'test_acc': 0.92},
 MIN_SEEDS = 3
 
 
-# The records of the full runs (benchmarks/book_table.py writes them): one JSON line per epoch.
+# The records of the full runs (lab/book_table.py writes them): one JSON line per epoch.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every record of the book table's scripts is in docs/records/, beside no page.
 RECORDS = os.path.join(ROOT, 'docs', 'records')
@@ -411,7 +411,7 @@ def accuracy_cells(records, runs, train_limit=None, test_limit=None):
 def _gpu_verdict(cell, last):
     ours, same = cell['ours'], cell['same']
     if ours is None:
-        return 'not run (benchmarks/book_table.py)', 'not run'
+        return 'not run (lab/book_table.py)', 'not run'
     if ours['n'] < MIN_SEEDS:
         return ('not judged: %s so far, %d needed' % (plural(ours['n'], 'seed'), MIN_SEEDS),
                 'not judged')
@@ -545,7 +545,7 @@ def notebook_table(cells, lang='en'):
 SPEEDUP_BAND = (0.75, 1.10)
 
 
-_NOT_RUN = ('not run', '', 'not run (benchmarks/book_table.py)', 'not run')
+_NOT_RUN = ('not run', '', 'not run (lab/book_table.py)', 'not run')
 
 
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
@@ -588,7 +588,7 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
            % ', '.join(str(d) for d in devices)) if simulated(devices) else None
     if len(seconds) < 2:
-        verdict = 'not run (benchmarks/book_table.py)' + ('; ' + why if why else '')
+        verdict = 'not run (lab/book_table.py)' + ('; ' + why if why else '')
         return rows + [_row(*head, 'not run', '', verdict, 'not run')]
     speedup = seconds[1] / seconds[2]
     ratio = speedup / book_speedup

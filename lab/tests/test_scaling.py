@@ -1,15 +1,12 @@
-"""benchmarks/scaling.py's arithmetic and report, from fixed records (nothing is measured)."""
+"""lab/scaling.py's arithmetic and report, from fixed records (nothing is measured)."""
 import os
 import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                'benchmarks'))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab/
 import scaling  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _device_run(count, value, phases, others=0.01):
@@ -101,7 +98,7 @@ def test_a_smoke_run_says_so_and_how_to_reproduce_it():
     lines = scaling.report(raw)
     assert lines[:7] == [
         '# How cost grows with devices and workers', '',
-        'Written by `benchmarks/scaling.py` --quick (a smoke run, NOT representative) from the '
+        'Written by `lab/scaling.py` --quick (a smoke run, NOT representative) from the '
         'raw records in [scaling.json](scaling.json); do not edit by hand.', '',
         '- when: 2026-11-22 17:46 UTC to 2026-11-22 17:51 UTC: devices',
         '- machine: AMD EPYC, 2 usable cores; Python 3.11.7, MXNet 1.9.1; Linux. Load average '
@@ -111,6 +108,6 @@ def test_a_smoke_run_says_so_and_how_to_reproduce_it():
     assert '## LeNet in a dist_sync job of 1, 2 and 4 workers' not in lines
     assert 'global batch 256, one fresh process per measurement: 1 timed step after 1 warm-up ' \
         'step of' in lines[12]
-    assert lines[-1] == ('Reproduce: `.venv/bin/python benchmarks/scaling.py --quick` (one '
+    assert lines[-1] == ('Reproduce: `.venv/bin/python lab/scaling.py --quick` (one '
                          'table: `--part devices`, `--part workers` or `--part horovod`; the '
                          'two jobs interleaved: `--part jobs`).')

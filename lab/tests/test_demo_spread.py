@@ -1,4 +1,4 @@
-"""`make demo` as the README shows it, and benchmarks/demo_spread.py, which measured how its
+"""`make demo` as the README shows it, and lab/demo_spread.py, which measured how its
 accuracies move with the CPU's kernels and threads (docs/demo-spread.md, issue 46)."""
 import json
 import os
@@ -8,8 +8,8 @@ import tempfile
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import demo_spread  # noqa: E402
 
 
@@ -35,7 +35,6 @@ def test_the_readme_runs_the_makefiles_demo_and_prints_its_recorded_run():
     assert printed == ['%.2f' % a for a in run['test_acc']]
 
 
-@pytest.mark.bench
 def test_the_report_says_under_which_settings_a_candidate_ran():
     records = [{'candidate': 'q', 'setting': s} for s in ('avx2-1t', 'avx2-2t')]
     assert demo_spread._settings_run('q', records) == (
@@ -47,7 +46,6 @@ def test_the_report_says_under_which_settings_a_candidate_ran():
     assert demo_spread._settings_run('other', records) == 'under none of them'
 
 
-@pytest.mark.bench
 def test_a_notebook_candidate_runs_until_this_cpu_holds_runs_samples(tmp_path, monkeypatch):
     # The notebook sets no seed, so each run is a sample: --runs N trains until the records hold
     # N per setting on this CPU (family and model); another CPU's runs, though named alike

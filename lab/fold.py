@@ -89,7 +89,7 @@ def fold_batchnorm(net, hybridize=True):
 
     Notes
     -----
-    benchmarks/run.py measures evaluation through the copy (``eval-1-fold``), and through the
+    lab/run.py measures evaluation through the copy (``eval-1-fold``), and through the
     copy partitioned by MXNet's MKLDNN backend (``eval-1-fold-mkldnn``: ReLU and the residual
     sum fused into the convolutions; CPU only), against ``net`` itself (``eval-1``).
     """

@@ -1,9 +1,9 @@
 """One benchmark measurement, in a fresh process (so thread settings apply); prints JSON.
 
-The JSON holds the result and how its timed interval went (benchmarks/measuring.py): wall and
+The JSON holds the result and how its timed interval went (lab/measuring.py): wall and
 CPU time, and the cores the rest of the machine kept busy meanwhile.
 
-Run by benchmarks/run.py and scaling.py as ``python benchmarks/worker.py '<json config>'``
+Run by lab/run.py and scaling.py as ``python lab/worker.py '<json config>'``
 (kind "dist": by every process of a dist_sync job). The import order matters: MXNet reads
 OMP_NUM_THREADS once, at import. A "book" configuration imports MXNet first and never lets
 gluon_mgpu choose threads (MXNet's defaults, as a book reader has them); a "d2lzh-first" one
@@ -253,7 +253,7 @@ def data_speed(cfg):
 def eval_speed(cfg):
     """Evaluation (``training.evaluate_accuracy``) of the trained-shape ResNet-18: images/s.
 
-    ``cfg['fold']``: through ``fold_batchnorm``'s copy (benchmarks/fold.py: BatchNorm folded into
+    ``cfg['fold']``: through ``fold_batchnorm``'s copy (lab/fold.py: BatchNorm folded into
     the convolutions), hybridized with ``static_alloc`` and ``cfg['static_shape']``, partitioned by
     ``cfg['backend']`` when given. Else ``cfg['backend']``: the exported graph, partitioned.
     """

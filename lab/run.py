@@ -1,15 +1,15 @@
 """Measure training, data and evaluation speed in ONE run and write docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/run.py            # about 15 minutes on 2 cores
-    .venv/bin/python benchmarks/run.py --quick    # a smoke run with tiny step counts
-    .venv/bin/python benchmarks/run.py --only book-1,ours-hyb-1,gemm   # a part: a few minutes
-    .venv/bin/python benchmarks/run.py --only ours-hyb-1,ours-bf16-1,...,gemm,gemm-bf16 \
+    .venv/bin/python lab/run.py            # about 15 minutes on 2 cores
+    .venv/bin/python lab/run.py --quick    # a smoke run with tiny step counts
+    .venv/bin/python lab/run.py --only book-1,ours-hyb-1,gemm   # a part: a few minutes
+    .venv/bin/python lab/run.py --only ours-hyb-1,ours-bf16-1,...,gemm,gemm-bf16 \
         --out docs/bf16.md --title "bfloat16 against float32"   # docs/bf16.md (issue 23)
 
-Every measurement runs in a fresh process (benchmarks/worker.py), because MXNet reads its
+Every measurement runs in a fresh process (lab/worker.py), because MXNet reads its
 thread settings once, at import. Configurations are interleaved and repeated. Each measurement
 records its own CPU time against the wall time and the load of the rest of the machine over the
-same interval (benchmarks/measuring.py); a disturbed one is repeated (``--retries``) and kept,
+same interval (lab/measuring.py); a disturbed one is repeated (``--retries``) and kept,
 marked. The report gives the median of the undisturbed runs with their spread, next to the best.
 
 The raw records are kept in docs/records/benchmarks.json. ``--only NAMES`` measures those settings
@@ -158,7 +158,7 @@ def measure(config, timeout=900):
     """Run one configuration in a fresh process; a "book" one gets MXNet's default threads.
 
     Returns the worker's record: ``value`` and how its interval went (``wall``, ``cpu``,
-    ``cpu_per_wall``, ``others_cores``, ``disturbed``; benchmarks/measuring.py).
+    ``cpu_per_wall``, ``others_cores``, ``disturbed``; lab/measuring.py).
     """
     env = dict(os.environ)
     if config.get('threads') in ('mxnet', 'd2lzh-first'):
@@ -402,7 +402,7 @@ def report(raw, raw_name='benchmarks.json'):
     others = sorted(r['others_cores'] for r in every)
     n_disturbed = sum(r['disturbed'] for r in every)
     lines = ['# %s' % raw.get('title', 'Benchmarks'), '',
-             'Written by `benchmarks/run.py`%s from the raw records in '
+             'Written by `lab/run.py`%s from the raw records in '
              '[%s](%s); do not edit by hand.'
              % (' --quick (NOT representative)' if raw.get('quick') else '', raw_name, raw_name),
              '',

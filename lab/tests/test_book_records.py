@@ -1,4 +1,4 @@
-"""The research record's reader and the tables made of it (benchmarks/book_records.py): the
+"""The research record's reader and the tables made of it (lab/book_records.py): the
 rows of seconds per epoch and the speed-up, the published GPU runs and the accuracy table judged
 against them. The records' lines and the runner are tests/test_book_table.py's."""
 import json
@@ -8,12 +8,10 @@ import sys
 import mxnet as mx
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_records  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def _by(rows, cell):
@@ -29,11 +27,11 @@ def test_training_rows_say_not_run_without_records():
     assert [r['book'] for r in _by(rows, 'In [8]')] == ['31.6']
     [speedup] = _by(rows, 'In [7]/[8]')
     assert speedup['book'] == '1.95x (PyTorch ed. 1.53x)'
-    assert speedup['verdict'].startswith('not run (benchmarks/book_table.py); cpu(0), cpu(1) are '
+    assert speedup['verdict'].startswith('not run (lab/book_table.py); cpu(0), cpu(1) are '
                                          'simulated devices: they share the same CPU cores')
     assert speedup['verdict'].endswith('so no speed-up is expected')
     [on_gpus] = _by(book_records.training_rows([mx.gpu(0), mx.gpu(1)], []), 'In [7]/[8]')
-    assert on_gpus['verdict'] == 'not run (benchmarks/book_table.py)'
+    assert on_gpus['verdict'] == 'not run (lab/book_table.py)'
 
 
 def _record(devices, seed, epoch, acc, seconds=100.0, warmup=0, precise=None, batch=None,
@@ -92,7 +90,7 @@ def test_accuracy_cells_judge_our_mean_against_the_same_code_range():
     assert (cells[1, 2]['verdict'], cells[1, 2]['status']) == (
         "BELOW the same-code GPU runs' range (0.90-0.92)", 'mismatch')
     assert (cells[1, 3]['verdict'], cells[1, 3]['status']) == (
-        'not run (benchmarks/book_table.py)', 'not run')
+        'not run (lab/book_table.py)', 'not run')
     # Epoch 4: 0.915 is within 0.01 of the median 0.920; 0.8867 (printed 0.89) is not of 0.900.
     assert cells[1, 4]['verdict'] == ("inside the same-code GPU runs' range (0.91-0.93); within "
                                       '0.01 of their median 0.920')

@@ -1,6 +1,6 @@
 """Where a training step's time goes, operator by operator. Writes docs/profile.md.
 
-    .venv/bin/python benchmarks/profile_step.py        # about 3 minutes on 2 cores
+    .venv/bin/python lab/profile_step.py        # about 3 minutes on 2 cores
 
 The chapter's ResNet-18, hybridized (the package's default), global batch 256 on 1 device and
 on 2 simulated devices ([cpu(0), cpu(1)]), the package's thread settings, one fresh process
@@ -14,7 +14,7 @@ each. Two passes per device count, each in its own process:
   inside the operators that need them; this pass shows them apart.
 
 Every timed interval records the process's CPU time against the wall time and the cores the
-rest of the machine kept busy meanwhile (benchmarks/measuring.py).
+rest of the machine kept busy meanwhile (lab/measuring.py).
 """
 import argparse
 import collections
@@ -184,10 +184,10 @@ def main(argv=None):
         r = results[devices, pass_] = run_pass(devices, pass_, args.steps, args.batch_size)
         print('%d device(s), %s: %s' % (devices, pass_, interval_text(
             r['profiled'] if pass_ == 'profiler' else r['timed'])), flush=True)
-    import run  # benchmarks/run.py: machine, write_report
+    import run  # lab/run.py: machine, write_report
     info = run.machine()
     lines = ['# Where a training step\'s time goes', '',
-             'Written by `benchmarks/profile_step.py` (one run, %.0f s); do not edit by hand.'
+             'Written by `lab/profile_step.py` (one run, %.0f s); do not edit by hand.'
              % (time.time() - start), '',
              '- date: %s' % run.utc_now(),
              '- machine: %s, %d usable cores, %s; Python %s, MXNet %s. Load average at the end: '
@@ -248,7 +248,7 @@ def main(argv=None):
                           'calls, ms):', '']
                 lines += ['- `%s`: %d, %.1f ms' % (k, c, ms) for k, (c, ms) in reorders]
         lines.append('')
-    lines += ['Reproduce: `.venv/bin/python benchmarks/profile_step.py --steps %d '
+    lines += ['Reproduce: `.venv/bin/python lab/profile_step.py --steps %d '
               '--batch-size %d%s`.' % (args.steps, args.batch_size, '' if args.device_counts == [1, 2] else
                  ' --device-counts %s' % ' '.join(map(str, args.device_counts)))]
     run.write_report(args.out, lines)

@@ -7,7 +7,7 @@ replacement, from the later MXNet editions' runs of one setting and epoch, group
 table groups them (``book_records.read_gpu_runs``; on 2 GPUs their measure splits the test set
 over the GPUs, each with its own statistics, as our train command does).
 
-    .venv/bin/python benchmarks/gpu_run_odds.py --devices 2 --epoch 1 \\
+    .venv/bin/python lab/gpu_run_odds.py --devices 2 --epoch 1 \\
         --ours 0.7996 0.7249 0.7935 0.7264 0.7499 0.5872
 
 prints how often as many later-edition runs average at most our mean and, with ``--below Y``,
@@ -24,7 +24,7 @@ import numpy as np
 import book_records  # the GPU runs as the page's table groups them (read_gpu_runs)
 from gluon_mgpu.commands import cli
 
-PROG = 'benchmarks/gpu_run_odds.py'
+PROG = 'lab/gpu_run_odds.py'
 
 
 def mean_at_most(values, n, x):

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_run_odds.py: the odds the page quotes, exact, from the committed GPU runs."""
+"""lab/gpu_run_odds.py: the odds the page quotes, exact, from the committed GPU runs."""
 import itertools
 import os
 import sys
@@ -6,13 +6,11 @@ from fractions import Fraction
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'benchmarks'))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, 'lab'))
 import book_records  # noqa: E402
 import gpu_run_odds  # noqa: E402
 
-# A test of a script in benchmarks/ (the project measuring itself): make bench-test.
-pytestmark = pytest.mark.bench
 
 
 def test_the_odds_are_exact_against_counting_every_draw():
@@ -43,7 +41,7 @@ def test_an_accuracy_that_is_no_fraction_is_one_line_and_exit_2(capsys):
     for bad in ('nan', '1.5', 'x'):
         assert gpu_run_odds.main(['--devices', '2', '--epoch', '1', '--ours', '0.8', bad]) == 2
         assert capsys.readouterr().err == (
-            "benchmarks/gpu_run_odds.py: error: argument --ours: an accuracy is a number from 0 "
+            "lab/gpu_run_odds.py: error: argument --ours: an accuracy is a number from 0 "
             "to 1, got %r; for example 0.8396 (see --help)\n" % bad)
 
 
@@ -67,13 +65,13 @@ def test_45_8_a_damaged_csv_of_gpu_runs_is_one_line(content, says, tmp_path, mon
     path.write_bytes(content)
     monkeypatch.setattr(book_records, 'GPU_RUNS', str(path))
     assert gpu_run_odds.main(['--devices', '2', '--epoch', '1', '--ours', '0.8']) == 2
-    assert capsys.readouterr().err == ('benchmarks/gpu_run_odds.py: error: %s %s; restore it: '
+    assert capsys.readouterr().err == ('lab/gpu_run_odds.py: error: %s %s; restore it: '
                                        'git checkout %s\n' % (path, says.format(path=path), path))
 
 
 def _odds(*tail):
     return ('%s %s --devices 2 --epoch 1 --ours 0.8 %s'
-            % (sys.executable, os.path.join(ROOT, 'benchmarks', 'gpu_run_odds.py'), ' '.join(tail)))
+            % (sys.executable, os.path.join(ROOT, 'lab', 'gpu_run_odds.py'), ' '.join(tail)))
 
 
 def test_45_8_stdout_that_is_gone_or_full_ends_as_a_unix_tool_ends():
@@ -87,6 +85,6 @@ def test_45_8_stdout_that_is_gone_or_full_ends_as_a_unix_tool_ends():
     done = subprocess.run(['bash', '-c', _odds() + ' >/dev/full'], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 1
-    assert done.stderr == ('benchmarks/gpu_run_odds.py: error: cannot write to stdout (No space '
+    assert done.stderr == ('lab/gpu_run_odds.py: error: cannot write to stdout (No space '
                            'left on device); free some space on that disk or write somewhere '
                            'else\n')
