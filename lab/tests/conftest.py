@@ -1,30 +1,12 @@
-"""The lab's tests (make lab-test): the fixtures they share with tests/, without its others."""
-# gluon_mgpu first: it chooses MXNet's thread count, which MXNet reads once, on import.
-import gluon_mgpu  # noqa: I001
+"""The lab's tests (make lab-test) take the package tests' fixtures: tests/conftest.py, loaded
+under a name of its own (pytest names this file conftest too)."""
+import importlib.util
+import os
 
-import signal
+_PATH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                     'tests', 'conftest.py')
+_spec = importlib.util.spec_from_file_location('gluon_mgpu_tests_conftest', _PATH)
+_shared = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_shared)  # gluon_mgpu first (MXNet's threads), Ctrl-C restored
 
-import mxnet as mx
-import numpy as np
-import pytest
-
-# Started in the background, a test run inherits SIGINT ignored; the tests of signals need
-# Python's own handler here (tests/conftest.py says more).
-if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-@pytest.fixture
-def two_cpus():
-    """Two distinct MXNet contexts on one CPU."""
-    return [mx.cpu(0), mx.cpu(1)]
-
-
-@pytest.fixture(scope='session')
-def data_dir():
-    """The real Fashion-MNIST folder; missing data is an error, never a skip."""
-    return gluon_mgpu.find_data_dir()
-
-
-def max_abs_diff(a, b):
-    return float(np.max(np.abs(a.asnumpy().astype(np.float64) - b.asnumpy())))
+two_cpus, data_dir, max_abs_diff = _shared.two_cpus, _shared.data_dir, _shared.max_abs_diff
