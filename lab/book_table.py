@@ -921,6 +921,10 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     import nbformat
     record = record or DEFAULT_RECORD
     records = book_records.read_records(record)
+    if not records:  # the tables would be emptied, the page's, the notebooks' and the figure's
+        raise PageError('%s %s; the tables are made of the epochs a record holds: pass --record '
+                        'with one that book_table.py trained into'
+                        % (record, 'holds no line' if os.path.exists(record) else 'does not exist'))
     # The other runs' machines are the default record's: a record of one's own stands alone.
     other = book_dips.read_other_runs() if os.path.abspath(record) == DEFAULT_RECORD else []
     report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,

@@ -25,7 +25,6 @@ them per setting on this CPU.
     .venv/bin/python lab/demo_spread.py run --candidate notebook-quick-lr0.0125-b16-2000 \
         --settings native-2t --runs 3
 """
-import argparse
 import json
 import os
 import re
@@ -41,6 +40,9 @@ sys.path.insert(0, HERE)
 
 from measuring import (cpu_generation, cpu_id, cpu_model, kernel_setting,  # noqa: E402
                        onednn_isa)
+from gluon_mgpu.commands import cli  # noqa: E402
+
+PROG = 'lab/demo_spread.py'
 
 RECORDS = os.path.join(ROOT, 'docs', 'records', 'demo-spread.jsonl')
 REPORT = os.path.join(ROOT, 'docs', 'demo-spread.md')
@@ -126,11 +128,54 @@ def child_env(setting):
     return env
 
 
+# What a record line holds, checked as it is read: a line cut short, {} or NaN is named.
+_FIELDS = {'candidate': str, 'args': (str, type(None)), 'setting': str, 'test_acc': list, 'train_loss': list,
+           'seconds': list, 'cpu_model': str, 'cpu_flags': list, 'onednn_isa': str,
+           'threads': dict, 'versions': dict, 'date': str}
+
+
+def _no_constant(name):
+    raise ValueError('%s is not a number a run gives' % name)
+
+
+def _problem(r):
+    """What makes ``r`` not a run's record line, or None."""
+    if not isinstance(r, dict):
+        return 'is not a JSON object'
+    wrong = [k for k, kind in _FIELDS.items() if not isinstance(r.get(k), kind)]
+    if wrong:
+        return 'has no %s of the kind a run writes' % wrong[0]
+    if r['setting'] not in SETTINGS:
+        return 'setting is %r, not one of %s' % (r['setting'], ', '.join(SETTINGS))
+    if r.get('seed') is not None and type(r.get('seed')) is not int:
+        return 'seed is %r, not a whole number or null' % (r.get('seed'),)
+    numbers = r['test_acc'] + r['train_loss'] + r['seconds']
+    if not r['test_acc'] or any(type(v) not in (int, float) for v in numbers) \
+            or not all(0 <= a <= 1 for a in r['test_acc']):
+        return 'test_acc, train_loss and seconds are not lists of numbers (accuracies 0 to 1)'
+    return None
+
+
 def read_records(path=RECORDS):
+    """The record's runs, one per line (none if the file does not exist); ``cli.UsageError``
+    names a line that is not a run's."""
     if not os.path.exists(path):
         return []
+    records = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line.rstrip('\n'), parse_constant=_no_constant)
+                problem = _problem(record)
+            except ValueError as e:
+                problem = 'is not a JSON line (%s)' % e
+            if problem:
+                raise cli.UsageError('%s, line %d: %s; fix or delete that line (each is one run)'
+                                     % (os.path.relpath(path, ROOT), n, problem))
+            records.append(record)
+    return records
 
 
 def train_once(candidate, setting, seed):
@@ -355,14 +400,22 @@ def report(path=RECORDS, out=REPORT):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    """Train what is missing and write the report, or only write it; return the exit code (2
+    for bad input or a bad record line, in one line)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    return cli.run_command(PROG, argv, lambda: _main(argv))
+
+
+def _main(argv):
+    parser = cli.Parser(prog=PROG, description=__doc__.split('\n\n')[0])
     sub = parser.add_subparsers(dest='command', required=True)
     r = sub.add_parser('run', help='train what is missing, then write the report')
     r.add_argument('--candidate', nargs='+', choices=list(CANDIDATES) + list(NOTEBOOK_CANDIDATES),
                    required=True)
-    r.add_argument('--seeds', nargs='+', type=int, default=[0])
+    r.add_argument('--seeds', nargs='+', type=cli.whole('--seeds', minimum=0, example=0),
+                   default=[0])
     r.add_argument('--settings', nargs='+', choices=list(SETTINGS), default=list(SETTINGS))
-    r.add_argument('--runs', type=int, default=1,
+    r.add_argument('--runs', type=cli.whole('--runs', example=3), default=1,
                    help="the notebook's candidates (no seed): runs per setting on this CPU")
     sub.add_parser('report', help='write docs/demo-spread.md from the records')
     args = parser.parse_args(argv)
@@ -372,4 +425,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(main())

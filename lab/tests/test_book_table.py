@@ -595,6 +595,23 @@ def _refused(paths):
     return str(e.value)
 
 
+@pytest.mark.parametrize('empty', [False, True])
+def test_tables_from_a_record_that_is_missing_or_empty_are_refused_and_nothing_changes(
+        tmp_path, monkeypatch, capsys, empty):
+    page, notebooks = _page_copies(tmp_path, monkeypatch)
+    record = tmp_path / 'mine.jsonl'
+    if empty:
+        record.write_text('')
+    before = {p: open(p, 'rb').read() for p in [str(page)] + list(notebooks.values())}
+    assert book_table.main(['--tables', '--record', str(record)]) == 2
+    assert capsys.readouterr().err == (
+        'lab/book_table.py: error: %s %s; the tables are made of the epochs a record holds: '
+        'pass --record with one that book_table.py trained into\n'
+        % (record, 'holds no line' if empty else 'does not exist'))
+    assert {p: open(p, 'rb').read() for p in before} == before
+    assert not os.path.exists(book_table.FIGURE)
+
+
 def test_a_page_or_notebook_that_cannot_be_filled_leaves_every_file_as_it_was(tmp_path,
                                                                                monkeypatch):
     page, notebooks = _page_copies(tmp_path, monkeypatch)

@@ -58,8 +58,8 @@ def test_a_notebook_candidate_runs_until_this_cpu_holds_runs_samples(tmp_path, m
                                  'cpu family 25, model 1, stepping 1') if ident != mine][0]
     with open(path, 'w') as f:
         for ident in (mine, other, other):
-            f.write(json.dumps({'candidate': candidate, 'args': args, 'setting': 'native-2t',
-                                'seed': None, 'cpu_id': ident}) + '\n')
+            f.write(json.dumps(dict(_records()[0], candidate=candidate, args=args,
+                                    setting='native-2t', seed=None, cpu_id=ident)) + '\n')
     trained = []
     monkeypatch.setattr(tempfile, 'tempdir', str(tmp_path))  # the claims' folder
     monkeypatch.setattr(demo_spread, '_run_once', lambda path, candidate, args, setting, seed,
@@ -69,3 +69,34 @@ def test_a_notebook_candidate_runs_until_this_cpu_holds_runs_samples(tmp_path, m
     # A second instance on the same machine finds those runs claimed.
     demo_spread.run([candidate], [0], ['native-2t'], path, runs=3)
     assert len(trained) == 2
+
+
+@pytest.mark.parametrize('line, problem', [
+    ('{"args": "--num-gpus 2", "candidate": "demo-o', 'is not a JSON line (Unterminated string '
+     'starting at: line 1 column 39 (char 38))'),
+    ('{}', 'has no candidate of the kind a run writes'),
+    (None, 'is not a JSON line (NaN is not a number a run gives)')])
+def test_a_record_line_cut_short_empty_or_nan_is_one_line_and_exit_2(tmp_path, monkeypatch,
+                                                                      capsys, line, problem):
+    good = open(demo_spread.RECORDS).readline()
+    bad = tmp_path / 'records.jsonl'
+    bad.write_text(good + (good.replace('"test_acc": [0.539', '"test_acc": [NaN')
+                           if line is None else line + '\n'))
+    out = tmp_path / 'report.md'
+    monkeypatch.setattr(demo_spread.report, '__defaults__', (str(bad), str(out)))
+    assert demo_spread.main(['report']) == 2
+    assert capsys.readouterr().err == (
+        'lab/demo_spread.py: error: %s, line 2: %s; fix or delete that line (each is one run)\n'
+        % (os.path.relpath(str(bad), ROOT), problem))
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('flags, line', [
+    (['--runs', '0'], '--runs: --runs must be at least 1, got 0; for example --runs 3'),
+    (['--seeds', 'x'], "--seeds: --seeds expects a whole number, got 'x'; for example --seeds 0"),
+    (['--seeds', '-1'], '--seeds: --seeds must be at least 0, got -1; for example --seeds 0')])
+def test_run_flags_that_train_nothing_or_fail_in_the_child_are_refused_first(capsys, flags,
+                                                                             line):
+    assert demo_spread.main(['run', '--candidate', 'demo-old'] + flags) == 2
+    assert capsys.readouterr().err == (
+        'lab/demo_spread.py: error: argument %s (see --help)\n' % line)
