@@ -233,3 +233,19 @@ def test_the_header_names_the_python_of_the_execution(lang):
     first = runner.header(dict(info, python='3.13.5, numpy 2.4.6'), lang).split('\n\n')[0]
     assert first.endswith('OMP_NUM_THREADS=2; Python 3.13.5, numpy 2.4.6.*' if lang == 'en' else
                           'OMP_NUM_THREADS=2；Python 3.13.5, numpy 2.4.6。*')
+
+
+def test_the_checkpoints_folder_is_one_absolute_folder_and_never_empty(tmp_path, monkeypatch,
+                                                                       capsys):
+    # The kernel runs in notebooks/: a relative --checkpoints was resolved there for the epochs
+    # and here for the lock and run.json, two folders; '' meant the working folder.
+    given = []
+    monkeypatch.setattr(runner, 'execute', lambda name, folder: given.append((name, folder)))
+    monkeypatch.setattr(runner.signal, 'signal', lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    assert runner.main(['multiple-gpus-gluon', '--checkpoints', 'epochs']) == 0
+    assert given == [('multiple-gpus-gluon', str(tmp_path / 'epochs'))]
+    assert runner.main(['--checkpoints', '']) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "tools/execute_notebooks.py: error: argument --checkpoints: --checkpoints is empty ('';"
+        " an unset variable?); for example --checkpoints ~/notebook-epochs (see --help)")

@@ -310,6 +310,7 @@ def build_parser():
     p.add_argument('notebooks', nargs='*', metavar='NOTEBOOK', help='which English notebooks (default: both): %s' % ', '.join(sorted(
                        NOTEBOOKS)))
     p.add_argument('--checkpoints', default=DEFAULT_CHECKPOINTS, metavar='DIR',
+                   type=cli.output_folder('--checkpoints', example='~/notebook-epochs'),
                    help='where the training cells keep their epochs (default %(default)s)')
     return p
 
@@ -350,8 +351,8 @@ def main(argv=None):
         for name in names:
             _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs
         signal.signal(signal.SIGTERM, _terminated)
-        for name in names:
-            execute(name, args.checkpoints)
+        for name in names:  # one folder for this script and the kernel, which runs elsewhere
+            execute(name, os.path.abspath(args.checkpoints))
         return 0
     return cli.run_command(PROG, argv, body, lambda e: {'own': _explain(e)})
 
