@@ -15,7 +15,10 @@ import copy
 import json
 import os
 import re
+import signal
+import subprocess
 import sys
+import time
 
 import nbformat
 import numpy as np
@@ -249,3 +252,32 @@ def test_the_checkpoints_folder_is_one_absolute_folder_and_never_empty(tmp_path,
     assert capsys.readouterr().err.splitlines()[-1] == (
         "tools/execute_notebooks.py: error: argument --checkpoints: --checkpoints is empty ('';"
         " an unset variable?); for example --checkpoints ~/notebook-epochs (see --help)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('signum', [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_mid_training_is_one_line_keeps_the_epochs_and_writes_no_notebook(tmp_path,
+                                                                                   signum):
+    # nbclient's own handler shut the kernel down: the cell failed as a dead kernel, nbclient's
+    # second clean-up raised an AssertionError, and the script said "unexpected AssertionError".
+    notebooks = [runner.path_of(n) for pair in runner.NOTEBOOKS.items() for n in pair]
+    before = {path: open(path, 'rb').read() for path in notebooks}
+    folder = tmp_path / 'epochs'
+    run = subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools', 'execute_notebooks.py'),
+                            'multiple-gpus-gluon', '--checkpoints', str(folder)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env=dict(os.environ, GLUON_MGPU_QUICK='smoke'))
+    first = folder / 'smoke' / 'multiple-gpus-gluon' / 'train-1' / 'epoch-0001.json'
+    deadline = time.time() + 600
+    while not first.exists():
+        assert run.poll() is None and time.time() < deadline, run.communicate()
+        time.sleep(0.5)
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    lines = [l for l in err.splitlines() if 'running over TCP without encryption' not in l]
+    assert (run.returncode, lines) == (128 + signum, [
+        'tools/execute_notebooks.py: %s; the finished epochs are saved, give the same command '
+        'again to continue' % ('terminated (SIGTERM)' if signum == signal.SIGTERM
+                               else 'interrupted (Ctrl-C)')])
+    assert first.exists()
+    assert {path: open(path, 'rb').read() for path in notebooks} == before

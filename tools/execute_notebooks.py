@@ -14,6 +14,7 @@ their last saved epoch. A notebook is written only once it has run to its end.
     .venv/bin/python tools/execute_notebooks.py                      # the book's settings: hours
     GLUON_MGPU_QUICK=1 .venv/bin/python tools/execute_notebooks.py   # minutes; not for committing
 """
+import asyncio
 import copy
 import datetime
 import hashlib
@@ -33,6 +34,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, measuring
 import gluon_mgpu  # noqa: E402,F401,I001  (first: it sets the threads the kernel inherits)
 from gluon_mgpu.commands import cli  # noqa: E402
+from gluon_mgpu.runtime.startup import Interrupted  # noqa: E402
 import numpy as np  # noqa: E402
 
 import book_records  # noqa: E402
@@ -267,9 +269,25 @@ def execute(name, checkpoints):
             print('%s: executing %s with %s (checkpoints: %s)' % (
                 PROG, os.path.relpath(path_of(name), ROOT), SETTINGS[setting], folder),
                 flush=True)
-            NotebookClient(nb, timeout=None, kernel_name='python3', record_timing=False,
-                           resources={'metadata': {'path': os.path.join(ROOT, 'notebooks')}},
-                           on_cell_executed=_progress).execute(env=env)
+            client = NotebookClient(
+                nb, timeout=None, kernel_name='python3', record_timing=False,
+                resources={'metadata': {'path': os.path.join(ROOT, 'notebooks')}},
+                on_cell_executed=_progress, shutdown_kernel='immediate')
+            loop = _SignalsNoted()
+            asyncio.set_event_loop(loop)  # what nbclient and zmq take as the loop
+            try:
+                loop.run_until_complete(client.async_execute(env=env))
+            except Exception:
+                if loop.signum is None:
+                    raise
+            finally:  # nbclient's watch on the kernel ends with it
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                loop.close()
+            if loop.signum is not None:  # nbclient stopped the kernel: the finished epochs stay
+                raise Interrupted(loop.signum)
         finally:
             shutil.rmtree(kernels)
     seconds = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()
@@ -327,15 +345,28 @@ def _explain(e):
         return 1, cli.error_line(PROG, 'a cell failed, so no notebook was written: %s' % (
             str(e).strip().splitlines()[-1]))
     if isinstance(e, KeyboardInterrupt):
-        return 130, ('%s: %s; the finished epochs are saved, give the same command again to '
-                     'continue' % (PROG, cli.stopped_by(e)))
+        return getattr(e, 'exit_code', 130), (
+            '%s: %s; the finished epochs are saved, give the same command again to continue'
+            % (PROG, cli.stopped_by(e)))
     return None
 
 
-def _terminated(signum, frame):
-    e = KeyboardInterrupt()
-    e.signal_name = 'SIGTERM'
-    raise e
+class _SignalsNoted(asyncio.SelectorEventLoop):
+    """An event loop that notes the first signal nbclient's own handlers take (SIGINT and
+    SIGTERM shut its kernel down; the cell running then fails as a dead kernel, and nbclient
+    0.10's second clean-up raises an AssertionError), so that the stop is reported as one."""
+
+    signum = None
+
+    def add_signal_handler(self, sig, callback, *args):
+        def noted(*args):
+            self.signum = sig if self.signum is None else self.signum
+            callback(*args)
+        super().add_signal_handler(sig, noted, *args)
+
+
+def _stop(signum, frame):
+    raise Interrupted(signum)
 
 
 def main(argv=None):
@@ -350,8 +381,8 @@ def main(argv=None):
         names = args.notebooks or sorted(NOTEBOOKS)
         for name in names:
             _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs
-        signal.signal(signal.SIGTERM, _terminated)
         for name in names:  # one folder for this script and the kernel, which runs elsewhere
+            signal.signal(signal.SIGTERM, _stop)  # nbclient leaves SIGTERM at its default
             execute(name, os.path.abspath(args.checkpoints))
         return 0
     return cli.run_command(PROG, argv, body, lambda e: {'own': _explain(e)})
