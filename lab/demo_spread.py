@@ -129,9 +129,9 @@ def child_env(setting):
 
 
 # What a record line holds, checked as it is read: a line cut short, {} or NaN is named.
-_FIELDS = {'candidate': str, 'args': (str, type(None)), 'setting': str, 'test_acc': list, 'train_loss': list,
-           'seconds': list, 'cpu_model': str, 'cpu_flags': list, 'onednn_isa': str,
-           'threads': dict, 'versions': dict, 'date': str}
+_FIELDS = {'candidate': str, 'args': (str, type(None)), 'setting': str, 'test_acc': list,
+           'train_loss': list, 'seconds': list, 'cpu_model': str, 'cpu_flags': list,
+           'onednn_isa': str, 'threads': dict, 'versions': dict, 'date': str}
 
 
 def _no_constant(name):

@@ -244,7 +244,6 @@ def test_the_checkpoints_folder_is_one_absolute_folder_and_never_empty(tmp_path,
     # and here for the lock and run.json, two folders; '' meant the working folder.
     given = []
     monkeypatch.setattr(runner, 'execute', lambda name, folder: given.append((name, folder)))
-    monkeypatch.setattr(runner.signal, 'signal', lambda *args: None)
     monkeypatch.chdir(tmp_path)
     assert runner.main(['multiple-gpus-gluon', '--checkpoints', 'epochs']) == 0
     assert given == [('multiple-gpus-gluon', str(tmp_path / 'epochs'))]

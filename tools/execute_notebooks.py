@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, measuring
 import gluon_mgpu  # noqa: E402,F401,I001  (first: it sets the threads the kernel inherits)
 from gluon_mgpu.commands import cli  # noqa: E402
-from gluon_mgpu.runtime.startup import Interrupted  # noqa: E402
+from gluon_mgpu.handlers.interrupts import DeferredInterrupt, Interrupted  # noqa: E402
 import numpy as np  # noqa: E402
 
 import book_records  # noqa: E402
@@ -365,10 +364,6 @@ class _SignalsNoted(asyncio.SelectorEventLoop):
         super().add_signal_handler(sig, noted, *args)
 
 
-def _stop(signum, frame):
-    raise Interrupted(signum)
-
-
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
 
@@ -382,8 +377,8 @@ def main(argv=None):
         for name in names:
             _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs
         for name in names:  # one folder for this script and the kernel, which runs elsewhere
-            signal.signal(signal.SIGTERM, _stop)  # nbclient leaves SIGTERM at its default
-            execute(name, os.path.abspath(args.checkpoints))
+            with DeferredInterrupt():  # per notebook: nbclient leaves them at their defaults
+                execute(name, os.path.abspath(args.checkpoints))
         return 0
     return cli.run_command(PROG, argv, body, lambda e: {'own': _explain(e)})
 
