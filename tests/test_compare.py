@@ -75,18 +75,6 @@ def _run(*args):
                               p for p in (ROOT, os.environ.get('PYTHONPATH')) if p)))
 
 
-def test_the_step_row_of_the_shared_run_says_bit_for_bit(book_equality, two_cpus, data_dir,
-                                                         monkeypatch):
-    # The tiny run of test_book_port (conftest), judged as the command judges its own.
-    found = book_equality(2)  # trained before epoch_equality, which it calls, is replaced
-    monkeypatch.setattr(compare, 'epoch_equality', lambda devices, data_dir: found)
-    row = compare.step_row(two_cpus, data_dir)
-    assert row['what'] == "the book's train, 2 epochs of 5 batches (16, ..., 4) on 2 devices"
-    assert row['verdict'] == 'match (bit for bit)'
-    assert row['diff'].startswith('max abs 0.0e+00 (losses, 76 + 34 arrays per device); '
-                                  'test_acc ')
-
-
 @pytest.mark.slow
 def test_cli_prints_the_table():
     result = _run()

