@@ -143,11 +143,11 @@ def check_split(X, y, devices):
 
 
 def layers(block, kind):
-    """The layers of type ``kind`` in ``block``, in order."""
-    for child in block._children.values():
-        if isinstance(child, kind):
-            yield child
-        yield from layers(child, kind)
+    """The layers of type ``kind`` inside ``block``, in order (``Block.apply`` visits a block's
+    children before the block, so the leaves, such as convolutions, come in order)."""
+    found = []
+    block.apply(lambda b: found.append(b) if isinstance(b, kind) and b is not block else None)
+    return found
 
 
 def _expected_input(net):

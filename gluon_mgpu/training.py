@@ -121,8 +121,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     if seed is not None:
         mx.random.seed(seed)
     net.initialize(init.Normal(sigma=INIT_SIGMA), ctx=devices, force_reinit=True)
-    # Updates in Python (Trainer._update), so an optimizer's exception reaches trainer.step's
-    # caller (MXNet drops it on the kvstore); a dist kvstore updates on its servers.
+    # Updates in Python: its exceptions reach trainer.step (a kvstore drops them); dist: servers
     servers = isinstance(kvstore, mx.kv.KVStoreBase) and 'dist' in kvstore.type
     trainer = gluon.Trainer(net.collect_params(), 'sgd', params, kvstore=kvstore,
                             update_on_kvstore=None if servers else False)
@@ -140,8 +139,7 @@ def evaluate_accuracy(data_iter, net, devices=None):
     if not isinstance(net, gluon.Block):
         devices = devices[:1]
     call = dispatch.call if simulated(devices) else (lambda device, f, *args: f(*args))
-    correct = [None] * len(devices)
-    n = 0
+    correct, n = [None] * len(devices), 0
     for X, y in data_iter:
         if n == 0:
             check_batch(X, y, net, 'the first batch of data_iter')

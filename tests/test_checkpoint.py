@@ -689,3 +689,16 @@ def test_resume_parses_the_command_line_twice_with_one_parser(cli_dir, data_dir,
     recorded = checkpoint.read_checkpoint(cli_dir, 1)['argv']
     assert parsed == [given, recorded]
     assert capsys.readouterr().out.splitlines()[-1].startswith('test acc: ')
+
+
+def test_a_flag_given_now_that_excludes_a_recorded_one_is_argparses_line(tmp_path):
+    # The merged line is checked as argparse checks one (cli.Parser lists the exclusive flags).
+    from gluon_mgpu.commands import cli, train
+    (tmp_path / 'epoch-0001.json').write_text(json.dumps(
+        {'argv': ['--num-gpus=2', '--device-weights=3,1', '--seed=5']}))
+    with pytest.raises(cli.UsageError) as e:
+        train.resolve(['--resume', '--checkpoint-dir', str(tmp_path), '--balance', 'auto'])
+    assert str(e.value) == 'argument --balance: not allowed with argument --device-weights'
+    parser = train.build_parser()
+    assert [a.option_strings[0] for a in parser.exclusive[0]] == ['--device-weights', '--balance']
+    assert 'help' not in [a.dest for a in parser.settings] and parser.settings[0].dest == 'num_gpus'

@@ -30,7 +30,31 @@ def error_line(prog, message):
 
 
 class Parser(argparse.ArgumentParser):
-    """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``."""
+    """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``,
+    and which lists what it reads, as a resume merging two command lines needs it: ``settings``,
+    each flag's action in order (``--help`` aside), and ``exclusive``, the actions of each
+    mutually exclusive group."""
+
+    def __init__(self, *args, **kwargs):
+        self.settings, self.exclusive = [], []
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        if action.dest != 'help':
+            self.settings.append(action)
+        return action
+
+    def add_mutually_exclusive_group(self, **kwargs):
+        group, members = super().add_mutually_exclusive_group(**kwargs), []
+        self.exclusive.append(members)
+
+        def add_argument(*args, add=group.add_argument, **kwargs):
+            members.append(add(*args, **kwargs))
+            self.settings.append(members[-1])
+            return members[-1]
+        group.add_argument = add_argument
+        return group
 
     def error(self, message):
         # Python 3.12.8 and 3.13.1 on print an invalid choice's list unquoted: quoted on every

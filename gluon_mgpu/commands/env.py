@@ -128,7 +128,7 @@ def collect():
         'mxnet_path': os.path.dirname(os.path.abspath(mx.__file__)),
         'build': gpu_build() or 'mxnet %s (CPU build)' % (_version('mxnet') or mx.__version__),
         'features': [f.name for f in mx.runtime.Features().values() if f.enabled],
-        'libmxnet': mx.base._LIB._name,
+        'libmxnet': mx.libinfo.find_lib_path()[0],  # the one base.py loaded
         'libraries': libraries,
         'kernel_module': kernel_module_version(),
         'driver': driver_info() if libraries[-1][1] else None,

@@ -167,8 +167,8 @@ def _check_outputs(args):
 def _recorded_options():
     """What ``recorded_argv`` may write: each option string, and whether it takes ``=value``."""
     options = {}
-    for action in build_parser()._actions:
-        if action.dest not in _NOT_RECORDED + ('help',):
+    for action in build_parser().settings:
+        if action.dest not in _NOT_RECORDED:
             for option in action.option_strings:
                 options[option] = action.nargs != 0
     return options
@@ -178,7 +178,7 @@ def recorded_argv(args):
     """The run's command line as its checkpoints record it: each setting given (``--flag=value``,
     in the parser's order), with the seed the run chose; ``resolve`` reads it back."""
     line = []
-    for action in build_parser()._actions:
+    for action in build_parser().settings:
         value = args.given.get(action.dest)
         if action.dest not in args.given or action.dest in _NOT_RECORDED:
             continue
@@ -194,11 +194,11 @@ def _settings(given, argv, now=None):
     """The flags ``given`` explicitly (``now`` on this command line: all) with the parser's
     defaults for the others."""
     parser = build_parser()
-    for group in parser._mutually_exclusive_groups:  # also for a merged line: argparse's words
-        both = [a.option_strings[0] for a in group._group_actions if a.dest in given]
+    for group in parser.exclusive:  # also for a merged line: argparse's words
+        both = [a.option_strings[0] for a in group if a.dest in given]
         if len(both) > 1:
             raise UsageError('argument %s: not allowed with argument %s' % tuple(both[-2:][::-1]))
-    args = argparse.Namespace(**{a.dest: a.default for a in parser._actions if a.dest != 'help'})
+    args = argparse.Namespace(**{a.dest: a.default for a in parser.settings})
     vars(args).update(given)
     args.given, args.argv, args.now = dict(given), list(argv), dict(given if now is None else now)
     return args
@@ -210,7 +210,7 @@ def _given(argv, cwd=None, now=()):
     recorded), without the outputs ``now``, this command line's flags, replaces."""
     parser, absent = build_parser(), object()
     # Every setting present and absent: argparse fills in no default, so what it sets was given.
-    blank = argparse.Namespace(**{a.dest: absent for a in parser._actions if a.dest != 'help'})
+    blank = argparse.Namespace(**{a.dest: absent for a in parser.settings})
     return {k: os.path.join(cwd, os.path.expanduser(v) if k == 'data_dir' else v)
             if k in OUTPUTS + ('data_dir',) and isinstance(cwd, str) else v  # as data reads it
             for k, v in vars(parser.parse_args(argv, blank)).items()
