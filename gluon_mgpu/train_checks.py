@@ -33,13 +33,14 @@ def check_network(model, models, sync_bn_devices, dtype):
 def check_init(lr, dtype, devices, force_dtype):
     """The arguments of ``init_training``: ``ValueError`` for a learning rate outside
     ``LR_RANGE`` (negative, NaN: SGD would take it and train backwards, or to NaN),
-    ``precision.check_dtype``, and ``RuntimeError`` unless the networks of this process compute
+    ``check_devices``, ``precision.check_dtype``, and ``RuntimeError`` unless the networks of this process compute
     in ``dtype`` (``new_network(..., dtype)``)."""
     low, high = LR_RANGE
     if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and low <= lr <= high):
         raise ValueError("lr must be a finite number from %.8g to %.8g (what MXNet's float32 "
                          "optimizer can use), got %r; for example lr=0.1, the book's per device"
                          % (low, high, lr))
+    check_devices(devices)
     precision.check_dtype(dtype, devices, force_dtype)
     active = precision.active_dtype()
     if active != dtype and (active is not None or dtype == 'bfloat16'):
@@ -55,10 +56,10 @@ def check_batch_size(batch_size, name='batch_size'):
                                       'divides by' % name)
 
 
-def check_train(devices, num_epochs, trainer, split_f, net=None):
-    """``ValueError`` for arguments ``train()`` cannot run with: no device or one listed twice,
-    ``num_epochs`` not a whole number >= 1, a ``trainer`` as ``check_trainer`` refuses, a
-    ``split_f`` that is not a function."""
+def check_devices(devices):
+    """``ValueError`` for devices ``train()`` and ``init_training`` cannot use: none, or one
+    listed twice."""
+    devices = list(devices)
     if not devices:
         raise ValueError('devices is empty; pass a list of contexts such as [mx.cpu(0), '
                          'mx.cpu(1)], or leave it out for try_all_gpus()')
@@ -66,6 +67,13 @@ def check_train(devices, num_epochs, trainer, split_f, net=None):
     if repeated:
         raise ValueError('devices [%s] lists %s twice; a device holds one replica, so list each '
                          'once' % (', '.join(map(str, devices)), repeated[0]))
+
+
+def check_train(devices, num_epochs, trainer, split_f, net=None):
+    """``ValueError`` for arguments ``train()`` cannot run with: ``check_devices``,
+    ``num_epochs`` not a whole number >= 1, a ``trainer`` as ``check_trainer`` refuses, a
+    ``split_f`` that is not a function."""
+    check_devices(devices)
     check_whole('num_epochs', num_epochs, 'for example num_epochs=4')
     if not callable(split_f):
         raise ValueError('split_f must be a function split_f(X, y, devices) -> (Xs, ys), got '

@@ -13,6 +13,7 @@ from .devices import simulated, try_all_gpus
 from .handlers.events import EpochLine, Events, LossGuard, TrainingState
 from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
+from .runtime.checks import check_whole
 from .runtime.choices import MODELS
 from .train_checks import (check_batch, check_batch_size, check_init, check_network,
                            check_once, check_split, check_train)
@@ -29,11 +30,9 @@ INIT_SIGMA = 0.01
 
 
 def split_batch(X, y, devices):
-    """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device.
-
-    The book's ``split_and_load`` with ``even_split=False``: 10 examples on 3 devices give 4, 3,
-    3. ``ValueError`` for a batch ``check_split`` refuses.
-    """
+    """Split a batch over devices; return ``(Xs, ys)``, one slice of each per device: the book's
+    ``split_and_load`` with ``even_split=False`` (10 examples on 3 devices give 4, 3, 3).
+    ``ValueError`` for a batch ``check_split`` refuses."""
     check_split(X, y, devices)
     return (gutils.split_and_load(X, devices, even_split=False),
             gutils.split_and_load(y, devices, even_split=False))
@@ -84,6 +83,7 @@ def choose_step(devices, net=None):
 
 def book_setting(num_devices):
     """The book's ``(batch_size, lr)`` for ``num_devices`` devices: (256, 0.1), (512, 0.2), ..."""
+    check_whole('num_devices', num_devices, 'for example book_setting(2), the setting for 2')
     return BATCH_SIZE_PER_DEVICE * num_devices, LR_PER_DEVICE * num_devices
 
 

@@ -658,6 +658,9 @@ def test_cli_resumes_with_a_new_learning_rate_and_records_it(cli_dir, capsys, tw
     assert record['epoch'] == 2 and '--lr=0.05' in record['argv']
     assert {'--batch-size=8', '--seed=5', '--epochs=2'} <= set(record['argv'])
     assert [h['epoch'] for h in record['history']] == [1, 2]
+    # 2 steps an epoch (16 images, batches of 8): the count goes on from the first epoch's 2,
+    # as the uninterrupted run's (issue 65 family 7: MXNet restarted it at 0, recording 2).
+    assert record['optimizer'] == {'lr': 0.05, 'num_update': 4}
     net = gluon_mgpu.resnet18(10)
     trainer = training.init_training(net, two_cpus, 1.0)
     checkpoint.restore(cli_dir, record, net, trainer, two_cpus)

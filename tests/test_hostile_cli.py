@@ -171,6 +171,28 @@ def test_an_output_with_a_checkpoints_name_in_the_checkpoint_folder_is_refused(
     assert os.listdir(directory) == []
 
 
+@pytest.mark.parametrize('flag,name,other', [
+    ('--save-params', 'epoch-0001.params', []), ('--metrics-json', 'epoch-0001.json', []),
+    ('--metrics-json', '.lock', []), ('--metrics-json', '.epoch-0002.params.a1b2c3d4.tmp', []),
+    ('--save-params', '.run.json.lock', ['--metrics-json', 'run.json'])])
+def test_65_1_an_output_named_as_another_runs_checkpoint_or_lock_is_refused(
+        flag, name, other, tmp_path, capsys, data_dir, monkeypatch):
+    # Run A's checkpoint folder (or an output's lock beside it): what A keeps, or will resume
+    # from, may not be replaced by run B, whose own --checkpoint-dir is elsewhere or none.
+    folder = tmp_path / 'A'
+    folder.mkdir()
+    (folder / 'epoch-0001.json').write_text('{"kept": 1}')
+    (folder / '.lock').write_text('4242\n')
+    monkeypatch.chdir(folder)
+    before = {n: (folder / n).read_bytes() for n in os.listdir(folder)}
+    line = _refused(TINY + ['--data-dir', data_dir, '--checkpoint-dir', str(tmp_path / 'B')] +
+                    other + [flag, str(folder / name)], capsys)
+    assert line == ('%s: error: %s %s: %s is a name runs keep for themselves (a checkpoint\'s '
+                    'epoch-NNNN.*, a lock .lock or .NAME.lock) and another run may hold it; name '
+                    'the file otherwise' % (PROG, flag, folder / name, name)), line
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before and not (tmp_path / 'B').exists()
+
+
 def test_a_second_run_into_the_same_checkpoint_folder_is_refused(tmp_path, capsys, data_dir):
     directory = str(tmp_path / 'ck')
     with checkpoint.lock_dir(directory):  # as a run in progress holds it
@@ -775,16 +797,18 @@ def test_a_checkpoint_nested_100000_deep_is_one_line_also_before_mxnet_starts(cl
 @pytest.mark.parametrize('make,what', [(os.mkdir, 'a folder'),
                                        (lambda p: os.symlink('/etc/passwd', p),
                                         'a symbolic link')])
+@pytest.mark.parametrize('name', ['epoch-0002.params', '.epoch-0002.params.k3x9q2ab.tmp'])
 def test_a_folder_or_link_where_a_later_checkpoint_goes_is_refused_before_training(
-        tmp_path, capsys, data_dir, make, what):
+        tmp_path, capsys, data_dir, make, what, name):
+    # A temporary's name too (issue 65 family 9: a folder there was 'Is a directory', unnamed).
     directory = tmp_path / 'ck'
     directory.mkdir()
-    make(str(directory / 'epoch-0002.params'))
+    make(str(directory / name))
     line = _refused(TINY + ['--data-dir', data_dir, '--epochs', '3', '--checkpoint-dir',
                             str(directory)], capsys)
-    assert line == ('%s: error: --checkpoint-dir %s: %s holds epoch-0002.params, which is %s '
+    assert line == ('%s: error: --checkpoint-dir %s: %s holds %s, which is %s '
                     'where a checkpoint file goes; remove it or pass another folder'
-                    % (PROG, directory, directory, what))
+                    % (PROG, directory, directory, name, what))
     assert checkpoint.list_checkpoints(str(directory)) == []
 
 
@@ -1225,3 +1249,49 @@ def test_53_7_a_deleted_working_folder_is_one_line_naming_it(flags, tmp_path, ca
     assert line == ('%s: error: the folder this command runs in was deleted, so no relative path '
                     'names a file; cd into a folder that exists and run the command again' % PROG)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize('command', ['train', 'env', 'replicas', 'compare', 'sweep', 'launch'])
+@pytest.mark.parametrize('closed', [1, 2], ids=['stdout', 'stderr'])
+def test_65_6_a_command_started_with_a_stream_closed_says_what_it_can_and_exits_as_ever(
+        command, closed):
+    # `cmd >&-` or `cmd 2>&-`: Python starts with that stream None. As print() does then, what
+    # would be written there goes nowhere; the refused flag is still one line (when stderr is
+    # open) and exit code 2, never a traceback and 1.
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.' + command, '--bogus'],
+                          preexec_fn=lambda: os.close(closed),
+                          stdout=None if closed == 1 else subprocess.PIPE,
+                          stderr=None if closed == 2 else subprocess.PIPE, text=True,
+                          env=dict(os.environ, PYTHONPATH=_ROOT), cwd='/', timeout=120)
+    assert done.returncode == 2
+    if closed == 1:
+        assert _one_line(done.stderr).startswith('python -m gluon_mgpu.%s: error: ' % command)
+        assert 'Traceback' not in done.stderr
+    else:
+        assert done.stdout == ''
+
+
+def test_65_6_a_run_started_with_stdout_closed_trains_and_writes_its_outputs(tmp_path, data_dir):
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, '--metrics-json', str(tmp_path / 'run.json')],
+        preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPATH=_ROOT), cwd='/', timeout=300)
+    assert done.returncode == 0 and 'Traceback' not in done.stderr, done.stderr
+    with open(tmp_path / 'run.json') as f:
+        record = json.load(f)
+    assert record['status'] == 'finished' and len(record['history']) == 1
+
+
+def test_65_9_an_address_space_too_small_for_mxnet_is_named_not_called_an_installation_fault():
+    limit = 300 * 2 ** 20  # Python and numpy start within it; libmxnet.so's segments do not map
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.env'], capture_output=True,
+                          text=True, env=dict(os.environ, PYTHONPATH=_ROOT), cwd='/', timeout=120,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS,
+                                                                (limit, limit)))
+    assert done.returncode == 2
+    line = _one_line(done.stderr)
+    assert line.startswith("python -m gluon_mgpu.env: error: cannot import MXNet: this process's "
+                           'address space (ulimit -v 307200 KiB) is too small to load '
+                           'libmxnet.so (OSError: '), line
+    assert line.endswith('failed to map segment from shared object); raise the limit (ulimit -v '
+                         'unlimited) or run where it is larger')

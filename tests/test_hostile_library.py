@@ -1205,3 +1205,28 @@ def test_non_folder_kind_names_what_is_there_instead_of_a_folder(tmp_path):
         'folder', 'to-folder', 'missing', 'file', 'dangling', 'fifo')] == [
         None, None, None, 'a regular file', 'a symbolic link', 'a FIFO (named pipe)']
     assert non_folder_kind('/dev/null') == 'a character device'
+
+
+@pytest.mark.parametrize('devices,line', [
+    ([], 'devices is empty; pass a list of contexts such as [mx.cpu(0), mx.cpu(1)], or leave it '
+         'out for try_all_gpus()'),
+    ([mx.cpu(0), mx.cpu(1), mx.cpu(0)], 'devices [cpu(0), cpu(1), cpu(0)] lists cpu(0) twice; a '
+                                        'device holds one replica, so list each once')])
+def test_65_9_init_training_refuses_the_devices_train_refuses(devices, line):
+    # Before: [] gave a Trainer over no device, and a device listed twice two replicas on it.
+    net = training.new_network()
+    with pytest.raises(ValueError) as e:
+        training.init_training(net, devices, 0.1)
+    assert str(e.value) == line
+    with pytest.raises(RuntimeError):  # nothing initialized
+        net[0].weight.data()
+
+
+@pytest.mark.parametrize('n', [-1, 0, 1.5])
+def test_65_9_book_setting_refuses_what_is_no_device_count(n):
+    # Before: book_setting(-1) returned (-256, -0.1).
+    with pytest.raises(ValueError) as e:
+        training.book_setting(n)
+    assert str(e.value) == ('num_devices must be a whole number >= 1, got %r; for example '
+                            'book_setting(2), the setting for 2' % n)
+    assert training.book_setting(3) == (768, 0.30000000000000004)

@@ -58,6 +58,9 @@ def _pids(log):
     (['-n', '2', '--hostfile', '/dev/null', '--', 'python'],
      r"--hostfile /dev/null is a character device, not a regular file; name a regular file"),
     (['-n', '2', '--env', 'A-B', '--', 'python'], r"--env A-B: 'A-B' is not a variable name"),
+    # Issue 65: a local job's processes inherit every variable; --env VALUE was dropped unsaid.
+    (['-n', '2', '--env', 'MXNET_HOME=/data', '--', 'python'],
+     r'--env is for jobs over several hosts; add --hostfile FILE, or drop --env$'),
     (['-n', '2', '--port', '70000', '--', 'python'], r'--port 70000 is not a TCP port'),
     # Issue 45: a name the remote shell refuses; a port below 1024, which the help excludes.
     (['-n', '2', '--env', '\u00e9=1', '--', 'python'],

@@ -280,3 +280,20 @@ def test_a_signal_mid_training_is_one_line_keeps_the_epochs_and_writes_no_notebo
                                else 'interrupted (Ctrl-C)')])
     assert first.exists()
     assert {path: open(path, 'rb').read() for path in notebooks} == before
+
+
+def test_a_folder_another_execution_holds_is_refused_naming_this_scripts_flag(
+        tmp_path, monkeypatch, capsys):
+    # The checkpoint folder's lock is the train command's; the fix names this script's flag.
+    from gluon_mgpu.handlers import checkpoint
+    monkeypatch.setenv('GLUON_MGPU_QUICK', 'smoke')
+    folder = tmp_path / 'smoke' / 'multiple-gpus-gluon'
+    held = checkpoint.lock_dir(str(folder))
+    try:
+        code = runner.main(['multiple-gpus-gluon', '--checkpoints', str(tmp_path)])
+    finally:
+        held.release()
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        '%s: error: %s is in use by another run (pid %d); wait for it to end, or pass another '
+        '--checkpoints' % (runner.PROG, folder, os.getpid()))

@@ -249,7 +249,7 @@ def execute(name, checkpoints):
     commit, changed = code_state()
     folder = os.path.join(checkpoints, setting, name)
     from gluon_mgpu.handlers.checkpoint import lock_dir
-    with lock_dir(folder):
+    with lock_dir(folder, '--checkpoints'):
         resumed = _saved_epochs(folder)
         was = _run_record(folder, commit, hashes, resumed)
         kernels = tempfile.mkdtemp()

@@ -85,6 +85,11 @@ def parse_args(argv=None):
     if args.port is not None and not 1024 <= args.port <= 65535:
         raise UsageError('--port %d is not a TCP port; pass one from 1024 to 65535, or leave '
                          'it out for a free one' % args.port)
+    for item in args.env:
+        name = item.split('=', 1)[0]
+        if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):  # what a POSIX shell takes
+            raise UsageError('--env %s: %r is not a variable name; for example --env '
+                             'MXNET_HOME or --env MXNET_HOME=/data' % (item, name))
     args.hosts = None
     if args.hostfile is not None:
         try:
@@ -94,18 +99,14 @@ def parse_args(argv=None):
                              % (args.hostfile, e.reason)) from None
         except ValueError as e:
             raise UsageError('--hostfile %s: %s' % (args.hostfile, e)) from None
-    elif args.host_ip is not None:
-        raise UsageError('--host-ip is for jobs over several hosts; add --hostfile FILE, or '
-                         'drop --host-ip')
+    elif args.host_ip is not None or args.env:  # a local job's processes get all of this one's
+        flag = '--host-ip' if args.host_ip is not None else '--env'
+        raise UsageError('%s is for jobs over several hosts; add --hostfile FILE, or drop %s'
+                         % (flag, flag))
     problem = args.host_ip is not None and host_problem(args.host_ip)
     if problem:
         raise UsageError('--host-ip %r %s; give this machine\'s address as the other hosts '
                          'reach it, for example --host-ip 10.0.0.5' % (args.host_ip, problem))
-    for item in args.env:
-        name = item.split('=', 1)[0]
-        if not re.fullmatch(r'[A-Za-z_][A-Za-z0-9_]*', name):  # what a POSIX shell takes
-            raise UsageError('--env %s: %r is not a variable name; for example --env '
-                             'MXNET_HOME or --env MXNET_HOME=/data' % (item, name))
     return args
 
 

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import json
 import os
+import re
 import secrets
 import shlex
 import sys
@@ -154,13 +155,18 @@ def _check_outputs(args):
                 raise UsageError('%s %s and %s %s would write the same file %s; give each '
                                  'output its own path' % (seen[real] + (flag, given, real)))
             seen[real] = (flag, given)
+            name = os.path.basename(real)
             mine = args.checkpoint_dir is not None and checkpoint.is_checkpoint_file(
-                os.path.basename(real)) and os.path.dirname(real) == os.path.realpath(
-                    args.checkpoint_dir)
+                name) and os.path.dirname(real) == os.path.realpath(args.checkpoint_dir)
             if mine or real in inputs:
                 raise UsageError('%s %s would write over a file of %s; name it otherwise or put '
                                  'it in another folder' % (flag, path, mine and '--checkpoint-dir '
                                                            '%s' % args.checkpoint_dir or owner))
+            # Another run's checkpoint folder or lock, held now or resumed later (files.lock_file)
+            if checkpoint.is_checkpoint_file(name) or re.fullmatch(r'\..+\.lock', name):
+                raise UsageError('%s %s: %s is a name runs keep for themselves (a checkpoint\'s '
+                                 'epoch-NNNN.*, a lock .lock or .NAME.lock) and another run may '
+                                 'hold it; name the file otherwise' % (flag, path, name))
     return seen
 
 

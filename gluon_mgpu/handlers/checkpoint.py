@@ -49,24 +49,25 @@ def is_checkpoint_file(name):
     return bool(EPOCH_FILE.match(name) or _TEMP.match(name)) or name == LOCK_NAME
 
 
-def lock_dir(directory):
+def lock_dir(directory, flag='--checkpoint-dir'):
     """Lock checkpoint folder ``directory`` (made if needed) by its kept ``.lock``; delete killed
-    writes' temporaries. ``CheckpointError`` if another run holds it, ``ValueError`` if unusable."""
+    writes' temporaries. ``CheckpointError`` if another run holds it (the fix names ``flag``, the
+    command's for the folder), ``ValueError`` if unusable."""
     path = os.path.join(directory, LOCK_NAME)
     try:
         os.makedirs(directory, exist_ok=True)
         with contextlib.ExitStack() as undo:
-            lock = undo.enter_context(lock_file(path, directory, 'pass another --checkpoint-dir',
+            lock = undo.enter_context(lock_file(path, directory, 'pass another %s' % flag,
                                                 keep=True))
             tempfile.TemporaryFile(dir=directory).close()
             for name in sorted(os.listdir(directory)):
                 mode = os.lstat(os.path.join(directory, name)).st_mode
-                if _TEMP.match(name):
-                    os.remove(os.path.join(directory, name))
-                elif is_checkpoint_file(name) and not stat.S_ISREG(mode):
+                if is_checkpoint_file(name) and not stat.S_ISREG(mode):  # a temporary's too
                     raise ValueError('%s holds %s, which is %s where a checkpoint file goes; '
                                      'remove it or pass another folder'
                                      % (directory, name, file_kind(mode)))
+                if _TEMP.match(name):
+                    os.remove(os.path.join(directory, name))
             undo.pop_all()
             return lock
     except OutputError as e:  # held by another run
@@ -273,7 +274,10 @@ def restore(directory, record, net, trainer, devices):
         params[name]._load_init(value, devices)
     _updaters(trainer)  # before the copies: a Trainer's first use copies device 0's values
     trainer.set_learning_rate(record['optimizer']['lr'])
-    trainer._optimizer.num_update = record['optimizer']['num_update']
+    # The count goes on from the record: each parameter's own count starts at begin_num_update
+    # (MXNet's num_update is their maximum), as if the steps before the stop had been taken here.
+    optimizer = trainer._optimizer
+    optimizer.begin_num_update = optimizer.num_update = record['optimizer']['num_update']
     for param, i, value in copies:
         param.list_data()[i][:] = value
 

@@ -187,6 +187,7 @@ def before_mxnet(command, devices=None, mxnet=True):
 
 def import_failure(e):
     """The message for error ``e`` raised by ``import mxnet``: the cause and the fix."""
+    from . import threads
     from .checks import one_line
     what = '%s: %s' % (type(e).__name__, one_line(e, 200))
     library = os.environ.get('MXNET_LIBRARY_PATH')
@@ -207,6 +208,11 @@ def import_failure(e):
                 'moment or another program; pass the launcher another --port, or leave --port '
                 'out for a free one' % (os.environ.get('DMLC_PS_ROOT_URI'),
                                         os.environ.get('DMLC_PS_ROOT_PORT')))
+    limits = [what for _, what, kind in threads.memory_limits() if kind == 'address']
+    if limits and isinstance(e, OSError) and 'failed to map segment' in str(e):
+        return ('cannot import MXNet: this process\'s address space (%s KiB) is too small to '
+                'load libmxnet.so (%s); raise the limit (ulimit -v unlimited) or run where it is '
+                'larger' % (limits[0], what))
     if library and isinstance(e, OSError):
         return ('cannot import MXNet: MXNET_LIBRARY_PATH=%s cannot be loaded (%s); unset '
                 'MXNET_LIBRARY_PATH, or point it at a libmxnet.so of MXNet 1.9.1' % (library, what))
