@@ -1295,3 +1295,22 @@ def test_65_9_an_address_space_too_small_for_mxnet_is_named_not_called_an_instal
                            'libmxnet.so (OSError: '), line
     assert line.endswith('failed to map segment from shared object); raise the limit (ulimit -v '
                          'unlimited) or run where it is larger')
+
+
+def test_65_9_an_output_whose_lock_cannot_be_written_is_named_and_leaves_no_lock(tmp_path,
+                                                                                 data_dir):
+    # A full disk (here a file size limit of 0 bytes: the same refusal of the first byte): the
+    # lock's pid cannot be written. Before, a raw "[Errno 28]" line, and the empty lock stayed.
+    def limited():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # then writing past the limit is EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+    path = tmp_path / 'run.json'
+    done = subprocess.run([sys.executable, '-m', 'gluon_mgpu.train'] + T45 + [
+        '--data-dir', data_dir, '--metrics-json', str(path)], capture_output=True, text=True,
+        preexec_fn=limited, env=dict(os.environ, PYTHONPATH=_ROOT, PYTHONDONTWRITEBYTECODE='1'),
+        cwd='/', timeout=300)
+    assert done.returncode == 2
+    assert _one_line(done.stderr) == (
+        '%s: error: --metrics-json %s: cannot write %s (File too large); raise the file size '
+        'limit (ulimit -f) or write somewhere else' % (PROG, path, tmp_path / '.run.json.lock'))
+    assert os.listdir(tmp_path) == []

@@ -111,7 +111,11 @@ def lock_file(path, owner=None, fix='write elsewhere', keep=False):
                                  'it starts %s' % json.dumps(held[:20].decode('utf-8', 'replace'))))
         lock.seek(0)
         lock.truncate(0)
-        lock.write(b'%d\n' % os.getpid())
+        try:
+            lock.write(b'%d\n' % os.getpid())
+        except OSError as e:  # a full disk: a lock left empty is deleted (close), not left behind
+            lock.keep = bool(held)
+            raise _os_failure(path, e) from None
         lock.keep = keep
         return lock
     except BlockingIOError:
