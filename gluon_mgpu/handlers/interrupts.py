@@ -13,6 +13,7 @@ import threading
 from mxnet.kvstore.kvstore import _updater_wrapper
 
 from ..runtime.startup import Interrupted
+from .checkpoint import save_checkpoint
 from .events import PRIORITY, BatchEnd, EpochEnd
 
 __all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
@@ -22,6 +23,9 @@ __all__ = ['Interrupted', 'DeferredInterrupt', 'STOPPING']
 # kvstore), but the book's Trainer, which python -m gluon_mgpu.compare runs as printed, does on
 # two devices.
 _CALLBACK = _updater_wrapper(None).__code__
+# Where a signal waits as inside a __del__: a checkpoint being written, a second's work that
+# keeps an epoch trained and tested for minutes (the stop comes right after it, complete).
+_DEFERRING = (_CALLBACK, save_checkpoint.__code__)
 # The handler each signal has when nobody took it over; only then is it taken.
 _DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL,
              signal.SIGHUP: signal.SIG_DFL}
@@ -32,8 +36,9 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     """Context manager for the signals that stop a run; ``check()`` raises a deferred one.
 
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
-    inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the exception),
-    at the next ``check()`` or when the block ends (``requested`` and ``signum`` say one
+    inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the exception)
+    or ``save_checkpoint`` (the epoch would be lost), at the next ``check()`` or when the block
+    ends (``requested`` and ``signum`` say one
     waits); SIGQUIT prints every thread's stack, then quits. Only default handlers of the main
     thread are taken over (not under ``nohup``), and given back on exit. As an event handler it
     calls ``check()`` after every step and epoch, last of all (docs/events.md)::
@@ -82,9 +87,10 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
 
     def _handle(self, signum, frame):
         # Inside a __del__ (an NDArray freed by the garbage collector, at any point) or MXNet's
-        # optimizer callback, Python would drop what is raised: the signal waits for check().
+        # optimizer callback, Python would drop what is raised; inside a checkpoint's write, it
+        # would discard the epoch: the signal waits for check().
         while frame is not None:
-            if frame.f_code is _CALLBACK or frame.f_code.co_name == '__del__':
+            if frame.f_code in _DEFERRING or frame.f_code.co_name == '__del__':
                 if not self.requested:  # the first signal is the one reported
                     self.requested, self.signum = True, signum
                 return
