@@ -166,6 +166,53 @@ def test_a_notebook_cell_executed_again_goes_on_after_its_last_epoch(tmp_path, d
         _notebook_cell(cut, data_dir, two_cpus, 5, {'batch_size': 16})
 
 
+@pytest.mark.parametrize('directory,settings,line', [
+    ('', SETTINGS, "directory is empty; pass the folder for the run's checkpoints, for example "
+                   "'checkpoints/train-2'"),
+    ('ck', {'lr': np.float32(0.5)}, 'settings cannot be kept in a checkpoint (Object of type '
+                                    'float32 is not JSON serializable); pass numbers, strings, '
+                                    'lists and dicts, for example {"batch_size": 256, "lr": 0.1}'),
+    ('ck', {'lr': float('nan')}, 'settings cannot be kept in a checkpoint (Out of range float '
+                                 'values are not JSON compliant'),
+])
+def test_65_5_resumable_refuses_what_it_cannot_keep_before_training(directory, settings, line,
+                                                                  tmp_path, monkeypatch,
+                                                                  two_cpus):
+    # Before: an epoch trained, then a TypeError and files left behind; '' a FileNotFoundError.
+    monkeypatch.chdir(tmp_path)
+    net = _bn_cnn()
+    trainer = training.init_training(net, two_cpus, 0.5)
+    with pytest.raises(ValueError) as e:
+        gluon_mgpu.resumable(directory, net, trainer, two_cpus, None, settings)
+    assert str(e.value).startswith(line)
+    assert os.listdir(tmp_path) == []
+
+
+def test_65_5_a_run_with_tuples_in_its_settings_and_a_schedule_resumes(tmp_path, data_dir,
+                                                                       two_cpus):
+    # Tuples come back from JSON as lists, and a trainer with an lr_scheduler made every
+    # resume raise MXNet's UserWarning from set_learning_rate; its rate now follows the count.
+    def cell(directory, epochs):
+        net = _bn_cnn()
+        train_iter, test_iter = gluon_mgpu.load_data_fashion_mnist(
+            8, data_dir=data_dir, train_limit=24, test_limit=8, seed=3)
+        mx.random.seed(1)
+        net.initialize(mx.init.Normal(0.01), ctx=two_cpus)
+        trainer = mx.gluon.Trainer(net.collect_params(), 'sgd', {
+            'learning_rate': 0.5, 'lr_scheduler': mx.lr_scheduler.FactorScheduler(2, 0.5)},
+            update_on_kvstore=False)
+        handlers, _ = gluon_mgpu.resumable(directory, net, trainer, two_cpus, train_iter,
+                                           {'sizes': (8, 24)})
+        gluon_mgpu.train(net, train_iter, test_iter, two_cpus, epochs, trainer, handlers[2:])
+        return checkpoint.read_checkpoint(directory)
+    full = cell(str(tmp_path / 'full'), 2)
+    cell(str(tmp_path / 'cut'), 1)
+    resumed = cell(str(tmp_path / 'cut'), 2)
+    assert resumed['optimizer'] == full['optimizer'] == {'lr': 0.125, 'num_update': 6}
+    assert [h['train_loss'] for h in resumed['history']] == [
+        h['train_loss'] for h in full['history']]
+
+
 @pytest.fixture(scope='module')
 def saved_run(tmp_path_factory, data_dir):
     """Two epochs of the small network on two devices, checkpointed."""

@@ -273,7 +273,8 @@ def restore(directory, record, net, trainer, devices):
     for name, value in loaded.items():
         params[name]._load_init(value, devices)
     _updaters(trainer)  # before the copies: a Trainer's first use copies device 0's values
-    trainer.set_learning_rate(record['optimizer']['lr'])
+    if trainer._optimizer.lr_scheduler is None:  # a schedule's rate comes of the count below
+        trainer.set_learning_rate(record['optimizer']['lr'])
     # The count goes on from the record: each parameter's own count starts at begin_num_update
     # (MXNet's num_update is their maximum), as if the steps before the stop had been taken here.
     optimizer = trainer._optimizer
@@ -307,7 +308,18 @@ class CheckpointHandler(TrainBegin, EpochEnd):
 def resumable(directory, net, trainer, devices, train_iter, settings):
     """``(handlers, history)`` for ``train()`` to keep a run in ``directory`` and go on after its
     latest checkpoint (restored into ``net``, ``trainer`` and ``train_iter``'s seed) once its
-    ``settings`` are these; call it after ``init_training``. ``history``: the epochs done."""
+    ``settings`` are these (JSON: numbers, strings, lists, dicts); call it after
+    ``init_training``. ``history``: the epochs done. ``ValueError`` for settings JSON cannot
+    hold or no ``directory``, before anything is written."""
+    if not directory:
+        raise ValueError("directory is empty; pass the folder for the run's checkpoints, for "
+                         "example 'checkpoints/train-2'")
+    try:  # as the checkpoint holds them, so that a resume compares like with like
+        settings = json.loads(json.dumps(settings, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError('settings cannot be kept in a checkpoint (%s); pass numbers, strings, '
+                         'lists and dicts, for example {"batch_size": 256, "lr": 0.1}'
+                         % one_line(e)) from None
     record = read_checkpoint(directory) if list_checkpoints(directory) else None
     if record is not None:
         if record.get('settings') != settings:
