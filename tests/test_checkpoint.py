@@ -213,6 +213,41 @@ def test_65_5_a_run_with_tuples_in_its_settings_and_a_schedule_resumes(tmp_path,
         h['train_loss'] for h in full['history']]
 
 
+def test_65_5_resumable_holds_its_folder_against_other_processes_until_train_ends(
+        tmp_path, data_dir, two_cpus):
+    # Before: two kernels with one GLUON_MGPU_CHECKPOINTS both trained, mixing their epochs.
+    directory = str(tmp_path / 'ck')
+    other = [sys.executable, '-c', 'import sys; from gluon_mgpu.handlers.checkpoint import '
+             'lock_dir; held = lock_dir(sys.argv[1])', directory]
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__))))
+
+    def cell():
+        net = _bn_cnn()
+        train_iter, _ = gluon_mgpu.load_data_fashion_mnist(8, data_dir=data_dir, train_limit=16,
+                                                           test_limit=8)
+        return gluon_mgpu.resumable(directory, net, training.init_training(net, two_cpus, 0.5),
+                                    two_cpus, train_iter, SETTINGS)[0]
+    cell()
+    done = subprocess.run(other, capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 1 and '%s is in use by another run (pid %d)' % (
+        directory, os.getpid()) in done.stderr, done.stderr
+    handlers = cell()  # the same process again, as a cell executed anew: its earlier lock goes
+    handlers[-1].train_end(None)  # what train() calls once the epochs are done
+    holder = subprocess.Popen(other[:2] + [other[2] + '; print("held", flush=True); '
+                                           'sys.stdin.read()', directory], env=env,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        with pytest.raises(checkpoint.CheckpointError) as e:
+            cell()
+        assert str(e.value) == ('%s is in use by another run (pid %d); wait for it to end, or '
+                                'pass another directory' % (directory, holder.pid))
+    finally:
+        holder.communicate('', timeout=120)
+    assert holder.returncode == 0
+
+
 @pytest.fixture(scope='module')
 def saved_run(tmp_path_factory, data_dir):
     """Two epochs of the small network on two devices, checkpointed."""

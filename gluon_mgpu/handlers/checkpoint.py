@@ -13,7 +13,8 @@ import numpy as np
 from mxnet import nd
 
 from .checkpoint_names import EPOCH_FILE, checkpoint_path, list_checkpoints
-from .events import OLD_STEP, PRIORITY, STEP, EpochEnd, EpochLine, LossGuard, TrainBegin
+from .events import (OLD_STEP, PRIORITY, STEP, EpochEnd, EpochLine, LossGuard, TrainBegin,
+                     TrainEnd)
 from .metrics import epoch_problem, write_json_atomic
 from ..runtime.checks import is_whole, one_line
 from ..runtime.files import (InputError, OutputError, atomic_path, file_kind, lock_file,
@@ -283,15 +284,16 @@ def restore(directory, record, net, trainer, devices):
         param.list_data()[i][:] = value
 
 
-class CheckpointHandler(TrainBegin, EpochEnd):
+class CheckpointHandler(TrainBegin, EpochEnd, TrainEnd):
     """Continue the run of record ``resume`` (if any) after its epoch; after every epoch save a
     checkpoint with ``info``, the history and ``cwd`` (the working folder, which the relative
-    paths of ``info``'s ``argv`` are read from; none if it was deleted) into ``directory``."""
+    paths of ``info``'s ``argv`` are read from; none if it was deleted) into ``directory``;
+    release ``lock`` (``lock_dir``'s, if given) when training ends."""
 
     priority = PRIORITY['CheckpointHandler']
 
-    def __init__(self, directory, info, resume=None):
-        self.directory, self.info, self.resume = directory, dict(info), resume
+    def __init__(self, directory, info, resume=None, lock=None):
+        self.directory, self.info, self.resume, self.lock = directory, dict(info), resume, lock
         with contextlib.suppress(FileNotFoundError):
             self.info['cwd'] = os.getcwd()
 
@@ -304,13 +306,19 @@ class CheckpointHandler(TrainBegin, EpochEnd):
             save_checkpoint(self.directory, estimator.record['epoch'], estimator.net,
                             estimator.trainer, dict(self.info, history=list(estimator.history)))
 
+    def train_end(self, estimator, *args, **kwargs):
+        if self.lock is not None:
+            self.lock.release()
+
 
 def resumable(directory, net, trainer, devices, train_iter, settings):
     """``(handlers, history)`` for ``train()`` to keep a run in ``directory`` and go on after its
     latest checkpoint (restored into ``net``, ``trainer`` and ``train_iter``'s seed) once its
     ``settings`` are these (JSON: numbers, strings, lists, dicts); call it after
     ``init_training``. ``history``: the epochs done. ``ValueError`` for settings JSON cannot
-    hold or no ``directory``, before anything is written."""
+    hold or no ``directory``, before anything is written; ``CheckpointError`` while another
+    process trains in ``directory`` (its lock, ``lock_dir``, held until ``train`` ends or this
+    process calls ``resumable`` for the folder again: a notebook cell executed anew)."""
     if not directory:
         raise ValueError("directory is empty; pass the folder for the run's checkpoints, for "
                          "example 'checkpoints/train-2'")
@@ -320,6 +328,23 @@ def resumable(directory, net, trainer, devices, train_iter, settings):
         raise ValueError('settings cannot be kept in a checkpoint (%s); pass numbers, strings, '
                          'lists and dicts, for example {"batch_size": 256, "lr": 0.1}'
                          % one_line(e)) from None
+    for held in _RESUMABLE.pop(os.path.realpath(directory), ()):  # this process's earlier run
+        held.release()
+    lock = lock_dir(directory, 'directory')
+    try:
+        handlers, history = _resumable(directory, net, trainer, devices, train_iter, settings,
+                                       lock)
+    except BaseException:
+        lock.release()
+        raise
+    _RESUMABLE[os.path.realpath(directory)] = [lock]
+    return handlers, history
+
+
+_RESUMABLE = {}  # each folder resumable() locked in this process: its lock
+
+
+def _resumable(directory, net, trainer, devices, train_iter, settings, lock):
     record = read_checkpoint(directory) if list_checkpoints(directory) else None
     if record is not None:
         if record.get('settings') != settings:
@@ -333,5 +358,5 @@ def resumable(directory, net, trainer, devices, train_iter, settings):
         train_iter.seed = record['data_seed']
     os.makedirs(directory, exist_ok=True)
     info = {'settings': settings, 'data_seed': train_iter.seed, 'devices': list(map(str, devices))}
-    handlers = [EpochLine(), LossGuard(), CheckpointHandler(directory, info, resume=record)]
+    handlers = [EpochLine(), LossGuard(), CheckpointHandler(directory, info, record, lock)]
     return handlers, [] if record is None else record['history']
