@@ -10,6 +10,7 @@ import gluon_mgpu  # noqa: E402,I001
 import json
 import shutil
 import signal
+import warnings
 
 import mxnet as mx
 import numpy as np
@@ -20,6 +21,22 @@ import pytest
 # what a terminal gives: Python's own handler here, the default in every child.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+@pytest.fixture(autouse=True)
+def autograd_state_left_as_found():
+    """MXNet's autograd state (recording, training) holds for the whole thread: one test that
+    left it on would make the next test's forward passes update BatchNorm's statistics (in one
+    two-worker run, test_training's replica test found its replicas 0.071 apart after a forward
+    pass outside autograd.record()). A test that leaves it changed is named in a warning, which
+    the run's summary shows, and the state is put back for the next."""
+    yield
+    from mxnet import autograd
+    state = (autograd.is_recording(), autograd.is_training())
+    if state != (False, False):
+        autograd.set_recording(False)
+        autograd.set_training(False)
+        warnings.warn('this test left autograd recording=%s, training=%s' % state)
 
 
 @pytest.fixture
