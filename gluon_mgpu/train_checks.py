@@ -140,7 +140,9 @@ def check_trainer(trainer, devices, net=None):
 
 
 def check_split(X, y, devices):
-    """``ValueError`` unless ``X`` and ``y`` hold as many examples, and at least one per device."""
+    """``ValueError`` unless ``devices`` pass ``check_devices`` and ``X`` and ``y`` hold as many
+    examples, at least one per device."""
+    check_devices(devices)
     n = X.shape[0]
     if y.shape[0] != n:
         raise ValueError('X holds %d examples but y holds %d labels; pass one label per '

@@ -1256,3 +1256,12 @@ def test_65_9_book_setting_refuses_what_is_no_device_count(n):
     assert str(e.value) == ('num_devices must be a whole number >= 1, got %r; for example '
                             'book_setting(2), the setting for 2' % n)
     assert training.book_setting(3) == (768, 0.30000000000000004)
+
+
+def test_65_9_split_batch_refuses_no_devices_as_train_does():
+    # Before: ZeroDivisionError from MXNet's split_and_load.
+    X, y = nd.zeros((4, 1, 28, 28)), nd.zeros((4,))
+    with pytest.raises(ValueError) as e:
+        training.split_batch(X, y, [])
+    assert str(e.value) == ('devices is empty; pass a list of contexts such as [mx.cpu(0), '
+                            'mx.cpu(1)], or leave it out for try_all_gpus()')
