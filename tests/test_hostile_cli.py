@@ -1314,3 +1314,31 @@ def test_65_9_an_output_whose_lock_cannot_be_written_is_named_and_leaves_no_lock
         '%s: error: --metrics-json %s: cannot write %s (File too large); raise the file size '
         'limit (ulimit -f) or write somewhere else' % (PROG, path, tmp_path / '.run.json.lock'))
     assert os.listdir(tmp_path) == []
+
+
+def test_65_a_tampered_records_paths_are_named_and_followed_onto_a_runs_files_only(
+        tmp_path, capsys, monkeypatch, data_dir):
+    # The second limit of issue 65: a record's argv and cwd choose where a resume writes the
+    # outputs not given again. Before: written over whatever file lay there, unsaid.
+    one, victim = (os.path.realpath(tmp_path / n) for n in ('one', 'victim'))
+    os.mkdir(one)
+    os.mkdir(victim)
+    with open(os.path.join(victim, 'm.json'), 'w') as f:
+        f.write('a file of the user\n')
+    monkeypatch.chdir(one)
+    assert main([a for a in T45 if a != '--quiet'] + [
+        '--checkpoint-dir', 'ck', '--data-dir', data_dir, '--metrics-json', 'm.json', '--plot',
+        'p.png', '--save-params', 'n.params']) == 0
+    capsys.readouterr()
+    _edit_json(os.path.join(one, 'ck'), lambda r: r.update(cwd=victim))
+    line = _refused(['--checkpoint-dir', 'ck', '--resume', '--epochs', '2'], capsys)
+    assert line == ("%s: error: --resume: the run's record names --metrics-json %s/m.json (from "
+                    "its working folder %s), where a file lies that no run wrote; give "
+                    "--metrics-json again with the path to write (a record's paths are followed "
+                    "onto a run's own files only)" % (PROG, victim, victim)), line
+    assert open(os.path.join(victim, 'm.json')).read() == 'a file of the user\n'
+    _edit_json(os.path.join(one, 'ck'), lambda r: r.update(cwd=one))
+    assert main(['--checkpoint-dir', 'ck', '--resume', '--epochs', '2']) == 0
+    assert capsys.readouterr().out.splitlines()[2] == (
+        "writing --metrics-json %s/m.json, --plot %s/p.png, --save-params %s/n.params, as the "
+        "run's record says" % (one, one, one))

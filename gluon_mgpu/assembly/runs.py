@@ -318,6 +318,10 @@ def _data_parallel(args, rank, seed, record, devices, kvstore, mode, handlers, t
             print('resuming after epoch %d of %d from %s' % (record['epoch'], args.epochs,
                   checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                   flush=True)
+            taken = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
+                     if getattr(args, k) is not None and k not in args.now]
+            if taken:  # where its record, not this command line, has it write
+                print('writing %s, as the run\'s record says' % ', '.join(taken), flush=True)
     split_f, line = _split(args, net, devices, test_iter)
     if line is not None and mode != 'quiet':
         print(line, flush=True)

@@ -380,6 +380,12 @@ def recorded_settings(directory, record, recorded=None, now=()):
     return before
 
 
+# How each output a run writes begins: a resume follows its record's paths onto these only.
+_WRITTEN_BY_A_RUN = {'metrics_json': b'{\n  "format": "gluon_mgpu-metrics/',
+                     'plot': (b'\x89PNG\r\n\x1a\n', b'<?xml'),
+                     'save_params': b'\x12\x01\x00\x00\x00\x00\x00\x00'}  # MXNet's 0x112
+
+
 def _resume(args):
     """Verify the latest checkpoint of ``args.checkpoint_dir`` and that it is the run ``args``
     continue (``resolve`` read its command line before MXNet); return its record."""
@@ -390,8 +396,18 @@ def _resume(args):
         raise ValueError('%s changed while the command started; run it again' % (
             checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
     before, folders = args.recorded, checkpoint.copied_from(directory, record)
-    reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
-              if getattr(args, k) is not None and k not in args.now]
+    taken = [k for k in OUTPUTS if getattr(args, k) is not None and k not in args.now]
+    reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in taken]
+    for k, flag in zip(taken, reused):  # its argv and cwd choose them: onto a run's files only
+        path = getattr(args, k)
+        with open(path, 'rb') if os.path.isfile(path) else contextlib.nullcontext() as f:
+            if f is not None and not f.read(64).startswith(_WRITTEN_BY_A_RUN[k]):
+                raise ValueError('the run\'s record names %s (%s), where a file lies that no run '
+                                 'wrote; give %s again with the path to write (a record\'s paths '
+                                 'are followed onto a run\'s own files only)' % (
+                                     flag, 'from its working folder %s' % record['cwd']
+                                     if isinstance(record.get('cwd'), str) else 'its argv',
+                                     flag.partition(' ')[0]))
     if folders is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
