@@ -376,5 +376,11 @@ def load_data_fashion_mnist(batch_size, data_dir=None, train_limit=None, test_li
 
 
 def get_fashion_mnist_labels(labels):
-    """Return the text names of numeric Fashion-MNIST labels."""
-    return [TEXT_LABELS[int(i)] for i in labels]
+    """Return the text names of numeric Fashion-MNIST labels; ``ValueError`` for one that is
+    none of the 10 (-1 would have named the last)."""
+    found = [int(i) for i in labels]
+    wrong = [i for i in found if not 0 <= i < len(TEXT_LABELS)]
+    if wrong:
+        raise ValueError('labels holds %d, not a Fashion-MNIST label (0 to 9); pass the labels '
+                         'the data set gives, such as y.asnumpy()' % wrong[0])
+    return [TEXT_LABELS[i] for i in found]

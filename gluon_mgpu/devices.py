@@ -4,7 +4,7 @@
 import logging
 import os
 
-from .runtime.checks import check_whole
+from .runtime.checks import check_whole, is_whole
 from .runtime.choices import DEVICES as DEVICE_CHOICES  # shared with the parsers
 from .runtime.threads import thread_limit, thread_settings
 
@@ -35,8 +35,12 @@ def simulated(devices):
 
 
 def try_gpu(i=0):
-    """Return ``mx.gpu(i)`` if that GPU exists, otherwise ``mx.cpu()``."""
+    """Return ``mx.gpu(i)`` if that GPU exists, otherwise ``mx.cpu()``; ``ValueError`` for an
+    ``i`` that numbers no GPU (a whole number from 0)."""
     import mxnet as mx
+    if not is_whole(i, 0):
+        raise ValueError('i must be a whole number >= 0, got %r; for example try_gpu(0), the '
+                         'first GPU' % (i,))
     return mx.gpu(i) if i < num_gpus() else mx.cpu()
 
 

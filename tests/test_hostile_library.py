@@ -1265,3 +1265,21 @@ def test_65_9_split_batch_refuses_no_devices_as_train_does():
         training.split_batch(X, y, [])
     assert str(e.value) == ('devices is empty; pass a list of contexts such as [mx.cpu(0), '
                             'mx.cpu(1)], or leave it out for try_all_gpus()')
+
+
+@pytest.mark.parametrize('call,line', [
+    (lambda g: g.get_fashion_mnist_labels([3, 11]), 'labels holds 11, not a Fashion-MNIST label '
+     '(0 to 9); pass the labels the data set gives, such as y.asnumpy()'),
+    # Before: -1 named the last class, 'ankle boot'.
+    (lambda g: g.get_fashion_mnist_labels(np.array([-1.0])), 'labels holds -1, not a '
+     'Fashion-MNIST label (0 to 9); pass the labels the data set gives, such as y.asnumpy()'),
+    (lambda g: g.try_gpu(-1), 'i must be a whole number >= 0, got -1; for example try_gpu(0), '
+                              'the first GPU'),  # before: mx.gpu(-1)
+    (lambda g: g.try_gpu('1'), "i must be a whole number >= 0, got '1'; for example try_gpu(0), "
+                               "the first GPU")])  # before: a TypeError of '<'
+def test_65_9_the_books_helpers_refuse_what_names_no_label_or_gpu(call, line):
+    import gluon_mgpu
+    with pytest.raises(ValueError) as e:
+        call(gluon_mgpu)
+    assert str(e.value) == line
+    assert gluon_mgpu.get_fashion_mnist_labels(np.array([0, 9.0])) == ['t-shirt', 'ankle boot']
