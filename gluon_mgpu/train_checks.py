@@ -33,8 +33,8 @@ def check_network(model, models, sync_bn_devices, dtype):
 def check_init(lr, dtype, devices, force_dtype):
     """The arguments of ``init_training``: ``ValueError`` for a learning rate outside
     ``LR_RANGE`` (negative, NaN: SGD would take it and train backwards, or to NaN),
-    ``check_devices``, ``precision.check_dtype``, and ``RuntimeError`` unless the networks of this process compute
-    in ``dtype`` (``new_network(..., dtype)``)."""
+    ``check_devices``, ``precision.check_dtype``, and ``RuntimeError`` unless the networks of
+    this process compute in ``dtype`` (``new_network(..., dtype)``)."""
     low, high = LR_RANGE
     if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and low <= lr <= high):
         raise ValueError("lr must be a finite number from %.8g to %.8g (what MXNet's float32 "

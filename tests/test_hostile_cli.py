@@ -190,7 +190,8 @@ def test_65_1_an_output_named_as_another_runs_checkpoint_or_lock_is_refused(
     assert line == ('%s: error: %s %s: %s is a name runs keep for themselves (a checkpoint\'s '
                     'epoch-NNNN.*, a lock .lock or .NAME.lock) and another run may hold it; name '
                     'the file otherwise' % (PROG, flag, folder / name, name)), line
-    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before and not (tmp_path / 'B').exists()
+    assert {n: (folder / n).read_bytes() for n in os.listdir(folder)} == before
+    assert not (tmp_path / 'B').exists()
 
 
 def test_a_second_run_into_the_same_checkpoint_folder_is_refused(tmp_path, capsys, data_dir):

@@ -379,10 +379,11 @@ def run_command(prog, argv, body, story=None, leave=None):
     the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
     else with one line naming stdout and 1 (``>/dev/full``), never with a traceback.
     A stream closed when the command started (``>&-``) is as ``print`` takes it: what would be
-    written to it goes nowhere. ``leave(e)``, if given, is asked of every failure ``e``: true ends the process right after
-    its line (``os._exit``), as a failed worker of a dist job must (a normal exit would wait at
-    MXNet's final barrier for the others) and one whose memory ran out should (MXNet's engine
-    may hold half-made arrays: its exit handlers crashed, 'double free or corruption').
+    written to it goes nowhere. ``leave(e)``, if given, is asked of every failure ``e``: true
+    ends the process right after its line (``os._exit``), as a failed worker of a dist job must
+    (a normal exit would wait at MXNet's final barrier for the others) and one whose memory ran
+    out should (MXNet's engine may hold half-made arrays: its exit handlers crashed, 'double
+    free or corruption').
     """
     debug = '--debug' in argv or os.environ.get(DEBUG_ENV, '') not in ('', '0')
     for name in ('stdout', 'stderr'):  # closed when Python started (>&-, 2>&-): as print() does

@@ -400,14 +400,18 @@ def _resume(args):
     reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in taken]
     for k, flag in zip(taken, reused):  # its argv and cwd choose them: onto a run's files only
         path = getattr(args, k)
-        with open(path, 'rb') if os.path.isfile(path) else contextlib.nullcontext() as f:
-            if f is not None and not f.read(64).startswith(_WRITTEN_BY_A_RUN[k]):
-                raise ValueError('the run\'s record names %s (%s), where a file lies that no run '
-                                 'wrote; give %s again with the path to write (a record\'s paths '
-                                 'are followed onto a run\'s own files only)' % (
-                                     flag, 'from its working folder %s' % record['cwd']
-                                     if isinstance(record.get('cwd'), str) else 'its argv',
-                                     flag.partition(' ')[0]))
+        try:  # what cannot be read is not known to be a run's either
+            with open(path, 'rb') if os.path.isfile(path) else contextlib.nullcontext() as f:
+                head = f and f.read(64)
+        except OSError:
+            head = b''
+        if head is not None and not head.startswith(_WRITTEN_BY_A_RUN[k]):
+            raise ValueError('the run\'s record names %s (%s), where a file lies that no run '
+                             'wrote; give %s again with the path to write (a record\'s paths '
+                             'are followed onto a run\'s own files only)' % (
+                                 flag, 'from its working folder %s' % record['cwd']
+                                 if isinstance(record.get('cwd'), str) else 'its argv',
+                                 flag.partition(' ')[0]))
     if folders is not None and reused:
         raise ValueError('the run was saved in %s, not in %s (a copy of it, or moved to another '
                          'disk): continuing it would write over the first run\'s %s; give %s '
