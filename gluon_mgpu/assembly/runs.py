@@ -22,6 +22,13 @@ OUTPUTS = ('metrics_json', 'plot', 'save_params')
 JOINED = []  # the kvstore of the job this process joined, never freed (see _join_job)
 
 
+def from_record(args):
+    """The outputs a resume writes where its record, not this command line, names them:
+    ``[(dest, '--flag path')]``."""
+    return [(k, '--%s %s' % (k.replace('_', '-'), getattr(args, k))) for k in OUTPUTS
+            if getattr(args, k) is not None and k not in args.now]
+
+
 class Run(argparse.Namespace):
     """A run's settings, resolved once (``resolve``) and read-only: every flag's value with the
     per-device defaults filled in, ``given`` (the flags given, on ``--resume`` with the run's
@@ -318,9 +325,8 @@ def _data_parallel(args, rank, seed, record, devices, kvstore, mode, handlers, t
             print('resuming after epoch %d of %d from %s' % (record['epoch'], args.epochs,
                   checkpoint.checkpoint_path(args.checkpoint_dir, record['epoch'], 'json')),
                   flush=True)
-            taken = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in OUTPUTS
-                     if getattr(args, k) is not None and k not in args.now]
-            if taken:  # where its record, not this command line, has it write
+            taken = [flag for _, flag in from_record(args)]
+            if taken:
                 print('writing %s, as the run\'s record says' % ', '.join(taken), flush=True)
     split_f, line = _split(args, net, devices, test_iter)
     if line is not None and mode != 'quiet':

@@ -396,9 +396,9 @@ def _resume(args):
         raise ValueError('%s changed while the command started; run it again' % (
             checkpoint.checkpoint_path(directory, record['epoch'], 'json')))
     before, folders = args.recorded, checkpoint.copied_from(directory, record)
-    taken = [k for k in OUTPUTS if getattr(args, k) is not None and k not in args.now]
-    reused = ['--%s %s' % (k.replace('_', '-'), getattr(args, k)) for k in taken]
-    for k, flag in zip(taken, reused):  # its argv and cwd choose them: onto a run's files only
+    taken = runs.from_record(args)
+    reused = [flag for _, flag in taken]
+    for k, flag in taken:  # its argv and cwd choose them: onto a run's files only
         path = getattr(args, k)
         try:  # what cannot be read is not known to be a run's either
             with open(path, 'rb') if os.path.isfile(path) else contextlib.nullcontext() as f:

@@ -311,6 +311,9 @@ class CheckpointHandler(TrainBegin, EpochEnd, TrainEnd):
             self.lock.release()
 
 
+_RESUMABLE = {}  # each folder resumable() locked in this process: its lock
+
+
 def resumable(directory, net, trainer, devices, train_iter, settings):
     """``(handlers, history)`` for ``train()`` to keep a run in ``directory`` and go on after its
     latest checkpoint (restored into ``net``, ``trainer`` and ``train_iter``'s seed) once its
@@ -328,35 +331,25 @@ def resumable(directory, net, trainer, devices, train_iter, settings):
         raise ValueError('settings cannot be kept in a checkpoint (%s); pass numbers, strings, '
                          'lists and dicts, for example {"batch_size": 256, "lr": 0.1}'
                          % one_line(e)) from None
-    for held in _RESUMABLE.pop(os.path.realpath(directory), ()):  # this process's earlier run
-        held.release()
-    lock = lock_dir(directory, 'directory')
-    try:
-        handlers, history = _resumable(directory, net, trainer, devices, train_iter, settings,
-                                       lock)
-    except BaseException:
-        lock.release()
-        raise
-    _RESUMABLE[os.path.realpath(directory)] = [lock]
-    return handlers, history
-
-
-_RESUMABLE = {}  # each folder resumable() locked in this process: its lock
-
-
-def _resumable(directory, net, trainer, devices, train_iter, settings, lock):
-    record = read_checkpoint(directory) if list_checkpoints(directory) else None
-    if record is not None:
-        if record.get('settings') != settings:
-            raise CheckpointError('%s holds a run with the settings %s, not %s; delete the folder '
-                                  'to start again, or use another one' % (directory, json.dumps(
-                                      record.get('settings'))[:200], json.dumps(settings)))
-        if not is_whole(record.get('data_seed'), 0):
-            raise not_ours(checkpoint_path(directory, record['epoch'], 'json'),
-                           'data_seed is not a seed')
-        restore(directory, record, net, trainer, devices)
-        train_iter.seed = record['data_seed']
-    os.makedirs(directory, exist_ok=True)
+    real = os.path.realpath(directory)
+    if real in _RESUMABLE:  # this process's earlier run of the folder (a cell executed anew)
+        _RESUMABLE.pop(real).release()
+    with contextlib.ExitStack() as undo:  # as lock_dir: the lock goes with a refused run
+        lock = undo.enter_context(lock_dir(directory, 'directory'))
+        record = read_checkpoint(directory) if list_checkpoints(directory) else None
+        if record is not None:
+            if record.get('settings') != settings:
+                raise CheckpointError('%s holds a run with the settings %s, not %s; delete the '
+                                      'folder to start again, or use another one' % (
+                                          directory, json.dumps(record.get('settings'))[:200],
+                                          json.dumps(settings)))
+            if not is_whole(record.get('data_seed'), 0):
+                raise not_ours(checkpoint_path(directory, record['epoch'], 'json'),
+                               'data_seed is not a seed')
+            restore(directory, record, net, trainer, devices)
+            train_iter.seed = record['data_seed']
+        undo.pop_all()
+    _RESUMABLE[real] = lock
     info = {'settings': settings, 'data_seed': train_iter.seed, 'devices': list(map(str, devices))}
     handlers = [EpochLine(), LossGuard(), CheckpointHandler(directory, info, record, lock)]
     return handlers, [] if record is None else record['history']

@@ -38,10 +38,10 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
     Inside it, ``signals`` (default SIGINT, SIGTERM, SIGHUP) raise ``Interrupted`` at once or,
     inside a ``__del__`` or MXNet's optimizer callback (where Python would drop the exception)
     or ``save_checkpoint`` (the epoch would be lost), at the next ``check()`` or when the block
-    ends (``requested`` and ``signum`` say one
-    waits); SIGQUIT prints every thread's stack, then quits. Only default handlers of the main
-    thread are taken over (not under ``nohup``), and given back on exit. As an event handler it
-    calls ``check()`` after every step and epoch, last of all (docs/events.md)::
+    ends (``requested`` and ``signum`` say one waits); SIGQUIT prints every thread's stack, then
+    quits. Only default handlers of the main thread are taken over (not under ``nohup``), and
+    given back on exit. As an event handler it calls ``check()`` after every step and epoch,
+    last of all (docs/events.md)::
 
         with DeferredInterrupt() as interrupt:
             train(..., event_handlers=[EpochLine(), interrupt])

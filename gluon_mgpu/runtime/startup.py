@@ -208,7 +208,7 @@ def import_failure(e):
                 'moment or another program; pass the launcher another --port, or leave --port '
                 'out for a free one' % (os.environ.get('DMLC_PS_ROOT_URI'),
                                         os.environ.get('DMLC_PS_ROOT_PORT')))
-    limits = [what for _, what, kind in threads.memory_limits() if kind == 'address']
+    limits = [limit for _, limit, kind in threads.memory_limits() if kind == 'address']
     if limits and isinstance(e, OSError) and 'failed to map segment' in str(e):
         return ('cannot import MXNet: this process\'s address space (%s KiB) is too small to '
                 'load libmxnet.so (%s); raise the limit (ulimit -v unlimited) or run where it is '
