@@ -12,13 +12,12 @@ import io
 import json
 import os
 
-from gluon_mgpu.devices import plural
-from gluon_mgpu.handlers import plotting
-from book_records import NOT_RECORDED
+from book_records import NOT_RECORDED, plural
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIGURE = os.path.join(ROOT, 'docs', 'figures', 'book-accuracy.png')
-FIGSIZE = (12.0, 5.6)  # inches: 1200 x 560 pixels at plotting.DPI
+DPI = 100
+FIGSIZE = (12.0, 5.6)  # inches: 1200 x 560 pixels at DPI
 DATA_KEY = 'gluon_mgpu figure data'
 DRAWN_WITH_KEY = 'drawn with'
 # One marker and colour per machine key, in key order (A, B, C, ...).
@@ -63,9 +62,12 @@ def _spread(count, width):
 
 def draw(data):
     """The PNG bytes of ``figure_data``'s ``data``, with ``data`` in its text chunk."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
-    fig = plotting._figure(FIGSIZE)
+    fig = Figure(figsize=FIGSIZE, dpi=DPI, layout='constrained')
+    FigureCanvasAgg(fig)
     axes = fig.subplots(1, len(data['panels']))
     styles = {key: MACHINE_STYLES[i % len(MACHINE_STYLES)]
               for i, (key, _) in enumerate(data['machines'])}
@@ -114,7 +116,7 @@ def draw(data):
                frameon=False)
     fig.suptitle(data['title'], fontsize=14)
     out = io.BytesIO()
-    fig.savefig(out, format='png', dpi=plotting.DPI, metadata={
+    fig.savefig(out, format='png', dpi=DPI, metadata={
         'Software': None, DATA_KEY: _dumps(data),
         DRAWN_WITH_KEY: drawn_with()})
     return out.getvalue()

@@ -18,11 +18,11 @@ import gluon_mgpu  # noqa: F401,I001  (first: it sets the threads MXNet starts w
 import numpy as np
 from gluon_mgpu import training
 from gluon_mgpu.commands.compare import _row
-from gluon_mgpu.devices import plural, simulated
+from gluon_mgpu.devices import simulated
 from gluon_mgpu.handlers import events
 from gluon_mgpu.handlers.metrics import epoch_problem
 from gluon_mgpu.runtime.checks import is_whole
-from gluon_mgpu.runtime.files import InputError, open_input
+from gluon_mgpu import InputError, UsageError, open_input
 
 
 # What the book prints of its training (d2l.ai's English MXNet page, two GPUs). In [7]:
@@ -52,7 +52,12 @@ RUN_EPOCHS = 4  # the book's
 RECORD_LIMIT = 16 << 20  # bytes; a line is about 700
 
 
-class RecordError(ValueError):
+def plural(n, word):
+    """``plural(1, 'seed')`` is ``1 seed``, ``plural(2, 'seed')`` is ``2 seeds``."""
+    return '%d %s%s' % (n, word, '' if n == 1 else 's')
+
+
+class RecordError(UsageError, ValueError):
     """The record file cannot be used: the message names the file, the line and the fix."""
 
 

@@ -49,7 +49,6 @@ from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from gluon_mgpu.commands import cli, compare  # noqa: E402
 from measuring import cpu_model, kernel_setting  # noqa: E402
-from gluon_mgpu.devices import plural  # noqa: E402
 from gluon_mgpu.handlers import events  # noqa: E402
 from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
 from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
@@ -57,7 +56,7 @@ from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # n
 import book_dips  # noqa: E402
 import book_figure  # noqa: E402
 import book_records  # noqa: E402
-from book_records import (RUN_EPOCHS, RecordError, record_key, summarize,  # noqa: E402
+from book_records import (RUN_EPOCHS, RecordError, plural, record_key, summarize,  # noqa: E402
                           table_records)
 
 PROG = 'lab/book_table.py'
@@ -474,12 +473,12 @@ def _commit():
         return None
 
 
-class RunFailed(RuntimeError):
-    """A run's train command failed; ``exit_code`` is its exit code, the message its log."""
+class RunFailed(cli.CommandError):
+    """A run's train command failed; the message names its log."""
 
-    def __init__(self, message, exit_code):
-        super().__init__(message)
-        self.exit_code = exit_code
+
+class RunRefused(RunFailed, cli.UsageError):
+    """A run's train command refused its input (its exit code 2): bad input, as its line says."""
 
 
 def _is_locked(directory):
@@ -534,11 +533,11 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
         raise KeyboardInterrupt('the train command of %s was stopped (exit %d)'
                                 % (run.name, code))
     if code == 2:  # it refused its input: its own line says why
-        raise RunFailed('the train command of %s refused its input: %s (its output is in %s)'
-                        % (run.name, _last_line(log_path), log_path), code)
+        raise RunRefused('the train command of %s refused its input: %s (its output is in %s)'
+                         % (run.name, _last_line(log_path), log_path))
     if code != 0:
         raise RunFailed('the train command of %s exited with %d; its output is in %s'
-                        % (run.name, code, log_path), code)
+                        % (run.name, code, log_path))
 
 
 def log_file(work_dir, run):
@@ -966,7 +965,7 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     return list(new)
 
 
-class PageError(ValueError):
+class PageError(cli.UsageError, ValueError):
     """A page or notebook whose tables cannot be filled; the message names it and the fix."""
 
 
@@ -996,20 +995,20 @@ def build_parser():
                             'figure (seconds; the chapter\'s cells and the step are not run '
                             'again)')
     # The run flags' defaults are filled in by _main: None says a flag was not given.
-    p.add_argument('--seeds', type=cli.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
+    p.add_argument('--seeds', type=cli.Parser.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
                    nargs='+', metavar='S',
                    help='the seeds of the runs (default: 0 1 2)')
-    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=cli.Parser.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='also train epoch 1 of each seed on 2 devices with a linear '
                         'learning-rate warmup of N steps, as rows of their own (default: none)')
-    p.add_argument('--epochs', type=cli.whole('--epochs', 1, RUN_EPOCHS, example=RUN_EPOCHS),
+    p.add_argument('--epochs', type=cli.Parser.whole('--epochs', 1, RUN_EPOCHS, example=RUN_EPOCHS),
                    help='epochs per run, at most the table\'s %d (default: %d, the book\'s)'
                         % (RUN_EPOCHS, RUN_EPOCHS))
     p.add_argument('--dtype', choices=('float32', 'bfloat16'),
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
-    p.add_argument('--record', metavar='PATH', type=cli.output_file(
+    p.add_argument('--record', metavar='PATH', type=cli.Parser.output_file(
                        '--record', 'docs/records/book-table.jsonl'),
                    help='the record to append to, or with --page or --tables, to make the '
                         'tables of (default: docs/records/book-table.jsonl, or '
@@ -1017,9 +1016,9 @@ def build_parser():
     p.add_argument('--work-dir', metavar='DIR', type=_folder('--work-dir'),
                    help='the runs\' checkpoints (45 MB per epoch) and logs (default: %s)'
                         % DEFAULT_WORK_DIR.replace(os.path.expanduser('~'), '~'))
-    cli.add_device_flag(p)
-    cli.add_data_flags(p)
-    cli.add_debug_flag(p)
+    p.add_device_flag()
+    p.add_data_flags()
+    p.add_debug_flag()
     return p
 
 
@@ -1042,31 +1041,23 @@ def main(argv=None):
     """Entry point; returns the exit code (2 for bad input, 1 when a run failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
-                           lambda e: {'own': _explain_failure(e)})
+                           lambda e: {'saved': _saved})
 
 
-def _explain_failure(e):
-    from gluon_mgpu.handlers.checkpoint import CheckpointError
-    if isinstance(e, (RecordError, CheckpointError, PageError)) or \
-            getattr(e, 'exit_code', None) == 2:
-        return 2, cli.error_line(PROG, e)  # bad input: here, or the train command's
-    if isinstance(e, (RunFailed, OutputError)):
-        return 1, cli.error_line(PROG, e)
-    if isinstance(e, KeyboardInterrupt):
-        return (getattr(e, 'exit_code', 130),
-                '%s: %s; the finished epochs are recorded, give the same command again to '
-                'continue' % (PROG, cli.stopped_by(e)))
-    return None
+def _saved(e, why):  # the failure table's clause on what a stop kept
+    return ('; the finished epochs are recorded, give the same command again to continue'
+            if isinstance(e, KeyboardInterrupt) else '')
 
 
 def _main(args):
     from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
     from gluon_mgpu.devices import format_devices, get_devices
+    from gluon_mgpu.handlers.checkpoint import CheckpointError
     from gluon_mgpu.handlers.interrupts import DeferredInterrupt
     from gluon_mgpu.runtime.precision import check_dtype
     if args.record:
-        cli.check_output('--record', args.record, suffixes=('.jsonl',),
-                         example='docs/records/book-table.jsonl')
+        cli.Parser.check_output('--record', args.record, suffixes=('.jsonl',),
+                                example='docs/records/book-table.jsonl')
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)
@@ -1113,8 +1104,11 @@ def _main(args):
         def progress(line):
             print(line, flush=True)
             interrupt.check()  # a signal that landed inside a __del__ stops us between epochs
-        run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,
-                  progress=progress)
+        try:
+            run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,
+                      progress=progress)
+        except CheckpointError as e:  # a folder of another run, or damaged: bad input
+            raise cli.UsageError(str(e)) from None
     print('all %d epochs recorded in %s; %s --page fills the page\'s tables'
           % (sum(r.epochs for r in runs), os.path.relpath(record, ROOT), PROG))
     return 0

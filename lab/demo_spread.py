@@ -40,7 +40,7 @@ sys.path.insert(0, HERE)
 
 from measuring import (cpu_generation, cpu_id, cpu_model, kernel_setting,  # noqa: E402
                        onednn_isa)
-from gluon_mgpu.commands import cli  # noqa: E402
+from gluon_mgpu import Parser, UsageError, run_command  # noqa: E402
 
 PROG = 'lab/demo_spread.py'
 
@@ -157,7 +157,7 @@ def _problem(r):
 
 
 def read_records(path=RECORDS):
-    """The record's runs, one per line (none if the file does not exist); ``cli.UsageError``
+    """The record's runs, one per line (none if the file does not exist); ``UsageError``
     names a line that is not a run's."""
     if not os.path.exists(path):
         return []
@@ -172,8 +172,8 @@ def read_records(path=RECORDS):
             except ValueError as e:
                 problem = 'is not a JSON line (%s)' % e
             if problem:
-                raise cli.UsageError('%s, line %d: %s; fix or delete that line (each is one run)'
-                                     % (os.path.relpath(path, ROOT), n, problem))
+                raise UsageError('%s, line %d: %s; fix or delete that line (each is one run)'
+                                 % (os.path.relpath(path, ROOT), n, problem))
             records.append(record)
     return records
 
@@ -403,19 +403,19 @@ def main(argv=None):
     """Train what is missing and write the report, or only write it; return the exit code (2
     for bad input or a bad record line, in one line)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _main(argv))
+    return run_command(PROG, argv, lambda: _main(argv))
 
 
 def _main(argv):
-    parser = cli.Parser(prog=PROG, description=__doc__.split('\n\n')[0])
+    parser = Parser(prog=PROG, description=__doc__.split('\n\n')[0])
     sub = parser.add_subparsers(dest='command', required=True)
     r = sub.add_parser('run', help='train what is missing, then write the report')
     r.add_argument('--candidate', nargs='+', choices=list(CANDIDATES) + list(NOTEBOOK_CANDIDATES),
                    required=True)
-    r.add_argument('--seeds', nargs='+', type=cli.whole('--seeds', minimum=0, example=0),
+    r.add_argument('--seeds', nargs='+', type=Parser.whole('--seeds', minimum=0, example=0),
                    default=[0])
     r.add_argument('--settings', nargs='+', choices=list(SETTINGS), default=list(SETTINGS))
-    r.add_argument('--runs', type=cli.whole('--runs', example=3), default=1,
+    r.add_argument('--runs', type=Parser.whole('--runs', example=3), default=1,
                    help="the notebook's candidates (no seed): runs per setting on this CPU")
     sub.add_parser('report', help='write docs/demo-spread.md from the records')
     args = parser.parse_args(argv)

@@ -7,7 +7,7 @@ from mxnet import autograd, gluon, init, nd
 from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
-from gluon_mgpu.model import Residual, relu
+from gluon_mgpu import Residual
 
 __all__ = ['fold_batchnorm', 'FoldedResidual', 'FOLD_ATOL', 'FOLD_RTOL']
 
@@ -42,11 +42,11 @@ class FoldedResidual(nn.HybridBlock):
             self.conv3 = _conv_like(residual.conv3) if residual.conv3 else None
 
     def hybrid_forward(self, F, X):
-        Y = relu(F, self.conv1(X))
+        Y = F.Activation(self.conv1(X), act_type='relu')  # as Residual computes its ReLUs
         Y = self.conv2(Y)
         if self.conv3:
             X = self.conv3(X)
-        return relu(F, Y + X)
+        return F.Activation(Y + X, act_type='relu')
 
 
 def fold_batchnorm(net, hybridize=True):

@@ -22,7 +22,7 @@ from math import comb
 import numpy as np
 
 import book_records  # the GPU runs as the page's table groups them (read_gpu_runs)
-from gluon_mgpu.commands import cli
+from gluon_mgpu import Parser, UsageError, run_command
 
 PROG = 'lab/gpu_run_odds.py'
 
@@ -66,13 +66,13 @@ def _accuracy(text):
 
 def main(argv=None):
     """Print the odds; return the exit code: bad input is one line and 2, stdout that cannot
-    be written ends as a Unix tool ends (``cli.run_command``)."""
+    be written ends as a Unix tool ends (``run_command``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _odds(argv))
+    return run_command(PROG, argv, lambda: _odds(argv))
 
 
 def _odds(argv):
-    p = cli.Parser(prog=PROG, description=__doc__.splitlines()[0])
+    p = Parser(prog=PROG, description=__doc__.splitlines()[0])
     p.add_argument('--devices', type=int, choices=(1, 2), required=True)
     p.add_argument('--epoch', type=int, choices=(1, 2, 3, 4), required=True)
     p.add_argument('--ours', type=_accuracy, nargs='+', required=True, metavar='ACC',
@@ -85,14 +85,13 @@ def _odds(argv):
         runs = book_records.read_gpu_runs(book_records.GPU_RUNS).get(
             ('later', args.devices, args.epoch))
     except (OSError, ValueError, csv.Error) as e:  # InputError, UnicodeDecodeError included
-        raise cli.UsageError('%s cannot be read (%s); restore it: git checkout %s'
-                             % (book_records.GPU_RUNS, '%s: %s' % (type(e).__name__,
-                                                                   cli.one_line(e, 200)),
-                                book_records.GPU_RUNS)) from None
+        raise UsageError('%s cannot be read (%s); restore it: git checkout %s'
+                         % (book_records.GPU_RUNS, '%s: %s' % (type(e).__name__, str(e)[:200]),
+                            book_records.GPU_RUNS)) from None
     if not runs:
-        raise cli.UsageError('%s holds no later-edition run on %d device(s) at epoch %d; restore '
-                             'it: git checkout %s' % (book_records.GPU_RUNS, args.devices,
-                                                      args.epoch, book_records.GPU_RUNS))
+        raise UsageError('%s holds no later-edition run on %d device(s) at epoch %d; restore '
+                         'it: git checkout %s' % (book_records.GPU_RUNS, args.devices,
+                                                  args.epoch, book_records.GPU_RUNS))
     n, mean = len(args.ours), sum(args.ours) / len(args.ours)
     print('%d later-edition runs, %d device(s), epoch %d; ours: %d runs, mean %.4f'
           % (len(runs), args.devices, args.epoch, n, mean))

@@ -19,6 +19,7 @@ rest of the machine kept busy meanwhile (lab/measuring.py).
 import argparse
 import collections
 import datetime
+import itertools
 import json
 import os
 import subprocess
@@ -68,21 +69,17 @@ def worker(args):
     import mxnet as mx
     from mxnet import nd
     from mxnet.gluon import loss as gloss
-    from gluon_mgpu import data, training
     devices = [mx.cpu(i) for i in range(args.devices)]
-    net = training.new_network('resnet18', True)
-    trainer = training.init_training(net, devices, training.LR_PER_DEVICE, seed=0)
+    net = gluon_mgpu.new_network('resnet18', True)
+    trainer = gluon_mgpu.init_training(net, devices, gluon_mgpu.book_setting(1)[1], seed=0)
     loss = gloss.SoftmaxCrossEntropyLoss()
-    images, labels = data.load_fashion_mnist_arrays('train')
-    n = args.batch_size * (1 + 2 * args.steps)
-    it = iter(data.ArrayBatches(images[:n], labels[:n], args.batch_size, shuffle=True, seed=0))
-    step = training.choose_step(devices)  # what train() runs on these devices
+    batches, _ = gluon_mgpu.load_data_fashion_mnist(
+        args.batch_size, train_limit=args.batch_size * (1 + 2 * args.steps), test_limit=1, seed=0)
+    it = iter(batches)
 
-    def steps(count):
+    def steps(count):  # what train() runs on these devices (train_epoch's step), count times
         meter = Interval().start()
-        for _ in range(count):
-            X, y = next(it)
-            step(net, X, y, loss, trainer, devices, training.split_batch)
+        gluon_mgpu.train_epoch(net, itertools.islice(it, count), loss, trainer, devices)
         nd.waitall()
         record = meter.stop()
         return dict(record, images_per_s=args.batch_size * count / record['wall'])

@@ -2,7 +2,6 @@ import json
 import math
 import os
 import re
-import sys
 
 import jsonschema  # installed with nbformat (requirements.txt)
 import mxnet as mx
@@ -12,8 +11,6 @@ import gluon_mgpu
 from gluon_mgpu.handlers import metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, 'tools'))
-from metrics_schema import schema_markdown  # noqa: E402
 
 
 def _record(epoch, seconds, images, loss, train_acc, test_acc):
@@ -34,10 +31,10 @@ def _errors(doc):
 def test_the_documented_schema_is_the_one_in_code():
     jsonschema.Draft202012Validator.check_schema(metrics.SCHEMA)
     with open(os.path.join(ROOT, 'docs', 'metrics-schema.md')) as f:
-        assert f.read() == schema_markdown(), (
-            'docs/metrics-schema.md is stale: run python tools/metrics_schema.py > '
+        assert f.read() == metrics.schema_page(), (
+            'docs/metrics-schema.md is stale: run python -m gluon_mgpu.handlers.metrics > '
             'docs/metrics-schema.md')
-    table = schema_markdown()
+    table = metrics.schema_page()
     for field in metrics.EPOCH_FIELDS:
         assert '| `history[].%s` |' % field in table
 

@@ -203,12 +203,12 @@ def test_epochs_trained_by_other_code_are_not_continued(tmp_path):
     resumed = runner._saved_epochs(folder)
     assert resumed == {'train-1': 1}
     assert runner._run_record(folder, 'b' * 40, hashes, resumed)['commit'] == 'a' * 40
-    with pytest.raises(runner.cli.UsageError, match=re.escape(
+    with pytest.raises(runner.UsageError, match=re.escape(
             "%s holds epochs trained at commit aaaaaaa, and the notebook's code changed since; "
             "delete the folder to train again (rm -r %s)" % (folder, folder))):
         runner._run_record(folder, 'b' * 40, hashes[:-1], resumed)
     os.remove(os.path.join(folder, 'run.json'))
-    with pytest.raises(runner.cli.UsageError, match='holds checkpoints but no run.json'):
+    with pytest.raises(runner.UsageError, match='holds checkpoints but no run.json'):
         runner._run_record(folder, 'b' * 40, hashes, resumed)
 
 
@@ -222,7 +222,7 @@ def test_epochs_trained_on_another_machine_are_not_continued(tmp_path, monkeypat
     resumed = {'train-1': 1}
     assert runner._run_record(folder, 'b' * 40, hashes, resumed)['commit'] == 'a' * 40
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
-    with pytest.raises(runner.cli.UsageError, match=re.escape(
+    with pytest.raises(runner.UsageError, match=re.escape(
             "%s holds epochs trained at commit aaaaaaa, and the machine (CPU, kernels or threads) "
             "changed since; delete the folder to train again (rm -r %s)" % (folder, folder))):
         runner._run_record(folder, 'b' * 40, hashes, resumed)

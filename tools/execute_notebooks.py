@@ -32,8 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, measuring
 import gluon_mgpu  # noqa: E402,F401,I001  (first: it sets the threads the kernel inherits)
-from gluon_mgpu.commands import cli  # noqa: E402
-from gluon_mgpu.handlers.interrupts import DeferredInterrupt, Interrupted  # noqa: E402
+from gluon_mgpu import CommandError, Parser, UsageError, run_command  # noqa: E402
 import numpy as np  # noqa: E402
 
 import book_records  # noqa: E402
@@ -123,7 +122,7 @@ def clean(nb):
 def _setting(name):
     quick = os.environ.get('GLUON_MGPU_QUICK', '0') or '0'
     if quick not in SETTINGS:
-        raise cli.UsageError('GLUON_MGPU_QUICK must be 0 (the book\'s settings), 1 (a quick '
+        raise UsageError('GLUON_MGPU_QUICK must be 0 (the book\'s settings), 1 (a quick '
                              'look) or smoke, got %r; unset it for the book\'s settings' % quick)
     # three-ways-to-split knows no smoke setting: its quick look takes a minute.
     return '1' if quick == 'smoke' and name == 'three-ways-to-split' else quick
@@ -161,21 +160,21 @@ def _run_record(folder, commit, hashes, resumed):
     except (OSError, ValueError):
         was = None
     if not isinstance(was, dict) or not isinstance(was.get('commit'), str):
-        raise cli.UsageError('%s holds checkpoints but no run.json of this script; delete the '
+        raise UsageError('%s holds checkpoints but no run.json of this script; delete the '
                              'folder to train again (rm -r %s)' % (folder, folder))
     changed = [what for what, key in (('gluon_mgpu/', 'package_sha256'),
                                       ("the notebook's code", 'code'),
                                       ('the machine (CPU, kernels or threads)', 'machine'))
                if was.get(key) != now[key]]
     if changed:
-        raise cli.UsageError('%s holds epochs trained at commit %s, and %s changed since; delete '
+        raise UsageError('%s holds epochs trained at commit %s, and %s changed since; delete '
                              'the folder to train again (rm -r %s)'
                              % (folder, was['commit'][:7], ' and '.join(changed), folder))
     return was
 
 
 def _saved_epochs(folder):
-    from gluon_mgpu.handlers.checkpoint_names import list_checkpoints
+    from gluon_mgpu import list_checkpoints
     done = {}
     for sub in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
         if os.path.isdir(os.path.join(folder, sub)) and list_checkpoints(os.path.join(folder, sub)):
@@ -243,13 +242,18 @@ def _progress(cell, cell_index, **kwargs):
 def execute(name, checkpoints):
     """Execute notebook ``name`` and write it and its twin; return the seconds it took."""
     from nbclient import NotebookClient
+    from nbclient.exceptions import CellExecutionError, DeadKernelError
     setting = _setting(name)
     nb = clean(_read(path_of(name)))
     hashes = [code_hash(c.source) for c in nb.cells if c.cell_type == 'code']
     commit, changed = code_state()
     folder = os.path.join(checkpoints, setting, name)
-    from gluon_mgpu.handlers.checkpoint import lock_dir
-    with lock_dir(folder, '--checkpoints'):
+    from gluon_mgpu import CheckpointError, Interrupted, lock_dir
+    try:  # a folder held or unusable is refused as the train command refuses it
+        lock = lock_dir(folder, '--checkpoints')
+    except (CheckpointError, ValueError) as e:
+        raise UsageError(str(e)) from None
+    with lock:
         resumed = _saved_epochs(folder)
         was = _run_record(folder, commit, hashes, resumed)
         kernels = tempfile.mkdtemp()
@@ -276,6 +280,13 @@ def execute(name, checkpoints):
             asyncio.set_event_loop(loop)  # what nbclient and zmq take as the loop
             try:
                 loop.run_until_complete(client.async_execute(env=env))
+            except DeadKernelError as e:
+                if loop.signum is None:
+                    raise CommandError('the kernel died (%s)%s' % (e, AGAIN)) from None
+            except CellExecutionError as e:
+                if loop.signum is None:
+                    raise CommandError('a cell failed, so no notebook was written: %s'
+                                       % str(e).strip().splitlines()[-1]) from None
             except Exception:
                 if loop.signum is None:
                     raise
@@ -312,7 +323,7 @@ def copy_to_twin(nb, twin):
         'tags', [])]
     theirs = [c for c in twin.cells if c.cell_type == 'code']
     if [code_hash(c.source) for c in ours] != [code_hash(c.source) for c in theirs]:
-        raise cli.UsageError('the Chinese notebook\'s code cells are not the English one\'s, '
+        raise UsageError('the Chinese notebook\'s code cells are not the English one\'s, '
                              'token for token (tests/test_notebooks.py '
                              'test_both_languages_run_the_same_code says where); make them so')
     for mine, twin_cell in zip(ours, theirs):
@@ -323,31 +334,20 @@ def copy_to_twin(nb, twin):
 
 
 def build_parser():
-    p = cli.Parser(prog=PROG, description=__doc__.split('\n\n')[0])
+    p = Parser(prog=PROG, description=__doc__.split('\n\n')[0])
     p.add_argument('notebooks', nargs='*', metavar='NOTEBOOK', help='which English notebooks (default: both): %s' % ', '.join(sorted(
                        NOTEBOOKS)))
     p.add_argument('--checkpoints', default=DEFAULT_CHECKPOINTS, metavar='DIR',
-                   type=cli.output_folder('--checkpoints', example='~/notebook-epochs'),
+                   type=Parser.output_folder('--checkpoints', example='~/notebook-epochs'),
                    help='where the training cells keep their epochs (default %(default)s)')
     return p
 
 
-def _explain(e):
-    from gluon_mgpu.handlers.checkpoint import CheckpointError
-    from nbclient.exceptions import CellExecutionError, DeadKernelError
-    if isinstance(e, (CheckpointError, ValueError)):
-        return 2, cli.error_line(PROG, e)
-    if isinstance(e, DeadKernelError):
-        return 1, cli.error_line(PROG, 'the kernel died (%s); the finished epochs are saved, give '
-                                       'the same command again to continue' % e)
-    if isinstance(e, CellExecutionError):
-        return 1, cli.error_line(PROG, 'a cell failed, so no notebook was written: %s' % (
-            str(e).strip().splitlines()[-1]))
-    if isinstance(e, KeyboardInterrupt):
-        return getattr(e, 'exit_code', 130), (
-            '%s: %s; the finished epochs are saved, give the same command again to continue'
-            % (PROG, cli.stopped_by(e)))
-    return None
+AGAIN = '; the finished epochs are saved, give the same command again to continue'
+
+
+def _saved(e, why):  # the failure table's clause on what a stop kept
+    return AGAIN if isinstance(e, KeyboardInterrupt) else ''
 
 
 class _SignalsNoted(asyncio.SelectorEventLoop):
@@ -371,16 +371,17 @@ def main(argv=None):
         args = build_parser().parse_args(argv)
         unknown = [n for n in args.notebooks if n not in NOTEBOOKS]
         if unknown:
-            raise cli.UsageError('no English notebook %r; name %s (or none: both)'
+            raise UsageError('no English notebook %r; name %s (or none: both)'
                                  % (unknown[0], ' or '.join(sorted(NOTEBOOKS))))
         names = args.notebooks or sorted(NOTEBOOKS)
         for name in names:
             _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs
+        from gluon_mgpu import DeferredInterrupt
         for name in names:  # one folder for this script and the kernel, which runs elsewhere
             with DeferredInterrupt():  # per notebook: nbclient leaves them at their defaults
                 execute(name, os.path.abspath(args.checkpoints))
         return 0
-    return cli.run_command(PROG, argv, body, lambda e: {'own': _explain(e)})
+    return run_command(PROG, argv, body, lambda e: {'saved': _saved})
 
 
 if __name__ == '__main__':

@@ -24,6 +24,11 @@ class UsageError(Exception):
     """Bad command-line input; ``run_command`` shows it as ``error_line(prog, message)``."""
 
 
+class CommandError(Exception):
+    """A failure a command words itself (a run it started failed, its kernel died): its
+    message as ``error_line`` shows it, exit code 1."""
+
+
 def error_line(prog, message):
     """The line of every failure: ``python -m gluon_mgpu.<command>: error: <message>``."""
     return '%s: error: %s' % (prog, message)
@@ -33,7 +38,8 @@ class Parser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose errors are one ``UsageError`` line pointing to ``--help``,
     and which lists what it reads, as a resume merging two command lines needs it: ``settings``,
     each flag's action in order (``--help`` aside), and ``exclusive``, the actions of each
-    mutually exclusive group."""
+    mutually exclusive group. Its static methods are the commands' value types
+    (``type=Parser.whole('--epochs')``), its ``add_*`` methods the flags they share."""
 
     def __init__(self, *args, **kwargs):
         self.settings, self.exclusive = [], []
@@ -63,65 +69,158 @@ class Parser(argparse.ArgumentParser):
             m[1], ', '.join(c if c[:1] == "'" else repr(c) for c in m[2].split(', '))), message)
         raise UsageError('%s (see --help)' % message)
 
+    @staticmethod
+    def whole(flag, minimum=1, maximum=None, example=2):
+        """A whole number from ``minimum`` (to ``maximum``; at most a C int, as MXNet's counts
+        are): ``--epochs``, ``--port``, ``--seed``."""
+        def parse(text):
+            digits = re.fullmatch(r'\s*([-+]?)0*([0-9]+)\s*', text)  # int() reads 4300 at most
+            try:
+                value = int(digits[1] + digits[2][:21]) if digits else int(text)
+            except ValueError:
+                raise _refuse(flag, 'expects a whole number, got %r' % text[:40], example) from None
+            shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % (
+                len(digits[2]) if digits else len(str(abs(value))))  # '1_0...', '٣...': int() read
+            if maximum is not None and not minimum <= value <= maximum:
+                raise _refuse(flag, 'must be between %d and %d, got %s' % (minimum, maximum, shown),
+                              example)
+            if value < minimum:
+                raise _refuse(flag, 'must be at least %d, got %s' % (minimum, shown), example)
+            if value > 2 ** 31 - 1:
+                raise _refuse(flag, 'must be at most %d, got %s' % (2 ** 31 - 1, shown), example)
+            return value
+        return parse
+
+    @staticmethod
+    def positive_float(flag, example=0.1, noun=None):
+        """A finite number above 0; with ``noun``, both refusals say ``FLAG expects NOUN``."""
+        def parse(text):
+            try:
+                value = float(text)
+            except ValueError:
+                value = None
+            if value is not None and 0 < value < math.inf:
+                return value
+            if noun is None and value is not None:
+                raise _refuse(flag, 'must be a finite number above 0, got %r' % text, example)
+            raise _refuse(flag, 'expects %s, got %r' % (noun or 'a number', text), example)
+        return parse
+
+    @staticmethod
+    def learning_rate(flag):
+        """A learning rate in ``LR_RANGE``: ``1e39`` is infinite in float32, ``1e-320`` is 0, and
+        ``sgd_update`` would refuse them in the middle of a step."""
+        above_zero = Parser.positive_float(flag)
+
+        def parse(text):
+            value = above_zero(text)
+            low, high = LR_RANGE
+            if not low <= value <= high:
+                raise _refuse(flag, '%s is outside what MXNet\'s float32 optimizer can use '
+                                    '(%.8g to %.8g)' % (text, low, high), 0.1)
+            return value
+        return parse
+
+    @staticmethod
+    def output_file(flag, example='run.json'):
+        """A path of a file the command writes; whether it may be written, and its name's ending,
+        are checked once it is resolved (``check_output``), never while parsing."""
+        def parse(text):
+            _empty(flag, text, example)
+            return os.path.expanduser(text)
+        return parse
+
+    @staticmethod
+    def check_output(flag, path, mxnet=False, suffixes=None, example='run.json'):
+        """``UsageError`` for an output ``path`` the command may not write
+        (``files.output_problem``; with ``mxnet``, one MXNet's own writer would not open as
+        Python does, ``files.mxnet_path_problem``), or whose name does not end in one of
+        ``suffixes``."""
+        problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
+        if problem:
+            raise UsageError('argument %s: %s %s: %s (see --help)' % (flag, flag, shown(path),
+                                                                       problem))
+        if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
+            raise UsageError('argument %s: %s (see --help)' % (flag, _refuse(flag, '%s: the name '
+                             'must end in %s' % (shown(path), ' or '.join(suffixes)), example)))
+
+    @staticmethod
+    def output_folder(flag, example='runs/a', mxnet=True):
+        """A folder the command writes into (made if missing): not empty, no NUL; with ``mxnet``
+        (MXNet's own writers write there), a path MXNet opens as Python does
+        (``files.mxnet_path_problem``)."""
+        def parse(text):
+            _empty(flag, text, example)
+            path = os.path.expanduser(text)
+            problem = ('it contains a NUL character; name a folder without one' if '\0' in path
+                       else mxnet and files.mxnet_path_problem(path))
+            if problem:
+                raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
+            return path
+        return parse
+
+    @staticmethod
+    def weights(text):
+        """``--device-weights 3,1``: finite numbers above 0, separated by commas."""
+        try:
+            values = [float(v) for v in text.split(',')]
+        except ValueError:
+            raise _refuse('--device-weights', 'expects numbers separated by commas, got %r' % text,
+                          '3,1') from None
+        if not all(math.isfinite(v) and v > 0 for v in values):
+            raise _refuse('--device-weights', 'must all be finite numbers above 0, got %r' % text,
+                          '3,1')
+        return values
+
+    def add_device_flag(self):
+        """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
+        self.add_argument('--device', choices=choices.DEVICES, default='auto',
+                          help='auto: GPUs if there are enough, simulated CPU devices if there '
+                               'is no GPU; gpu: GPUs or an error; cpu: CPU contexts (default: '
+                               'auto)')
+
+    def add_data_flags(self):
+        """``--data-dir``, ``--train-limit``, ``--test-limit``."""
+        self.add_argument('--data-dir',
+                          help='folder with the four Fashion-MNIST IDX .gz files (default: '
+                               'search $MXNET_HOME/datasets/fashion-mnist, then '
+                               '/usr/share/datasets/fashion-mnist)')
+        self.add_argument('--train-limit', type=Parser.whole('--train-limit'),
+                          help='use only the first N training images (default: all 60000)')
+        self.add_argument('--test-limit', type=Parser.whole('--test-limit'),
+                          help='use only the first N test images (default: all 10000)')
+
+    def add_seed_flag(self, help):
+        self.add_argument('--seed', type=seed, help=help)
+
+    def add_hybridize_flag(self):
+        self.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
+                          help='compile the network into one graph (the same results as '
+                               'imperative, faster: docs/benchmarks.md); --no-hybridize runs it '
+                               'line by line as the book does (default: hybridize)')
+
+    def add_dtype_flags(self):
+        self.add_argument('--dtype', choices=choices.DTYPES, default='float32',
+                          help='what the network computes in: float32 (the book) or bfloat16 '
+                               "(MXNet's AMP casts convolutions and dense layers, the parameters "
+                               'stay float32; faster on a CPU with avx512_bf16, docs/bf16.md) '
+                               '(default: float32)')
+        self.add_argument('--force-dtype', action='store_true',
+                          help='train in bfloat16 even on a CPU without bfloat16 instructions, '
+                               'where it is slower than float32 (default: refuse)')
+
+    def add_debug_flag(self):
+        self.add_argument('--debug', action='store_true',
+                          help='on an error, show the full traceback (for bug reports); the '
+                               'environment variable %s=1 does the same' % DEBUG_ENV)
+
 
 def _refuse(flag, what, example):  # a value check's refusal names the flag and an example
     return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
 
 
-def whole(flag, minimum=1, maximum=None, example=2):
-    """A whole number from ``minimum`` (to ``maximum``; at most a C int, as MXNet's counts are):
-    ``--epochs``, ``--port``, ``--seed``."""
-    def parse(text):
-        digits = re.fullmatch(r'\s*([-+]?)0*([0-9]+)\s*', text)  # int() reads 4300 at most
-        try:
-            value = int(digits[1] + digits[2][:21]) if digits else int(text)
-        except ValueError:
-            raise _refuse(flag, 'expects a whole number, got %r' % text[:40], example) from None
-        shown = value if abs(value) < 10 ** 20 else 'a number of %d digits' % (
-            len(digits[2]) if digits else len(str(abs(value))))  # '1_0...', '٣...': int() read
-        if maximum is not None and not minimum <= value <= maximum:
-            raise _refuse(flag, 'must be between %d and %d, got %s' % (minimum, maximum, shown),
-                          example)
-        if value < minimum:
-            raise _refuse(flag, 'must be at least %d, got %s' % (minimum, shown), example)
-        if value > 2 ** 31 - 1:
-            raise _refuse(flag, 'must be at most %d, got %s' % (2 ** 31 - 1, shown), example)
-        return value
-    return parse
-
-
-def positive_float(flag, example=0.1, noun=None):
-    """A finite number above 0; with ``noun``, both refusals say ``FLAG expects NOUN``."""
-    def parse(text):
-        try:
-            value = float(text)
-        except ValueError:
-            value = None
-        if value is not None and 0 < value < math.inf:
-            return value
-        if noun is None and value is not None:
-            raise _refuse(flag, 'must be a finite number above 0, got %r' % text, example)
-        raise _refuse(flag, 'expects %s, got %r' % (noun or 'a number', text), example)
-    return parse
-
-
-def learning_rate(flag):
-    """A learning rate in ``LR_RANGE``: ``1e39`` is infinite in float32, ``1e-320`` is 0, and
-    ``sgd_update`` would refuse them in the middle of a step."""
-    above_zero = positive_float(flag)
-
-    def parse(text):
-        value = above_zero(text)
-        low, high = LR_RANGE
-        if not low <= value <= high:
-            raise _refuse(flag, '%s is outside what MXNet\'s float32 optimizer can use (%.8g to '
-                                '%.8g)' % (text, low, high), 0.1)
-        return value
-    return parse
-
-
 # ``--seed``: MXNet's seed is a C int; numpy's generator refuses negative seeds.
-seed = whole('--seed', 0, 2 ** 31 - 1, example=0)
+seed = Parser.whole('--seed', 0, 2 ** 31 - 1, example=0)
 
 
 def shown(path):
@@ -132,103 +231,6 @@ def shown(path):
 def _empty(flag, text, example):
     if not text.strip():  # an unset variable in a script: '' would mean the current folder
         raise _refuse(flag, 'is empty (%r; an unset variable?)' % text, example)
-
-
-def output_file(flag, example='run.json'):
-    """A path of a file the command writes; whether it may be written, and its name's ending,
-    are checked once it is resolved (``check_output``), never while parsing."""
-    def parse(text):
-        _empty(flag, text, example)
-        return os.path.expanduser(text)
-    return parse
-
-
-def check_output(flag, path, mxnet=False, suffixes=None, example='run.json'):
-    """``UsageError`` for an output ``path`` the command may not write (``files.output_problem``;
-    with ``mxnet``, one MXNet's own writer would not open as Python does,
-    ``files.mxnet_path_problem``), or whose name does not end in one of ``suffixes``."""
-    problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
-    if problem:
-        raise UsageError('argument %s: %s %s: %s (see --help)' % (flag, flag, shown(path),
-                                                                   problem))
-    if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
-        raise UsageError('argument %s: %s (see --help)' % (flag, _refuse(
-            flag, '%s: the name must end in %s' % (shown(path), ' or '.join(suffixes)), example)))
-
-
-def output_folder(flag, example='runs/a', mxnet=True):
-    """A folder the command writes into (made if missing): not empty, no NUL; with ``mxnet``
-    (MXNet's own writers write there), a path MXNet opens as Python does
-    (``files.mxnet_path_problem``)."""
-    def parse(text):
-        _empty(flag, text, example)
-        path = os.path.expanduser(text)
-        problem = ('it contains a NUL character; name a folder without one' if '\0' in path
-                   else mxnet and files.mxnet_path_problem(path))
-        if problem:
-            raise argparse.ArgumentTypeError('%s %s: %s' % (flag, shown(text), problem))
-        return path
-    return parse
-
-
-def weights(text):
-    """``--device-weights 3,1``: finite numbers above 0, separated by commas."""
-    try:
-        values = [float(v) for v in text.split(',')]
-    except ValueError:
-        raise _refuse('--device-weights', 'expects numbers separated by commas, got %r' % text,
-                      '3,1') from None
-    if not all(math.isfinite(v) and v > 0 for v in values):
-        raise _refuse('--device-weights', 'must all be finite numbers above 0, got %r' % text,
-                      '3,1')
-    return values
-
-
-def add_device_flag(parser):
-    """``--device auto|gpu|cpu``, as ``get_devices`` reads it."""
-    parser.add_argument('--device', choices=choices.DEVICES, default='auto',
-                        help='auto: GPUs if there are enough, simulated CPU devices if there is '
-                             'no GPU; gpu: GPUs or an error; cpu: CPU contexts (default: auto)')
-
-
-def add_data_flags(parser):
-    """``--data-dir``, ``--train-limit``, ``--test-limit``."""
-    parser.add_argument('--data-dir',
-                        help='folder with the four Fashion-MNIST IDX .gz files (default: '
-                             'search $MXNET_HOME/datasets/fashion-mnist, then '
-                             '/usr/share/datasets/fashion-mnist)')
-    parser.add_argument('--train-limit', type=whole('--train-limit'),
-                        help='use only the first N training images (default: all 60000)')
-    parser.add_argument('--test-limit', type=whole('--test-limit'),
-                        help='use only the first N test images (default: all 10000)')
-
-
-def add_seed_flag(parser, help):
-    parser.add_argument('--seed', type=seed, help=help)
-
-
-def add_hybridize_flag(parser):
-    parser.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
-                        help='compile the network into one graph (the same results as '
-                             'imperative, faster: docs/benchmarks.md); --no-hybridize runs it line '
-                             'by line as the book does (default: hybridize)')
-
-
-def add_dtype_flags(parser):
-    parser.add_argument('--dtype', choices=choices.DTYPES, default='float32',
-                        help='what the network computes in: float32 (the book) or bfloat16 '
-                             "(MXNet's AMP casts convolutions and dense layers, the parameters "
-                             'stay float32; faster on a CPU with avx512_bf16, docs/bf16.md) '
-                             '(default: float32)')
-    parser.add_argument('--force-dtype', action='store_true',
-                        help='train in bfloat16 even on a CPU without bfloat16 instructions, '
-                             'where it is slower than float32 (default: refuse)')
-
-
-def add_debug_flag(parser):
-    parser.add_argument('--debug', action='store_true',
-                        help='on an error, show the full traceback (for bug reports); the '
-                             'environment variable %s=1 does the same' % DEBUG_ENV)
 
 
 # What MXNet 1.9.1 says when memory runs out (libmxnet.so's strings): on the CPU, on a GPU.
@@ -340,8 +342,8 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
         (lr and 'mxnet' in sys.modules and _in_optimizer(e), 'an error', lambda: (
             'the optimizer failed inside trainer.step%s: %s: %s; the step was not completed, so '
             'training stops (%s %g)' % (where, type(e).__name__, one_line(e), *lr))),
-        (isinstance(e, files.OutputError) or raised('handlers.checkpoint', 'CheckpointError'),
-         'an error', lambda: str(e)),
+        (isinstance(e, (files.OutputError, CommandError))
+         or raised('handlers.checkpoint', 'CheckpointError'), 'an error', lambda: str(e)),
         (lr and raised('handlers.events', 'LossNotFiniteError'), 'training diverged', lambda: (
             'the training loss became %s at epoch %s, step %d%s with learning rate %g: training '
             'diverged; start again with a smaller learning rate, for example %s %g'
@@ -371,9 +373,7 @@ def run_command(prog, argv, body, story=None, leave=None):
     """Return ``body()`` (None: 0) as the exit code; every failure is one stderr line.
 
     A failure is worded by the one table, ``failure``; ``story(e)``, if given, returns what
-    the command adds to it (its keyword arguments: what the run kept, the flags a fix names),
-    or under ``'own'`` the ``(exit code, line)`` of an error the table does not know (a script
-    of lab/ and its own errors; None: the table's).
+    the command adds to it (its keyword arguments: what the run kept, the flags a fix names).
     Without one: ``UsageError`` 2, ``KeyboardInterrupt`` 130, else 1. ``--debug`` in ``argv``
     (or ``GLUON_MGPU_DEBUG``) adds the traceback. Standard output that cannot be written ends
     the command as a Unix tool ends: quietly with 141 when its reader is gone (``| head -1``),
@@ -401,9 +401,8 @@ def run_command(prog, argv, body, story=None, leave=None):
         except StdoutError:
             raise
         except (Exception, KeyboardInterrupt) as e:
-            failed, told = e, story(e) if story else {}
-            # 'own': a script's wording of an error of its own (lab/), else the table's.
-            code, line = told.pop('own', None) or failure(prog, e, debug, **told)
+            failed = e
+            code, line = failure(prog, e, debug, **(story(e) if story else {}))
             sys.stdout.flush()  # what the story printed (a sweep's finished rows) comes first
             _say(e, line, debug)
     except StdoutError as e:  # a broken pipe ends quietly, 128 + SIGPIPE as a shell shows it

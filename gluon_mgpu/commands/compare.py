@@ -413,11 +413,11 @@ def build_parser():
                    'a table: the book\'s printed values, ours, the difference, a verdict. The '
                    'book\'s accuracy table over seeds is docs/book-comparison.md (made by '
                    'lab/book_table.py --tables).')
-    cli.add_device_flag(p)
+    p.add_device_flag()
     p.add_argument('--data-dir', metavar='DIR',
                    help='the folder of the four Fashion-MNIST files (default: searched; '
                         'docs/testing.md)')
-    cli.add_debug_flag(p)
+    p.add_debug_flag()
     return p
 
 

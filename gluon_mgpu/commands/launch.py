@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from .cli import Parser, UsageError, die_with, positive_float, run_command, whole
+from .cli import Parser, UsageError, die_with, run_command
 from ..runtime import files, startup
 from ..runtime.choices import DIST_KVSTORES
 from ..runtime.hosts import guess_host_ip, hold_port, host_problem, read_hostfile, ssh_command
@@ -39,9 +39,9 @@ def build_parser():
                 description='Start a dist_sync job (scheduler, servers, workers: all run '
                             'COMMAND with the DMLC_* variables set), watch it, and stop it '
                             'all when one process fails.')
-    p.add_argument('-n', '--num-workers', type=whole('--num-workers'), required=True,
+    p.add_argument('-n', '--num-workers', type=Parser.whole('--num-workers'), required=True,
                    help='number of worker processes')
-    p.add_argument('-s', '--num-servers', type=whole('--num-servers'),
+    p.add_argument('-s', '--num-servers', type=Parser.whole('--num-servers'),
                    help='number of server processes (default: as many as workers, as '
                         "MXNet's launch.py)")
     p.add_argument('-H', '--hostfile',
@@ -50,7 +50,7 @@ def build_parser():
                         'comments are skipped. Servers and workers are spread over the hosts '
                         'round-robin, the scheduler runs here (default: everything here, on '
                         '127.0.0.1)')
-    p.add_argument('--port', type=whole('--port'),
+    p.add_argument('--port', type=Parser.whole('--port'),
                    help="the scheduler's port (default: a free one)")
     p.add_argument('--host-ip',
                    help="with --hostfile: this machine's address as the other hosts reach it "
@@ -59,7 +59,8 @@ def build_parser():
                    help='with --hostfile: also pass this variable (its value here, or VALUE) '
                         'to the remote processes; may be repeated. Passed anyway when set: '
                         + ', '.join(PASS_ENV))
-    p.add_argument('--grace', type=positive_float('--grace', 30, 'a number of seconds above 0'),
+    p.add_argument('--grace', type=Parser.positive_float('--grace', 30,
+                                                         'a number of seconds above 0'),
                    default=30.0,
                    help='once a process has ended normally, the others must end within this '
                         'many seconds, or they are stopped (default: 30)')

@@ -15,11 +15,11 @@ PROG = 'python -m gluon_mgpu.replicas'
 def build_parser():
     p = cli.Parser(prog=PROG, description="Show that the chapter's ResNet-18 has the same "
                    "parameters on every device after initialization and one forward pass.")
-    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=2,
+    p.add_argument('--num-gpus', type=cli.Parser.whole('--num-gpus'), default=2,
                    help='number of devices (default: 2, as the chapter)')
-    cli.add_device_flag(p)
-    cli.add_seed_flag(p, 'seed for the initialization and the random batch (default: none)')
-    cli.add_debug_flag(p)
+    p.add_device_flag()
+    p.add_seed_flag('seed for the initialization and the random batch (default: none)')
+    p.add_debug_flag()
     return p
 
 

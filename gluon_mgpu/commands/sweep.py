@@ -143,29 +143,29 @@ def write_outputs(rows, output_dir, stopped=None):
 def build_parser():
     p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 once per device count '
                    'and compare time, throughput and accuracy in a Markdown table and a figure.')
-    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), nargs='+', required=True,
+    p.add_argument('--num-gpus', type=cli.Parser.whole('--num-gpus'), nargs='+', required=True,
                    metavar='N', help='device counts to compare, e.g. 1 2 4')
-    p.add_argument('--batch-size-per-device', type=cli.whole('--batch-size-per-device'),
+    p.add_argument('--batch-size-per-device', type=cli.Parser.whole('--batch-size-per-device'),
                    default=cli.BOOK_PER_DEVICE[0],
                    help='batch size per device; the global batch is this times the device '
                         'count (default: %d, as the book)' % cli.BOOK_PER_DEVICE[0])
-    p.add_argument('--lr-per-device', type=cli.learning_rate('--lr-per-device'),
+    p.add_argument('--lr-per-device', type=cli.Parser.learning_rate('--lr-per-device'),
                    default=cli.BOOK_PER_DEVICE[1],
                    help='learning rate per device; the run uses this times the device count '
                         '(default: %g, as the book)' % cli.BOOK_PER_DEVICE[1])
-    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
+    p.add_argument('--epochs', type=cli.Parser.whole('--epochs'), default=4,
                    help='epochs per setting (default: 4)')
-    cli.add_device_flag(p)
-    cli.add_data_flags(p)
-    cli.add_seed_flag(p, 'seed for every setting\'s initialization and data order (default: '
+    p.add_device_flag()
+    p.add_data_flags()
+    p.add_seed_flag('seed for every setting\'s initialization and data order (default: '
                          'none)')
-    cli.add_hybridize_flag(p)
-    cli.add_dtype_flags(p)
+    p.add_hybridize_flag()
+    p.add_dtype_flags()
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',
-                   type=cli.output_folder('--output-dir', 'sweep-results', mxnet=False),
+                   type=cli.Parser.output_folder('--output-dir', 'sweep-results', mxnet=False),
                    help='folder for %s and %s, created if missing (default: sweep-results)'
                         % (TABLE_FILE, PLOT_FILE))
-    cli.add_debug_flag(p)
+    p.add_debug_flag()
     return p
 
 

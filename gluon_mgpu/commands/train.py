@@ -17,7 +17,7 @@ from ..assembly import runs
 from ..assembly.runs import NOT_RECORDED as _NOT_RECORDED, OUTPUTS, Run, network_name
 from ..runtime import files, startup
 from ..runtime.choices import JOB_KVSTORES, KVSTORES, LOADERS, METHODS, MODELS
-from .cli import UsageError
+from .cli import Parser, UsageError
 
 PROG = 'python -m gluon_mgpu.train'
 PLOT_SUFFIXES = ('.png', '.svg')
@@ -29,47 +29,47 @@ RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', '
 @functools.lru_cache(maxsize=None)  # one parser: parsing never changes it
 def build_parser():
     book_batch, book_lr = cli.BOOK_PER_DEVICE
-    p = cli.Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
+    p = Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
                    'with data parallelism over several devices (GPUs, or simulated CPU devices).')
-    p.add_argument('--num-gpus', type=cli.whole('--num-gpus'), default=1,
+    p.add_argument('--num-gpus', type=Parser.whole('--num-gpus'), default=1,
                    help='number of devices to train on (default: 1)')
-    p.add_argument('--batch-size', type=cli.whole('--batch-size'),
+    p.add_argument('--batch-size', type=Parser.whole('--batch-size'),
                    help='global batch size, split over the devices '
                         '(default: %d per device, as the book: %d for 1, %d for 2; in a '
                         'dist job, per device of all workers)'
                         % (book_batch, book_batch, 2 * book_batch))
-    p.add_argument('--lr', type=cli.learning_rate('--lr'),
+    p.add_argument('--lr', type=Parser.learning_rate('--lr'),
                    help='SGD learning rate (default: %g per device, as the book: %g, %g)'
                         % (book_lr, book_lr, 2 * book_lr))
-    p.add_argument('--epochs', type=cli.whole('--epochs'), default=4,
+    p.add_argument('--epochs', type=Parser.whole('--epochs'), default=4,
                    help='number of epochs (default: 4)')
-    cli.add_device_flag(p)
-    cli.add_data_flags(p)
-    cli.add_hybridize_flag(p)
-    cli.add_dtype_flags(p)
+    p.add_device_flag()
+    p.add_data_flags()
+    p.add_hybridize_flag()
+    p.add_dtype_flags()
     p.add_argument('--loader', choices=LOADERS, default='array',
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
-    cli.add_seed_flag(p, 'seed for initialization and data order (default: none, a new run '
+    p.add_seed_flag('seed for initialization and data order (default: none, a new run '
                          'each time; with --checkpoint-dir one is chosen and recorded)')
-    p.add_argument('--checkpoint-dir', metavar='DIR', type=cli.output_folder('--checkpoint-dir'),
+    p.add_argument('--checkpoint-dir', metavar='DIR', type=Parser.output_folder('--checkpoint-dir'),
                    help='save a checkpoint into DIR at the end of every epoch (default: none)')
     p.add_argument('--resume', action='store_true',
                    help='continue the run saved in --checkpoint-dir from its last checkpoint; '
                         'flags left out take the run\'s values')
-    cli.add_debug_flag(p)
-    p.add_argument('--check-replicas', type=cli.whole('--check-replicas'), metavar='N',
+    p.add_debug_flag()
+    p.add_argument('--check-replicas', type=Parser.whole('--check-replicas'), metavar='N',
                    help='every N steps and after each epoch, check that the trained parameters '
                         'are identical on every device; print one summary line per epoch and '
                         'stop with exit code 1 on a mismatch (default: no check)')
     p.add_argument('--quiet', action='store_true',
                    help='print only the final summary line (warnings and errors still go to '
                         'stderr)')
-    p.add_argument('--metrics-json', type=cli.output_file('--metrics-json'), metavar='PATH',
+    p.add_argument('--metrics-json', type=Parser.output_file('--metrics-json'), metavar='PATH',
                    help='write arguments, devices, per-epoch numbers and the summary to this '
                         'JSON file, rewritten after every epoch (docs/metrics-schema.md)')
     p.add_argument('--plot', metavar='PATH',
-                   type=cli.output_file('--plot', 'curves.png'),
+                   type=Parser.output_file('--plot', 'curves.png'),
                    help='draw test accuracy and training loss per epoch into this .png (an '
                         '.svg name writes the .svg and a .png beside it), redrawn every epoch')
     p.add_argument('--model', choices=MODELS, default='resnet18',
@@ -84,7 +84,7 @@ def build_parser():
                         'horovodrun); --batch-size is then the batch of all workers together '
                         '(default: device)')
     split = p.add_mutually_exclusive_group()
-    split.add_argument('--device-weights', type=cli.weights, metavar='W1,W2,...',
+    split.add_argument('--device-weights', type=Parser.weights, metavar='W1,W2,...',
                        help='split every batch in proportion to these weights, one per '
                             'device, e.g. 3,1 for a device three times as fast (default: '
                             'even split)')
@@ -92,7 +92,7 @@ def build_parser():
                        help='even: equal slices, as the book; auto: time a few batches on '
                             'each device first and split in proportion to measured speed '
                             '(default: even)')
-    p.add_argument('--warmup-steps', type=cli.whole('--warmup-steps'), metavar='N',
+    p.add_argument('--warmup-steps', type=Parser.whole('--warmup-steps'), metavar='N',
                    help='raise the learning rate linearly from lr/N to lr over the first N '
                         'steps (Goyal et al. 2017; events.LinearWarmup) (default: none, the '
                         'book trains at lr from the first step)')
@@ -105,14 +105,14 @@ def build_parser():
                         "by hand, on the book's LeNet); layers (consecutive layers on "
                         "consecutive devices); channels (every layer's channels split over the "
                         "devices) (default: data)")
-    p.add_argument('--micro-batches', type=cli.whole('--micro-batches'), default=1, metavar='M',
+    p.add_argument('--micro-batches', type=Parser.whole('--micro-batches'), default=1, metavar='M',
                    help='with --parallel layers: cut every batch into M micro-batches that '
                         'flow through the devices one after the other (default: 1)')
     p.add_argument('--cut', default='params',
                    help="with --parallel layers: where to cut ResNet-18 between devices: params "
                         "(even bytes of parameters), time (even measured time), or the names "
                         "of the units to cut after, e.g. stage2 (default: params)")
-    p.add_argument('--save-params', type=cli.output_file('--save-params', example='net.params'),
+    p.add_argument('--save-params', type=Parser.output_file('--save-params', example='net.params'),
                    metavar='PATH',
                    help='after training, save the parameters there (net.save_parameters); in '
                         'a dist job every worker saves its own copy, rank r to PATH with '
@@ -144,7 +144,7 @@ def _check_outputs(args):
         given = getattr(args, flag[2:].replace('-', '_'))
         if not given:
             continue
-        cli.check_output(flag, given, mxnet=flag == '--save-params',
+        Parser.check_output(flag, given, mxnet=flag == '--save-params',
                          suffixes=PLOT_SUFFIXES if flag == '--plot' else None, example='curves.png')
         for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
             problem = path != given and files.output_problem(path)

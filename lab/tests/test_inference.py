@@ -11,7 +11,8 @@ from mxnet import gluon, nd
 from mxnet.gluon import nn
 from mxnet.gluon.nn.basic_layers import _BatchNorm
 
-from gluon_mgpu import data, training
+from gluon_mgpu import evaluate_accuracy, init_training, load_data_fashion_mnist, new_network, \
+    train_batch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # lab/
 from fold import FOLD_ATOL, FOLD_RTOL, fold_batchnorm  # noqa: E402
@@ -21,20 +22,18 @@ from fold import FOLD_ATOL, FOLD_RTOL, fold_batchnorm  # noqa: E402
 def _trained_resnet(devices, data_dir, steps=3, batch_size=32):
     """The chapter's ResNet-18 after ``steps`` SGD steps on real images: running statistics
     moved away from (0, 1), and differ per device (each normalizes its own half-batch)."""
-    net = training.new_network('resnet18')
-    trainer = training.init_training(net, devices, 0.1, seed=0)
-    images, labels = data.load_fashion_mnist_arrays('train', data_dir)
-    batches = data.ArrayBatches(images[:steps * batch_size], labels[:steps * batch_size],
-                                batch_size, shuffle=True, seed=0)
+    net = new_network('resnet18')
+    trainer = init_training(net, devices, 0.1, seed=0)
+    batches, _ = load_data_fashion_mnist(batch_size, data_dir, train_limit=steps * batch_size,
+                                         test_limit=1, seed=0)
     loss = gluon.loss.SoftmaxCrossEntropyLoss()
     for X, y in batches:
-        training.train_batch(net, X, y, loss, trainer, devices)
+        train_batch(net, X, y, loss, trainer, devices)
     return net, trainer, loss
 
 
 def _test_images(data_dir, n):
-    images, labels = data.load_fashion_mnist_arrays('test', data_dir)
-    return data.ArrayBatches(images[:n], labels[:n], n)
+    return load_data_fashion_mnist(n, data_dir, train_limit=1, test_limit=n)[1]
 
 
 def _snapshot(net):
@@ -96,8 +95,8 @@ def test_the_folded_network_has_no_batchnorm_and_nothing_to_train(folded_pair):
 def test_accuracy_on_real_fashion_mnist_is_the_same(folded_pair, data_dir):
     net, folded, _, devices = folded_pair
     test_iter = _test_images(data_dir, 256)
-    assert (training.evaluate_accuracy(test_iter, folded, devices)
-            == training.evaluate_accuracy(test_iter, net, devices))
+    assert (evaluate_accuracy(test_iter, folded, devices)
+            == evaluate_accuracy(test_iter, net, devices))
 
 
 def test_the_original_trains_on_and_the_copy_does_not_follow(two_cpus, data_dir):
@@ -106,7 +105,7 @@ def test_the_original_trains_on_and_the_copy_does_not_follow(two_cpus, data_dir)
     X, y = next(iter(_test_images(data_dir, 8)))
     out = folded(X.as_in_context(two_cpus[0])).asnumpy()
     weight = net[0].weight.data(two_cpus[0]).asnumpy()
-    training.train_batch(net, X, y, loss, trainer, two_cpus)
+    train_batch(net, X, y, loss, trainer, two_cpus)
     assert not np.array_equal(net[0].weight.data(two_cpus[0]).asnumpy(), weight)
     np.testing.assert_array_equal(folded(X.as_in_context(two_cpus[0])).asnumpy(), out)
 
@@ -135,7 +134,7 @@ def test_eps_and_fix_gamma_are_folded_as_batchnorm_applies_them():
 
 
 def test_a_network_without_batchnorm_is_copied_exactly():
-    net = training.new_network('lenet')
+    net = new_network('lenet')
     net.initialize(mx.init.Xavier(), ctx=[mx.cpu(0), mx.cpu(1)])
     X = nd.random.uniform(shape=(3, 1, 28, 28))
     want = net(X).asnumpy()
@@ -145,8 +144,8 @@ def test_a_network_without_batchnorm_is_copied_exactly():
 def test_an_uninitialized_network_is_refused():
     with pytest.raises(RuntimeError, match=r"parameter 'conv\d+_weight' is not initialized; "
                        r"call net.initialize\(ctx=devices\)"):
-        fold_batchnorm(training.new_network('resnet18'))
-    net = training.new_network('resnet18')
+        fold_batchnorm(new_network('resnet18'))
+    net = new_network('resnet18')
     net.initialize(ctx=mx.cpu(0))
     with pytest.raises(RuntimeError, match='has no shape yet .* pass one batch through the '
                        'network first'):
