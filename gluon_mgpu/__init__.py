@@ -17,12 +17,14 @@ _EXPORTS = {
     'data': ('DataError', 'DataNotFoundError', 'find_data_dir', 'get_fashion_mnist_labels',
              'load_data_fashion_mnist'),
     'devices': ('format_devices', 'get_devices', 'try_all_gpus', 'try_gpu'),
-    'handlers.checkpoint': ('CheckpointError', 'lock_dir', 'read_checkpoint', 'resumable'),
+    'handlers.checkpoint': ('CheckpointError', 'lock_dir', 'read_checkpoint', 'restore',
+                            'resumable'),
     'handlers.checkpoint_names': ('list_checkpoints',),
-    'handlers.interrupts': ('DeferredInterrupt', 'Interrupted'),
-    # What a script outside the package (lab/, tools/) builds a command from (docs/python.md):
+    'handlers.interrupts': ('DeferredInterrupt',),
+    # What a script beside the package builds a command from (docs/python.md):
     'commands.cli': ('CommandError', 'Parser', 'UsageError', 'run_command'),
-    'runtime.files': ('InputError', 'OutputError', 'atomic_path', 'open_input'),
+    'commands.train': ('recorded_settings', 'resolve'),
+    'runtime.files': ('atomic_path', 'open_input', 'output_problem'),
     'handlers.events': ('EpochLine', 'LossGuard', 'LossNotFiniteError', 'format_epoch'),
     'model': ('Residual', 'resnet18'),
     'handlers.replica_check': ('ReplicaCheck',),

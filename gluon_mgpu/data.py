@@ -315,7 +315,7 @@ class ArrayBatches:
 
 class GluonBatches(ArrayBatches):
     """The book's data path: a Gluon ``DataLoader`` applying ``ToTensor`` image by image; the
-    same batches as ``ArrayBatches``, slower (``lab/`` measures it)."""
+    same batches as ``ArrayBatches``, slower."""
 
     def _batches(self, idx, batch_size):
         from mxnet.gluon import data as gdata

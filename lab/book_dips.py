@@ -61,11 +61,12 @@ def read_other_runs(path=None):
     try:
         with book_records.open_input(path) as f:
             data = f.read(OTHER_LIMIT + 1)
-    except book_records.InputError as e:
-        if e.reason == 'does not exist':
+    except OSError as e:
+        reason = getattr(e, 'reason', None) or e.strerror  # open_input's, or the system's
+        if reason == 'does not exist':
             return []
         raise RecordError('%s %s; restore it: git checkout %s' % (
-            path, e.reason, os.path.relpath(path, book_records.ROOT))) from None
+            path, reason, os.path.relpath(path, book_records.ROOT))) from None
     if len(data) > OTHER_LIMIT:
         raise RecordError('%s holds more than %d MB; restore it: git checkout %s' % (
             path, OTHER_LIMIT >> 20, os.path.relpath(path, book_records.ROOT)))

@@ -1,8 +1,8 @@
 """The research record and the accuracy table made of it: this project measuring itself, beside
 ``book_table.py``, which trains the runs and appends their lines. The record
 (docs/records/book-table.jsonl) holds one JSON line per epoch of a full run with the book's
-settings; ``read_records`` checks each line (the epoch's own numbers against the package's one
-epoch schema, ``gluon_mgpu.handlers.metrics.epoch_problem``). ``accuracy_cells`` judges the
+settings; ``read_records`` checks each line (its setting, its epoch's numbers and its machine).
+``accuracy_cells`` judges the
 book's accuracy table against the published GPU runs (docs/records/book-gpu-runs.csv) and our
 mean over seeds; ``training_rows`` puts the recorded seconds per epoch and the speed-up beside
 the book's, as rows of ``python -m gluon_mgpu.compare``'s table. Functions return data:
@@ -16,13 +16,7 @@ import os
 
 import gluon_mgpu  # noqa: F401,I001  (first: it sets the threads MXNet starts with)
 import numpy as np
-from gluon_mgpu import training
-from gluon_mgpu.commands.compare import _row
-from gluon_mgpu.devices import simulated
-from gluon_mgpu.handlers import events
-from gluon_mgpu.handlers.metrics import epoch_problem
-from gluon_mgpu.runtime.checks import is_whole
-from gluon_mgpu import InputError, UsageError, open_input
+from gluon_mgpu import UsageError, book_setting, open_input
 
 
 # What the book prints of its training (d2l.ai's English MXNet page, two GPUs). In [7]:
@@ -46,7 +40,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every record of the book table's scripts is in docs/records/, beside no page.
 RECORDS = os.path.join(ROOT, 'docs', 'records')
 DEFAULT_RECORD = os.path.join(RECORDS, 'book-table.jsonl')
-# The runs made with the old step (events.OLD_STEP), up to commit 03b47ec: kept apart.
+# The update the record's runs made (their checkpoints' "step", which book_table.py copies into
+# each line): the gradients' sum divided by the nominal batch size, as the chapter's loop. The
+# runs made with the old step, each batch's own size, up to commit 03b47ec, are kept apart.
+STEP, OLD_STEP = 'trainer.step(batch_size)', 'trainer.step(X.shape[0])'
 OLD_STEP_RECORD = os.path.join(RECORDS, 'book-table-old-step.jsonl')
 RUN_EPOCHS = 4  # the book's
 RECORD_LIMIT = 16 << 20  # bytes; a line is about 700
@@ -62,7 +59,7 @@ class RecordError(UsageError, ValueError):
 
 
 def _whole(low, high):
-    return (lambda v: type(v) is int and is_whole(v, low) and v <= high,
+    return (lambda v: type(v) is int and low <= v <= high,
             'a whole number from %d to %d' % (low, high))
 
 
@@ -72,9 +69,13 @@ def _number(low, high):
 
 
 _ACCURACY = _number(0, 1)
-# The setting and diagnosis of a line, as strict as the flags that made it (cli.seed, ...); the
-# epoch's own numbers are the one epoch record (handlers.metrics.epoch_problem).
+# The setting, the epoch and the diagnosis of a line, as strict as the flags that made it
+# (--seed, ...) and the train command's epoch record (docs/metrics-schema.md, history[]).
 _FIELDS = {'devices': _whole(1, 1024), 'seed': _whole(0, 2 ** 31 - 1),
+           'epoch': _whole(1, 10 ** 6), 'seconds': _number(1e-9, 1e9),
+           'images_per_sec': _number(1e-9, 1e12), 'train_acc': _ACCURACY, 'test_acc': _ACCURACY,
+           'train_loss': (lambda v: v is None or _number(0, 1e30)[0](v),
+                          'a number from 0 to 1e+30 or null'),
            'warmup_steps': _whole(0, 10 ** 9), 'batch_size': _whole(1, 10 ** 9),
            'lr': _number(1e-30, 1e30), 'acc_precise_bn': _ACCURACY, 'acc_batch_stats': _ACCURACY,
            'acc_running': (lambda v: isinstance(v, list) and all(_ACCURACY[0](a) for a in v),
@@ -88,10 +89,10 @@ def _check_line(record, path, number, step):
                           'again)' % (path, number, what))
     if not isinstance(record, dict):
         refuse('not a JSON object')
-    if record.get('step', events.OLD_STEP) != step:
+    if record.get('step', OLD_STEP) != step:
         raise RecordError('%s, line %d: trained with %s, not %s; a record holds the runs of one '
                           'step only: keep the line in a record of its own (the old step\'s are '
-                          'in %s)' % (path, number, str(record.get('step', events.OLD_STEP))[:40],
+                          'in %s)' % (path, number, str(record.get('step', OLD_STEP))[:40],
                                       step, os.path.relpath(OLD_STEP_RECORD, ROOT)))
     for name, (test, kind) in list(_FIELDS.items()) + list(_LIMITS.items()):
         if name not in record and name not in _LIMITS:
@@ -99,13 +100,10 @@ def _check_line(record, path, number, step):
         value = record.get(name)
         if not (value is None and name in _LIMITS) and not test(value):
             refuse('%s is %s, not %s' % (name, _shown(value), kind))
-    problem = epoch_problem(record)
-    if problem:
-        refuse(problem)
-    if (record['batch_size'], record['lr']) != training.book_setting(record['devices']):
+    if (record['batch_size'], record['lr']) != book_setting(record['devices']):
         refuse('batch_size %s and lr %s are not the book\'s for %s (%s and %s)' % (
             record['batch_size'], record['lr'], plural(record['devices'], 'device'),
-            *training.book_setting(record['devices'])))
+            *book_setting(record['devices'])))
     if len(record['acc_running']) != record['devices']:
         refuse('acc_running holds %d accuracies for %d devices'
                % (len(record['acc_running']), record['devices']))
@@ -152,14 +150,14 @@ def record_key(record):
             record.get('train_limit'), record.get('test_limit'), record.get('dtype', 'float32'))
 
 
-def read_records(path, step=events.STEP):
+def read_records(path, step=STEP):
     """Read a record file (JSON, one epoch per line; none if it does not exist); return the
     checked lines as dicts, in order. An epoch recorded twice (the same ``record_key`` and
     epoch) must carry the same accuracies (a run trained again on the same machine repeats
     itself bit for bit) and counts once, as its first line: so a cell of the table holds one
     value per seed, made by the machine its line names, and the same seed and epoch run on
     another machine, which differs, is refused (keep it in a record of its own, ``--record``). Every line must have been
-    trained with ``step`` (a line without ``step`` was trained with ``events.OLD_STEP``).
+    trained with ``step`` (a line without ``step`` was trained with ``OLD_STEP``).
 
     Raises
     ------
@@ -173,12 +171,12 @@ def read_records(path, step=events.STEP):
             raise RecordError('%s holds more than %d MB; pass --record with a record of the '
                               'book table' % (path, RECORD_LIMIT >> 20))
         text = data.decode('utf-8')
-    except InputError as e:
-        if e.reason == 'does not exist':
-            return []
-        raise RecordError('%s %s; pass --record with a regular file' % (path, e.reason)) from None
     except (OSError, UnicodeDecodeError) as e:
-        raise RecordError('%s cannot be read (%s); pass --record with a readable file'
+        reason = getattr(e, 'reason', None)  # open_input's: what is there instead of a file
+        if reason == 'does not exist':
+            return []
+        raise RecordError('%s %s; pass --record with a regular file' % (path, reason) if reason
+                          else '%s cannot be read (%s); pass --record with a readable file'
                           % (path, getattr(e, 'strerror', None) or e)) from None
     records, seen = [], {}
     for number, line in enumerate(text.split('\n'), 1):
@@ -553,6 +551,22 @@ SPEEDUP_BAND = (0.75, 1.10)
 _NOT_RUN = ('not run', '', 'not run (lab/book_table.py)', 'not run')
 
 
+def _row(cell, what, book, ours, diff, verdict, status):  # as python -m gluon_mgpu.compare's
+    return {'cell': cell, 'what': what, 'book': book, 'ours': ours, 'diff': diff,
+            'verdict': verdict, 'status': status}
+
+
+# The columns of python -m gluon_mgpu.compare's table, whose rows the page's tables show.
+COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours', 'ours'),
+           ('diff', 'difference'), ('verdict', 'verdict'))
+
+
+def table_lines(rows):
+    """``rows`` (``_row``'s, or the compare command's) as lines of cells, titles first."""
+    return [[title for _, title in COLUMNS]] + [[str(r[key]) for key, _ in COLUMNS]
+                                                for r in rows]
+
+
 def training_rows(devices, records=(), train_limit=None, test_limit=None):
     """The seconds per epoch of the recorded runs beside the book's ``In [7]`` and ``In [8]``,
     and the speed-up; return rows (the test accuracies are ``accuracy_cells``).
@@ -591,7 +605,8 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch']))
     why = ('%s are simulated devices: they share the same CPU cores, which one device already '
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
-           % ', '.join(str(d) for d in devices)) if simulated(devices) else None
+           % ', '.join(str(d) for d in devices)) if sum(
+               str(d).startswith('cpu') for d in devices) > 1 else None
     if len(seconds) < 2:
         verdict = 'not run (lab/book_table.py)' + ('; ' + why if why else '')
         return rows + [_row(*head, 'not run', '', verdict, 'not run')]
@@ -610,7 +625,7 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
 
 def notes():
     """Return the lines that say how the rows and cells made of the record are judged
-    (``compare.notes`` says it of the chapter's cells and the step)."""
+    (the compare command's notes say it of the chapter's cells and the step)."""
     newer = NEWER_EDITION
     return [
         'test_acc: the book\'s measure (device 0\'s parameters and running statistics, '

@@ -43,20 +43,17 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, beside this file
 
 import gluon_mgpu  # noqa: E402,F401  (first: it sets the threads MXNet starts with)
-from gluon_mgpu import training  # noqa: E402
-from gluon_mgpu.training import evaluate_accuracy  # noqa: E402
+from gluon_mgpu import (CheckpointError, CommandError, Parser, UsageError,  # noqa: E402
+                        atomic_path, book_setting, evaluate_accuracy, find_data_dir,
+                        init_training, list_checkpoints, new_network, open_input,
+                        output_problem, recorded_settings, run_command)
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
-from gluon_mgpu.commands import cli, compare  # noqa: E402
 from measuring import cpu_model, kernel_setting  # noqa: E402
-from gluon_mgpu.handlers import events  # noqa: E402
-from gluon_mgpu.handlers.checkpoint import list_checkpoints  # noqa: E402
-from gluon_mgpu.runtime.files import (OutputError, atomic_path, open_input,  # noqa: E402
-                                      output_problem)
 import book_dips  # noqa: E402
 import book_figure  # noqa: E402
 import book_records  # noqa: E402
-from book_records import (RUN_EPOCHS, RecordError, plural, record_key, summarize,  # noqa: E402
+from book_records import (RUN_EPOCHS, plural, record_key, summarize,  # noqa: E402
                           table_records)
 
 PROG = 'lab/book_table.py'
@@ -110,12 +107,12 @@ def append_record(path, record):
 
     Raises
     ------
-    files.OutputError
+    CommandError
         When the path is not a regular file of ours or the disk refuses the write.
     """
     problem = output_problem(path)
     if problem:
-        raise OutputError(path, 'cannot append to the record %s: %s' % (path, problem))
+        raise CommandError('cannot append to the record %s: %s' % (path, problem))
     line = (json.dumps(record, sort_keys=True, allow_nan=False) + '\n').encode('utf-8')
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
@@ -133,8 +130,8 @@ def append_record(path, record):
         finally:
             os.close(fd)
     except OSError as e:
-        raise OutputError(path, 'cannot append to the record %s: %s' % (
-            path, e.strerror or e), e.errno) from None
+        raise CommandError('cannot append to the record %s: %s' % (path, e.strerror or e)) \
+            from None
 
 
 def recorded(records, run, epoch):
@@ -232,8 +229,7 @@ def _runner_lock(work_dir, run):
     try:
         f = open(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644), 'r+b')
     except OSError as e:
-        raise OutputError(path, 'cannot write the lock %s: %s' % (path, e.strerror or e),
-                          e.errno) from None
+        raise CommandError('cannot write the lock %s: %s' % (path, e.strerror or e)) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -287,23 +283,28 @@ _NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'g
 
 
 def settings_difference(run, settings, ignore=()):
-    """How a train command's ``settings`` (``train.resolve``'s) differ from those with which
+    """How a train command's ``settings`` (``gluon_mgpu.resolve``'s) differ from those with which
     this script trains ``run``, but in ``ignore``: ``['--seed 1 (the table's run: 0)', ...]``,
     empty for none."""
-    from gluon_mgpu.commands import train
-    wanted = train.resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
+    from gluon_mgpu import resolve
+    wanted = resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
                                       False)[3:])
     return ['--%s %s (the table\'s run: %s)' % (k.replace('_', '-'), v, getattr(wanted, k, None))
             for k, v in sorted(vars(settings).items())
             if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
 
 
+# Fashion-MNIST's four files (their names are the data set's own), as a line's data_sha256
+# digests them: one after the other.
+DATA_FILES = ('train-images-idx3-ubyte.gz', 'train-labels-idx1-ubyte.gz',
+              't10k-images-idx3-ubyte.gz', 't10k-labels-idx1-ubyte.gz')
+
+
 def _data_digest(folder):
     """The sha256 of the four Fashion-MNIST files in ``folder``, one after the other."""
     import hashlib
-    from gluon_mgpu import data
     digest = hashlib.sha256()
-    for name in data.FILES['train'] + data.FILES['test']:
+    for name in DATA_FILES:
         with open_input(os.path.join(folder, name)) as f:
             for block in iter(lambda: f.read(1 << 20), b''):
                 digest.update(block)
@@ -314,9 +315,8 @@ def _other_data(recorded, data_dir):
     """The folder of the data a checkpoint was trained on (its recorded ``--data-dir``, or the
     default search), when it holds other files than the folder this run reads; else None (the
     same folder or files, or a folder gone since, which cannot be compared)."""
-    from gluon_mgpu import data
     try:
-        theirs, ours = data.find_data_dir(recorded), data.find_data_dir(data_dir)
+        theirs, ours = find_data_dir(recorded), find_data_dir(data_dir)
         if os.path.realpath(theirs) == os.path.realpath(ours):
             return None
         return theirs if _data_digest(theirs) != _data_digest(ours) else None
@@ -328,22 +328,21 @@ def check_run_folder(run, directory, epoch, data_dir=None):
     """Refuse (``CheckpointError``) a checkpoint ``epoch`` in ``run``'s folder that another run
     wrote, or that was trained on other data than ``data_dir``'s (files that differ), before it
     is diagnosed or resumed."""
-    from gluon_mgpu.handlers import checkpoint
-    from gluon_mgpu.commands import train
+    from gluon_mgpu import read_checkpoint
     try:
-        record = checkpoint.read_checkpoint(directory, epoch)
-    except checkpoint.CheckpointError as e:  # the train command's fix, in this script's flag
-        raise checkpoint.CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
+        record = read_checkpoint(directory, epoch)
+    except CheckpointError as e:  # the train command's fix, in this script's flag
+        raise CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
             from None
-    settings = train.recorded_settings(directory, record)
+    settings = recorded_settings(directory, record)
     differ = settings_difference(run, settings)
     if differ:
-        raise checkpoint.CheckpointError(
+        raise CheckpointError(
             '%s holds a run with other settings than %s: %s; move that folder away or pass '
             'another --work-dir' % (directory, run.name, ', '.join(differ)[:300]))
     other = _other_data(settings.data_dir, data_dir)
     if other is not None:
-        raise checkpoint.CheckpointError(
+        raise CheckpointError(
             '%s holds a run trained on the data in %s, whose files differ from those this run '
             'reads (%s); pass --data-dir %s, or move that folder away or pass another --work-dir'
             % (directory, other, data_dir or 'the default search', other))
@@ -352,18 +351,12 @@ def check_run_folder(run, directory, epoch, data_dir=None):
 def _restored(directory, record, devices, hybridize):
     """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in the
     run's dtype."""
-    from gluon_mgpu.handlers import checkpoint
-    args = _settings(directory, record)
-    net = training.new_network('resnet18', hybridize=hybridize, dtype=args.dtype)
-    trainer = training.init_training(net, devices, args.lr, dtype=args.dtype)
-    checkpoint.restore(directory, record, net, trainer, devices)
+    from gluon_mgpu import restore
+    args = recorded_settings(directory, record)
+    net = new_network('resnet18', hybridize=hybridize, dtype=args.dtype)
+    trainer = init_training(net, devices, args.lr, dtype=args.dtype)
+    restore(directory, record, net, trainer, devices)
     return net
-
-
-def _settings(directory, record):
-    """The train command's settings of a checkpoint's run (its recorded command line)."""
-    from gluon_mgpu.commands import train
-    return train.recorded_settings(directory, record)
 
 
 def batch_norm_layers(net):
@@ -441,24 +434,25 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
         statistics re-estimated on the first ``PRECISE_BN_IMAGES`` training images;
         ``acc_batch_stats``: batch statistics over test batches of ``BATCH_STATS_BATCH``.
     """
-    from gluon_mgpu import data
-    from gluon_mgpu.handlers import checkpoint
+    from gluon_mgpu import load_data_fashion_mnist, read_checkpoint
 
-    record = checkpoint.read_checkpoint(directory, epoch)
-    test_x, test_y = (a[:test_limit] for a in data.load_fashion_mnist_arrays('test', data_dir))
-    test_iter = data.ArrayBatches(test_x, test_y, _settings(directory, record).batch_size)
-    stats_iter = data.ArrayBatches(test_x, test_y, BATCH_STATS_BATCH)
-    images, _ = data.load_fashion_mnist_arrays('train', data_dir)
+    def batches(size, images):  # (the first images of the training set, the test set)
+        return load_data_fashion_mnist(size, data_dir, images, test_limit, shuffle=False)
+
+    record = read_checkpoint(directory, epoch)
+    test_iter = batches(recorded_settings(directory, record).batch_size, 1)[1]
+    stats_iter = batches(BATCH_STATS_BATCH, 1)[1]
 
     net = _restored(directory, record, devices, hybridize=True)
     acc_running = [evaluate_accuracy(test_iter, net, [d]) for d in devices]
     plain = _restored(directory, record, devices, hybridize=False)
-    X = nd.array(data.to_tensor(images[:PRECISE_BN_IMAGES]), dtype='float32')
+    X, _ = next(iter(batches(PRECISE_BN_IMAGES, PRECISE_BN_IMAGES)[0]))
     reestimate_running_stats(plain, X, devices[0])
     plain.hybridize(static_alloc=True)
     acc_precise = evaluate_accuracy(test_iter, plain, devices[:1])
     acc_batch = evaluate_with_batch_stats(stats_iter, net, devices[0])
-    return {'stats': record['history'][epoch - 1], 'acc_running': acc_running,
+    return {'stats': record['history'][epoch - 1], 'step': record['step'],
+            'acc_running': acc_running,
             'acc_precise_bn': acc_precise, 'acc_batch_stats': acc_batch,
             'precise_bn_images': PRECISE_BN_IMAGES, 'batch_stats_batch': BATCH_STATS_BATCH}
 
@@ -473,17 +467,17 @@ def _commit():
         return None
 
 
-class RunFailed(cli.CommandError):
+class RunFailed(CommandError):
     """A run's train command failed; the message names its log."""
 
 
-class RunRefused(RunFailed, cli.UsageError):
+class RunRefused(RunFailed, UsageError):
     """A run's train command refused its input (its exit code 2): bad input, as its line says."""
 
 
 def _is_locked(directory):
     """The refusal of checkpoint folder ``directory``'s lock if another process holds it."""
-    from gluon_mgpu.handlers.checkpoint import CheckpointError, lock_dir
+    from gluon_mgpu import lock_dir
     if os.path.isdir(directory):
         try:
             lock_dir(directory).release()
@@ -513,13 +507,13 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
     try:
         fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as e:
-        raise OutputError(log_path, 'cannot write the log %s: %s' % (log_path, e.strerror or e),
-                          e.errno) from None
+        raise CommandError('cannot write the log %s: %s' % (log_path, e.strerror or e)) \
+            from None
     with os.fdopen(fd, 'ab') as log:
         log.write(('\n$ %s\n' % ' '.join(argv)).encode())
         log.flush()
         child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                 env=compare.child_env(),
+                                 env=child_env(),
                                  cwd=ROOT)
         try:
             code = child.wait()
@@ -556,11 +550,10 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
     """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it.
     The line names the data it was trained on: the sha256 of the four files, in order."""
     import mxnet
-    from gluon_mgpu.data import find_data_dir
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
-    batch_size, lr = training.book_setting(run.devices)
-    record = dict(found, devices=run.devices, seed=run.seed, step=events.STEP,
+    batch_size, lr = book_setting(run.devices)
+    record = dict(found, devices=run.devices, seed=run.seed,
                   warmup_steps=run.warmup_steps, train_limit=run.train_limit,
                   test_limit=run.test_limit, epoch=epoch, batch_size=batch_size, lr=lr,
                   **{k: stats[k] for k in ('seconds', 'train_loss', 'train_acc', 'test_acc',
@@ -568,7 +561,7 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
                   device_names=[str(d) for d in devices[:run.devices]],
                   commit=_commit(), mxnet=mxnet.__version__, cpu=cpu_model(),
                   data_sha256=_data_digest(find_data_dir(data_dir)),
-                  **kernel_setting(compare.child_env()),
+                  **kernel_setting(child_env()),
                   recorded=datetime.datetime.now(datetime.timezone.utc).strftime(
                       '%Y-%m-%dT%H:%M:%SZ'))
     if run.dtype != 'float32':  # the book's lines keep the fields they always had
@@ -729,7 +722,7 @@ def format_diagnosis(rows):
 
 
 def old_step_cells(records, old_records, train_limit=None, test_limit=None):
-    """The runs of the book's step beside those of the old one (``events.OLD_STEP``), which
+    """The runs of the book's step beside those of the old one (``book_records.OLD_STEP``), which
     divided an epoch's short last batch by its own size: per setting and epoch, cell texts
     headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
     run, so epoch 1's change is what one short step taken right before the test does."""
@@ -780,7 +773,7 @@ def record_report(records, old_records, bf16_records, devices, other_runs=()):
 
 def record_blocks(report):
     """The page's tables made of ``record_report``'s parts, ``{name: Markdown text}``."""
-    tables = {'seconds': compare._table(report['seconds']),
+    tables = {'seconds': book_records.table_lines(report['seconds']),
               'accuracy': book_records.format_accuracy_cells(report['accuracy']),
               'machines': book_records.format_machine_legend(report['machines']),
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
@@ -798,25 +791,24 @@ def record_blocks(report):
 
 def page_blocks(report):
     """Every generated part of ``docs/book-comparison.md``, ``{name: Markdown text}``: the
-    ``record_blocks`` and, from the report's ``rows`` (``compare``'s), ``cells``
-    (``compare.chapter_cells``), ``record``, ``date`` and ``mxnet_version``, the rest. The page's
-    prose is written by hand around them (``update_page``)."""
-    cells = report['cells']
+    ``record_blocks`` and, from the report's ``compare`` (what ``python -m gluon_mgpu.compare
+    --json`` printed), ``record``, ``date`` and ``mxnet_version``, the rest. The page's prose is
+    written by hand around them (``update_page``)."""
+    found = report['compare']
+    book, ours = found['book'], found['ours']
     blocks = dict(record_blocks(report), generated=(
         'Generated by `%s --page` on %s with MXNet %s; %s; the runs are recorded in `%s`.'
-        % (PROG, report['date'], report['mxnet_version'],
-           compare.describe_devices(cells['devices']), report['record'])))
-    blocks['rows'] = '\n'.join(_markdown_table(compare._table(report['rows'])) + [''] +
-                               ['- ' + n for n in compare.notes() + book_records.notes()])
+        % (PROG, report['date'], report['mxnet_version'], found['devices'], report['record'])))
+    blocks['rows'] = '\n'.join(_markdown_table(book_records.table_lines(found['rows'])) + [''] +
+                               ['- ' + n for n in found['notes'] + book_records.notes()])
     printed = []
     for i in range(2):
-        printed += ['Out[4], device %d: the book (%s)' % (i, compare.BOOK['devices'][i]), '',
-                    '```', compare.BOOK['out4'][i], '```', '', 'ours (%s)' % cells['devices'][i],
-                    '', '```', compare.format_like_book(cells['outputs'][i]), '```', '']
-    printed += ['Out[5], both devices: the book', '', '```', compare.BOOK['out5'], '```', '']
+        printed += ['Out[4], device %d: the book (%s)' % (i, book['devices'][i]), '', '```',
+                    book['out4'][i], '```', '', 'ours (%s)' % ours['devices'][i], '', '```',
+                    ours['out4'][i], '```', '']
+    printed += ['Out[5], both devices: the book', '', '```', book['out5'], '```', '']
     for i in range(2):
-        printed += ['ours (%s)' % cells['devices'][i], '', '```',
-                    compare.format_like_book(cells['weights'][i]), '```', '']
+        printed += ['ours (%s)' % ours['devices'][i], '', '```', ours['out5'][i], '```', '']
     blocks['printed'] = '\n'.join(printed).rstrip()
     return blocks
 
@@ -911,7 +903,26 @@ def fill_notebook_dips(source, report, lang):
     return source
 
 
-def write_page(devices, data_dir=None, tables_only=False, record=None):
+def child_env():
+    """This environment, with the repository first on ``PYTHONPATH`` (for a child process)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
+
+
+def _compared(device, data_dir):
+    """What ``python -m gluon_mgpu.compare --json`` prints: the chapter's cells and the step
+    beside the book's, as rows and as printed (exit code 1, a mismatch, shows on the page)."""
+    argv = [sys.executable, '-m', 'gluon_mgpu.compare', '--json', '--device', device] + (
+        ['--data-dir', data_dir] if data_dir else [])
+    done = subprocess.run(argv, capture_output=True, text=True, env=child_env(), cwd=ROOT)
+    if done.returncode not in (0, 1):
+        line = (done.stderr.strip().splitlines() or ['no output'])[-1][:300]
+        raise (RunRefused if done.returncode == 2 else RunFailed)(
+            'python -m gluon_mgpu.compare exited with %d: %s' % (done.returncode, line))
+    return json.loads(done.stdout)
+
+
+def write_page(devices, data_dir=None, tables_only=False, record=None, device='auto'):
     """Fill docs/book-comparison.md's tables and the notebooks' from the records (``record``,
     default ``DEFAULT_RECORD``) and draw the figure of the accuracy table (``FIGURE``,
     ``book_figure``); the chapter's cells and the step run again (a few minutes),
@@ -927,15 +938,12 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     # The other runs' machines are the default record's: a record of one's own stands alone.
     other = book_dips.read_other_runs() if os.path.abspath(record) == DEFAULT_RECORD else []
     report = record_report(records, book_records.read_records(book_records.OLD_STEP_RECORD,
-                                                              step=events.OLD_STEP),
+                                                              step=book_records.OLD_STEP),
                            book_records.read_records(DEFAULT_BF16_RECORD), devices, other)
     if tables_only:
         blocks = record_blocks(report)
     else:
-        cells = compare.chapter_cells(devices)
-        report.update(rows=compare.deterministic_rows(cells) + [compare.step_row(devices,
-                                                                                 data_dir)],
-                      cells=cells, record=os.path.relpath(record, ROOT),
+        report.update(compare=_compared(device, data_dir), record=os.path.relpath(record, ROOT),
                       mxnet_version=mx.__version__, date=datetime.date.today().isoformat())
         blocks = page_blocks(report)
     new = {}  # every file is made before any is written: one that cannot be leaves all as they were
@@ -965,7 +973,7 @@ def write_page(devices, data_dir=None, tables_only=False, record=None):
     return list(new)
 
 
-class PageError(cli.UsageError, ValueError):
+class PageError(UsageError, ValueError):
     """A page or notebook whose tables cannot be filled; the message names it and the fix."""
 
 
@@ -982,7 +990,7 @@ def _page_file(path):
 
 
 def build_parser():
-    p = cli.Parser(prog=PROG, description='Train the runs of the book\'s accuracy table that '
+    p = Parser(prog=PROG, description='Train the runs of the book\'s accuracy table that '
                    'are not yet recorded (1 and 2 devices, the book\'s settings, full data, each '
                    'seed), one epoch at a time, resumable; or, with --page, fill the tables of '
                    'docs/book-comparison.md and the notebooks from the records.')
@@ -995,20 +1003,20 @@ def build_parser():
                             'figure (seconds; the chapter\'s cells and the step are not run '
                             'again)')
     # The run flags' defaults are filled in by _main: None says a flag was not given.
-    p.add_argument('--seeds', type=cli.Parser.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
+    p.add_argument('--seeds', type=Parser.whole('--seeds', 0, 2 ** 31 - 1, example='0 1 2'),
                    nargs='+', metavar='S',
                    help='the seeds of the runs (default: 0 1 2)')
-    p.add_argument('--warmup-steps', type=cli.Parser.whole('--warmup-steps'), default=None,
+    p.add_argument('--warmup-steps', type=Parser.whole('--warmup-steps'), default=None,
                    metavar='N',
                    help='also train epoch 1 of each seed on 2 devices with a linear '
                         'learning-rate warmup of N steps, as rows of their own (default: none)')
-    p.add_argument('--epochs', type=cli.Parser.whole('--epochs', 1, RUN_EPOCHS, example=RUN_EPOCHS),
+    p.add_argument('--epochs', type=Parser.whole('--epochs', 1, RUN_EPOCHS, example=RUN_EPOCHS),
                    help='epochs per run, at most the table\'s %d (default: %d, the book\'s)'
                         % (RUN_EPOCHS, RUN_EPOCHS))
     p.add_argument('--dtype', choices=('float32', 'bfloat16'),
                    help='what the runs compute in; bfloat16 runs go to a record of their own '
                         '(default: float32, the book\'s)')
-    p.add_argument('--record', metavar='PATH', type=cli.Parser.output_file(
+    p.add_argument('--record', metavar='PATH', type=Parser.output_file(
                        '--record', 'docs/records/book-table.jsonl'),
                    help='the record to append to, or with --page or --tables, to make the '
                         'tables of (default: docs/records/book-table.jsonl, or '
@@ -1040,7 +1048,7 @@ _RUN_FLAGS = ('seeds', 'warmup_steps', 'epochs', 'dtype', 'work_dir', 'train_lim
 def main(argv=None):
     """Entry point; returns the exit code (2 for bad input, 1 when a run failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    return cli.run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
+    return run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
                            lambda e: {'saved': _saved})
 
 
@@ -1050,27 +1058,24 @@ def _saved(e, why):  # the failure table's clause on what a stop kept
 
 
 def _main(args):
-    from gluon_mgpu.data import DataError, DataNotFoundError, find_data_dir
-    from gluon_mgpu.devices import format_devices, get_devices
-    from gluon_mgpu.handlers.checkpoint import CheckpointError
-    from gluon_mgpu.handlers.interrupts import DeferredInterrupt
-    from gluon_mgpu.runtime.precision import check_dtype
+    from gluon_mgpu import (DataError, DataNotFoundError, DeferredInterrupt, format_devices,
+                            get_devices)
     if args.record:
-        cli.Parser.check_output('--record', args.record, suffixes=('.jsonl',),
+        Parser.check_output('--record', args.record, suffixes=('.jsonl',),
                                 example='docs/records/book-table.jsonl')
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)
     except (ValueError, DataError, DataNotFoundError) as e:
-        raise cli.UsageError(str(e)) from None
+        raise UsageError(str(e)) from None
     if args.page or args.tables:
         given = ['--' + k.replace('_', '-') for k in _RUN_FLAGS if getattr(args, k) is not None]
         if given:
-            raise cli.UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
+            raise UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
                                  % ('--page' if args.page else '--tables', given[0],
                                     '--page' if args.page else '--tables', given[0], given[0]))
         for path in write_page(pair, args.data_dir, tables_only=args.tables,
-                               record=args.record):
+                               record=args.record, device=args.device):
             print('wrote', os.path.relpath(path, ROOT))
         return 0
     args.seeds = args.seeds or [0, 1, 2]
@@ -1080,24 +1085,18 @@ def _main(args):
     record = args.record or (DEFAULT_BF16_RECORD if args.dtype == 'bfloat16' else DEFAULT_RECORD)
     problem = output_problem(record)
     if problem:
-        raise cli.UsageError('--record %s: %s' % (record, problem))
+        raise UsageError('--record %s: %s' % (record, problem))
     book_records.read_records(record)  # a bad record stops us before any run
     problem = work_dir_problem(args.work_dir)
     if problem:
-        raise cli.UsageError('--work-dir %s: %s; pass a folder you can write to'
+        raise UsageError('--work-dir %s: %s; pass a folder you can write to'
                              % (args.work_dir, problem))
-    if args.dtype == 'bfloat16':
-        try:
-            for line in check_dtype(args.dtype, pair, fix='leave out --dtype bfloat16'):
-                print('warning:', line, flush=True)
-        except ValueError as e:
-            raise cli.UsageError('--dtype bfloat16: %s' % e) from None
     runs = plan_runs(list(dict.fromkeys(args.seeds)), args.warmup_steps or 0, args.epochs,
                      args.train_limit, args.test_limit, args.dtype)
     for run in runs:  # the train commands' output goes to files of ours only
         problem = output_problem(log_file(args.work_dir, run))
         if problem:
-            raise cli.UsageError('--work-dir %s: %s %s; remove it or pass another --work-dir'
+            raise UsageError('--work-dir %s: %s %s; remove it or pass another --work-dir'
                                  % (args.work_dir, log_file(args.work_dir, run), problem))
     print('running on:', format_devices(pair), flush=True)
     with DeferredInterrupt() as interrupt:
@@ -1108,7 +1107,7 @@ def _main(args):
             run_table(runs, args.work_dir, record, pair, args.device, args.data_dir,
                       progress=progress)
         except CheckpointError as e:  # a folder of another run, or damaged: bad input
-            raise cli.UsageError(str(e)) from None
+            raise UsageError(str(e)) from None
     print('all %d epochs recorded in %s; %s --page fills the page\'s tables'
           % (sum(r.epochs for r in runs), os.path.relpath(record, ROOT), PROG))
     return 0

@@ -216,6 +216,38 @@ def cpu_generation(ident):
     return CPU_GENERATIONS.get(ident.rsplit(', stepping', 1)[0])
 
 
+# cpu_id's family (and model) -> float32 FLOP per cycle and core: two fused multiply-add pipes
+# of 8 lanes (Zen 3, and Zen 4, which runs an AVX-512 instruction as two 256-bit halves) or of
+# 16 (Zen 5), 2 FLOP each (AMD's Software Optimization Guides for families 19h and 1Ah).
+FP32_FLOP_PER_CYCLE = {'cpu family 25, model 1': 32, 'cpu family 25, model 17': 32,
+                       'cpu family 26': 64}
+# One core's clock while it works: 200 dependent additions per pass, one per cycle.
+CLOCK_C = r'''#include <stdio.h>
+#include <time.h>
+static double now(void) { struct timespec t; clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+                          return t.tv_sec + t.tv_nsec * 1e-9; }
+int main(void) { unsigned long x = 0; double start = now();
+  for (long i = 0; i < 20000000; i++) __asm__ volatile(ADDS : "+r"(x));
+  printf("%.4f\n", 20000000 * 200.0 / (now() - start) / 1e9); return (int)(x & 1); }
+'''.replace('ADDS', '"' + 'add $1, %0\\n\\t' * 200 + '"')
+
+
+def core_clock(repeats=9):
+    """The highest GHz of ``repeats`` runs of ``CLOCK_C`` (compiled with cc, timed by the
+    thread's CPU time; time a hypervisor takes from the core only lowers a run's figure, and the
+    clock moves by some percent from run to run), or None without cc."""
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        binary = os.path.join(folder, 'clock')
+        try:
+            subprocess.run(['cc', '-O1', '-x', 'c', '-o', binary, '-'], input=CLOCK_C, text=True,
+                           check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return max(float(subprocess.run([binary], capture_output=True, text=True,
+                                        timeout=60).stdout) for _ in range(repeats))
+
+
 ISA_PROBE = r'''
 import gluon_mgpu, mxnet as mx
 x = mx.nd.ones((1, 3, 8, 8)); w = mx.nd.ones((4, 3, 3, 3))

@@ -18,7 +18,6 @@ rest of the machine kept busy meanwhile (lab/measuring.py).
 """
 import argparse
 import collections
-import datetime
 import itertools
 import json
 import os

@@ -27,9 +27,9 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from measuring import (DISTURBED_CORES, KERNEL_FLAGS, TABLE_HEADER, TABLE_LEGEND,  # noqa: E402
-                       cpu_generation, cpu_id, cpu_model, kernel_setting, onednn_isa,
-                       raw_values, summarize, table_row)
+from measuring import (DISTURBED_CORES, FP32_FLOP_PER_CYCLE, KERNEL_FLAGS,  # noqa: E402
+                       TABLE_HEADER, TABLE_LEGEND, core_clock, cpu_generation, cpu_id, cpu_model,
+                       kernel_setting, onednn_isa, raw_values, summarize, table_row)
 
 GLOBAL_BATCH = 256
 GEMM_SIZE = 4096
@@ -211,7 +211,7 @@ def machine():
             _torch.backends.cpu.get_cpu_capability()
     return {'cpu': cpu_model(), 'cpu_id': cpu_id(), 'cpu_flags': kernel_setting()['cpu_flags'],
             'onednn_isa': onednn_isa(os.environ, ROOT), 'torch_isa': torch_isa,
-            'cores': len(os.sched_getaffinity(0)),
+            'cores': len(os.sched_getaffinity(0)), 'clock_ghz': core_clock(),
             'python': platform.python_version(), 'mxnet': mxnet.__version__, 'torch': torch,
             'platform': platform.platform(), 'load': load_average()}
 
@@ -457,25 +457,37 @@ def report(raw, raw_name='benchmarks.json'):
         numpy = summarize([dict(r, value=r['numpy']) for r in gemm])
         limit = g['best'] / raw['flops_per_image']
         ours = stats.get('ours-hyb-1')
-        lines += ['', '## How far from the FP32 limit', '',
+        lines += ['', '## Against the FP32 matrix product and the physical peak', '',
                   'A training step costs %.2f GFLOP per image (forward multiply-adds counted from '
                   'the layer shapes, times 2 for FLOP, times 3 for forward plus backward). The '
                   'fastest FP32 matrix product measured here (%d x %d, the best of several '
                   'products in each '
                   'process) reaches %.0f GFLOP/s with MXNet\'s oneDNN inner product (median '
                   '%.0f, CPU/wall %.2f, others %.2f; raw %s) and %.0f GFLOP/s with numpy (median '
-                  '%.0f). Convolutions computed as matrix products cannot go faster, so about '
-                  '%.0f images/s is the FP32 limit of this step here (an algorithm that does fewer '
-                  'multiplications, such as Winograd, could pass it).'
+                  '%.0f). At that rate this step would run at %.0f images/s: one program\'s rate, '
+                  'not a limit (convolutions in other kernels can pass it; the physical peak, '
+                  'when the run recorded the clock, is the limit).'
                   % (raw['flops_per_image'] / 1e9, GEMM_SIZE, GEMM_SIZE, g['best'] / 1e9,
                      g['median'] / 1e9, g['cpu_per_wall'], g['others_cores'], raw_values(gemm, 1e9),
                      numpy['best'] / 1e9, numpy['median'] / 1e9, limit)]
         if ours:
             lines[-1] += (' Ours reaches %.1f images/s on 1 device (median; best %.1f): %.0f%% '
-                          'of that limit%s.' % (
+                          'of that rate%s.' % (
                               ours['median'], ours['best'], 100 * ours['median'] / limit,
                               '; torch.compile %.0f%%' % (100 * med['torch-compile'] / limit)
                               if 'torch-compile' in med else ''))
+        per_cycle = next((v for k, v in FP32_FLOP_PER_CYCLE.items()
+                          if (info.get('cpu_id', '') + ',').startswith(k + ',')), None)
+        if info.get('clock_ghz') and per_cycle:  # recorded since 2026-12-02
+            peak = info['cores'] * info['clock_ghz'] * per_cycle
+            lines += ['', 'The physical peak: %d cores x %.2f GHz (a core\'s clock while it '
+                      'works, measured at the start of this run: lab/measuring.py core_clock) x %d '
+                      'float32 FLOP per cycle (measuring.FP32_FLOP_PER_CYCLE) = %.0f GFLOP/s, %.0f '
+                      'images/s. The matrix product reaches %.0f%% of it%s.' % (
+                          info['cores'], info['clock_ghz'], per_cycle, peak,
+                          peak * 1e9 / raw['flops_per_image'], 100 * g['best'] / 1e9 / peak,
+                          ', ours %.0f%% (median)' % (100 * ours['median'] * raw['flops_per_image']
+                                                     / 1e9 / peak) if ours else '')]
     for name in GEMMS:
         if name in by_name and all(r['disturbed'] for r in by_name[name]):
             lines += ['', '**%s was disturbed in every run** (its CPU/wall is below the cores '

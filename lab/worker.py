@@ -66,13 +66,6 @@ def _batches(cfg, n_images):
     return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
 
 
-def _books_relu():
-    """Make every ``Residual`` compute its ReLUs as the book writes them, ``F.relu`` (MXNet's own
-    elementwise kernel on plain NCHW), instead of the package's ``F.Activation`` (oneDNN)."""
-    from gluon_mgpu import model
-    model.relu = lambda F, x: F.relu(x)
-
-
 def _network(devices, model='ours', hybrid=True, dtype='float32', static_shape=False):
     """The chapter's ResNet-18 (ours or d2lzh's) and its Trainer, set up as the book does;
     ours also in bfloat16 (``--dtype``), and hybridized with ``static_shape`` (1 device only:
@@ -94,8 +87,6 @@ def _training(cfg, num_batches):
     """``(devices, net, trainer, loss, batches)`` of a train configuration: ``num_batches``
     batches of ``cfg['batch_size']``."""
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
-    if cfg.get('relu') == 'book':
-        _books_relu()
     net, trainer = _network(devices, cfg['model'], cfg['mode'] == 'hybrid',
                             cfg.get('dtype', 'float32'), cfg.get('static_shape', False))
     loss = gloss.SoftmaxCrossEntropyLoss()

@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -248,7 +249,7 @@ def execute(name, checkpoints):
     hashes = [code_hash(c.source) for c in nb.cells if c.cell_type == 'code']
     commit, changed = code_state()
     folder = os.path.join(checkpoints, setting, name)
-    from gluon_mgpu import CheckpointError, Interrupted, lock_dir
+    from gluon_mgpu import CheckpointError, DeferredInterrupt, lock_dir
     try:  # a folder held or unusable is refused as the train command refuses it
         lock = lock_dir(folder, '--checkpoints')
     except (CheckpointError, ValueError) as e:
@@ -297,7 +298,8 @@ def execute(name, checkpoints):
                 loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
                 loop.close()
             if loop.signum is not None:  # nbclient stopped the kernel: the finished epochs stay
-                raise Interrupted(loop.signum)
+                with DeferredInterrupt():  # the stop as that signal's (nbclient took it)
+                    signal.raise_signal(loop.signum)
         finally:
             shutil.rmtree(kernels)
     seconds = (datetime.datetime.now(datetime.timezone.utc) - start).total_seconds()

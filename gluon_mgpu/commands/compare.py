@@ -1,7 +1,8 @@
 """The book's printed outputs next to ours: ``python -m gluon_mgpu.compare`` re-runs the chapter's
 cells whose output does not depend on the hardware and runs its ``train`` beside ours over whole
-epochs. The accuracy table over seeds is ``lab/book_table.py``'s, in docs/book-comparison.md.
-Library functions return rows; only ``main`` prints. docs/notebooks.md explains each row.
+epochs. The accuracy table over seeds is docs/book-comparison.md's, measured once. Library
+functions return rows; only ``main`` prints (``--json``: all of it as data). docs/notebooks.md
+explains each row.
 """
 import contextlib
 import importlib.util
@@ -399,8 +400,8 @@ def child_env():
 PROG = 'python -m gluon_mgpu.compare'
 # The command's last line: the accuracy table over seeds is measured once, in the docs.
 ACCURACY_TABLE = ('the book\'s accuracy table beside the published GPU runs and our runs over '
-                  'seeds: docs/book-comparison.md (made by lab/book_table.py --tables '
-                  'from the record, docs/records/book-table.jsonl)')
+                  'seeds: docs/book-comparison.md (from the record, '
+                  'docs/records/book-table.jsonl)')
 
 
 # The book's own package, whose network the step row trains: gluon_mgpu's test extra, not a
@@ -411,12 +412,15 @@ BOOK_PACKAGE = 'd2lzh==1.0.0'
 def build_parser():
     p = cli.Parser(prog=PROG, description='Re-run the chapter\'s cells and its train, and print '
                    'a table: the book\'s printed values, ours, the difference, a verdict. The '
-                   'book\'s accuracy table over seeds is docs/book-comparison.md (made by '
-                   'lab/book_table.py --tables).')
+                   'book\'s accuracy table over seeds is docs/book-comparison.md.')
     p.add_device_flag()
     p.add_argument('--data-dir', metavar='DIR',
                    help='the folder of the four Fashion-MNIST files (default: searched; '
                         'docs/testing.md)')
+    p.add_argument('--json', action='store_true',
+                   help='print one JSON object instead: the devices line, the rows, the notes, '
+                        'and the book\'s printed Out[4] and Out[5] beside ours, printed as the '
+                        'book prints them')
     p.add_debug_flag()
     return p
 
@@ -457,8 +461,14 @@ def _compare(args):
         pair = get_devices(2, args.device)
     except ValueError as e:
         raise cli.UsageError('--device %s: %s' % (args.device, e)) from None
-    rows = deterministic_rows(chapter_cells(pair))
-    rows.append(step_row(pair, args.data_dir))
-    print('\n'.join([describe_devices(pair), format_table(rows), ''] +
-                    ['note: ' + line for line in notes()] + [ACCURACY_TABLE]))
+    cells = chapter_cells(pair)
+    rows = deterministic_rows(cells) + [step_row(pair, args.data_dir)]
+    if args.json:
+        print(json.dumps({'devices': describe_devices(pair), 'rows': rows, 'notes': notes(),
+                          'book': BOOK, 'ours': {'devices': cells['devices'], 'out4': [
+                              format_like_book(v) for v in cells['outputs']], 'out5': [
+                              format_like_book(v) for v in cells['weights']]}}, indent=1))
+    else:
+        print('\n'.join([describe_devices(pair), format_table(rows), ''] +
+                        ['note: ' + line for line in notes()] + [ACCURACY_TABLE]))
     return 1 if any(r['status'] == 'mismatch' for r in rows) else 0
