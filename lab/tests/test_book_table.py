@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 from mxnet import autograd, init, nd
 
-from gluon_mgpu import data, training
-from gluon_mgpu.model import lenet
+from gluon_mgpu import CheckpointError, list_checkpoints, load_data_fashion_mnist, new_network
 from conftest import max_abs_diff
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -349,7 +348,6 @@ def test_a_line_with_other_settings_than_the_books_is_refused(tmp_path):
 
 
 def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data_dir):
-    from gluon_mgpu.handlers.checkpoint import CheckpointError, checkpoint_path
     run = book_table.Run(1, 0, 0, 1, 64, 32)
     folder = str(tmp_path / run.name)
     argv = book_table.train_argv(run, folder, 1, False, 'cpu', data_dir)
@@ -379,7 +377,7 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
                                               r'--lr 0.1 \(the table.s run: 0.2\), --num-gpus 1'):
         book_table.check_run_folder(run._replace(devices=2), folder, 1)
     # A command line no run records (argparse would print the help and exit 0).
-    path = checkpoint_path(folder, 1, 'json')
+    path = os.path.join(folder, 'epoch-0001.json')  # docs/checkpoints.md
     record = json.load(open(path))
     record['argv'] = ['--help']
     with open(path, 'w') as f:
@@ -403,14 +401,13 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
 
 @pytest.fixture(scope='module')
 def real_batch():
-    images, labels = data.load_fashion_mnist_arrays('train')
-    return nd.array(data.to_tensor(images[:32])), nd.array(labels[:32], dtype='int32')
+    return next(iter(load_data_fashion_mnist(32, train_limit=32, test_limit=1, shuffle=False)[0]))
 
 
 @pytest.fixture
 def net_and_batch(two_cpus, real_batch):
     mx.random.seed(4)
-    net = training.new_network('resnet18', hybridize=False)
+    net = new_network('resnet18', hybridize=False)
     net.initialize(init.Normal(sigma=0.01), ctx=two_cpus)
     X = real_batch[0][:32]
     for d in two_cpus:
@@ -447,12 +444,13 @@ def test_reestimated_statistics_are_the_batchs_own(net_and_batch, two_cpus):
 
 
 def test_reestimating_refuses_a_hybridized_network_or_one_without_batch_norm(two_cpus):
-    net = training.new_network('resnet18')
+    net = new_network('resnet18')
     with pytest.raises(ValueError, match='is hybridized, so its BatchNorm momentum cannot '
                                          'change; pass a network that is not'):
         book_table.reestimate_running_stats(net, nd.zeros((2, 1, 28, 28)), two_cpus[0])
     with pytest.raises(ValueError, match='holds no nn.BatchNorm'):
-        book_table.reestimate_running_stats(lenet(10), nd.zeros((2, 1, 28, 28)), two_cpus[0])
+        book_table.reestimate_running_stats(new_network('lenet', hybridize=False),
+                                            nd.zeros((2, 1, 28, 28)), two_cpus[0])
 
 
 def test_batch_statistics_accuracy_counts_train_mode_predictions(net_and_batch, two_cpus,
@@ -793,10 +791,9 @@ def test_45_8_a_second_runner_waits_for_the_first_and_trains_nothing_twice(tmp_p
 
 
 def test_45_8_a_folder_in_use_names_this_scripts_flag(tmp_path):
-    from gluon_mgpu.handlers import checkpoint
     directory = str(tmp_path / 'run')
-    code = ('import sys, time; from gluon_mgpu.handlers import checkpoint; '
-            'lock = checkpoint.lock_dir(sys.argv[1]); print("held", flush=True); time.sleep(60)')
+    code = ('import sys, time; from gluon_mgpu import lock_dir; '
+            'lock = lock_dir(sys.argv[1]); print("held", flush=True); time.sleep(60)')
     holder = subprocess.Popen([sys.executable, '-c', code, directory], stdout=subprocess.PIPE,
                               text=True)
     try:
@@ -807,7 +804,7 @@ def test_45_8_a_folder_in_use_names_this_scripts_flag(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    assert checkpoint.list_checkpoints(directory) == []
+    assert list_checkpoints(directory) == []
 
 
 def test_the_committed_pages_tables_of_the_records_are_made_again_byte_for_byte():
