@@ -497,13 +497,13 @@ def report(raw, raw_name='benchmarks.json'):
     if 'gemm-bf16' in by_name:
         g16, rs = stats['gemm-bf16'], by_name['gemm-bf16']
         limit16 = g16['best'] / raw['flops_per_image']
-        lines += ['', '## How far from the bfloat16 limit', '',
+        lines += ['', '## Against the bfloat16 matrix product', '',
                   'The same %d x %d product on bfloat16 operands (MXNet\'s oneDNN inner '
                   'product, which computes the convolutions and dense layers under '
                   '`--dtype bfloat16`) reaches %.0f GFLOP/s (best; median %.0f, CPU/wall %.2f, '
-                  'others %.2f; raw %s)%s. With the same multiply-adds per image, about %.0f '
-                  'images/s is the limit of the step in bfloat16 here (BatchNorm, ReLU, the '
-                  'casts and the float32 update are not counted, so the step stays below it).'
+                  'others %.2f; raw %s)%s. At that rate the step\'s multiply-adds would take '
+                  '%.0f images/s in bfloat16: one program\'s rate, not a limit (BatchNorm, '
+                  'ReLU, the casts and the float32 update come on top of it).'
                   % (GEMM_SIZE, GEMM_SIZE, g16['best'] / 1e9, g16['median'] / 1e9,
                      g16['cpu_per_wall'], g16['others_cores'], raw_values(rs, 1e9),
                      ': %.2fx the FP32 product of this run' % (g16['best'] / stats['gemm']['best'])
@@ -511,7 +511,7 @@ def report(raw, raw_name='benchmarks.json'):
         ours16 = stats.get('ours-bf16-1')
         if ours16:
             lines[-1] += (' Ours in bfloat16 reaches %.1f images/s on 1 device (median; best '
-                          '%.1f): %.0f%% of that limit%s.' % (
+                          '%.1f): %.0f%% of that rate%s.' % (
                               ours16['median'], ours16['best'], 100 * ours16['median'] / limit16,
                               '; torch.compile with autocast %.0f%%' % (
                                   100 * med['torch-bf16-compile'] / limit16)
