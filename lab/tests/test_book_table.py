@@ -100,8 +100,8 @@ FIX = r'; fix or delete that line \(the epoch is then trained again\)$'
     ([json.dumps(_line(devices=10 ** 400))], r'line 1: devices is a whole number of 401 digits, '
                                              r'not a whole number from 1 to 1024'),
     ([json.dumps(_line(acc_running=[0.5]))], r'acc_running holds 1 accuracies for 2 devices'),
-    ([json.dumps(_line(seconds=float('nan')))], r'line 1: seconds is NaN, not a number from 1e-09 to '
-                                                r'1e\+09'),
+    ([json.dumps(_line(seconds=float('nan')))], r'line 1: seconds is NaN, not a number from '
+                                                r'1e-09 to 1e\+09'),
     ([json.dumps(_line(device_names=5))], r'line 1: device_names is 5, not a list of device names'
                                           + FIX),
     ([json.dumps(_line(dtype='float16'))], r'line 1: dtype is "float16", not "float32" or '
@@ -401,7 +401,8 @@ def test_a_checkpoint_of_another_run_is_refused_before_it_is_used(tmp_path, data
 
 @pytest.fixture(scope='module')
 def real_batch():
-    return next(iter(load_data_fashion_mnist(32, train_limit=32, test_limit=1, shuffle=False)[0]))
+    train_iter, _ = load_data_fashion_mnist(32, train_limit=32, test_limit=1, shuffle=False)
+    return next(iter(train_iter))
 
 
 @pytest.fixture
@@ -826,6 +827,7 @@ def test_the_committed_pages_tables_of_the_records_are_made_again_byte_for_byte(
         row = '| %d device%s | %d | ' % (r['devices'], 's' * (r['devices'] > 1), r['epoch'])
         [line] = [l for l in blocks['accuracy'].split('\n') if l.startswith(row)]
         assert 's%d %.3f %s' % (r['seed'], r['acc_running'][0], key) in line, (row, r['seed'])
-        assert '| %s | %s | %s | %s |' % (key, *book_records.machine_of(r)) in blocks['machines']
+        assert '| %s | %s | %s | %s |' % (key, *book_records.machine_of(r)) in \
+            blocks['machines']
     for name, text in now.items():
         assert blocks[name] == text, name
