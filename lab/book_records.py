@@ -2,11 +2,11 @@
 ``book_table.py``, which trains the runs and appends their lines. The record
 (docs/records/book-table.jsonl) holds one JSON line per epoch of a full run with the book's
 settings; ``read_records`` checks each line (its setting, its epoch's numbers and its machine).
-``accuracy_cells`` judges the
-book's accuracy table against the published GPU runs (docs/records/book-gpu-runs.csv) and our
-mean over seeds; ``training_rows`` puts the recorded seconds per epoch and the speed-up beside
-the book's, as rows of ``python -m gluon_mgpu.compare``'s table. Functions return data:
-``book_table.py --tables`` writes it into docs/book-comparison.md and both notebooks.
+``accuracy_cells`` judges the book's accuracy table against the published GPU runs
+(docs/records/book-gpu-runs.csv) and our mean over seeds; ``training_rows`` puts the recorded
+seconds per epoch and the speed-up beside the book's, as rows of ``python -m
+gluon_mgpu.compare``'s table. Functions return data: ``book_table.py --tables`` writes it into
+docs/book-comparison.md and both notebooks.
 """
 import csv
 import functools

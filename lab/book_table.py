@@ -43,10 +43,12 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, 'lab'))  # book_records, beside this file
 
 import gluon_mgpu  # noqa: E402,F401  (first: it sets the threads MXNet starts with)
-from gluon_mgpu import (CheckpointError, CommandError, Parser, UsageError,  # noqa: E402
-                        atomic_path, book_setting, evaluate_accuracy, find_data_dir,
-                        init_training, list_checkpoints, new_network, open_input,
-                        output_problem, recorded_settings, run_command)
+from gluon_mgpu import (CheckpointError, CommandError, DataError, DataNotFoundError,  # noqa: E402
+                        DeferredInterrupt, Parser, UsageError, atomic_path, book_setting,
+                        evaluate_accuracy, find_data_dir, format_devices, get_devices,
+                        init_training, list_checkpoints, load_data_fashion_mnist, lock_dir,
+                        new_network, open_input, output_problem, read_checkpoint,
+                        recorded_settings, resolve, restore, run_command)
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from measuring import cpu_model, kernel_setting  # noqa: E402
@@ -286,9 +288,8 @@ def settings_difference(run, settings, ignore=()):
     """How a train command's ``settings`` (``gluon_mgpu.resolve``'s) differ from those with which
     this script trains ``run``, but in ``ignore``: ``['--seed 1 (the table's run: 0)', ...]``,
     empty for none."""
-    from gluon_mgpu import resolve
     wanted = resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
-                                      False)[3:])
+                                False)[3:])
     return ['--%s %s (the table\'s run: %s)' % (k.replace('_', '-'), v, getattr(wanted, k, None))
             for k, v in sorted(vars(settings).items())
             if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
@@ -328,12 +329,10 @@ def check_run_folder(run, directory, epoch, data_dir=None):
     """Refuse (``CheckpointError``) a checkpoint ``epoch`` in ``run``'s folder that another run
     wrote, or that was trained on other data than ``data_dir``'s (files that differ), before it
     is diagnosed or resumed."""
-    from gluon_mgpu import read_checkpoint
     try:
         record = read_checkpoint(directory, epoch)
     except CheckpointError as e:  # the train command's fix, in this script's flag
-        raise CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) \
-            from None
+        raise CheckpointError(str(e).replace('--checkpoint-dir', '--work-dir')) from None
     settings = recorded_settings(directory, record)
     differ = settings_difference(run, settings)
     if differ:
@@ -351,7 +350,6 @@ def check_run_folder(run, directory, epoch, data_dir=None):
 def _restored(directory, record, devices, hybridize):
     """A new ResNet-18 holding checkpoint ``record``'s values on ``devices``, computing in the
     run's dtype."""
-    from gluon_mgpu import restore
     args = recorded_settings(directory, record)
     net = new_network('resnet18', hybridize=hybridize, dtype=args.dtype)
     trainer = init_training(net, devices, args.lr, dtype=args.dtype)
@@ -434,8 +432,6 @@ def diagnose(directory, epoch, devices, data_dir=None, test_limit=None):
         statistics re-estimated on the first ``PRECISE_BN_IMAGES`` training images;
         ``acc_batch_stats``: batch statistics over test batches of ``BATCH_STATS_BATCH``.
     """
-    from gluon_mgpu import load_data_fashion_mnist, read_checkpoint
-
     def batches(size, images):  # (the first images of the training set, the test set)
         return load_data_fashion_mnist(size, data_dir, images, test_limit, shuffle=False)
 
@@ -477,7 +473,6 @@ class RunRefused(RunFailed, UsageError):
 
 def _is_locked(directory):
     """The refusal of checkpoint folder ``directory``'s lock if another process holds it."""
-    from gluon_mgpu import lock_dir
     if os.path.isdir(directory):
         try:
             lock_dir(directory).release()
@@ -991,9 +986,9 @@ def _page_file(path):
 
 def build_parser():
     p = Parser(prog=PROG, description='Train the runs of the book\'s accuracy table that '
-                   'are not yet recorded (1 and 2 devices, the book\'s settings, full data, each '
-                   'seed), one epoch at a time, resumable; or, with --page, fill the tables of '
-                   'docs/book-comparison.md and the notebooks from the records.')
+               'are not yet recorded (1 and 2 devices, the book\'s settings, full data, each '
+               'seed), one epoch at a time, resumable; or, with --page, fill the tables of '
+               'docs/book-comparison.md and the notebooks from the records.')
     pages = p.add_mutually_exclusive_group()
     pages.add_argument('--page', action='store_true',
                        help='train nothing: fill docs/book-comparison.md\'s tables and the '
@@ -1049,7 +1044,7 @@ def main(argv=None):
     """Entry point; returns the exit code (2 for bad input, 1 when a run failed)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     return run_command(PROG, argv, lambda: _main(build_parser().parse_args(argv)),
-                           lambda e: {'saved': _saved})
+                       lambda e: {'saved': _saved})
 
 
 def _saved(e, why):  # the failure table's clause on what a stop kept
@@ -1058,11 +1053,9 @@ def _saved(e, why):  # the failure table's clause on what a stop kept
 
 
 def _main(args):
-    from gluon_mgpu import (DataError, DataNotFoundError, DeferredInterrupt, format_devices,
-                            get_devices)
     if args.record:
         Parser.check_output('--record', args.record, suffixes=('.jsonl',),
-                                example='docs/records/book-table.jsonl')
+                            example='docs/records/book-table.jsonl')
     try:
         pair = get_devices(2, args.device)
         find_data_dir(args.data_dir)
@@ -1072,8 +1065,8 @@ def _main(args):
         given = ['--' + k.replace('_', '-') for k in _RUN_FLAGS if getattr(args, k) is not None]
         if given:
             raise UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
-                                 % ('--page' if args.page else '--tables', given[0],
-                                    '--page' if args.page else '--tables', given[0], given[0]))
+                             % ('--page' if args.page else '--tables', given[0],
+                                '--page' if args.page else '--tables', given[0], given[0]))
         for path in write_page(pair, args.data_dir, tables_only=args.tables,
                                record=args.record, device=args.device):
             print('wrote', os.path.relpath(path, ROOT))
@@ -1090,14 +1083,14 @@ def _main(args):
     problem = work_dir_problem(args.work_dir)
     if problem:
         raise UsageError('--work-dir %s: %s; pass a folder you can write to'
-                             % (args.work_dir, problem))
+                         % (args.work_dir, problem))
     runs = plan_runs(list(dict.fromkeys(args.seeds)), args.warmup_steps or 0, args.epochs,
                      args.train_limit, args.test_limit, args.dtype)
     for run in runs:  # the train commands' output goes to files of ours only
         problem = output_problem(log_file(args.work_dir, run))
         if problem:
             raise UsageError('--work-dir %s: %s %s; remove it or pass another --work-dir'
-                                 % (args.work_dir, log_file(args.work_dir, run), problem))
+                             % (args.work_dir, log_file(args.work_dir, run), problem))
     print('running on:', format_devices(pair), flush=True)
     with DeferredInterrupt() as interrupt:
         def progress(line):

@@ -487,7 +487,7 @@ def report(raw, raw_name='benchmarks.json'):
                           info['cores'], info['clock_ghz'], per_cycle, peak,
                           peak * 1e9 / raw['flops_per_image'], 100 * g['best'] / 1e9 / peak,
                           ', ours %.0f%% (median)' % (100 * ours['median'] * raw['flops_per_image']
-                                                     / 1e9 / peak) if ours else '')]
+                                                      / 1e9 / peak) if ours else '')]
     for name in GEMMS:
         if name in by_name and all(r['disturbed'] for r in by_name[name]):
             lines += ['', '**%s was disturbed in every run** (its CPU/wall is below the cores '

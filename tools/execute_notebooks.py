@@ -124,7 +124,7 @@ def _setting(name):
     quick = os.environ.get('GLUON_MGPU_QUICK', '0') or '0'
     if quick not in SETTINGS:
         raise UsageError('GLUON_MGPU_QUICK must be 0 (the book\'s settings), 1 (a quick '
-                             'look) or smoke, got %r; unset it for the book\'s settings' % quick)
+                         'look) or smoke, got %r; unset it for the book\'s settings' % quick)
     # three-ways-to-split knows no smoke setting: its quick look takes a minute.
     return '1' if quick == 'smoke' and name == 'three-ways-to-split' else quick
 
@@ -162,15 +162,15 @@ def _run_record(folder, commit, hashes, resumed):
         was = None
     if not isinstance(was, dict) or not isinstance(was.get('commit'), str):
         raise UsageError('%s holds checkpoints but no run.json of this script; delete the '
-                             'folder to train again (rm -r %s)' % (folder, folder))
+                         'folder to train again (rm -r %s)' % (folder, folder))
     changed = [what for what, key in (('gluon_mgpu/', 'package_sha256'),
                                       ("the notebook's code", 'code'),
                                       ('the machine (CPU, kernels or threads)', 'machine'))
                if was.get(key) != now[key]]
     if changed:
         raise UsageError('%s holds epochs trained at commit %s, and %s changed since; delete '
-                             'the folder to train again (rm -r %s)'
-                             % (folder, was['commit'][:7], ' and '.join(changed), folder))
+                         'the folder to train again (rm -r %s)'
+                         % (folder, was['commit'][:7], ' and '.join(changed), folder))
     return was
 
 
@@ -326,8 +326,8 @@ def copy_to_twin(nb, twin):
     theirs = [c for c in twin.cells if c.cell_type == 'code']
     if [code_hash(c.source) for c in ours] != [code_hash(c.source) for c in theirs]:
         raise UsageError('the Chinese notebook\'s code cells are not the English one\'s, '
-                             'token for token (tests/test_notebooks.py '
-                             'test_both_languages_run_the_same_code says where); make them so')
+                         'token for token (tests/test_notebooks.py '
+                         'test_both_languages_run_the_same_code says where); make them so')
     for mine, twin_cell in zip(ours, theirs):
         twin_cell.outputs = copy.deepcopy(mine.outputs)
         twin_cell.execution_count = mine.execution_count
@@ -374,7 +374,7 @@ def main(argv=None):
         unknown = [n for n in args.notebooks if n not in NOTEBOOKS]
         if unknown:
             raise UsageError('no English notebook %r; name %s (or none: both)'
-                                 % (unknown[0], ' or '.join(sorted(NOTEBOOKS))))
+                             % (unknown[0], ' or '.join(sorted(NOTEBOOKS))))
         names = args.notebooks or sorted(NOTEBOOKS)
         for name in names:
             _setting(name)  # a bad GLUON_MGPU_QUICK before anything runs

@@ -139,7 +139,7 @@ class Parser(argparse.ArgumentParser):
         problem = files.output_problem(path) or (mxnet and files.mxnet_path_problem(path))
         if problem:
             raise UsageError('argument %s: %s %s: %s (see --help)' % (flag, flag, shown(path),
-                                                                       problem))
+                                                                      problem))
         if suffixes and os.path.splitext(path)[1].lower() not in suffixes:
             raise UsageError('argument %s: %s (see --help)' % (flag, _refuse(flag, '%s: the name '
                              'must end in %s' % (shown(path), ' or '.join(suffixes)), example)))

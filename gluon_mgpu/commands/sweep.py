@@ -158,7 +158,7 @@ def build_parser():
     p.add_device_flag()
     p.add_data_flags()
     p.add_seed_flag('seed for every setting\'s initialization and data order (default: '
-                         'none)')
+                    'none)')
     p.add_hybridize_flag()
     p.add_dtype_flags()
     p.add_argument('--output-dir', default='sweep-results', metavar='DIR',

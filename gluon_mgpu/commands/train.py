@@ -30,7 +30,7 @@ RUN_SETTINGS = ('num_gpus', 'batch_size', 'seed', 'train_limit', 'test_limit', '
 def build_parser():
     book_batch, book_lr = cli.BOOK_PER_DEVICE
     p = Parser(prog=PROG, description='Train the chapter\'s ResNet-18 on Fashion-MNIST '
-                   'with data parallelism over several devices (GPUs, or simulated CPU devices).')
+               'with data parallelism over several devices (GPUs, or simulated CPU devices).')
     p.add_argument('--num-gpus', type=Parser.whole('--num-gpus'), default=1,
                    help='number of devices to train on (default: 1)')
     p.add_argument('--batch-size', type=Parser.whole('--batch-size'),
@@ -51,7 +51,7 @@ def build_parser():
                    help="array: the data set as one float32 array, batches by slicing; gluon: "
                         "the book's DataLoader with ToTensor per image (default: array)")
     p.add_seed_flag('seed for initialization and data order (default: none, a new run '
-                         'each time; with --checkpoint-dir one is chosen and recorded)')
+                    'each time; with --checkpoint-dir one is chosen and recorded)')
     p.add_argument('--checkpoint-dir', metavar='DIR', type=Parser.output_folder('--checkpoint-dir'),
                    help='save a checkpoint into DIR at the end of every epoch (default: none)')
     p.add_argument('--resume', action='store_true',
@@ -144,8 +144,8 @@ def _check_outputs(args):
         given = getattr(args, flag[2:].replace('-', '_'))
         if not given:
             continue
-        Parser.check_output(flag, given, mxnet=flag == '--save-params',
-                         suffixes=PLOT_SUFFIXES if flag == '--plot' else None, example='curves.png')
+        Parser.check_output(flag, given, mxnet=flag == '--save-params', example='curves.png',
+                            suffixes=PLOT_SUFFIXES if flag == '--plot' else None)
         for path in plotting.plot_paths(given) if flag == '--plot' else [given]:
             problem = path != given and files.output_problem(path)
             if problem:  # the .png beside an .svg
