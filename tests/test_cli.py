@@ -358,3 +358,16 @@ def test_parsing_writes_nothing_the_resolved_outputs_are_checked_once(monkeypatc
     assert checked == []
     resolve(argv)
     assert checked == [str(tmp_path / n) for n in ('m.json', 'c.svg', 'c.png', 'n.params')]
+
+
+def test_a_failure_a_command_words_itself_is_its_line_and_exit_1(capsys):
+    # A script beside the package (lab/, tools/) raises CommandError for what only it knows
+    # how to word; the one table prints it and exits 1, with the story's clause after it.
+    from gluon_mgpu import CommandError, run_command
+
+    def body():
+        raise CommandError('the kernel died (it was killed)')
+    story = {'saved': lambda e, why: '; 2 epochs are saved' if why == 'an error' else ''}
+    assert run_command('tools/x.py', [], body, lambda e: story) == 1
+    assert capsys.readouterr().err == (
+        'tools/x.py: error: the kernel died (it was killed); 2 epochs are saved\n')

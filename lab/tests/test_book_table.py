@@ -831,3 +831,12 @@ def test_the_committed_pages_tables_of_the_records_are_made_again_byte_for_byte(
             blocks['machines']
     for name, text in now.items():
         assert blocks[name] == text, name
+
+
+def test_a_compare_command_that_refuses_its_input_is_its_line_and_bad_input(tmp_path):
+    # --page runs python -m gluon_mgpu.compare --json; a refusal (exit 2) is the script's too.
+    with pytest.raises(book_table.RunRefused) as e:
+        book_table._compared('auto', str(tmp_path))
+    assert str(e.value).startswith('python -m gluon_mgpu.compare exited with 2: python -m '
+                                   'gluon_mgpu.compare: error: ')
+    assert str(tmp_path) in str(e.value) and isinstance(e.value, book_table.UsageError)
