@@ -113,7 +113,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     float32 holds (``train_checks.check_init``).
     """
     check_init(lr, dtype, devices, force_dtype)
-    if isinstance(kvstore, str) and kvstore.startswith('dist'):
+    if isinstance(kvstore, str) and kvstore.startswith(('dist', 'horovod')):
         kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
     if isinstance(kvstore, mx.kv.KVStoreBase) and kvstore.num_workers > 1:

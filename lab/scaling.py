@@ -11,8 +11,8 @@ Two tables. Every row is measured in fresh processes, the rows interleaved and r
 - ``devices``: the chapter's ResNet-18, hybridized, data parallel over 1, 2, 4 and 8
   simulated devices (``mx.cpu(0)`` ... ``mx.cpu(7)``) at a fixed global batch of 256, one
   process each (lab/worker.py, kind "phases"). First the images/s of the package's step
-  (``training.choose_step``: on CPU devices each device's calls from its own thread) without
-  waits; then, in the same process, the step's phases with
+  as ``train()`` runs it (``train_epoch``: on CPU devices each device's calls from its own
+  thread) without waits; then, in the same process, the step's phases with
   ``nd.waitall()`` after each: the split and the copies (the two halves of
   ``split_and_load``), forward and backward, the gradient sum (``trainer.allreduce_grads``)
   and the update (``trainer.update``): the package's Trainer is made with
@@ -263,7 +263,9 @@ DEVICES_TEXT = (
     'The chapter\'s ResNet-18, hybridized, data parallel over simulated devices (`mx.cpu(0)` '
     'to `mx.cpu(7)`, all on the same cores), global batch %d, one fresh process per '
     'measurement: %s after %s of the package\'s step '
-    '(`training.choose_step`: each device\'s calls from its own thread) without waits give the images/s; then, after one untimed step, '
+    'as `train()` runs it (`train_epoch`: each device\'s calls from its own thread, the '
+    'epoch\'s loss and accuracy sums included) without waits give the images/s; then, after '
+    'one untimed step, '
     '%s timed phase by phase with `nd.waitall()` after each. **The waits remove the '
     'overlap** MXNet\'s engine finds otherwise (one device\'s copies or update with another\'s '
     'compute), so the phases do not add up to the step: compare "phases added up" with '
@@ -281,8 +283,9 @@ KVSTORE_UPDATE_TEXT = (
     ' The records below were measured before %s, when the package\'s Trainer did both inside '
     'the kvstore on 2 or more devices (one update on the summed gradient, then the weights '
     'copied back) and the phases came from a second Trainer made with '
-    '`update_on_kvstore=False`: their images/s are of that step, and today\'s step has not been '
-    'measured again.' % KVSTORE_UPDATE_UNTIL)
+    '`update_on_kvstore=False`: their images/s are of that step, called on its own (not '
+    'through `train_epoch`), and today\'s step has not been measured again.'
+    % KVSTORE_UPDATE_UNTIL)
 WORKERS_TEXT = (
     'A `dist_sync` job on loopback, started as `python -m gluon_mgpu.launch -n W -s 1` (a '
     'scheduler, one server, W workers with one device each, every process on this machine\'s '

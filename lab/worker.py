@@ -38,32 +38,37 @@ elif CONFIG.get('threads') == 'package':
     os.environ.setdefault('GLUON_MGPU_CPU_DEVICES', str(CONFIG.get('devices', 1)))
     import gluon_mgpu  # noqa: F401  (chooses OMP_NUM_THREADS before MXNet starts)
 
+import itertools  # noqa: E402
+
 import mxnet as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from mxnet import autograd, gluon, nd  # noqa: E402
 from mxnet.gluon import data as gdata, loss as gloss, utils as gutils  # noqa: E402
 
-from gluon_mgpu import data, training  # noqa: E402
-from gluon_mgpu.runtime.dispatch import call  # noqa: E402
+from gluon_mgpu import (book_setting, evaluate_accuracy, init_training,  # noqa: E402
+                        load_data_fashion_mnist, new_network, train_epoch)
 
 # The one timed interval of this measurement: every function below starts and stops it.
 METER = Interval()
+LR = book_setting(1)[1]  # the book's learning rate on one device
 
 
-def _book_loader(images, labels, batch_size):
-    """d2lzh.load_data_fashion_mnist's pipeline: ToTensor per image, DataLoader, 4 workers."""
-    dataset = gdata.ArrayDataset(nd.array(images[:, :, :, None], dtype='uint8'),
-                                 labels.astype(np.int32))
+def _book_loader(batches):
+    """d2lzh.load_data_fashion_mnist's pipeline over the images of ``batches``: ToTensor per
+    image, DataLoader, 4 workers."""
+    dataset = gdata.ArrayDataset(nd.array(batches.images[:, :, :, None], dtype='uint8'),
+                                 batches.labels.astype(np.int32))
     return gdata.DataLoader(dataset.transform_first(gdata.vision.transforms.ToTensor()),
-                            batch_size, shuffle=True, num_workers=4)
+                            batches.batch_size, shuffle=True, num_workers=4)
 
 
-def _batches(cfg, n_images):
-    images, labels = data.load_fashion_mnist_arrays('train')
-    images, labels = images[:n_images], labels[:n_images]
-    if cfg['loader'] == 'book':
-        return _book_loader(images, labels, cfg['batch_size'])
-    return data.ArrayBatches(images, labels, cfg['batch_size'], shuffle=True, seed=0)
+def _batches(cfg, n_images, batch_size=None, split='train'):
+    """The first ``n_images`` of Fashion-MNIST's ``split`` in batches, the package's way
+    (shuffled from seed 0 for training) or, ``cfg['loader']`` 'book', the book's."""
+    batch_size = batch_size or cfg['batch_size']
+    limit = {'train_limit': n_images} if split == 'train' else {'test_limit': n_images}
+    batches = load_data_fashion_mnist(batch_size, seed=0, **limit)[split == 'test']
+    return _book_loader(batches) if cfg.get('loader') == 'book' else batches
 
 
 def _network(devices, model='ours', hybrid=True, dtype='float32', static_shape=False):
@@ -71,16 +76,16 @@ def _network(devices, model='ours', hybrid=True, dtype='float32', static_shape=F
     ours also in bfloat16 (``--dtype``), and hybridized with ``static_shape`` (1 device only:
     docs/speed.md)."""
     if model == 'ours':
-        net = training.new_network('resnet18', hybrid, dtype=dtype)
+        net = new_network('resnet18', hybrid, dtype=dtype)
         if hybrid and static_shape:
             net.hybridize(static_alloc=True, static_shape=True)
-        return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, dtype=dtype)
+        return net, init_training(net, devices, LR, seed=0, dtype=dtype)
     else:
         import d2lzh
         net = d2lzh.resnet18(10)
         if hybrid:
-            net.hybridize(static_alloc=True)  # as training.new_network
-    return net, training.init_training(net, devices, training.LR_PER_DEVICE, seed=0)
+            net.hybridize(static_alloc=True)  # as new_network
+    return net, init_training(net, devices, LR, seed=0)
 
 
 def _training(cfg, num_batches):
@@ -95,17 +100,16 @@ def _training(cfg, num_batches):
 
 def train_speed(cfg, setup=None):
     """Images/s of ``cfg['steps']`` steps after ``cfg['warmup']``, timed by METER, no waits in
-    between; ``setup`` as ``_training`` returns it (default: a fresh one)."""
+    between; ``setup`` as ``_training`` returns it (default: a fresh one). The package's steps
+    are ``train_epoch``'s, what ``train()`` runs (each device's calls from a thread of its own
+    on simulated devices, the epoch's loss and accuracy sums included)."""
     batch, warmup, steps = cfg['batch_size'], cfg['warmup'], cfg['steps']
     devices, net, trainer, loss, it = setup or _training(cfg, warmup + steps)
-    step = training.choose_step(devices)  # what train() runs on these devices
-    for i in range(warmup + steps):
-        if i == warmup:
-            nd.waitall()
-            METER.start()
-        X, y = next(it)
-        if cfg['loop'] == 'book':
-            # The chapter's loop, as printed.
+
+    def run(n):
+        if cfg['loop'] != 'book':
+            return train_epoch(net, itertools.islice(it, n), loss, trainer, devices)
+        for X, y in itertools.islice(it, n):  # the chapter's loop, as printed
             gpu_Xs = gutils.split_and_load(X, devices)
             gpu_ys = gutils.split_and_load(y, devices)
             with autograd.record():
@@ -113,22 +117,27 @@ def train_speed(cfg, setup=None):
             for l in ls:
                 l.backward()
             trainer.step(batch)
-        else:
-            step(net, X, y, loss, trainer, devices, training.split_batch)
+    if warmup:
+        run(warmup)
+    nd.waitall()
+    METER.start()
+    run(steps)
     nd.waitall()
     return batch * steps / METER.stop()['wall']
 
 
-class _Laps:
-    """Seconds between ``lap(phase)`` calls, each after ``nd.waitall()``: ``times[phase]``, a
-    list with one entry per step."""
+class _Phases:
+    """Times one step of ``train_epoch`` phase by phase, each after ``nd.waitall()``:
+    ``times[phase]``, a list with one entry per step.
 
-    def __init__(self):
-        self.times = {}
-        self.restart()
+    ``split`` is the step's ``split_f``: the two halves of ``split_and_load`` (``split_data``,
+    then ``as_in_context`` per slice), phases ``split`` and ``copies``. The object stands in for
+    the trainer: forward and backward have been issued on every device when the step calls its
+    ``step``, which runs ``finish``, ``(phase, f)`` pairs, each called as ``f(batch_size)``.
+    """
 
-    def restart(self):
-        self._start = time.perf_counter()
+    def __init__(self, finish):
+        self.finish, self.times = finish, {}
 
     def lap(self, phase):
         nd.waitall()
@@ -136,43 +145,32 @@ class _Laps:
         self.times.setdefault(phase, []).append(now - self._start)
         self._start = now
 
+    def split(self, X, y, devices):
+        self._start = time.perf_counter()
+        Xs = gutils.split_data(X, len(devices), even_split=False)
+        ys = gutils.split_data(y, len(devices), even_split=False)
+        self.lap('split')
+        Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
+        ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
+        self.lap('copies')
+        return Xs, ys
 
-def _phased_step(batch, net, loss, devices, finish, laps):
-    """The chapter's step on ``batch``, timed phase by phase into ``laps``.
-
-    ``split`` and ``copies`` are the two halves of ``split_and_load`` (``split_data``, then
-    ``as_in_context`` per slice); then forward and backward on every device, each issued from
-    its own thread as ``train()`` does on CPU devices (``training.train_batch_per_device``); then ``finish``:
-    ``(phase, f)`` pairs, each called as ``f(batch_size)``.
-    """
-    X, y = batch
-    laps.restart()
-    Xs = gutils.split_data(X, len(devices), even_split=False)
-    ys = gutils.split_data(y, len(devices), even_split=False)
-    laps.lap('split')
-    Xs = [X_d.as_in_context(d) for X_d, d in zip(Xs, devices)]
-    ys = [y_d.as_in_context(d) for y_d, d in zip(ys, devices)]
-    laps.lap('copies')
-    # Issued as training.train_batch_per_device issues them: each device from its own thread.
-    with autograd.record():
-        outs = [call(d, net, X_d) for d, X_d in zip(devices, Xs)]
-        ls = [call(d, loss, out, y_d) for d, out, y_d in zip(devices, outs, ys)]
-    for d, l in zip(devices, ls):
-        call(d, l.backward)
-    laps.lap('forward+backward')
-    for phase, f in finish:
-        f(X.shape[0])
-        laps.lap(phase)
+    def step(self, batch_size):
+        self.lap('forward+backward')
+        for phase, f in self.finish:
+            f(batch_size)
+            self.lap(phase)
 
 
 def _phases(cfg, setup, finish):
     """Phase times of ``cfg['phase_steps']`` steps after an untimed one, and their interval."""
     devices, net, _, loss, batches = setup
-    _phased_step(next(batches), net, loss, devices, finish, _Laps())
-    laps, meter = _Laps(), Interval().start()
-    for _ in range(cfg['phase_steps']):
-        _phased_step(next(batches), net, loss, devices, finish, laps)
-    return laps.times, meter.stop()
+    phases = _Phases(finish)
+    for i in range(1 + cfg['phase_steps']):
+        if i == 1:
+            phases.times, meter = {}, Interval().start()
+        train_epoch(net, [next(batches)], loss, phases, devices, split_f=phases.split)
+    return phases.times, meter.stop()
 
 
 def _with_phases(value, times, interval):
@@ -201,37 +199,34 @@ def dist_speed(cfg):
     images/s, then the phases with waits.
 
     Joins the job, takes its share of every global batch of ``cfg['batch_size']``, and trains
-    the package's way (``training.init_training`` with the job's kvstore, one device). Images/s
-    are the global batch times the steps over this worker's time (the workers move in lock
-    step). Phase ``push/pull`` is ``trainer.step``: push the gradients to the server, which
-    adds up the workers' and updates, and pull the new weights; with Horovod
-    ``allreduce+update``, the same call: the ring sums the workers' gradients, every worker
-    updates its own replica.
+    the package's way (``init_training`` with the job's kvstore, one device). Images/s are the
+    global batch times the steps over this worker's time (the workers move in lock step).
+    Phase ``push/pull`` is ``trainer.step``: push the gradients to the server, which adds up
+    the workers' and updates, and pull the new weights; with Horovod ``allreduce+update``, the
+    same call: the ring sums the workers' gradients, every worker updates its own replica.
     """
     if cfg.get('engine') == 'horovod':
-        from gluon_mgpu.parallel.horovod import HorovodKVStore
-        kv, phase = HorovodKVStore(), 'allreduce+update'  # joins the job started by horovodrun
+        # init_training joins the job horovodrun started; this process's place in it:
+        kv, phase = 'horovod', 'allreduce+update'
+        rank, workers = int(os.environ['HOROVOD_RANK']), int(os.environ['HOROVOD_SIZE'])
     else:
         kv, phase = mx.kv.create('dist_sync'), 'push/pull'  # joins: waits for every process
+        rank, workers = kv.rank, kv.num_workers
     devices = [mx.cpu(0)]
-    net = training.new_network(cfg['model'], cfg['mode'] == 'hybrid')
-    trainer = training.init_training(net, devices, training.LR_PER_DEVICE, seed=0, kvstore=kv)
-    n = cfg['warmup'] + cfg['steps'] + 1 + cfg['phase_steps']
-    batches = _batches(cfg, cfg['batch_size'] * n)
-    batches.set_part(kv.num_workers, kv.rank)
+    net = new_network(cfg['model'], cfg['mode'] == 'hybrid')
+    trainer = init_training(net, devices, LR, seed=0, kvstore=kv)
+    batches = _batches(cfg, cfg['batch_size'] * (cfg['warmup'] + cfg['steps'] + 1
+                                                 + cfg['phase_steps']))
+    batches.set_part(workers, rank)
     setup = (devices, net, trainer, gloss.SoftmaxCrossEntropyLoss(), iter(batches))
     value = train_speed(cfg, setup)
     result = _with_phases(value, *_phases(cfg, setup, [(phase, trainer.step)]))
-    return dict(result, rank=kv.rank, num_workers=kv.num_workers)
+    return dict(result, rank=rank, num_workers=workers)
 
 
 def data_speed(cfg):
-    images, labels = data.load_fashion_mnist_arrays('train')
-    n = cfg['images']
-    if cfg['loader'] == 'book':
-        it = _book_loader(images[:n], labels[:n], 256)
-    else:
-        it = data.ArrayBatches(images[:n], labels[:n], 256, shuffle=True, seed=0)
+    it = _batches(cfg, cfg['images'], 256)
+    if cfg['loader'] != 'book':
         next(iter(it))  # the one-time conversion to float32 is not per-batch cost
     METER.start()
     count = 0
@@ -242,7 +237,7 @@ def data_speed(cfg):
 
 
 def eval_speed(cfg):
-    """Evaluation (``training.evaluate_accuracy``) of the trained-shape ResNet-18: images/s.
+    """Evaluation (``evaluate_accuracy``) of the trained-shape ResNet-18: images/s.
 
     ``cfg['fold']``: through ``fold_batchnorm``'s copy (lab/fold.py: BatchNorm folded into
     the convolutions), hybridized with ``static_alloc`` and ``cfg['static_shape']``, partitioned by
@@ -250,15 +245,14 @@ def eval_speed(cfg):
     """
     devices = [mx.cpu(i) for i in range(cfg['devices'])]
     net, _ = _network(devices, dtype=cfg.get('dtype', 'float32'))
-    images, labels = data.load_fashion_mnist_arrays('test')
-    warm = data.ArrayBatches(images[:256], labels[:256], 256)
-    training.evaluate_accuracy(warm, net, devices)
+    warm = _batches(cfg, 256, 256, 'test')
+    evaluate_accuracy(warm, net, devices)
     if cfg.get('fold'):
         from fold import fold_batchnorm
         net = fold_batchnorm(net, hybridize=False)
         net.hybridize(static_alloc=True, static_shape=cfg.get('static_shape', False),
                       backend=cfg.get('backend'))
-        training.evaluate_accuracy(warm, net, devices)
+        evaluate_accuracy(warm, net, devices)
     elif cfg.get('backend'):
         # The same network and weights as an exported graph, partitioned by MXNet's backend
         # (oneDNN: BatchNorm folded into the convolutions, for inference only).
@@ -268,10 +262,10 @@ def eval_speed(cfg):
         net = gluon.SymbolBlock.imports(os.path.join(folder, 'net-symbol.json'), ['data'],
                                         os.path.join(folder, 'net-0000.params'), ctx=devices)
         net.hybridize(static_alloc=True, backend=cfg['backend'])
-        training.evaluate_accuracy(warm, net, devices)
-    it = data.ArrayBatches(images[:cfg['images']], labels[:cfg['images']], 256)
+        evaluate_accuracy(warm, net, devices)
+    it = _batches(cfg, cfg['images'], 256, 'test')
     METER.start()
-    training.evaluate_accuracy(it, net, devices)
+    evaluate_accuracy(it, net, devices)
     return cfg['images'] / METER.stop()['wall']
 
 

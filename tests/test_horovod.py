@@ -71,6 +71,26 @@ def test_two_processes_equal_one_process_on_two_devices(tmp_path):
     assert _max_diff(ours, nd.load(str(tmp_path / 'double.params'))) > 1e-3
 
 
+JOINED_BY_NAME = '''
+import gluon_mgpu
+import mxnet as mx
+from gluon_mgpu import init_training, new_network
+trainer = init_training(new_network('lenet'), [mx.cpu(0)], 0.1, kvstore='horovod')
+print('kvstore', trainer._kvstore.type, trainer._kvstore.rank, trainer._optimizer.rescale_grad)
+'''
+
+
+@pytest.mark.slow  # a real horovodrun job: make test-slow builds Horovod
+def test_init_training_joins_a_horovod_job_by_name(tmp_path):
+    # As kvstore='dist_sync' does: every process joins, the sum of 2 divided as 1 process's.
+    script = tmp_path / 'joined.py'
+    script.write_text(JOINED_BY_NAME)
+    job = _horovodrun(str(script))
+    assert job.returncode == 0, job.stderr[-3000:]
+    ranks = [_rank_lines(job.stdout, r) for r in (0, 1)]
+    assert ranks == [['kvstore horovod 0 0.5'], ['kvstore horovod 1 0.5']]
+
+
 WRONG_DIVISOR = '''
 import sys
 import gluon_mgpu

@@ -386,7 +386,7 @@ def _join_job(args, prog, devices, train_iter):
     """Join a job of several processes (``dist_sync``'s servers or Horovod's ring), take this
     worker's shard and check that every worker trains the same run; return the kvstore and
     the job's shared seed."""
-    from ..parallel import dist, horovod
+    from ..parallel import dist
     workers = args.num_workers
     if args.batch_size % workers or args.batch_size // workers < len(devices):
         share = max(workers * len(devices), args.batch_size // workers * workers)
@@ -401,10 +401,8 @@ def _join_job(args, prog, devices, train_iter):
     except ValueError as e:
         raise UsageError('--kvstore %s: %s (--train-limit %s, --batch-size %d)'
                          % (args.kvstore, e, args.train_limit, args.batch_size)) from None
-    if args.kvstore == 'horovod':
-        kv = horovod.HorovodKVStore()  # joins the job
-    else:
-        kv = startup.join_job(args.kvstore, prog, dist.job_env()['root'])  # waits
+    kv = startup.join_job(args.kvstore, prog,  # waits for every process of the job
+                          None if args.kvstore == 'horovod' else dist.job_env()['root'])
     # From here on, leaving normally would wait for the other workers (see main); so would
     # freeing the kvstore (MXNet's barrier), so it is held until a failed worker's os._exit.
     JOINED.append(kv)

@@ -221,11 +221,15 @@ def import_failure(e):
 
 
 def join_job(kvstore, command='gluon_mgpu', root=None):
-    """``mx.kv.create(kvstore)`` for a dist kvstore: join the job, which waits for every other
-    process of it inside MXNet, where Python sees no Ctrl-C. Here SIGINT, SIGTERM and SIGHUP end
-    that wait at once, ``command`` saying so in one line (``interruptible``); ``root`` names
-    the job's scheduler in it."""
+    """Join the job of ``kvstore`` (``JOB_KVSTORES``): 'horovod' as ``HorovodKVStore()``, a
+    dist kvstore as ``mx.kv.create(kvstore)``, which waits for every other process of it inside
+    MXNet, where Python sees no Ctrl-C. Here SIGINT, SIGTERM and SIGHUP end that wait at once,
+    ``command`` saying so in one line (``interruptible``); ``root`` names the job's scheduler
+    in it."""
     import mxnet as mx
+    if kvstore == 'horovod':
+        from ..parallel.horovod import HorovodKVStore
+        return HorovodKVStore()
     with interruptible(command, 'while waiting for the other processes of the %s job%s; '
                                 'nothing was trained'
                        % (kvstore, ' (its scheduler at %s)' % root if root else '')):
