@@ -76,7 +76,8 @@ import gluon_mgpu
 import mxnet as mx
 from gluon_mgpu import init_training, new_network
 trainer = init_training(new_network('lenet'), [mx.cpu(0)], 0.1, kvstore='horovod')
-print('kvstore', trainer._kvstore.type, trainer._kvstore.rank, trainer._optimizer.rescale_grad)
+kv = trainer._kvstore_params['kvstore']  # created by the Trainer's first step otherwise
+print('kvstore', kv.type, kv.rank, trainer.optimizer.rescale_grad)
 '''
 
 
