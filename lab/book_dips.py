@@ -29,7 +29,7 @@ import os
 from fractions import Fraction
 
 import book_records
-from book_records import RecordError, machine_keys, machine_of, table_records
+from book_records import RecordError, each_seed, machine_keys, machine_of, table_records
 from gpu_run_odds import at_least_below, mean_at_most, sum_at_most
 
 OTHER_RUNS = os.path.join(book_records.RECORDS, 'book-table-other-runs.jsonl')
@@ -54,10 +54,11 @@ def read_other_runs(path=None):
         Naming the file, the line and what is wrong.
     """
     path = path or OTHER_RUNS
+    restore = 'git checkout %s' % os.path.relpath(path, book_records.ROOT)
 
     def refuse(number, what):
-        raise RecordError('%s, line %d: %s; fix the line or restore the file: git checkout %s'
-                          % (path, number, what, os.path.relpath(path, book_records.ROOT)))
+        raise RecordError('%s, line %d: %s; fix the line or restore the file: %s'
+                          % (path, number, what, restore))
     try:
         with book_records.open_input(path) as f:
             data = f.read(OTHER_LIMIT + 1)
@@ -65,11 +66,10 @@ def read_other_runs(path=None):
         reason = getattr(e, 'reason', None) or e.strerror  # open_input's, or the system's
         if reason == 'does not exist':
             return []
-        raise RecordError('%s %s; restore it: git checkout %s' % (
-            path, reason, os.path.relpath(path, book_records.ROOT))) from None
+        raise RecordError('%s %s; restore it: %s' % (path, reason, restore)) from None
     if len(data) > OTHER_LIMIT:
-        raise RecordError('%s holds more than %d MB; restore it: git checkout %s' % (
-            path, OTHER_LIMIT >> 20, os.path.relpath(path, book_records.ROOT)))
+        raise RecordError('%s holds more than %d MB; restore it: %s'
+                          % (path, OTHER_LIMIT >> 20, restore))
     runs = []
     for number, line in enumerate(data.decode('utf-8', 'replace').split('\n'), 1):
         if not line.strip():
@@ -129,9 +129,8 @@ def cell_runs(records, other_runs, devices=DEVICES, path=None):
         mine = cells.setdefault(run['epoch'], [])
         if any(r['recorded'] and (r['seed'], r['machine']) == (run['seed'], key) for r in mine):
             raise RecordError('%s: seed %d, epoch %d on machine %s is in the record already; '
-                              'delete the line (a run counts once)' % (path or OTHER_RUNS,
-                                                                      run['seed'],
-                                                                      run['epoch'], key))
+                              'delete the line (a run counts once)'
+                              % (path or OTHER_RUNS, run['seed'], run['epoch'], key))
         mine.append({'seed': run['seed'], 'acc': run['test_acc'], 'machine': key,
                      'recorded': False})
     return {e: sorted(rs, key=lambda r: (not r['recorded'], r['seed'])) for e, rs in
@@ -241,17 +240,12 @@ def percent(odds):
     return '%.*f%%' % (2 if value < 1 else 1, value)
 
 
-def _runs(cell):
-    return ', '.join('s%d %.3f %s' % (r['seed'], r['acc'], r['machine']) for r in cell['runs'])
-
-
 def dip_titles(devices):
     """The titles of ``dip_rows``' columns for ``devices`` (1 or 2)."""
     return ['epoch', 'our runs: seed, accuracy %s, machine' % (
                 'split over both devices' if devices == 2 else 'on device 0 (the book\'s)'),
             'runs (seeds of the record)', 'our mean',
-            'later editions on %d GPU%s: runs, median (10th pct.)' % (devices,
-                                                                      's' * (devices > 1)),
+            'later editions on %s: runs, median (10th pct.)' % book_records.plural(devices, 'GPU'),
             'odds: as many GPU runs average as low', 'ours below their 10th pct. (expected)',
             'odds: as many GPU runs hold as many below', 'answer']
 
@@ -265,7 +259,7 @@ def dip_rows(cells):
                 _verdict(c, cells, 'en')])
             continue
         g = c['gpu']
-        rows.append([str(c['epoch']), _runs(c), '%d (%d)' % (len(c['runs']), c['seeds']),
+        rows.append([str(c['epoch']), each_seed(c), '%d (%d)' % (len(c['runs']), c['seeds']),
                      '%.3f' % c['mean'], '%d, %.3f (%.3f)' % (g['n'], g['median'], g['p10']),
                      percent(c['p_mean']), '%d (%.1f)' % (c['below'], c['expected']),
                      percent(c['p_below']), _verdict(c, cells, 'en')])
@@ -282,7 +276,7 @@ def dip_list(cells, lang='en'):
     line per epoch."""
     words = WORDS[lang]
     return [words['row'] % dict(
-        c, n=len(c['runs']), runs=_runs(c), gpu_median=c['gpu']['median'], p10=c['gpu']['p10'],
+        c, n=len(c['runs']), runs=each_seed(c), gpu_median=c['gpu']['median'], p10=c['gpu']['p10'],
         n_draws='%d^%d' % (c['gpu']['n'], len(c['runs'])), p_mean=percent(c['p_mean']),
         p_below=percent(c['p_below']), verdict=_verdict(c, cells, lang)) if c['runs']
         else words['empty'] % c for c in cells]
@@ -398,8 +392,9 @@ POOLED_WORDS = {
         'empty': '- %(devices)d 个设备：尚无运行',
         'low': '我们的 %(devices)d 设备运行**偏低**：它们在 GPU 运行中的平均位置为 %(place).3f'
                '（整次抽取的 GPU 运行为 0.500），为我们 %(runs)d 次运行整次抽取的 GPU 运行位置同样低'
-               '的概率只有 %(odds)s（按随机种子计为 %(seed_odds)s），低于 %(cut)s。docs/book-comparison.md 列出的原因（%(causes)s）'
-               '都已在我们 1 设备运行保存的状态上逐一检验，见其“What lowers the book\'s measure”一节。',
+               '的概率只有 %(odds)s（按随机种子计为 %(seed_odds)s），低于 %(cut)s。'
+               'docs/book-comparison.md 列出的原因（%(causes)s）都已在我们 1 设备运行保存的状态上'
+               '逐一检验，见其“What lowers the book\'s measure”一节。',
         'not low': '我们的 %(devices)d 设备运行并未超出偶然地偏低：它们在 GPU 运行中的平均位置为 '
                    '%(place).3f（整次抽取的 GPU 运行为 0.500），为我们 %(runs)d 次运行整次抽取的 '
                    'GPU 运行位置同样低的概率为 %(odds)s（按随机种子计为 %(seed_odds)s），并非都低于 '
@@ -452,7 +447,7 @@ def pooled_rows(results):
     ``POOLED_TITLES``."""
     rows = [POOLED_TITLES]
     for r in results:
-        setting = '%d device%s' % (r['devices'], 's' * (r['devices'] > 1))
+        setting = book_records.plural(r['devices'], 'device')
         verdict = pooled_verdict(r)
         if verdict is None:
             rows.append([setting, '-', '0', '0', '-', str(r['gpu_runs']), '-', '-', '-'])

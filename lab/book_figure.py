@@ -77,9 +77,7 @@ def draw(data):
         parts = ax.violinplot([e['later'] for e in panel['epochs']], positions=xs, widths=0.75,
                               showextrema=False, showmedians=True)
         for body in parts['bodies']:
-            body.set_facecolor('#b0b0b0')
-            body.set_edgecolor('#808080')
-            body.set_alpha(0.6)
+            body.set(facecolor='#b0b0b0', edgecolor='#808080', alpha=0.6)
         parts['cmedians'].set_color('#606060')
         for e in panel['epochs']:
             x = e['epoch']
@@ -93,8 +91,7 @@ def draw(data):
                 ax.scatter([x + 0.18 + d], [acc], s=60, marker=marker, color=colour,
                            edgecolors='black', linewidths=0.6, zorder=5)
         ax.set_title(panel['title'], fontsize=13)
-        ax.set_xticks(xs)
-        ax.set_xticklabels(['epoch %d' % x for x in xs], fontsize=11)
+        ax.set_xticks(xs, ['epoch %d' % x for x in xs], fontsize=11)
         ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
         ax.tick_params(axis='y', labelsize=11)
         ax.grid(True, axis='y', alpha=0.4)
@@ -117,13 +114,9 @@ def draw(data):
     fig.suptitle(data['title'], fontsize=14)
     out = io.BytesIO()
     fig.savefig(out, format='png', dpi=DPI, metadata={
-        'Software': None, DATA_KEY: _dumps(data),
+        'Software': None, DATA_KEY: json.dumps(data, sort_keys=True, separators=(',', ':')),
         DRAWN_WITH_KEY: drawn_with()})
     return out.getvalue()
-
-
-def _dumps(data):
-    return json.dumps(data, sort_keys=True, separators=(',', ':'))
 
 
 def drawn_with():

@@ -156,8 +156,9 @@ def read_records(path, step=STEP):
     epoch) must carry the same accuracies (a run trained again on the same machine repeats
     itself bit for bit) and counts once, as its first line: so a cell of the table holds one
     value per seed, made by the machine its line names, and the same seed and epoch run on
-    another machine, which differs, is refused (keep it in a record of its own, ``--record``). Every line must have been
-    trained with ``step`` (a line without ``step`` was trained with ``OLD_STEP``).
+    another machine, which differs, is refused (keep it in a record of its own, ``--record``).
+    Every line must have been trained with ``step`` (a line without ``step`` was trained with
+    ``OLD_STEP``).
 
     Raises
     ------
@@ -192,7 +193,7 @@ def read_records(path, step=STEP):
         if first is record:
             records.append(record)
         elif (first['test_acc'], first['acc_running']) != (record['test_acc'],
-                                                            record['acc_running']):
+                                                           record['acc_running']):
             raise RecordError('%s, line %d: epoch %d of this run is recorded twice with '
                               'different accuracies (%s, then %s); keep one of the two lines'
                               % (path, number, record['epoch'], first['test_acc'],
@@ -200,15 +201,14 @@ def read_records(path, step=STEP):
     return records
 
 
-def table_records(records, devices, warmup_steps=0, train_limit=None, test_limit=None,
-                  dtype='float32', epochs=RUN_EPOCHS):
-    """The records of one configuration, ``{epoch: [record per seed]}``, epochs 1 to
-    ``epochs`` (a line beyond the run's epochs is no cell of the table)."""
+def table_records(records, devices, warmup_steps=0, dtype='float32'):
+    """The records of one configuration on the full data, ``{epoch: [record per seed]}``,
+    epochs 1 to ``RUN_EPOCHS`` (a line beyond the run's epochs is no cell of the table)."""
     by_epoch = {}
     for r in records:
         key = record_key(r)
-        if key[0] == devices and key[2:] == (warmup_steps, train_limit, test_limit, dtype) \
-                and r['epoch'] <= epochs:
+        if key[0] == devices and key[2:] == (warmup_steps, None, None, dtype) \
+                and r['epoch'] <= RUN_EPOCHS:
             by_epoch.setdefault(r['epoch'], []).append(r)
     return by_epoch
 
@@ -267,22 +267,21 @@ def _letters(i):
     return chr(ord('A') + i) if i < 26 else _letters(i // 26 - 1) + chr(ord('A') + i % 26)
 
 
-def book_cell_records(records, train_limit=None, test_limit=None):
+def book_cell_records(records):
     """The lines the accuracy table is made of, in record order: 1 and 2 devices, no warmup,
-    float32, epochs 1 to ``RUN_EPOCHS``."""
-    chosen = {id(r) for n in (1, 2) for rs in table_records(
-        records, n, 0, train_limit, test_limit).values() for r in rs}
+    float32, the full data, epochs 1 to ``RUN_EPOCHS``."""
+    chosen = {id(r) for n in (1, 2) for rs in table_records(records, n).values() for r in rs}
     return [r for r in records if id(r) in chosen]
 
 
-def machine_legend(records, train_limit=None, test_limit=None):
+def machine_legend(records):
     """The machines of the accuracy table's lines, one dict each in key order: ``key``,
     ``cpu``, ``kernels``, ``threads`` (``machine_of``), ``kernels_zh`` (the kernels in
     Chinese, for the Chinese notebook), ``made``, what its lines are, as
     ``(devices, seeds, first epoch, last epoch)`` tuples (consecutive epochs with the same
     seeds joined), and ``recorded``, the dates of its first and last line (``(first, last)``,
     None when no line has one)."""
-    table = book_cell_records(records, train_limit, test_limit)
+    table = book_cell_records(records)
     legend = []
     for machine, key in machine_keys(table).items():
         mine = [r for r in table if machine_of(r) == machine]
@@ -377,7 +376,7 @@ def gpu_summary(values):
             'p90': float(np.percentile(v, 90)), 'low': float(v.min()), 'high': float(v.max())}
 
 
-def accuracy_cells(records, runs, train_limit=None, test_limit=None):
+def accuracy_cells(records, runs):
     """The book's table judged against the GPU runs: one dict per setting (1, 2 devices) and
     epoch, with ``devices``, ``epoch``, ``book`` (its printed value), ``same`` and ``later``
     (``gpu_summary`` of the same-code runs and the later editions), ``ours`` and ``precise``
@@ -392,9 +391,9 @@ def accuracy_cells(records, runs, train_limit=None, test_limit=None):
     also compared with their median.
     """
     cells = []
-    keys = machine_keys(book_cell_records(records, train_limit, test_limit))
+    keys = machine_keys(book_cell_records(records))
     for n in (1, 2):
-        by_epoch = table_records(records, n, 0, train_limit, test_limit)
+        by_epoch = table_records(records, n)
         for e, book in enumerate(BOOK_TRAINING[n]['test_acc'], 1):
             rs = by_epoch.get(e, [])
             cell = {'devices': n, 'epoch': e, 'book': book,
@@ -426,7 +425,7 @@ def _gpu_verdict(cell, last):
     near = abs(ours['mean'] - same['median']) <= 0.01 + 1e-9
     if last:
         verdict += '; %s 0.01 of their median %.3f' % ('within' if near else 'NOT within',
-                                                      same['median'])
+                                                       same['median'])
     return verdict, 'match' if where == 'inside' and (near or not last) else 'mismatch'
 
 
@@ -474,11 +473,13 @@ MACHINE_TITLES = ['machine', 'CPU (model name)', 'oneDNN kernels', 'threads',
 # the kernels as recorded stay as they are.
 LEGEND_WORDS = {
     'en': {'line': '- %s: %s; oneDNN kernels: %s; threads: %s; %s; recorded %s',
-           'made': '%s, %s %s, %s', 'seed': ('seed', 'seeds'), 'join': '; ', 'epoch': 'epoch %d', 'epochs': 'epochs %d-%d',
-           'to': '%s to %s', NOT_RECORDED: NOT_RECORDED},
+           'made': '%s, %s %s, %s', 'seed': ('seed', 'seeds'), 'join': '; ',
+           'epoch': 'epoch %d', 'epochs': 'epochs %d-%d', 'to': '%s to %s',
+           NOT_RECORDED: NOT_RECORDED},
     'zh': {'line': '- %s：%s；oneDNN 内核：%s；线程：%s；%s；记录于 %s',
-           'made': '%s，%s %s，%s', 'seed': ('随机种子', '随机种子'), 'join': '；', 'epoch': '第 %d 个迭代周期',
-           'epochs': '第 %d-%d 个迭代周期', 'to': '%s 至 %s', NOT_RECORDED: '未记录'},
+           'made': '%s，%s %s，%s', 'seed': ('随机种子', '随机种子'), 'join': '；',
+           'epoch': '第 %d 个迭代周期', 'epochs': '第 %d-%d 个迭代周期', 'to': '%s 至 %s',
+           NOT_RECORDED: '未记录'},
 }
 
 
@@ -501,8 +502,8 @@ def _recorded(recorded, lang):
 def format_machine_legend(legend):
     """``machine_legend`` as lists of cell texts, headed by ``MACHINE_TITLES``."""
     return [MACHINE_TITLES] + [[m['key'], m['cpu'], m['kernels'], m['threads'],
-                               _made(m['made'], 'en'), _recorded(m['recorded'], 'en')]
-                              for m in legend]
+                                _made(m['made'], 'en'), _recorded(m['recorded'], 'en')]
+                               for m in legend]
 
 
 def notebook_legend(legend, lang='en'):
@@ -543,12 +544,8 @@ def notebook_table(cells, lang='en'):
     return rows
 
 
-
 # Our 2-device speed-up divided by the book's 1.95x must fall in this range (1.46x to 2.15x).
 SPEEDUP_BAND = (0.75, 1.10)
-
-
-_NOT_RUN = ('not run', '', 'not run (lab/book_table.py)', 'not run')
 
 
 def _row(cell, what, book, ours, diff, verdict, status):  # as python -m gluon_mgpu.compare's
@@ -567,7 +564,7 @@ def table_lines(rows):
                                                 for r in rows]
 
 
-def training_rows(devices, records=(), train_limit=None, test_limit=None):
+def training_rows(devices, records=()):
     """The seconds per epoch of the recorded runs beside the book's ``In [7]`` and ``In [8]``,
     and the speed-up; return rows (the test accuracies are ``accuracy_cells``).
 
@@ -578,18 +575,18 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
         none is expected.
     records : list of dict
         The record's lines (``read_records``); those with the book's settings, no
-        warmup and these data limits make the rows.
+        warmup and the full data make the rows.
     """
     rows, seconds, book_sec = [], {}, {}
     for n in (1, 2):
         book = BOOK_TRAINING[n]
-        by_epoch = table_records(records, n, 0, train_limit, test_limit)
+        by_epoch = table_records(records, n)
         setting = plural(n, 'device')
         book_sec[n] = float(np.mean(book['seconds']))
         head = (book['cell'], 'sec/epoch (mean), %s' % setting, '%.1f' % book_sec[n])
         per_epoch = [r['seconds'] for rs in by_epoch.values() for r in rs]
         if not per_epoch:
-            rows.append(_row(*head, *_NOT_RUN))
+            rows.append(_row(*head, 'not run', '', 'not run (lab/book_table.py)', 'not run'))
             continue
         seconds[n] = float(np.mean(per_epoch))
         names = ', '.join(by_epoch[min(by_epoch)][0].get('device_names', []))
@@ -600,9 +597,8 @@ def training_rows(devices, records=(), train_limit=None, test_limit=None):
                          'not comparable'))
 
     book_speedup = book_sec[1] / book_sec[2]
-    newer = NEWER_EDITION
     head = ('In [7]/[8]', 'speed-up, 2 devices', '%.2fx (PyTorch ed. %.2fx)' % (
-        book_speedup, newer[1]['sec_per_epoch'] / newer[2]['sec_per_epoch']))
+        book_speedup, NEWER_EDITION[1]['sec_per_epoch'] / NEWER_EDITION[2]['sec_per_epoch']))
     why = ('%s are simulated devices: they share the same CPU cores, which one device already '
            'keeps busy, and add copies and a gradient reduction, so no speed-up is expected'
            % ', '.join(str(d) for d in devices)) if sum(

@@ -49,6 +49,7 @@ from gluon_mgpu import (CheckpointError, CommandError, DataError, DataNotFoundEr
                         init_training, list_checkpoints, load_data_fashion_mnist, lock_dir,
                         new_network, open_input, output_problem, read_checkpoint,
                         recorded_settings, resolve, restore, run_command)
+import mxnet  # noqa: E402
 from mxnet import autograd, nd  # noqa: E402
 from mxnet.gluon import nn  # noqa: E402
 from measuring import cpu_model, kernel_setting  # noqa: E402
@@ -62,7 +63,6 @@ PROG = 'lab/book_table.py'
 DEFAULT_RECORD = book_records.DEFAULT_RECORD
 # The bfloat16 runs (--dtype bfloat16, docs/precision.md): a record of their own, never the book's.
 DEFAULT_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table.jsonl')
-OLD_STEP_BF16_RECORD = os.path.join(book_records.RECORDS, 'bf16-table-old-step.jsonl')
 DEFAULT_WORK_DIR = os.path.join(os.path.expanduser('~'), '.cache', 'gluon_mgpu', 'book-table')
 PAGE = os.path.join(ROOT, 'docs', 'book-comparison.md')
 FIGURE = book_figure.FIGURE  # the accuracy table as a picture, drawn with the tables
@@ -212,10 +212,14 @@ def run_table(runs, work_dir, record_path, devices, device='auto', data_dir=None
                         say('waiting: %s is in use by another run' % directory)
                         time.sleep(wait_seconds)
                         continue
-                records.append(_diagnosed(run, directory, epoch, record_path, devices, data_dir))
+                record = _diagnosed(run, directory, epoch, record_path, devices, data_dir)
+                records.append(record)
                 if trained:  # an epoch found trained says nothing of the time left
                     spent.append((time.time() - start) / (epoch - (saved[-1] if saved else 0)))
-                say(_diagnosis_line(run, records[-1]))
+                say('%s epoch %d: test_acc %.4f (device 0: %.4f), precise BatchNorm %.4f, batch '
+                    'statistics %.4f' % (run.name, epoch, record['test_acc'],
+                                         record['acc_running'][0], record['acc_precise_bn'],
+                                         record['acc_batch_stats']))
     return records
 
 
@@ -266,11 +270,9 @@ def train_argv(run, directory, epochs, resume, device='auto', data_dir=None):
             '--device', device]
     if resume:
         argv.append('--resume')
-    if run.warmup_steps:
-        argv += ['--warmup-steps', str(run.warmup_steps)]
-    if run.dtype != 'float32':
-        argv += ['--dtype', run.dtype]
-    for flag, value in (('--train-limit', run.train_limit), ('--test-limit', run.test_limit),
+    for flag, value in (('--warmup-steps', run.warmup_steps or None),
+                        ('--dtype', None if run.dtype == 'float32' else run.dtype),
+                        ('--train-limit', run.train_limit), ('--test-limit', run.test_limit),
                         ('--data-dir', data_dir)):
         if value is not None:
             argv += [flag, str(value)]
@@ -284,15 +286,13 @@ _NOT_A_SETTING = {'epochs', 'checkpoint_dir', 'resume', 'device', 'data_dir', 'g
                   'metrics_json', 'save_params', 'check_replicas'}
 
 
-def settings_difference(run, settings, ignore=()):
+def settings_difference(run, settings):
     """How a train command's ``settings`` (``gluon_mgpu.resolve``'s) differ from those with which
-    this script trains ``run``, but in ``ignore``: ``['--seed 1 (the table's run: 0)', ...]``,
-    empty for none."""
-    wanted = resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs,
-                                False)[3:])
+    this script trains ``run``: ``['--seed 1 (the table's run: 0)', ...]``, empty for none."""
+    wanted = resolve(train_argv(run, settings.checkpoint_dir or '.', settings.epochs, False)[3:])
     return ['--%s %s (the table\'s run: %s)' % (k.replace('_', '-'), v, getattr(wanted, k, None))
             for k, v in sorted(vars(settings).items())
-            if k not in _NOT_A_SETTING | set(ignore) and getattr(wanted, k, None) != v]
+            if k not in _NOT_A_SETTING and getattr(wanted, k, None) != v]
 
 
 # Fashion-MNIST's four files (their names are the data set's own), as a line's data_sha256
@@ -507,8 +507,7 @@ def _train(run, directory, epoch, work_dir, device, data_dir):
     with os.fdopen(fd, 'ab') as log:
         log.write(('\n$ %s\n' % ' '.join(argv)).encode())
         log.flush()
-        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
-                                 env=child_env(),
+        child = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(),
                                  cwd=ROOT)
         try:
             code = child.wait()
@@ -544,7 +543,6 @@ def _last_line(path):
 def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
     """Diagnose checkpoint ``epoch`` of ``run``; append its line to the record, return it.
     The line names the data it was trained on: the sha256 of the four files, in order."""
-    import mxnet
     found = diagnose(directory, epoch, devices[:run.devices], data_dir, run.test_limit)
     stats = found.pop('stats')
     batch_size, lr = book_setting(run.devices)
@@ -563,13 +561,6 @@ def _diagnosed(run, directory, epoch, record_path, devices, data_dir):
         record['dtype'] = run.dtype
     append_record(record_path, record)
     return record
-
-
-def _diagnosis_line(run, record):
-    return ('%s epoch %d: test_acc %.4f (device 0: %.4f), precise BatchNorm %.4f, batch '
-            'statistics %.4f' % (run.name, record['epoch'], record['test_acc'],
-                                 record['acc_running'][0], record['acc_precise_bn'],
-                                 record['acc_batch_stats']))
 
 
 def _seconds_per_epoch(spent, records, cpu=None):
@@ -617,15 +608,14 @@ def _spread(values):
     return 'mean %.2f (%.2f-%.2f, %s)' % (s['mean'], s['low'], s['high'], plural(s['n'], 'seed'))
 
 
-def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
+def diagnosis_rows(records, warmup_steps=()):
     """Per configuration and epoch, test accuracy normalized three ways over seeds: dicts with
     ``setting`` (its words), ``devices``, ``warmup_steps``, ``epoch``, ``seeds``, ``book`` (the
-    book's value or None), a ``summarize`` of each of ``_SUMMARIES`` (the columns of
-    ``format_diagnosis``) and ``by_seed``, each of ``DTYPE_MEASURES`` as ``{seed: value}``
-    (what ``explain`` compares seed by seed)."""
+    book's value or None) and a ``summarize`` of each of ``_SUMMARIES`` (the columns of
+    ``format_diagnosis``)."""
     rows = []
     for n, w in [(2, 0), (1, 0)] + [(2, w) for w in warmup_steps]:
-        by_epoch = table_records(records, n, w, train_limit, test_limit)
+        by_epoch = table_records(records, n, w)
         book = book_records.BOOK_TRAINING[n]['test_acc']
         for e in sorted(by_epoch):
             rs = by_epoch[e]
@@ -638,21 +628,18 @@ def diagnosis_rows(records, warmup_steps=(), train_limit=None, test_limit=None):
                 'running_other': summarize([a for r in rs for a in r['acc_running'][1:]]),
                 'precise': summarize([r['acc_precise_bn'] for r in rs]),
                 'batch': summarize([r['acc_batch_stats'] for r in rs]),
-                'train_acc': summarize([r['train_acc'] for r in rs]),
-                'by_seed': {name: {r['seed']: measure(r) for r in rs}
-                            for name, measure in DTYPE_MEASURES}})
+                'train_acc': summarize([r['train_acc'] for r in rs])})
     return rows
 
 
-# What the bfloat16 rows and a warmup run's sentence compare, seed by seed: the book's measure,
-# then two that a chaotic first epoch moves less (the running statistics lag the weights;
-# docs/book-comparison.md's diagnosis).
+# What the bfloat16 rows compare, seed by seed: the book's measure, then two that a chaotic first
+# epoch moves less (the running statistics lag the weights; docs/book-comparison.md's diagnosis).
 DTYPE_MEASURES = (("device 0 running stats (book's)", lambda r: r['acc_running'][0]),
                   ('precise BatchNorm', lambda r: r['acc_precise_bn']),
                   ('train_acc (epoch mean)', lambda r: r['train_acc']))
 
 
-def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
+def dtype_rows(records, bf16_records):
     """bfloat16 against float32 (docs/precision.md): per device count and epoch that
     ``bf16_records`` hold and per measure of ``DTYPE_MEASURES``, the values over seeds in both
     dtypes, each bfloat16 seed judged against float32's 95% prediction interval; rows of cell
@@ -660,8 +647,8 @@ def dtype_rows(records, bf16_records, train_limit=None, test_limit=None):
     lines = [['setting', 'epoch', 'measure', 'float32', 'bfloat16',
               'same seeds: bfloat16 - float32', 'bfloat16 against float32\'s spread']]
     for n in (2, 1):
-        ours = table_records(bf16_records, n, 0, train_limit, test_limit, 'bfloat16')
-        base = table_records(records, n, 0, train_limit, test_limit)
+        ours = table_records(bf16_records, n, dtype='bfloat16')
+        base = table_records(records, n)
         for e in sorted(ours):
             for name, measure in DTYPE_MEASURES:
                 lines.append([plural(n, 'device'), str(e), name] + _beside_float32(
@@ -679,25 +666,24 @@ def _beside_float32(old, new):
         low, high = prediction_interval(list(old.values()))
         inside = sum(low <= v <= high for v in new.values())
         verdict = '%d of %d inside float32\'s %s' % (inside, len(new), interval_text(low, high))
-    change, seeds = _same_seed_change(old, new)
     return [_spread(list(old.values())) if old else 'not run', _spread(list(new.values())),
-            '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-', verdict]
+            _same_seed_change(old, new), verdict]
 
 
 def _same_seed_change(old, new):
-    """The mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}`` hold, and
-    how many those are (``None, 0`` for none)."""
+    """The cell of the mean of ``new[seed] - old[seed]`` over the seeds both ``{seed: value}``
+    hold, with how many those are: ``'+0.012 (3 seeds)'``, ``'-'`` for none."""
     both = set(new) & set(old)
-    return (book_records.total(new[k] - old[k] for k in both) / len(both) if both else None), \
-        len(both)
+    if not both:
+        return '-'
+    return '%+.3f (%s)' % (book_records.total(new[k] - old[k] for k in both) / len(both),
+                           plural(len(both), 'seed'))
 
 
 def _cell_of(summary):
-    if summary is None:
-        return '-'
-    if summary['n'] == 1:
+    if summary is not None and summary['n'] == 1:
         return '%.3f' % summary['mean']
-    return '%.3f (%.3f-%.3f)' % (summary['mean'], summary['low'], summary['high'])
+    return book_records.mean_low_high(summary, 3)
 
 
 _SUMMARIES = ('running0', 'running_other', 'precise', 'batch', 'train_acc')
@@ -716,7 +702,7 @@ def format_diagnosis(rows):
         for r in rows]
 
 
-def old_step_cells(records, old_records, train_limit=None, test_limit=None):
+def old_step_cells(records, old_records):
     """The runs of the book's step beside those of the old one (``book_records.OLD_STEP``), which
     divided an epoch's short last batch by its own size: per setting and epoch, cell texts
     headed by their titles. Up to the last step of epoch 1 the two runs of a seed are the same
@@ -725,17 +711,16 @@ def old_step_cells(records, old_records, train_limit=None, test_limit=None):
               'same seeds: book\'s - old', 'old step: precise BatchNorm', 'book\'s step',
               'same seeds: book\'s - old']]
     for n in (1, 2):
-        new = table_records(records, n, 0, train_limit, test_limit)
-        old = table_records(old_records, n, 0, train_limit, test_limit)
+        new = table_records(records, n)
+        old = table_records(old_records, n)
         for e in sorted(set(new) | set(old)):
             line = [plural(n, 'device'), str(e)]
             for measure in (lambda r: r['acc_running'][0], lambda r: r['acc_precise_bn']):
                 before = {r['seed']: measure(r) for r in old.get(e, [])}
                 after = {r['seed']: measure(r) for r in new.get(e, [])}
-                change, seeds = _same_seed_change(before, after)
                 line += [book_records.mean_low_high(summarize(list(before.values())), 3),
                          book_records.mean_low_high(summarize(list(after.values())), 3),
-                         '%+.3f (%s)' % (change, plural(seeds, 'seed')) if seeds else '-']
+                         _same_seed_change(before, after)]
             lines.append(line)
     return lines
 
@@ -773,14 +758,15 @@ def record_blocks(report):
               'machines': book_records.format_machine_legend(report['machines']),
               'old-step': report['old_step'], 'diagnosis': format_diagnosis(report['diagnosis']),
               'bf16': report['dtypes']}
-    blocks = {name: '\n'.join(_markdown_table(lines)) for name, lines in tables.items()}
+
+    def block(lines, answer=None):  # the table, then the answer's paragraph if there is one
+        return '\n'.join(_markdown_table(lines) + (['', answer] if answer else []))
+    blocks = {name: block(lines) for name, lines in tables.items()}
     for name, d in (('dips-1', 1), ('dips', 2)):
-        answer = book_dips.dip_answer(report['dips'][d])
-        blocks[name] = '\n'.join(_markdown_table(book_dips.dip_rows(report['dips'][d])) + (
-            [] if answer is None else ['', answer]))
-    answer = book_dips.pooled_text(report['pooled'])
-    blocks['pooled'] = '\n'.join(_markdown_table(book_dips.pooled_rows(report['pooled'])) + (
-        ['', answer] if answer else []))
+        blocks[name] = block(book_dips.dip_rows(report['dips'][d]),
+                             book_dips.dip_answer(report['dips'][d]))
+    blocks['pooled'] = block(book_dips.pooled_rows(report['pooled']),
+                             book_dips.pooled_text(report['pooled']))
     return blocks
 
 
@@ -818,18 +804,13 @@ def read_blocks(text):
 
 
 def update_page(text, blocks):
-    """``text`` (the page, or None for a new one) with each generated block replaced by
-    ``blocks[name]``; a new page is the blocks alone, one heading each.
+    """``text`` (the page) with each generated block replaced by ``blocks[name]``.
 
     Raises
     ------
     ValueError
         When the page holds none of the blocks (it is not a page this command writes).
     """
-    if text is None:
-        text = '# The book, side by side\n' + ''.join(
-            '\n## %s\n\n<!-- begin compare: %s -->\n<!-- end compare: %s -->\n'
-            % (name, name, name) for name in blocks)
     found = read_blocks(text)
     if not found:
         raise ValueError('it holds no "<!-- begin compare: NAME -->" block, so it is not the '
@@ -922,7 +903,6 @@ def write_page(devices, data_dir=None, tables_only=False, record=None, device='a
     default ``DEFAULT_RECORD``) and draw the figure of the accuracy table (``FIGURE``,
     ``book_figure``); the chapter's cells and the step run again (a few minutes),
     unless ``tables_only``: then only the tables made of the records change (seconds)."""
-    import mxnet as mx
     import nbformat
     record = record or DEFAULT_RECORD
     records = book_records.read_records(record)
@@ -939,12 +919,11 @@ def write_page(devices, data_dir=None, tables_only=False, record=None, device='a
         blocks = record_blocks(report)
     else:
         report.update(compare=_compared(device, data_dir), record=os.path.relpath(record, ROOT),
-                      mxnet_version=mx.__version__, date=datetime.date.today().isoformat())
+                      mxnet_version=mxnet.__version__, date=datetime.date.today().isoformat())
         blocks = page_blocks(report)
     new = {}  # every file is made before any is written: one that cannot be leaves all as they were
-    with _page_file(PAGE):
-        with open_input(PAGE) as f:
-            new[PAGE] = update_page(f.read().decode('utf-8'), blocks)
+    with _page_file(PAGE), open_input(PAGE) as f:
+        new[PAGE] = update_page(f.read().decode('utf-8'), blocks)
     for lang, path in NOTEBOOKS.items():
         with _page_file(path):
             nb = nbformat.read(path, as_version=4)
@@ -1064,9 +1043,8 @@ def _main(args):
     if args.page or args.tables:
         given = ['--' + k.replace('_', '-') for k in _RUN_FLAGS if getattr(args, k) is not None]
         if given:
-            raise UsageError('%s %s: %s trains nothing, so %s would be ignored; leave %s out'
-                             % ('--page' if args.page else '--tables', given[0],
-                                '--page' if args.page else '--tables', given[0], given[0]))
+            raise UsageError('{0} {1}: {0} trains nothing, so {1} would be ignored; leave {1} out'
+                             .format('--page' if args.page else '--tables', given[0]))
         for path in write_page(pair, args.data_dir, tables_only=args.tables,
                                record=args.record, device=args.device):
             print('wrote', os.path.relpath(path, ROOT))

@@ -41,6 +41,7 @@ sys.path.insert(0, HERE)
 from measuring import (cpu_generation, cpu_id, cpu_model, kernel_setting,  # noqa: E402
                        onednn_isa)
 from gluon_mgpu import Parser, UsageError, run_command  # noqa: E402
+from book_records import plural  # noqa: E402
 
 PROG = 'lab/demo_spread.py'
 
@@ -117,6 +118,7 @@ SETTINGS = {
     'native-2t': (None, 2),
 }
 
+
 def child_env(setting):
     isa, threads = SETTINGS[setting]
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS=str(threads))
@@ -178,18 +180,23 @@ def read_records(path=RECORDS):
     return records
 
 
+def _timed(argv, env, what):
+    """Run the training process ``argv`` in ``env``; return it, done, and its wall seconds. A
+    failure ends this script, naming ``what``."""
+    start = time.time()
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True)
+    wall = time.time() - start
+    if done.returncode != 0:
+        raise SystemExit('%s failed (exit %d): %s' % (what, done.returncode, done.stderr[-2000:]))
+    return done, wall
+
+
 def train_once(candidate, setting, seed):
     args = CANDIDATES[candidate].split() + ['--seed', str(seed), '--quiet']
     with tempfile.TemporaryDirectory() as tmp:
         metrics = os.path.join(tmp, 'run.json')
         command = [sys.executable, '-m', 'gluon_mgpu.train'] + args + ['--metrics-json', metrics]
-        start = time.time()
-        done = subprocess.run(command, env=child_env(setting), cwd=ROOT, capture_output=True,
-                              text=True)
-        wall = time.time() - start
-        if done.returncode != 0:
-            raise SystemExit('%s %s seed %d failed (exit %d): %s'
-                             % (candidate, setting, seed, done.returncode, done.stderr[-2000:]))
+        wall = _timed(command, child_env(setting), '%s %s seed %d' % (candidate, setting, seed))[1]
         with open(metrics) as f:
             run = json.load(f)
     return run, wall
@@ -210,17 +217,11 @@ def claim(candidate, setting, seed, k=0):
 
 
 def notebook_once(candidate, setting):
-    env = child_env(setting)
-    env['GLUON_MGPU_QUICK'] = '1'
-    start = time.time()
-    done = subprocess.run([sys.executable, '-c', NOTEBOOK_RUNNER, NOTEBOOK,
-                           NOTEBOOK_CANDIDATES[candidate] or ''],
-                          env=env, cwd=ROOT, capture_output=True, text=True)
-    wall = time.time() - start
-    if done.returncode != 0:
-        raise SystemExit('%s %s failed (exit %d): %s'
-                         % (candidate, setting, done.returncode, done.stderr[-2000:]))
-    line = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')][-1]
+    done, wall = _timed([sys.executable, '-c', NOTEBOOK_RUNNER, NOTEBOOK,
+                         NOTEBOOK_CANDIDATES[candidate] or ''],
+                        dict(child_env(setting), GLUON_MGPU_QUICK='1'),
+                        '%s %s' % (candidate, setting))
+    line = [out for out in done.stdout.splitlines() if out.startswith('RESULT ')][-1]
     return json.loads(line[len('RESULT '):]), wall
 
 
@@ -245,10 +246,9 @@ def run(candidates, seeds, settings, path=RECORDS, runs=1):
 
 def _run_once(path, candidate, args, setting, seed, run_seed, isa):
     """Train one run and append its record to ``path``."""
-    notebook = candidate in NOTEBOOK_CANDIDATES
     if setting not in isa:
         isa[setting] = onednn_isa(child_env(setting), ROOT)
-    if notebook:
+    if candidate in NOTEBOOK_CANDIDATES:
         out, wall = notebook_once(candidate, setting)
         result = {'history': out['history_1'] + out['history_2'],
                   'threads': out['threads'], 'versions': {}}
@@ -274,14 +274,6 @@ def _run_once(path, candidate, args, setting, seed, run_seed, isa):
              ' '.join('%.3f' % a for a in record['test_acc']), wall), flush=True)
 
 
-def _count(n, noun):
-    return '%d %s%s' % (n, noun, '' if n == 1 else 's')
-
-
-def _spread(values):
-    return max(values) - min(values)
-
-
 def candidate_section(candidate, records, cpus):
     """The report's section of ``candidate``; ``cpus`` names each ``(cpu_model, cpu_flags)``."""
     notebook = candidate in NOTEBOOK_CANDIDATES
@@ -290,8 +282,8 @@ def candidate_section(candidate, records, cpus):
     epochs = max(len(r['test_acc']) for r in rows)
     if notebook:
         half = epochs // 2
-        heads = ['%d device%s, epoch %d' % (n, 's' if n > 1 else '', e + 1)
-                 for n in (1, 2) for e in range(half)]
+        heads = ['%s, epoch %d' % (plural(n, 'device'), e + 1) for n in (1, 2)
+                 for e in range(half)]
         command = ('the English notebook\'s code cells with `GLUON_MGPU_QUICK=1`, %s'
                    % ('its own quick settings' if rows[0]['args'] is None else
                       'the quick line `%s`' % rows[0]['args']))
@@ -319,11 +311,12 @@ def candidate_section(candidate, records, cpus):
             for seed in seeds:
                 these = [r['test_acc'][e] for r in rows if r['seed'] == seed]
                 per_seed.append('seed %s: %.3f-%.3f (spread %.3f, %s)'
-                                % (seed, min(these), max(these), _spread(these),
-                                   _count(len(these), 'setting')))
+                                % (seed, min(these), max(these), max(these) - min(these),
+                                   plural(len(these), 'setting')))
         lines.append('- %s: %s %.3f-%.3f (spread %.3f, mean %.3f)%s.'
-                     % (head, _count(len(accs), 'run'), min(accs), max(accs), _spread(accs),
-                        statistics.mean(accs), ''.join('; ' + p for p in per_seed)))
+                     % (head, plural(len(accs), 'run'), min(accs), max(accs),
+                        max(accs) - min(accs), statistics.mean(accs),
+                        ''.join('; ' + p for p in per_seed)))
     if not notebook:
         rise = [r['test_acc'][-1] - r['test_acc'][0] for r in rows]
         lines.append('- rise from epoch 1 to epoch %d: %+.3f to %+.3f.'
@@ -377,19 +370,17 @@ def report(path=RECORDS, out=REPORT):
         ident = sorted({r['cpu_id'] for r in mine if r.get('cpu_id')})
         # The older records do not name the CPU's family and model: their machine's others do.
         cpus[model, flags] = ' or '.join(sorted({(cpu_generation(i) or i).split(' (')[0]
-                                                  for i in ident})) or model
+                                                 for i in ident})) or model
         ident += sorted({cpu_generation(i) for i in ident} - {None})
-        lines.append('Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
+        lines += ['Machine: %s (%s; flags: %s; %s usable cores). oneDNN reported: %s.' % (
             model, ', '.join(ident), ', '.join(flags),
             '/'.join(sorted({str(r['threads']['cores']) for r in mine})),
             '; '.join('%s: %s' % (s, i) for s, i in isas)
-            + ' (oneDNN names its kernels after Intel\'s instruction sets, on AMD as well)'))
-        lines.append('')
+            + ' (oneDNN names its kernels after Intel\'s instruction sets, on AMD as well)'), '']
     versions = sorted({json.dumps(r['versions'], sort_keys=True) for r in records
                        if r['versions']})
-    lines.append('Software: %s.' % '; '.join(
-        ', '.join('%s %s' % kv for kv in sorted(json.loads(v).items())) for v in versions))
-    lines.append('')
+    lines += ['Software: %s.' % '; '.join(
+        ', '.join('%s %s' % kv for kv in sorted(json.loads(v).items())) for v in versions), '']
     order = list(CANDIDATES) + list(NOTEBOOK_CANDIDATES)
     for candidate in sorted({r['candidate'] for r in records}, key=order.index):
         lines += candidate_section(candidate, [r for r in records if r['candidate'] == candidate],

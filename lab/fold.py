@@ -115,7 +115,6 @@ def _contexts(net):
     if not params:
         raise ValueError('network %r has no parameters: there is nothing to fold; pass a '
                          'trained network such as gluon_mgpu.resnet18(10)' % (net.name,))
-    contexts = None
     for p in params:
         try:
             p.list_data()
@@ -132,23 +131,18 @@ def _contexts(net):
         if np.dtype(p.dtype) != np.float32:
             raise ValueError('cannot fold parameter %r of dtype %s: fold_batchnorm works in '
                              'float32; call net.cast("float32") first' % (p.name, p.dtype))
-        if contexts is None:
-            contexts = p.list_ctx()
-        elif p.list_ctx() != contexts:
+        if p.list_ctx() != params[0].list_ctx():
             raise RuntimeError('cannot fold network %r: parameter %r lives on %s, others on %s; '
                                'call net.collect_params().reset_ctx(devices)'
-                               % (net.name, p.name, p.list_ctx(), contexts))
-    return contexts
-
-
-def _describe(block, path):
-    return '%s (%r, %s.%s)' % (path, block.name, type(block).__module__, type(block).__name__)
+                               % (net.name, p.name, p.list_ctx(), params[0].list_ctx()))
+    return params[0].list_ctx()
 
 
 def _unknown(block, path, why=''):
-    return ValueError('fold_batchnorm cannot fold block %s%s; it knows %s. Evaluate this '
-                      'network unfolded, or build it from those blocks (gluon_mgpu.resnet18)'
-                      % (_describe(block, path), why, _KNOWN))
+    return ValueError('fold_batchnorm cannot fold block %s (%r, %s.%s)%s; it knows %s. Evaluate '
+                      'this network unfolded, or build it from those blocks (gluon_mgpu.resnet18)'
+                      % (path, block.name, type(block).__module__, type(block).__name__, why,
+                         _KNOWN))
 
 
 def _fold(block, path):
@@ -168,7 +162,8 @@ def _fold(block, path):
                                'a Conv2D has no convolution to fold into')
             nxt = children[i + 1] if i + 1 < len(children) else None
             if type(child) is nn.Conv2D and isinstance(nxt, _BatchNorm):
-                conv, w = _folded_conv(child, nxt, child_path, '%s[%d]' % (path, i + 1))
+                conv = _conv_like(child, use_bias=True)
+                w = _conv_writers(conv, child, nxt, child_path, '%s[%d]' % (path, i + 1))
                 i += 2
             else:
                 conv, w = _fold(child, child_path)
@@ -225,11 +220,6 @@ def _conv_like(conv, use_bias=None):
                      layout=k['layout'], in_channels=conv.weight.shape[1] * k['num_group'],
                      activation=_act_type(conv),
                      use_bias=conv.bias is not None if use_bias is None else use_bias)
-
-
-def _folded_conv(conv, bn, conv_path, bn_path):
-    new = _conv_like(conv, use_bias=True)
-    return new, _conv_writers(new, conv, bn, conv_path, bn_path)
 
 
 def _conv_writers(new, conv, bn, conv_path, bn_path):

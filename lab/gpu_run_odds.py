@@ -17,7 +17,7 @@ import argparse
 import csv
 import sys
 from fractions import Fraction
-from math import comb
+from math import comb, prod
 
 import numpy as np
 
@@ -40,10 +40,7 @@ def sum_at_most(groups, limit):
     total = np.array([1], dtype=object)  # exact integer counts
     for group in groups:
         total = np.convolve(total, np.bincount(group).astype(object))
-    draws = 1
-    for group in groups:
-        draws *= len(group)
-    return Fraction(int(total[:max(limit + 1, 0)].sum()), draws)
+    return Fraction(int(total[:max(limit + 1, 0)].sum()), prod(len(g) for g in groups))
 
 
 def at_least_below(values, n, k, y):

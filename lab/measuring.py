@@ -56,13 +56,13 @@ def _descendants_cpu():
     return sum(times[p] for p in mine) / os.sysconf('SC_CLK_TCK')
 
 
-def own_cpu(children=True):
-    """CPU seconds of this process, its finished children and (``children``) its live ones."""
+def own_cpu():
+    """CPU seconds of this process, its finished children and its live ones."""
     total = 0.0
     for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN):
         r = resource.getrusage(who)
         total += r.ru_utime + r.ru_stime
-    return total + (_descendants_cpu() if children else 0.0)
+    return total + _descendants_cpu()
 
 
 class Interval:
@@ -73,20 +73,19 @@ class Interval:
     busy on average) and ``disturbed`` (``others_cores > DISTURBED_CORES``).
     """
 
-    def __init__(self, children=True):
-        self.children = children
+    def __init__(self):
         self.record = None
         self._start = None
 
     def start(self):
-        self._start = (machine_busy()[0], own_cpu(self.children), time.perf_counter())
+        self._start = (machine_busy()[0], own_cpu(), time.perf_counter())
         return self
 
     def stop(self):
         if self._start is None:
             raise RuntimeError('Interval.stop() before start()')
         wall = time.perf_counter() - self._start[2]
-        cpu = own_cpu(self.children) - self._start[1]
+        cpu = own_cpu() - self._start[1]
         busy = machine_busy()[0] - self._start[0]
         # /proc/stat counts in ticks (10 ms): over an interval under a second or so the
         # others' share is coarse, so it is kept within what the machine can hold.
@@ -143,16 +142,24 @@ def table_row(label, records, base=None):
         s['cpu_per_wall'], s['others_cores'], raw_values(records))
 
 
-def cpu_model():
-    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
+def _cpuinfo(name):
+    """The value of the field ``name`` in ``/proc/cpuinfo`` (its first processor's), or None
+    where the file holds no such field or cannot be read."""
     try:
         with open('/proc/cpuinfo') as f:
             for line in f:
-                if line.startswith('model name'):
-                    return line.split(':', 1)[1].strip()
+                key, _, value = line.partition(':')
+                if key.strip() == name:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or 'unknown'
+    return None
+
+
+def cpu_model():
+    """The processor's name (``/proc/cpuinfo``'s model name), or ``platform.processor()``."""
+    name = _cpuinfo('model name')
+    return (platform.processor() or 'unknown') if name is None else name
 
 
 # The CPU features oneDNN picks its float32 and bfloat16 kernels by, oldest first.
@@ -170,15 +177,7 @@ def kernel_setting(environ=None):
     sets it on import).
     """
     environ = os.environ if environ is None else environ
-    flags = set()
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                if line.startswith('flags'):
-                    flags = set(line.split(':', 1)[1].split())
-                    break
-    except OSError:
-        pass
+    flags = set((_cpuinfo('flags') or '').split())
     try:
         threads = int(environ.get('OMP_NUM_THREADS', ''))
     except ValueError:  # unset or not a number ('²' is a digit to str.isdigit, not to int)
@@ -189,20 +188,8 @@ def kernel_setting(environ=None):
 
 def cpu_id():
     """'cpu family F, model M, stepping S' from /proc/cpuinfo (AMD family 25 model 17: Zen 4)."""
-    found = {}
-    try:
-        with open('/proc/cpuinfo') as f:
-            for line in f:
-                key, _, value = line.partition(':')
-                key = key.strip()
-                if key in ('cpu family', 'model', 'stepping') and key not in found:
-                    found[key] = value.strip()
-                if not line.strip():
-                    break
-    except OSError:
-        pass
-    return ', '.join('%s %s' % (k, found[k]) for k in ('cpu family', 'model', 'stepping')
-                     if k in found)
+    found = [(key, _cpuinfo(key)) for key in ('cpu family', 'model', 'stepping')]
+    return ', '.join('%s %s' % (key, value) for key, value in found if value is not None)
 
 
 # cpu_id's family and model -> the core generation, for the processors these pages were

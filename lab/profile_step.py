@@ -200,9 +200,9 @@ def main(argv=None):
         total = sum(o['Total'] for o in ops.values())
         wall_ms = 1000 * prof['profiled']['wall'] / args.steps
         lines += ['## %s' % ('1 device' if devices == 1 else '2 simulated devices, '
-                              '[cpu(0), cpu(1)], %d images each' % (args.batch_size // 2)), '',
+                             '[cpu(0), cpu(1)], %d images each' % (args.batch_size // 2)), '',
                   '- without the profiler: %s, %d steps' % (interval_text(prof['plain']),
-                                                             args.steps),
+                                                            args.steps),
                   '- with the profiler: %s, %d steps: %.0f ms per step, of which the '
                   'operators\' times add up to %.0f ms (%.0f%%%s)'
                   % (interval_text(prof['profiled']), args.steps, wall_ms,
@@ -236,18 +236,17 @@ def main(argv=None):
         else:
             lines += ['| primitive | calls | ms | share |', '| --- | ---: | ---: | ---: |']
             for kind, (count, ms) in sorted(kinds.items(), key=lambda kv: -kv[1][1]):
-                lines.append('| %s | %d | %.1f | %.1f%% |' % (kind, count, ms,
-                                                               100 * ms / ktotal))
+                lines.append('| %s | %d | %.1f | %.1f%% |' % (kind, count, ms, 100 * ms / ktotal))
             reorders = sorted(verbose['reorders'].items(), key=lambda kv: -kv[1][1])[:8]
             if reorders:
                 lines += ['', 'The costliest reorders (source and destination layouts: '
                           'calls, ms):', '']
                 lines += ['- `%s`: %d, %.1f ms' % (k, c, ms) for k, (c, ms) in reorders]
         lines.append('')
-    lines += ['Reproduce: `.venv/bin/python lab/profile_step.py --steps %d '
-              '--batch-size %d%s`.' % (args.steps, args.batch_size, '' if args.device_counts == [1, 2] else
+    lines += ['Reproduce: `.venv/bin/python lab/profile_step.py --steps %d --batch-size %d%s`.'
+              % (args.steps, args.batch_size, '' if args.device_counts == [1, 2] else
                  ' --device-counts %s' % ' '.join(map(str, args.device_counts)))]
-    run.write_report(args.out, lines)
+    run.write_report(args.out, '\n'.join(lines) + '\n')
 
 
 if __name__ == '__main__':

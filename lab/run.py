@@ -36,38 +36,26 @@ GEMM_SIZE = 4096
 
 # name -> (label, config). "book": the chapter's loop with d2lzh.resnet18, the DataLoader with
 # ToTensor per image (4 workers, as d2lzh), and MXNet's default threads.
+_OURS = dict(model='ours', mode='hybrid', loop='ours', loader='array', threads='package', devices=1)
+_BOOK = dict(_OURS, model='d2lzh', mode='imperative', loop='book', loader='book', threads='mxnet')
 TRAIN = {
     'book-1': ('(a) book-style loop, d2lzh.resnet18, DataLoader, MXNet defaults, 1 device',
-               dict(model='d2lzh', mode='imperative', loop='book', loader='book', threads='mxnet',
-                    devices=1)),
-    'book-2': ('(a) book-style loop, same, 2 devices',
-               dict(model='d2lzh', mode='imperative', loop='book', loader='book', threads='mxnet',
-                    devices=2)),
+               _BOOK),
+    'book-2': ('(a) book-style loop, same, 2 devices', dict(_BOOK, devices=2)),
     'ours-imp-1': ('(b) ours, imperative (--no-hybridize), 1 device',
-                   dict(model='ours', mode='imperative', loop='ours', loader='array',
-                        threads='package', devices=1)),
-    'ours-imp-2': ('(b) ours, imperative, 2 devices',
-                   dict(model='ours', mode='imperative', loop='ours', loader='array',
-                        threads='package', devices=2)),
-    'ours-hyb-1': ('(c) ours, hybridized (default), 1 device',
-                   dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                        threads='package', devices=1)),
-    'ours-hyb-2': ('(c) ours, hybridized, 2 devices',
-                   dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                        threads='package', devices=2)),
+                   dict(_OURS, mode='imperative')),
+    'ours-imp-2': ('(b) ours, imperative, 2 devices', dict(_OURS, mode='imperative', devices=2)),
+    'ours-hyb-1': ('(c) ours, hybridized (default), 1 device', _OURS),
+    'ours-hyb-2': ('(c) ours, hybridized, 2 devices', dict(_OURS, devices=2)),
     'order-d2lzh': ("(c) ours, hybridized, 1 device, in the book's import order: d2lzh (so "
-                    'MXNet) imported before gluon_mgpu',
-                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                         threads='d2lzh-first', devices=1)),
+                    'MXNet) imported before gluon_mgpu', dict(_OURS, threads='d2lzh-first')),
     'order-d2lzh-omp': ('(c) the same, then MXSetNumOMPThreads(cores) (mx.base._LIB)',
                         dict(model='ours', mode='hybrid', loop='ours', loader='array',
                              threads='d2lzh-first', omp_after=True, devices=1)),
     'ours-bf16-1': ('(h) ours, hybridized, --dtype bfloat16 (MXNet AMP), 1 device',
-                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                         threads='package', devices=1, dtype='bfloat16')),
+                    dict(_OURS, dtype='bfloat16')),
     'ours-bf16-2': ('(h) ours, hybridized, --dtype bfloat16, 2 devices',
-                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                         threads='package', devices=2, dtype='bfloat16')),
+                    dict(_OURS, devices=2, dtype='bfloat16')),
 }
 # (i) A CPU without bfloat16 instructions (as Skylake to Cascade Lake), emulated by capping
 # oneDNN's instruction set at AVX-512 without them (DNNL_MAX_CPU_ISA). Capped at AVX2, bfloat16
@@ -76,8 +64,7 @@ for _dtype, _name in (('float32', 'ours-hyb-1-avx512_core'),
                       ('bfloat16', 'ours-bf16-1-avx512_core')):
     TRAIN[_name] = ('(i) ours, hybridized, %s, 1 device, oneDNN capped at AVX-512 without '
                     'bfloat16 (DNNL_MAX_CPU_ISA=AVX512_CORE)' % _dtype,
-                    dict(model='ours', mode='hybrid', loop='ours', loader='array',
-                         threads='package', devices=1, dtype=_dtype, isa='AVX512_CORE'))
+                    dict(_OURS, dtype=_dtype, isa='AVX512_CORE'))
 # (j) Settings within MXNet 1.9.1 tried for a faster float32 step (issue 50, on an AVX2 CPU).
 # MXNet's pip wheel runs OpenMP with GNU libgomp, so its variables (not KMP_*) apply.
 SETTINGS_TRIED = {
@@ -101,31 +88,25 @@ TORCH = {
     'torch-bf16-compile': ('(h) PyTorch edition resnet18, torch.compile, autocast bfloat16',
                            dict(mode='compile', dtype='bfloat16')),
 }
+_EVAL = dict(kind='eval', devices=1, images=2048, threads='package')
 OTHER = {
     'data-array': ('(e) data path alone: one float32 array, nd.take per batch',
                    dict(kind='data', loader='array', images=60000, threads='package')),
     'data-book': ("(e) data path alone: the book's DataLoader, ToTensor per image",
                   dict(kind='data', loader='book', images=10000, threads='package')),
-    'eval-1': ('(g) evaluation, hybridized, 1 device',
-               dict(kind='eval', devices=1, images=2048, threads='package')),
+    'eval-1': ('(g) evaluation, hybridized, 1 device', _EVAL),
     'eval-bf16-1': ('(h) evaluation, hybridized, bfloat16, 1 device',
-                    dict(kind='eval', devices=1, images=2048, threads='package',
-                         dtype='bfloat16')),
-    'eval-2': ('(g) evaluation, hybridized, 2 devices',
-               dict(kind='eval', devices=2, images=2048, threads='package')),
+                    dict(_EVAL, dtype='bfloat16')),
+    'eval-2': ('(g) evaluation, hybridized, 2 devices', dict(_EVAL, devices=2)),
     'eval-bf16-2': ('(h) evaluation, hybridized, bfloat16, 2 devices',
-                    dict(kind='eval', devices=2, images=2048, threads='package',
-                         dtype='bfloat16')),
+                    dict(_EVAL, devices=2, dtype='bfloat16')),
     'eval-1-mkldnn': ("(g) evaluation, the exported graph with MXNet's MKLDNN backend "
-                      '(inference fusion), 1 device',
-                      dict(kind='eval', devices=1, images=2048, threads='package',
-                           backend='MKLDNN')),
+                      '(inference fusion), 1 device', dict(_EVAL, backend='MKLDNN')),
     'eval-1-fold': ('(g) evaluation, BatchNorm folded into the convolutions, 1 device',
-                    dict(kind='eval', devices=1, images=2048, threads='package', fold=True)),
+                    dict(_EVAL, fold=True)),
     'eval-1-fold-mkldnn': ("(g) evaluation, BatchNorm folded, then MXNet's MKLDNN backend "
                            '(ReLU and the sum fused into the convolutions), 1 device',
-                           dict(kind='eval', devices=1, images=2048, threads='package',
-                                fold=True, backend='MKLDNN')),
+                           dict(_EVAL, fold=True, backend='MKLDNN')),
 }
 
 
@@ -146,9 +127,8 @@ def records_link(report_path, raw_path):
         report_path)))
 
 
-def write_report(path, lines):
-    """Write the report's lines to ``path`` and print them."""
-    text = '\n'.join(lines) + '\n'
+def write_report(path, text):
+    """Write the report's ``text`` to ``path`` and print it."""
     with open(path, 'w') as f:
         f.write(text)
     print(text)
@@ -240,7 +220,7 @@ def cpu_line(info):
 # A training step of the chapter's ResNet-18 on a 28x28 image: forward 0.456 GMAC (counted from
 # the layer shapes, see flops_per_image), backward twice that: 2.73 GFLOP.
 def flops_per_image():
-    """FLOP of one training step per image: 3 x 2 x the MACs of every convolution and dense layer."""
+    """FLOP of one training step per image: 3 x 2 x the MACs of each convolution and dense layer."""
     import gluon_mgpu  # noqa: F401
     from mxnet import init, nd
     from mxnet.gluon import nn
@@ -249,15 +229,10 @@ def flops_per_image():
     macs = []
 
     def hook(block, inputs, output):
-        weight = block.weight.data()
-        macs.append(output.size * (weight.size // weight.shape[0]))
-
-    def walk(block):
-        for child in block._children.values():
-            if isinstance(child, (nn.Conv2D, nn.Dense)):
-                child.register_forward_hook(hook)
-            walk(child)
-    walk(net)
+        if isinstance(block, (nn.Conv2D, nn.Dense)):
+            weight = block.weight.data()
+            macs.append(output.size * (weight.size // weight.shape[0]))
+    net.apply(lambda block: block.register_forward_hook(hook))
     net(nd.zeros((1, 1, 28, 28)))
     return 6.0 * sum(macs)
 
@@ -536,6 +511,7 @@ def load_raw(parser, path, keep, required):
     """The raw records at ``path`` when ``keep``, else empty ones; a missing file is empty
     unless ``required`` (``--report-only``): then ``parser`` exits with code 2, naming it."""
     if keep:
+        fix = 'restore it (git checkout %s) or delete it and measure every setting again' % path
         try:
             with open(path) as f:
                 raw = json.load(f)
@@ -544,17 +520,14 @@ def load_raw(parser, path, keep, required):
                 parser.exit(2, '%s: error: no raw records at %s: run without --report-only\n'
                             % (parser.prog, path))
         except (OSError, ValueError) as e:  # not JSON, not UTF-8, unreadable
-            parser.exit(2, '%s: error: %s cannot be read as raw records (%s); restore it (git '
-                           'checkout %s) or delete it and measure every setting again\n'
-                        % (parser.prog, path, ' '.join(str(e).split())[:120], path))
+            parser.exit(2, '%s: error: %s cannot be read as raw records (%s); %s\n'
+                        % (parser.prog, path, ' '.join(str(e).split())[:120], fix))
         else:
             if not (isinstance(raw, dict) and isinstance(raw.get('records'), list)
                     and isinstance(raw.get('runs'), list)
                     and all(isinstance(r, dict) for r in raw['records'] + raw['runs'])):
                 parser.exit(2, '%s: error: %s holds no raw records (a JSON object with lists '
-                               '"records" and "runs" of objects); restore it (git checkout %s) '
-                               'or delete it and measure every setting again\n'
-                            % (parser.prog, path, path))
+                               '"records" and "runs" of objects); %s\n' % (parser.prog, path, fix))
             return raw
     return {'records': [], 'runs': []}
 
@@ -612,10 +585,7 @@ def main(argv=None):
             with open(raw_path, 'w') as f:
                 json.dump(raw, f, indent=1)
         save(run(names, args.quick, args.repeats, args.retries, save))
-    text = report(raw, records_link(args.out, raw_path))
-    with open(args.out, 'w') as f:
-        f.write(text)
-    print(text)
+    write_report(args.out, report(raw, records_link(args.out, raw_path)))
 
 
 if __name__ == '__main__':

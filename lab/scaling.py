@@ -76,10 +76,8 @@ def job_command(config, workers):
     worker = [sys.executable, os.path.join(HERE, 'worker.py'), json.dumps(config)]
     if config.get('engine') == 'horovod':
         horovodrun = os.path.join(os.path.dirname(sys.executable), 'horovodrun')
-        return [horovodrun, '-np', str(workers), '-H', 'localhost:%d' % workers, '--gloo'] + \
-            worker
-    return [sys.executable, '-m', 'gluon_mgpu.launch', '-n', str(workers), '-s', '1', '--'] + \
-        worker
+        return [horovodrun, '-np', str(workers), '-H', 'localhost:%d' % workers, '--gloo', *worker]
+    return [sys.executable, '-m', 'gluon_mgpu.launch', '-n', str(workers), '-s', '1', '--', *worker]
 
 
 def job_record(interval, worker_records):
@@ -117,7 +115,7 @@ def measure_job(config, workers, timeout=TIMEOUT['workers']):
     if out.returncode != 0 or len(lines) != workers:
         raise RuntimeError('the %s job of %d workers failed (exit code %d, %d results):'
                            '\n%s' % (engine, workers, out.returncode, len(lines),
-                                      out.stderr[-3000:]))
+                                     out.stderr[-3000:]))
     return job_record(interval, lines)
 
 
@@ -162,8 +160,7 @@ def phase_ms(record, phase):
     step's phases together."""
     phases = step_phases(record)
     if phase == 'phases added up':
-        per_step = [sum(step) for step in zip(*phases.values())]
-        return 1000 * statistics.median(per_step)
+        return 1000 * statistics.median([sum(step) for step in zip(*phases.values())])
     return 1000 * statistics.median(phases[phase])
 
 
@@ -219,14 +216,9 @@ def growth(by_count, batch, phases):
     """``[(what, ms at the fewest, ms at the most, ms per extra count)]``: the step (from the
     images/s) and each phase, by median; the last is the least-squares slope over every count."""
     counts = sorted(by_count)
-    out = []
-    for what in ('step',) + tuple(phases):
-        if what == 'step':
-            ys = [1000.0 * batch / summarize(by_count[c])['median'] for c in counts]
-        else:
-            ys = [phase_summary(by_count[c], what)['median'] for c in counts]
-        out.append((what, ys[0], ys[-1], slope(counts, ys)))
-    return out
+    curves = [('step', [1000.0 * batch / summarize(by_count[c])['median'] for c in counts])] + [
+        (what, [phase_summary(by_count[c], what)['median'] for c in counts]) for what in phases]
+    return [(what, ys[0], ys[-1], slope(counts, ys)) for what, ys in curves]
 
 
 def growth_text(by_count, batch, phases, unit):
@@ -391,7 +383,8 @@ def main(argv=None):
                             'horovod': job_config(args.quick, 'horovod')})
         with open(raw_path, 'w') as f:
             json.dump(raw, f, indent=1)
-    run.write_report(args.out, report(raw, run.records_link(args.out, raw_path)))
+    lines = report(raw, run.records_link(args.out, raw_path))
+    run.write_report(args.out, '\n'.join(lines) + '\n')
 
 
 if __name__ == '__main__':
