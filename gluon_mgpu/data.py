@@ -67,18 +67,16 @@ def find_data_dir(data_dir=None):
     broken = None
     for folder in candidates:
         paths = [os.path.join(folder, n) for n in names]
-        problems = [(p, input_problem(p)) for p in paths]
-        if not any(problem for _, problem in problems):
+        problems = [input_problem(p) for p in paths]
+        if not any(problems):
             return folder
         if broken is None and all(os.path.lexists(p) for p in paths):
-            broken = next((p, problem) for p, problem in problems if problem)
-        elif broken is None and os.path.isdir(folder) and all(
-                (problem or '').startswith('cannot be read') for _, problem in problems):
-            broken = folder, 'cannot be read (%s), so its files cannot be reached' % (
-                problems[0][1][len('cannot be read ('):-1])  # a folder this user cannot enter
+            broken = next((p, problem) for p, problem in zip(paths, problems) if problem)
+        elif broken is None and os.path.isdir(folder) and all(  # a folder we cannot enter
+                (problem or '').startswith('cannot be read') for problem in problems):
+            broken = folder, problems[0] + ', so its files cannot be reached'
     if broken is not None:
-        path, problem = broken
-        raise DataError('%s %s; %s' % (path, problem, _input_fix(problem, path)))
+        raise DataError('%s %s; %s' % (*broken, _input_fix(*broken)))
     if data_dir is not None and not os.path.isdir(candidates[0]):
         what = input_problem(candidates[0]) or 'is a file, not a regular file'
         if what.startswith('is ') and what.endswith(', not a regular file'):
@@ -90,7 +88,7 @@ def find_data_dir(data_dir=None):
                             % (', '.join(candidates), ', '.join(names), HOW_TO_GET))
 
 
-def _input_fix(problem, path):
+def _input_fix(path, problem):
     if problem.startswith('cannot be read'):
         return 'make it readable for this user, or copy it to a folder of your own'
     return 'replace it with the file itself (a copy of Fashion-MNIST\'s %s)' \
@@ -119,7 +117,7 @@ def read_idx(path, ndim, item_shape=None, max_items=None):
     try:
         raw_file = open_input(path)
     except InputError as e:
-        raise DataError('%s %s; %s' % (path, e.reason, _input_fix(e.reason, path))) from None
+        raise DataError('%s %s; %s' % (path, e.reason, _input_fix(path, e.reason))) from None
     header = 4 + 4 * ndim
     try:
         with raw_file, gzip.GzipFile(fileobj=raw_file, mode='rb') as f:
@@ -127,12 +125,11 @@ def read_idx(path, ndim, item_shape=None, max_items=None):
             if len(head) < header:
                 raise DataError('%s is truncated: %d bytes, fewer than its %d-byte header; '
                                 'replace it with a fresh copy' % (path, len(head), header))
-            magic = struct.unpack('>I', head[:4])[0]
+            magic, *shape = struct.unpack('>%dI' % (ndim + 1), head)
             if magic != _MAGIC[ndim]:
                 raise DataError('%s has magic number 0x%08x, expected 0x%08x for a '
                                 '%d-dimensional IDX file of unsigned bytes; is it the right '
                                 'file?' % (path, magic, _MAGIC[ndim], ndim))
-            shape = struct.unpack('>%dI' % ndim, head[4:header])
             if item_shape is not None and tuple(shape[1:]) != tuple(item_shape):
                 raise DataError('%s holds items of %s values, but Fashion-MNIST\'s are %s; is '
                                 'it the right file?' % (path, 'x'.join(map(str, shape[1:])),
@@ -172,8 +169,8 @@ def load_fashion_mnist_arrays(split, data_dir=None):
     image_file, label_file = (os.path.join(folder, n) for n in FILES[split])
     images = read_idx(image_file, 3, IMAGE_SHAPE, SIZES[split])
     if images.shape[0] == 0:
-        raise DataError('%s holds 0 images, so there is nothing to %s; replace it with a fresh '
-                        'copy' % (image_file, 'train on' if split == 'train' else 'test on'))
+        raise DataError('%s holds 0 images, so there is nothing to %s on; replace it with a '
+                        'fresh copy' % (image_file, split))
     labels = read_idx(label_file, 1, (), SIZES[split])
     if images.shape[0] != labels.shape[0]:
         raise DataError('%s holds %d images but %s holds %d labels; the two files must come '
@@ -322,8 +319,7 @@ class GluonBatches(ArrayBatches):
         dataset = gdata.ArrayDataset(nd.array(self.images[:, :, :, None], dtype='uint8'),
                                      self.labels.astype(np.int32))
         dataset = dataset.transform_first(gdata.vision.transforms.ToTensor())
-        batches = [[int(i) for i in idx[start:stop]]
-                   for start, stop in self._bounds(len(idx), batch_size)]
+        batches = [idx[a:b].tolist() for a, b in self._bounds(len(idx), batch_size)]
         for X, y in gdata.DataLoader(dataset, batch_sampler=batches):
             yield X, y.astype('int32')
 

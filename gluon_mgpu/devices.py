@@ -2,18 +2,15 @@
 (docs/devices.md). MXNet is imported when a function is called, not before.
 """
 import logging
-import os
 
 from .runtime.checks import check_whole, is_whole
 from .runtime.choices import DEVICES as DEVICE_CHOICES  # shared with the parsers
-from .runtime.threads import thread_limit, thread_settings
+from .runtime.threads import check_cpu_device_count
 
 __all__ = ['num_gpus', 'try_gpu', 'try_all_gpus', 'get_devices', 'DEVICE_CHOICES',
-           'format_devices', 'plural', 'abbreviate_devices', 'thread_limit',
-           'threads_per_cpu_context', 'max_cpu_devices', 'check_cpu_device_count', 'simulated']
+           'format_devices', 'plural', 'abbreviate_devices', 'simulated']
 
 logger = logging.getLogger('gluon_mgpu')
-ENGINE_BASE_THREADS = 6  # MXNet's threads besides the contexts' (docs/devices.md, "How many")
 
 
 def num_gpus():
@@ -21,8 +18,7 @@ def num_gpus():
     import mxnet as mx
     try:
         return mx.context.num_gpus()
-    except mx.base.MXNetError:
-        # A CUDA build of MXNet on a machine without a working driver.
+    except mx.base.MXNetError:  # a CUDA build of MXNet on a machine without a working driver
         return 0
 
 
@@ -47,8 +43,7 @@ def try_gpu(i=0):
 def try_all_gpus():
     """Return all GPUs, ``[mx.gpu(0), ...]``, or ``[mx.cpu()]`` if there is no GPU."""
     import mxnet as mx
-    n = num_gpus()
-    return [mx.gpu(i) for i in range(n)] if n else [mx.cpu()]
+    return [mx.gpu(i) for i in range(num_gpus())] or [mx.cpu()]
 
 
 def plural(n, word):
@@ -72,7 +67,7 @@ def get_devices(num_gpus, device='auto', warn=True):
     ------
     ValueError
         For a count below 1, an unknown ``device``, too few GPUs, or more CPU contexts than
-        the machine can hold (``check_cpu_device_count``).
+        the machine can hold (``threads.check_cpu_device_count``).
     """
     import mxnet as mx
     n = num_gpus
@@ -119,35 +114,3 @@ def abbreviate_devices(devices, limit=8):
     if len(devices) <= limit:
         return format_devices(devices)
     return '[%s, %s, ..., %s]' % tuple(str(d) for d in (devices[0], devices[1], devices[-1]))
-
-
-def threads_per_cpu_context():
-    """The threads each CPU context costs: ``OMP_NUM_THREADS`` (MXNet's default, half the cores,
-    when unset) for MXNet, and one that issues its calls (``runtime.dispatch``)."""
-    value = thread_settings().get('omp_num_threads')
-    if isinstance(value, int) and value > 0:
-        return value + 1
-    return max(1, (os.cpu_count() or 2) // 2) + 1
-
-
-def max_cpu_devices():
-    """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why:
-    a run may take half of the threads the tightest limit allows (``thread_limit``)."""
-    limit, source = thread_limit()
-    if limit is None:
-        return None, 'no limit on threads is known'
-    per_context = threads_per_cpu_context()
-    n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // per_context)
-    return n, ('a CPU context costs %d threads (OMP_NUM_THREADS for MXNet, 1 to issue its '
-               'calls), and one run may take half of the %d threads %s allows'
-               % (per_context, limit, source))
-
-
-def check_cpu_device_count(n):
-    """Raise ``ValueError`` if ``n`` CPU contexts are more than ``max_cpu_devices()``."""
-    most, reason = max_cpu_devices()
-    if most is not None and n > most:
-        raise ValueError('num_gpus=%d simulated CPU devices are more than this machine can hold '
-                         '(at most %d: %s); pass at most %d (CPU contexts share the same cores, '
-                         'so a few, 2 to 8, show the data parallelism as well)'
-                         % (n, most, reason, most))

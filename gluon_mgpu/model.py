@@ -28,6 +28,7 @@ class Residual(nn.HybridBlock):
 
     def __init__(self, num_channels, use_1x1conv=False, strides=1, norm_layer=None, **kwargs):
         super().__init__(**kwargs)
+        check_whole('num_channels', num_channels, 'for example Residual(64)')
         norm_layer = nn.BatchNorm if norm_layer is None else norm_layer
         with self.name_scope():
             self.conv1 = nn.Conv2D(num_channels, kernel_size=3, padding=1,
@@ -70,6 +71,7 @@ def resnet18(num_classes, norm_layer=None):
     """The chapter's ResNet-18 for 28x28 images, uninitialized: a 3x3 stride-1 stem without
     max-pooling, four stages of two residual blocks, global average pooling and a dense layer
     of ``num_classes`` outputs. ``norm_layer`` as in ``Residual``."""
+    check_whole('num_classes', num_classes, "for example resnet18(10), Fashion-MNIST's classes")
     norm_layer = nn.BatchNorm if norm_layer is None else norm_layer
     net = nn.HybridSequential()
     net.add(nn.Conv2D(64, kernel_size=3, strides=1, padding=1),

@@ -7,7 +7,7 @@ import os
 import weakref
 
 import numpy as np
-from mxnet import kv, nd
+from mxnet import gluon, kv, nd
 from mxnet.gluon import nn
 
 from .devices import simulated
@@ -98,7 +98,7 @@ def check_trainer(trainer, devices, net=None):
     these settings: they are read from what the Trainer keeps (``_params``,
     ``_kvstore_params``).
     """
-    if not isinstance(trainer, __import__('mxnet').gluon.Trainer):
+    if not isinstance(trainer, gluon.Trainer):
         return
     if isinstance(net, nn.Block):
         updated = {id(p) for p in trainer._params}
@@ -139,10 +139,20 @@ def check_trainer(trainer, devices, net=None):
                      "update_on_kvstore=False), as init_training does")
 
 
+def _check_arrays(X, y, where):
+    """``ValueError`` unless ``X`` and ``y`` are NDArrays; ``where`` names the batch."""
+    for name, v in (('X', X), ('y', y)):
+        if not isinstance(v, nd.NDArray):
+            raise ValueError('%s: %s is a %s, not an mxnet NDArray; convert it, for example '
+                             'nd.array(%s)' % (where, name, '%s.%s' % (
+                                 type(v).__module__, type(v).__name__), name))
+
+
 def check_split(X, y, devices):
-    """``ValueError`` unless ``devices`` pass ``check_devices`` and ``X`` and ``y`` hold as many
-    examples, at least one per device."""
+    """``ValueError`` unless ``devices`` pass ``check_devices`` and ``X`` and ``y`` are NDArrays
+    holding as many examples, at least one per device."""
     check_devices(devices)
+    _check_arrays(X, y, 'the batch to split')
     n = X.shape[0]
     if y.shape[0] != n:
         raise ValueError('X holds %d examples but y holds %d labels; pass one label per '
@@ -166,9 +176,9 @@ def _expected_input(net):
         return None, None, None
     params = list(net.collect_params().values())
     dtype = np.dtype(params[0].dtype) if params else None
-    convs = list(layers(net, (nn.Conv1D, nn.Conv2D, nn.Conv3D)))
+    convs = layers(net, (nn.Conv1D, nn.Conv2D, nn.Conv3D))
     channels = convs[0].weight.shape[1] if convs and convs[0].weight.shape else 0
-    denses = list(layers(net, nn.Dense))
+    denses = layers(net, nn.Dense)
     classes = denses[-1]._units if denses else None
     return dtype, channels or None, classes
 
@@ -179,11 +189,7 @@ def check_batch(X, y, net, where='the first batch'):
     ``X``: 4-D images of the network's type and channels; ``y``: one whole-number class index
     per image. It reads the labels: call it on the first batch only. ``where`` names the batch.
     """
-    for name, v in (('X', X), ('y', y)):
-        if not isinstance(v, nd.NDArray):
-            raise ValueError('%s: %s is a %s, not an mxnet NDArray; convert it, for example '
-                             'nd.array(%s)' % (where, name, '%s.%s' % (
-                                 type(v).__module__, type(v).__name__), name))
+    _check_arrays(X, y, where)
     dtype, channels, classes = _expected_input(net)
     if X.ndim != 4:
         raise ValueError('%s: X has shape %s, but the network takes 4-D images (batch, channels, '

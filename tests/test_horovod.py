@@ -13,7 +13,7 @@ import pytest
 from mxnet import nd
 
 from gluon_mgpu.commands.train import main as train_main
-from gluon_mgpu.parallel import horovod
+from gluon_mgpu.runtime import horovod
 
 PY = sys.executable
 HOROVODRUN = os.path.join(os.path.dirname(PY), 'horovodrun')
@@ -98,7 +98,7 @@ import gluon_mgpu
 import mxnet as mx
 from mxnet import gluon, init, nd
 from gluon_mgpu import data, training
-from gluon_mgpu.parallel.horovod import HorovodKVStore
+from gluon_mgpu.runtime.horovod import HorovodKVStore
 kv = HorovodKVStore()
 train_iter, _ = data.load_data_fashion_mnist(16, train_limit=64, test_limit=16, seed=0)
 train_iter.set_part(kv.num_workers, kv.rank)

@@ -31,7 +31,7 @@ from mxnet.gluon import nn
 
 from gluon_mgpu.handlers import checkpoint, metrics, plotting
 from gluon_mgpu import data, devices, training
-from gluon_mgpu.runtime import files
+from gluon_mgpu.runtime import files, threads
 from gluon_mgpu.commands import launch
 from gluon_mgpu.handlers.interrupts import DeferredInterrupt, Interrupted
 from test_checkpoint import _bn_cnn, saved_run  # noqa: F401 (saved_run: a fixture used here)
@@ -831,9 +831,9 @@ def _threads():
 @pytest.mark.parametrize('device', ['cpu', 'auto'])
 def test_a_million_cpu_devices_are_refused_at_once(device, caplog, monkeypatch):
     monkeypatch.setattr(devices, '_count_gpus', lambda: 0)
-    limit, source = devices.thread_limit()
+    limit, source = threads.thread_limit()
     assert limit is not None  # Linux always has threads-max
-    per = devices.threads_per_cpu_context()
+    per = threads.threads_per_cpu_context()
     assert per == int(os.environ['OMP_NUM_THREADS']) + 1
     most = (limit // 2 - 6) // per
     before = _threads()
@@ -849,16 +849,16 @@ def test_a_million_cpu_devices_are_refused_at_once(device, caplog, monkeypatch):
 
 
 def test_the_limit_follows_the_tightest_thread_limit(monkeypatch):
-    monkeypatch.setattr(devices, 'thread_limit', lambda: (100, 'ulimit -u'))
-    monkeypatch.setattr(devices, 'threads_per_cpu_context', lambda: 2)
-    assert devices.max_cpu_devices()[0] == 22  # (100 // 2 - 6) // 2
+    monkeypatch.setattr(threads, 'thread_limit', lambda: (100, 'ulimit -u'))
+    monkeypatch.setattr(threads, 'threads_per_cpu_context', lambda: 2)
+    assert threads.max_cpu_devices()[0] == 22  # (100 // 2 - 6) // 2
     assert len(devices.get_devices(22, 'cpu')) == 22
     with pytest.raises(ValueError, match=r'^num_gpus=23 simulated CPU devices are more than '
                                          r'this machine can hold \(at most 22: .* half of the '
                                          r'100 threads ulimit -u allows\)'):
         devices.get_devices(23, 'cpu')
-    monkeypatch.setattr(devices, 'thread_limit', lambda: (None, None))
-    assert devices.max_cpu_devices() == (None, 'no limit on threads is known')
+    monkeypatch.setattr(threads, 'thread_limit', lambda: (None, None))
+    assert threads.max_cpu_devices() == (None, 'no limit on threads is known')
 
 
 @pytest.mark.parametrize('omp', ['1', '2', '4'])
@@ -867,13 +867,13 @@ def test_cpu_contexts_cost_no_more_threads_than_the_limit_assumes(omp):
     # package issues each context's calls from a thread of its own.
     code = ('import os, gluon_mgpu, mxnet as mx\n'
             'from mxnet import nd\n'
-            'from gluon_mgpu import devices\n'
+            'from gluon_mgpu.runtime import threads\n'
             'from gluon_mgpu.runtime import dispatch\n'
             'for i in range(3):\n'
             '    a = nd.ones((64, 64), ctx=mx.cpu(i))\n'
             '    dispatch.call(mx.cpu(i), lambda: nd.dot(a, a).sum().asscalar())\n'
-            'print(devices.threads_per_cpu_context(), len(os.listdir("/proc/self/task")) <=\n'
-            '      devices.ENGINE_BASE_THREADS + 3 * devices.threads_per_cpu_context())\n')
+            'print(threads.threads_per_cpu_context(), len(os.listdir("/proc/self/task")) <=\n'
+            '      threads.ENGINE_BASE_THREADS + 3 * threads.threads_per_cpu_context())\n')
     out = subprocess.run([PY, '-c', code], capture_output=True, text=True, timeout=120,
                          env=dict(os.environ, OMP_NUM_THREADS=omp))
     assert out.stdout == '%d True\n' % (int(omp) + 1), out.stderr
@@ -1265,6 +1265,37 @@ def test_65_9_split_batch_refuses_no_devices_as_train_does():
         training.split_batch(X, y, [])
     assert str(e.value) == ('devices is empty; pass a list of contexts such as [mx.cpu(0), '
                             'mx.cpu(1)], or leave it out for try_all_gpus()')
+
+
+@pytest.mark.parametrize('call,line', [
+    # Before: accepted, a network of no classes or channels (MXNetError once it ran).
+    (lambda g: g.resnet18(0), "num_classes must be a whole number >= 1, got 0; for example "
+                              "resnet18(10), Fashion-MNIST's classes"),
+    (lambda g: g.resnet18(-1), "num_classes must be a whole number >= 1, got -1; for example "
+                               "resnet18(10), Fashion-MNIST's classes"),
+    (lambda g: g.Residual(0), 'num_channels must be a whole number >= 1, got 0; for example '
+                              'Residual(64)'),
+    (lambda g: g.Residual(64.0), 'num_channels must be a whole number >= 1, got 64.0; for '
+                                 'example Residual(64)'),
+    # Before: KeyError 'epoch'.
+    (lambda g: g.format_epoch({}), "format_epoch takes an epoch record of train()'s history, "
+     'with numbers epoch, seconds and test_acc; got {}; pass one, such as history[-1]'),
+    (lambda g: g.format_epoch({'epoch': 'one', 'seconds': 1.0, 'test_acc': 0.5}),
+     "format_epoch takes an epoch record of train()'s history, with numbers epoch, seconds and "
+     "test_acc; got {'epoch': 'one', 'seconds': 1.0, 'test_acc': 0.5}; pass one, such as "
+     'history[-1]'),
+    # Before: AttributeError: 'NoneType' object has no attribute 'shape'.
+    (lambda g: g.split_batch(None, nd.zeros((4,)), [mx.cpu(0)]), 'the batch to split: X is a '
+     'builtins.NoneType, not an mxnet NDArray; convert it, for example nd.array(X)'),
+    (lambda g: g.split_batch(nd.zeros((4, 1, 28, 28)), [0, 1, 2, 3], [mx.cpu(0)]), 'the batch '
+     'to split: y is a builtins.list, not an mxnet NDArray; convert it, for example nd.array(y)')])
+def test_65_9_the_networks_the_line_and_the_split_refuse_what_they_cannot_take(call, line):
+    import gluon_mgpu
+    with pytest.raises(ValueError) as e:
+        call(gluon_mgpu)
+    assert str(e.value) == line
+    assert gluon_mgpu.format_epoch({'epoch': 2, 'seconds': 63.46, 'test_acc': 0.857}) == \
+        'epoch 2, training time: 63.5 sec, test_acc 0.86'
 
 
 @pytest.mark.parametrize('call,line', [

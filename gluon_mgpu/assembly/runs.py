@@ -174,7 +174,7 @@ def run(args, prog, handlers=(), resume=None, recorded_argv=None):
         ``(history, train_iter, test_iter)``: ``train``'s history, the data it used.
     """
     from ..handlers import checkpoint
-    from ..parallel import horovod
+    from ..runtime import horovod
     directory, record = args.checkpoint_dir, None
     with contextlib.ExitStack() as held:
         # Rank 0 of a Horovod job holds the folder and writes, the others read; --resume into

@@ -191,7 +191,9 @@ class Parser(argparse.ArgumentParser):
                           help='use only the first N test images (default: all 10000)')
 
     def add_seed_flag(self, help):
-        self.add_argument('--seed', type=seed, help=help)
+        # MXNet's seed is a C int; numpy's generator refuses negative seeds.
+        self.add_argument('--seed', type=Parser.whole('--seed', 0, 2 ** 31 - 1, example=0),
+                          help=help)
 
     def add_hybridize_flag(self):
         self.add_argument('--hybridize', action=argparse.BooleanOptionalAction, default=True,
@@ -217,10 +219,6 @@ class Parser(argparse.ArgumentParser):
 
 def _refuse(flag, what, example):  # a value check's refusal names the flag and an example
     return argparse.ArgumentTypeError('%s %s; for example %s %s' % (flag, what, flag, example))
-
-
-# ``--seed``: MXNet's seed is a C int; numpy's generator refuses negative seeds.
-seed = Parser.whole('--seed', 0, 2 ** 31 - 1, example=0)
 
 
 def shown(path):
@@ -258,12 +256,6 @@ def _say(e, line, debug):
         pass
 
 
-def stopped_by(e):
-    """``interrupted (Ctrl-C)``, or ``terminated (SIGTERM)`` for another signal
-    (``startup.Interrupted``; a plain ``KeyboardInterrupt`` is a Ctrl-C)."""
-    return getattr(e, 'words', 'interrupted (Ctrl-C)')
-
-
 class StdoutError(Exception):
     """Standard output cannot be written: its reader is gone (``errno.EPIPE``, ``head -1``) or
     the operating system refused the write (``errno.ENOSPC`` for ``>/dev/full``). Not an
@@ -281,20 +273,17 @@ class _WatchedStdout:
     def __init__(self, stream):
         self._stream = stream
 
-    def write(self, text):
-        try:
-            return self._stream.write(text)
-        except OSError as e:
-            raise StdoutError(e) from None
-
-    def flush(self):
-        try:
-            self._stream.flush()
-        except OSError as e:
-            raise StdoutError(e) from None
-
     def __getattr__(self, name):
-        return getattr(self._stream, name)
+        found = getattr(self._stream, name)
+        if name not in ('write', 'flush'):
+            return found
+
+        def watched(*args):
+            try:
+                return found(*args)
+            except OSError as e:
+                raise StdoutError(e) from None
+        return watched
 
 
 def _in_optimizer(e):
@@ -331,14 +320,15 @@ def failure(prog, e, debug=False, saved=None, where='', lr=None, batch=None, dev
         found = sys.modules.get('gluon_mgpu.' + module)
         return found is not None and isinstance(e, getattr(found, name))
     if horovod:
-        from ..parallel.horovod import PEER_GONE
+        from ..runtime.horovod import PEER_GONE
     memory = out_of_memory(e)
     table = (  # (whether e is this failure, why, its line but for what was kept)
         (isinstance(e, UsageError), None, lambda: str(e)),
         (isinstance(e, FileNotFoundError) and e.filename is None and os.stat('.').st_nlink == 0,
          None, lambda: 'the folder this command runs in was deleted, so no relative path names '
                        'a file; cd into a folder that exists and run the command again'),
-        (isinstance(e, KeyboardInterrupt), stopped_by(e), lambda: where),
+        (isinstance(e, KeyboardInterrupt),  # startup.Interrupted names its signal
+         getattr(e, 'words', 'interrupted (Ctrl-C)'), lambda: where),
         (lr and 'mxnet' in sys.modules and _in_optimizer(e), 'an error', lambda: (
             'the optimizer failed inside trainer.step%s: %s: %s; the step was not completed, so '
             'training stops (%s %g)' % (where, type(e).__name__, one_line(e), *lr))),

@@ -46,6 +46,8 @@ BOOK = {
     'devices': ('gpu(0)', 'gpu(1)'),
 }
 OUT4_RTOL = 1e-4
+# The repository: ``chapter_cells``' new process imports the package from it.
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _NUMBER = re.compile(r'[-+]?\d+\.\d+(?:e[-+]\d+)?')
 
 
@@ -80,9 +82,11 @@ def chapter_cells(devices, fresh_process=True):
     if fresh_process:
         code = ('import sys; from gluon_mgpu.commands.compare import _cells_child; '
                 '_cells_child(*sys.argv[1:])')
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(  # the repository first
+            p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
         result = subprocess.run([sys.executable, '-c', code, ','.join(str(d) for d in devices),
-                                 str(os.getpid())],
-                                capture_output=True, text=True, env=child_env(), timeout=600)
+                                 str(os.getpid())], capture_output=True, text=True, env=env,
+                                timeout=600)
         if result.returncode != 0:
             raise RuntimeError('running the chapter\'s cells in a new process failed (exit %d): '
                                '%s' % (result.returncode, result.stderr.strip()[-2000:]))
@@ -351,14 +355,10 @@ _COLUMNS = (('cell', 'cell'), ('what', 'what'), ('book', "book's value"), ('ours
             ('diff', 'difference'), ('verdict', 'verdict'))
 
 
-def _table(rows):
-    return [[title for _, title in _COLUMNS]] + [[str(r[key]) for key, _ in _COLUMNS]
-                                                 for r in rows]
-
-
 def format_table(rows):
     """Format rows as a plain-text table, one line per row."""
-    lines = _table(rows)
+    lines = [[title for _, title in _COLUMNS]] + [[str(r[key]) for key, _ in _COLUMNS]
+                                                  for r in rows]
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]) - 1)]
     rule = ['-' * w for w in widths] + ['-' * len(lines[0][-1])]
     return '\n'.join(('  '.join(c.ljust(w) for c, w in zip(line, widths)) + '  '
@@ -385,16 +385,6 @@ def describe_devices(devices):
     return 'devices: the book %s; ours %s%s' % (
         format_devices(BOOK['devices']), format_devices(devices),
         ', simulated on the CPU (no GPU used)' if simulated(devices) else '')
-
-
-# The repository: a child process imports the package from it (``child_env``).
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def child_env():
-    """This environment, with the repository first on ``PYTHONPATH`` (for a child process)."""
-    return dict(os.environ, PYTHONPATH=os.pathsep.join(
-        p for p in (ROOT, os.environ.get('PYTHONPATH')) if p))
 
 
 PROG = 'python -m gluon_mgpu.compare'

@@ -59,9 +59,8 @@ def build_parser():
                    help='with --hostfile: also pass this variable (its value here, or VALUE) '
                         'to the remote processes; may be repeated. Passed anyway when set: '
                         + ', '.join(PASS_ENV))
-    p.add_argument('--grace', type=Parser.positive_float('--grace', 30,
-                                                         'a number of seconds above 0'),
-                   default=30.0,
+    p.add_argument('--grace', default=30.0,
+                   type=Parser.positive_float('--grace', 30, 'a number of seconds above 0'),
                    help='once a process has ended normally, the others must end within this '
                         'many seconds, or they are stopped (default: 30)')
     return p
@@ -325,7 +324,7 @@ def run_job(processes, grace=30.0, poll=0.1, log=None):
                 return 0
             time.sleep(poll)
     except startup.Interrupted as e:
-        _stop([(n, p) for n, p in started if p.poll() is None])
+        _stop(started)  # it signals only what still runs
         say('stopped by %s' % e.signal_name)
         return e.exit_code
     finally:

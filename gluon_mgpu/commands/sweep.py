@@ -205,12 +205,12 @@ def _prepare_output_dir(path, locks):
 def _run(args, state):
     """Plan, train every setting and write the results. ``state['rows']`` collects the
     finished rows, ``state['setting']`` is the one under way (else None), for the error line."""
+    flags = '--num-gpus %s --device %s' % (' '.join(map(str, args.num_gpus)), args.device)
     try:
         settings = plan_sweep(args.num_gpus, args.batch_size_per_device, args.lr_per_device,
                               args.device)
     except ValueError as e:
-        raise cli.UsageError('--num-gpus %s --device %s: %s' % (
-            ' '.join(map(str, args.num_gpus)), args.device, e)) from None
+        raise cli.UsageError('%s: %s' % (flags, e)) from None
     top = max(settings, key=lambda s: s['num_devices'])
     if top['lr'] > cli.LR_RANGE[1]:  # found now, not when that setting starts
         raise cli.UsageError('--lr-per-device %g times %d devices is %g, more than MXNet\'s '
@@ -222,10 +222,8 @@ def _run(args, state):
                              'of the largest setting, so some device would get no data; pass '
                              '--train-limit %d or more' % (args.train_limit, top['num_devices'],
                                                            top['num_devices']))
-    largest = top['devices']
-    runs.check_memory(largest, 'resnet18', '--num-gpus %s --device %s' % (
-        ' '.join(map(str, args.num_gpus)), args.device))
-    runs.check_dtype(PROG, args.dtype, largest, args.force_dtype)
+    runs.check_memory(top['devices'], 'resnet18', flags)
+    runs.check_dtype(PROG, args.dtype, top['devices'], args.force_dtype)
     _prepare_output_dir(args.output_dir, state['locks'])
     rows = state['rows']
     for s in settings:

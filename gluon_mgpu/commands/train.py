@@ -272,7 +272,8 @@ def _complete(args, recorded=None):
     against each other (this imports MXNet); a new run with ``--checkpoint-dir`` chooses its
     seed here."""
     from .. import parallel
-    from ..parallel import dist, horovod
+    from ..parallel import dist
+    from ..runtime import horovod
     num_workers = 1
     if args.kvstore in dist.DIST_KVSTORES and args.checkpoint_dir is not None:
         raise UsageError('--checkpoint-dir with --kvstore %s: MXNet 1.9.1 keeps the optimizer '

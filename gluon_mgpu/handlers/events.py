@@ -33,9 +33,15 @@ PRIORITY = {'LossGuard': -200, 'CheckpointHandler': -100, 'ReplicaCheck': 10,
 
 
 def format_epoch(record):
-    """The book's per-epoch line: ``epoch 1, training time: 63.5 sec, test_acc 0.86``."""
-    return 'epoch %d, training time: %.1f sec, test_acc %.2f' % (
-        record['epoch'], record['seconds'], record['test_acc'])
+    """The book's per-epoch line: ``epoch 1, training time: 63.5 sec, test_acc 0.86``;
+    ``ValueError`` for what is not an epoch record."""
+    try:
+        return 'epoch %d, training time: %.1f sec, test_acc %.2f' % (
+            record['epoch'], record['seconds'], record['test_acc'])
+    except (KeyError, TypeError, ValueError):
+        raise ValueError("format_epoch takes an epoch record of train()'s history, with numbers "
+                         'epoch, seconds and test_acc; got %s; pass one, such as history[-1]'
+                         % repr(record)[:80]) from None
 
 
 class TrainingState:
@@ -133,9 +139,7 @@ class LossGuard(EpochBegin, BatchEnd, EpochEnd):
     """
 
     priority = PRIORITY['LossGuard']
-
-    def __init__(self):
-        self.step, self.pending = 0, None
+    step, pending = 0, None
 
     def epoch_begin(self, estimator, *args, **kwargs):
         self.step, self.pending = 0, None

@@ -97,14 +97,11 @@ class DeferredInterrupt(BatchEnd, EpochEnd):
             frame = frame.f_back
         raise Interrupted(signum)
 
-    def check(self, *args):
+    def check(self, *args, **kwargs):
         """Raise ``Interrupted`` if a signal is waiting; takes any hook arguments."""
         if self.requested:
             self.requested = False
             signum, self.signum = self.signum, None
             raise Interrupted(signum)
 
-    def batch_end(self, estimator, *args, **kwargs):
-        self.check()
-
-    epoch_end = batch_end
+    batch_end = epoch_end = check

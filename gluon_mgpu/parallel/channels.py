@@ -6,19 +6,17 @@ import itertools
 
 import mxnet as mx
 from mxnet import autograd, gluon, nd
-from mxnet.gluon import loss as gloss, nn
+from mxnet.gluon import nn
 from mxnet.symbol import Symbol
 
-from .common import CopyCounter, SplitNet, check_devices
-from .layers import _check_initialized
+from .common import SplitNet, _check_initialized, check_devices
 
 __all__ = ['SPLIT_LAYERS', 'channel_slices', 'ChannelSplit', 'split_channels', 'train_batch',
            'ChannelSplitNet']
 
 SPLIT_LAYERS = (nn.Conv2D, nn.BatchNorm, nn.Dense)
-_PARAMS = {nn.Conv2D: ('weight', 'bias'), nn.BatchNorm: ('gamma', 'beta', 'running_mean',
-                                                          'running_var'),
-           nn.Dense: ('weight', 'bias')}
+_PARAMS = {nn.Conv2D: ('weight', 'bias'), nn.Dense: ('weight', 'bias'),
+           nn.BatchNorm: ('gamma', 'beta', 'running_mean', 'running_var')}
 
 
 def channel_slices(channels, num_devices):
@@ -181,9 +179,7 @@ class ChannelSplitNet(SplitNet):
     method, hybridizes = 'channels', 'pieces'
 
     def __init__(self, net, devices, lr):
-        self.net = net
-        self.devices = check_devices(devices)
-        self.copies = CopyCounter()  # looked up at every copy: summary() swaps in its own
+        super().__init__(net, devices)
         self.layers = split_channels(net, self.devices, lambda x, d: self.copies.copy(x, d))
         self.pieces = [piece for _, split in self.layers for piece in split.pieces]
         self.trainers = [
@@ -191,7 +187,6 @@ class ChannelSplitNet(SplitNet):
                            for p in split[k].collect_params().values()],
                           'sgd', {'learning_rate': lr})
             for k in range(len(self.devices))]
-        self.loss = gloss.SoftmaxCrossEntropyLoss()
 
     def describe(self):
         """``64 layers split by channels over cpu(0), cpu(1) (first layer: 32 | 32)``."""
@@ -247,11 +242,4 @@ class ChannelSplitNet(SplitNet):
         and the inputs each device receives) and copies per step (every input forward and its
         gradient back). Call before ``hybridize()``.
         """
-        def run(X, counter):
-            counted, self.copies = self.copies, counter
-            try:
-                self.net(X)
-            finally:
-                self.copies = counted
-
-        return self._summary(X, [self.net], run, layers=len(self.layers))
+        return self._summary(X, [self.net], layers=len(self.layers))

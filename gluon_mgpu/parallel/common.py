@@ -7,7 +7,8 @@ from types import SimpleNamespace
 import numpy as np
 import mxnet as mx
 from mxnet import init as mx_init, nd
-from mxnet.gluon import utils as gutils
+from mxnet.gluon import loss as gloss, utils as gutils
+from mxnet.gluon.parameter import DeferredInitializationError
 
 from ..training import evaluate_accuracy, train
 from ..replicas.placement import inspect_placement
@@ -36,6 +37,16 @@ def init_one_device(net, device=None, init=None, input_shape=(1, 1, 28, 28)):
     net.initialize(mx_init.Normal(sigma=0.01) if init is None else init, ctx=device)
     net(nd.zeros(input_shape, ctx=device))
     return net
+
+
+def _check_initialized(net):
+    for p in net.collect_params().values():
+        try:
+            p.list_data()
+        except (DeferredInitializationError, RuntimeError):
+            raise RuntimeError('parameter %s is not initialized yet, so its shape and size are '
+                               'unknown; call init_one_device(net) (initialize and pass one '
+                               'batch) before splitting' % p.name) from None
 
 
 def nbytes(x):
@@ -173,13 +184,18 @@ def data_parallel_summary(net, devices, X):
 class SplitNet:
     """What the split networks share; each sets ``devices``, the first computing the logits.
 
-    The layer and channel splits also set ``net`` (the one-device network they split),
-    ``copies`` (a ``CopyCounter``) and ``trainers`` (one per device), and name the attribute
-    holding the blocks they hybridize, each on its device, in ``hybridizes`` (``'parts'``,
-    ``'pieces'``); scratch hybridizes nothing.
+    The layer and channel splits also hold ``net`` (the one-device network they split),
+    ``copies`` (a ``CopyCounter``) and ``loss``, all three set by ``__init__``, and ``trainers``
+    (one per device), and name the attribute holding the blocks they hybridize, each on its
+    device, in ``hybridizes`` (``'parts'``, ``'pieces'``); scratch hybridizes nothing.
     """
 
     hybridized = False
+
+    def __init__(self, net, devices):
+        self.net, self.devices = net, check_devices(devices)
+        self.copies = CopyCounter()  # looked up at every copy: summary() swaps in its own
+        self.loss = gloss.SoftmaxCrossEntropyLoss()
 
     def hybridize(self, **kwargs):
         """Hybridize each block of ``hybridizes`` (keyword arguments go to ``hybridize``)."""
@@ -196,17 +212,20 @@ class SplitNet:
         """Fraction of ``data_iter`` classified correctly."""
         return evaluate_accuracy(data_iter, self, self.devices)
 
-    def _summary(self, X, blocks, run, **extra):
-        """``summary(X)`` from one forward pass ``run(X, counter)``, every copy through the
-        ``CopyCounter``: a device's activations are the outputs it computed of the blocks inside
+    def _summary(self, X, blocks, **extra):
+        """``summary(X)`` from one forward pass ``self(X)`` with a new ``CopyCounter`` in
+        ``copies``: a device's activations are the outputs it computed of the blocks inside
         ``blocks`` plus what it received; each copy counts twice (its gradient comes back)."""
         if self.hybridized:
             raise RuntimeError('the activations are counted layer by layer, and hybridized %s '
                                'hide their layers; call summary() before hybridize()'
                                % self.hybridizes)
         X = X.as_in_context(self.devices[0])
-        counter = CopyCounter()
-        outputs = layer_output_bytes(blocks, lambda: run(X, counter))
+        counted, self.copies = self.copies, CopyCounter()
+        try:
+            outputs = layer_output_bytes(blocks, lambda: self(X))
+        finally:
+            counter, self.copies = self.copies, counted
         activations = [outputs.get(d, 0) + counter.received(d) for d in self.devices]
         return make_summary(self.method, self.devices, X.shape[0],
                             parameter_bytes(self.net, self.devices), activations,

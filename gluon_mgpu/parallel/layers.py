@@ -7,11 +7,10 @@ import statistics
 import time
 
 from mxnet import autograd, gluon, nd
-from mxnet.gluon import loss as gloss, nn, utils as gutils
-from mxnet.gluon.parameter import DeferredInitializationError
+from mxnet.gluon import nn, utils as gutils
 
 from ..runtime.checks import check_whole
-from .common import CopyCounter, SplitNet, check_devices, nbytes
+from .common import SplitNet, _check_initialized, check_devices, nbytes
 
 __all__ = ['RESNET18_UNITS', 'CUT_RULES', 'stage_units', 'unit_bytes', 'unit_times',
            'choose_cut', 'resolve_cut', 'split_layers', 'forward', 'train_batch', 'LayerSplit']
@@ -123,16 +122,6 @@ def resolve_cut(units, cut, num_devices, sample=None):
     return tuple(bounds)
 
 
-def _check_initialized(net):
-    for p in net.collect_params().values():
-        try:
-            p.list_data()
-        except (DeferredInitializationError, RuntimeError):
-            raise RuntimeError('parameter %s is not initialized yet, so its shape and size are '
-                               'unknown; call init_one_device(net) (initialize and pass one '
-                               'batch) before splitting' % p.name) from None
-
-
 def split_layers(net, devices, cut='params', sample=None):
     """Put runs of consecutive units of ``net`` (initialized: ``init_one_device``) on
     consecutive devices; ``net`` keeps its parameters, so it still saves ordinary ``.params``.
@@ -196,14 +185,11 @@ class LayerSplit(SplitNet):
 
     def __init__(self, net, devices, lr, cut='params', micro_batches=1, sample=None):
         check_whole('micro_batches', micro_batches, 'pass 1 for no pipeline')
-        self.net = net
-        self.devices = check_devices(devices)
+        super().__init__(net, devices)
         self.parts, self.names = split_layers(net, self.devices, cut, sample)
         self.micro_batches = micro_batches
         self.trainers = [gluon.Trainer(part.collect_params(), 'sgd', {'learning_rate': lr})
                          for part in self.parts]
-        self.loss = gloss.SoftmaxCrossEntropyLoss()
-        self.copies = CopyCounter()
 
     def describe(self):
         """``cpu(0): stem, stage1, stage2, stage3 | cpu(1): stage4, head``."""
@@ -235,8 +221,4 @@ class LayerSplit(SplitNet):
         the backward pass) and copies per step (each boundary activation forward and its
         gradient back). Call before ``hybridize()``, which hides the layers.
         """
-        def run(X, counter):
-            forward(self.parts, X, self.devices, counter.copy)
-
-        return self._summary(X, self.parts, run, units=self.names,
-                             micro_batches=self.micro_batches)
+        return self._summary(X, self.parts, units=self.names, micro_batches=self.micro_batches)

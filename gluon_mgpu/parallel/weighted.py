@@ -110,4 +110,3 @@ def measure_device_speeds(net, X, y, devices, loss=None, repeats=3, min_seconds=
             copy.copyto(a)
     nd.waitall()
     return speeds
-

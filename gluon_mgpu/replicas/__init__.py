@@ -13,9 +13,6 @@ __all__ = ['ParameterReplicas', 'ReplicaReport', 'ReplicaMismatchError', 'inspec
            'format_replica_summary', 'inspection_cells', 'AUXILIARY_WHY', 'FROZEN_WHY',
            'GRADIENT_WHY']
 
-_WHATS = ('data', 'grad')
-_BATCHNORM_STATS = ('running_mean', 'running_var')
-
 AUXILIARY_WHY = ('each device updates its own BatchNorm running statistics from its own slice '
                  'of the batch, and the Trainer never reduces them')
 FROZEN_WHY = ("nothing updates a frozen parameter (grad_req='null'), so one replica was changed on "
@@ -93,7 +90,7 @@ class ParameterReplicas:
     @property
     def is_batchnorm_statistic(self):
         """True for BatchNorm's ``running_mean`` / ``running_var``."""
-        return self.kind == 'auxiliary' and self.name.endswith(_BATCHNORM_STATS)
+        return self.kind == 'auxiliary' and self.name.endswith(('running_mean', 'running_var'))
 
     def to_dict(self):
         """A JSON-ready dict: contexts as strings, ``inf`` as the string ``'inf'``."""
@@ -198,7 +195,7 @@ def get_replica(param, ctx, what='data'):
     RuntimeError
         Before initialization; ``DeferredInitializationError`` before the first batch.
     """
-    if what not in _WHATS:
+    if what not in ('data', 'grad'):
         raise ValueError("what must be 'data' (parameter values) or 'grad' (gradients), got %r"
                          % (what,))
     contexts = _check_initialized(param)

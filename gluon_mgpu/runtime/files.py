@@ -301,10 +301,8 @@ def atomic_path(path):
     try:
         try:
             yield tmp
-        except (OutputError, InputError):
+        except OSError:
             raise
-        except OSError as e:
-            raise _os_failure(path, e) from e
         except Exception as e:
             try:  # a writer that failed without the OS's reason: meet it (no space left, ...)
                 with open(tmp, 'ab', buffering=0) as f:
@@ -313,20 +311,19 @@ def atomic_path(path):
             except OSError as failure:
                 raise _os_failure(path, failure) from e
             raise
-        try:
-            _fsync(tmp)
-            mask = os.umask(0)
-            os.umask(mask)
-            os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600
-            problem = _target_problem(path)
-            if problem:
-                raise OutputError(path, 'cannot write %s: %s' % (path, problem))
-            os.replace(tmp, path)
-            _fsync(folder)
-        except OutputError:
-            raise
-        except OSError as e:
-            raise _os_failure(path, e) from e
+        _fsync(tmp)
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600
+        problem = _target_problem(path)
+        if problem:
+            raise OutputError(path, 'cannot write %s: %s' % (path, problem))
+        os.replace(tmp, path)
+        _fsync(folder)
+    except (OutputError, InputError):
+        raise
+    except OSError as e:
+        raise _os_failure(path, e) from e
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)

@@ -6,7 +6,7 @@ import os
 from mxnet import nd
 from mxnet.kvstore import KVStoreBase
 
-from ..runtime.checks import is_digits
+from .checks import is_digits
 
 __all__ = ['HorovodKVStore', 'INSTALL', 'import_horovod', 'job_env', 'worker_rank']
 

@@ -93,11 +93,10 @@ def read_hostfile(path):
     hosts = []
     for number, raw in enumerate(data.split(b'\n'), 1):
         try:
-            line = raw.decode('utf-8')
+            line = raw.decode('utf-8').split('#', 1)[0].strip(' \t\r')
         except UnicodeDecodeError:
             raise ValueError('line %d is not UTF-8 text; write one host name or address per '
                              'line' % number) from None
-        line = line.split('#', 1)[0].strip(' \t\r')
         if not line:
             continue
         host = parse_host_port(line, 22)

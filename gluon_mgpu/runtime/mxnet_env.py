@@ -131,7 +131,6 @@ def check_environment(environ, cores=1):
                          'instead of it; point it at a libmxnet.so by its absolute path, or unset '
                          'it' % (library, 'an existing file' if os.path.isabs(library)
                                  else 'an absolute path'))
-    # The most threads MXNet may use: THREADS_PER_CORE per core, at most half of thread_limit().
     most, reason = THREADS_PER_CORE * cores, ('%d per usable core (more spin waiting for each '
                                               'other: docs/devices.md)' % THREADS_PER_CORE)
     limit, source = thread_limit()

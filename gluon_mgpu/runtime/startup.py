@@ -228,7 +228,7 @@ def join_job(kvstore, command='gluon_mgpu', root=None):
     in it."""
     import mxnet as mx
     if kvstore == 'horovod':
-        from ..parallel.horovod import HorovodKVStore
+        from .horovod import HorovodKVStore
         return HorovodKVStore()
     with interruptible(command, 'while waiting for the other processes of the %s job%s; '
                                 'nothing was trained'

@@ -1,6 +1,6 @@
 """CPU thread settings, chosen before MXNet starts: ``OMP_NUM_THREADS`` for the usable cores, or
-``cores // N`` per simulated device, and a warning when MXNet was imported first.
-docs/devices.md explains why.
+``cores // N`` per simulated device, and a warning when MXNet was imported first; how many
+simulated devices the machine's limit on threads can hold. docs/devices.md explains why.
 """
 import logging
 import os
@@ -13,11 +13,13 @@ from .checks import is_digits
 
 __all__ = ['configure_threads', 'thread_settings', 'format_thread_settings',
            'mxnet_default_threads', 'imported_late_warning', 'warn_if_imported_late',
-           'thread_limit', 'usable_cores', 'has_gpu', 'DEVICES_ENV',
+           'thread_limit', 'threads_per_cpu_context', 'max_cpu_devices',
+           'check_cpu_device_count', 'usable_cores', 'has_gpu', 'DEVICES_ENV',
            'devices_from_environment', 'read_text']
 
 _SETTINGS = {}
 DEVICES_ENV = 'GLUON_MGPU_CPU_DEVICES'
+ENGINE_BASE_THREADS = 6  # MXNet's threads besides the contexts' (docs/devices.md, "How many")
 # What the package set, so that a child process (a notebook's `!python -m gluon_mgpu.train`)
 # can tell the package's values, which it may choose again, from the user's.
 CHOSEN_ENV = 'GLUON_MGPU_CHOSE'
@@ -108,6 +110,38 @@ def thread_limit():
         if found:
             limits.append((found, source))
     return min(limits) if limits else (None, None)
+
+
+def threads_per_cpu_context():
+    """The threads each CPU context costs: ``OMP_NUM_THREADS`` (MXNet's default, half the cores,
+    when unset) for MXNet, and one that issues its calls (``runtime.dispatch``)."""
+    value = thread_settings().get('omp_num_threads')
+    if isinstance(value, int) and value > 0:
+        return value + 1
+    return max(1, (os.cpu_count() or 2) // 2) + 1
+
+
+def max_cpu_devices():
+    """Return ``(n, reason)``: how many simulated CPU devices this machine can hold, and why:
+    a run may take half of the threads the tightest limit allows (``thread_limit``)."""
+    limit, source = thread_limit()
+    if limit is None:
+        return None, 'no limit on threads is known'
+    per_context = threads_per_cpu_context()
+    n = max(1, (limit // 2 - ENGINE_BASE_THREADS) // per_context)
+    return n, ('a CPU context costs %d threads (OMP_NUM_THREADS for MXNet, 1 to issue its '
+               'calls), and one run may take half of the %d threads %s allows'
+               % (per_context, limit, source))
+
+
+def check_cpu_device_count(n):
+    """Raise ``ValueError`` if ``n`` CPU contexts are more than ``max_cpu_devices()``."""
+    most, reason = max_cpu_devices()
+    if most is not None and n > most:
+        raise ValueError('num_gpus=%d simulated CPU devices are more than this machine can hold '
+                         '(at most %d: %s); pass at most %d (CPU contexts share the same cores, '
+                         'so a few, 2 to 8, show the data parallelism as well)'
+                         % (n, most, reason, most))
 
 
 def devices_from_environment(environ):
