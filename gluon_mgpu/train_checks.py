@@ -13,6 +13,7 @@ from mxnet.gluon import nn
 from .devices import simulated
 from .runtime import precision
 from .runtime.checks import LR_RANGE, check_whole
+from .runtime.choices import KVSTORES
 
 __all__ = ['check_network', 'check_init', 'check_train', 'check_trainer',
            'check_batch_size', 'check_split', 'check_batch', 'check_once']
@@ -30,17 +31,23 @@ def check_network(model, models, sync_bn_devices, dtype):
                          'sync_bn_devices=None or dtype=\'float32\'')
 
 
-def check_init(lr, dtype, devices, force_dtype):
+def check_init(lr, dtype, devices, force_dtype, kvstore='device'):
     """The arguments of ``init_training``: ``ValueError`` for a learning rate outside
     ``LR_RANGE`` (negative, NaN: SGD would take it and train backwards, or to NaN),
-    ``check_devices``, ``precision.check_dtype``, and ``RuntimeError`` unless the networks of
-    this process compute in ``dtype`` (``new_network(..., dtype)``)."""
+    ``check_devices``, ``precision.check_dtype``, a kvstore name not in ``KVSTORES`` (nor
+    'nccl'), and ``RuntimeError`` unless the networks of this process compute in ``dtype``
+    (``new_network(..., dtype)``)."""
     low, high = LR_RANGE
     if not (isinstance(lr, numbers.Real) and not isinstance(lr, bool) and low <= lr <= high):
         raise ValueError("lr must be a finite number from %.8g to %.8g (what MXNet's float32 "
                          "optimizer can use), got %r; for example lr=0.1, the book's per device"
                          % (low, high, lr))
     check_devices(devices)
+    names = KVSTORES + ('nccl',)  # MXNet makes a local kvstore of any other name
+    if not (kvstore is None or isinstance(kvstore, kv.KVStoreBase) or kvstore in names):
+        raise ValueError('kvstore=%s names no kvstore this package trains with; pass one of %s, '
+                         "'nccl' (GPUs), or a KVStore such as mx.kv.create('local')"
+                         % (repr(kvstore)[:40], ', '.join(map(repr, KVSTORES))))
     precision.check_dtype(dtype, devices, force_dtype)
     active = precision.active_dtype()
     if active != dtype and (active is not None or dtype == 'bfloat16'):

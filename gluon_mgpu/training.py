@@ -112,7 +112,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     before anything is initialized for an ``lr`` that is not a finite number above 0 that
     float32 holds (``train_checks.check_init``).
     """
-    check_init(lr, dtype, devices, force_dtype)
+    check_init(lr, dtype, devices, force_dtype, kvstore)
     if isinstance(kvstore, str) and kvstore.startswith(('dist', 'horovod')):
         kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
