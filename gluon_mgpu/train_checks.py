@@ -44,7 +44,8 @@ def check_init(lr, dtype, devices, force_dtype, kvstore='device'):
                          % (low, high, lr))
     check_devices(devices)
     names = KVSTORES + ('nccl',)  # MXNet makes a local kvstore of any other name
-    if not (kvstore is None or isinstance(kvstore, kv.KVStoreBase) or kvstore in names):
+    if not (kvstore is None or isinstance(kvstore, kv.KVStoreBase)
+            or isinstance(kvstore, str) and kvstore in names):
         raise ValueError('kvstore=%s names no kvstore this package trains with; pass one of %s, '
                          "'nccl' (GPUs), or a KVStore such as mx.kv.create('local')"
                          % (repr(kvstore)[:40], ', '.join(map(repr, KVSTORES))))

@@ -1233,16 +1233,16 @@ def test_non_folder_kind_names_what_is_there_instead_of_a_folder(tmp_path):
     assert non_folder_kind('/dev/null') == 'a character device'
 
 
-@pytest.mark.parametrize('kvstore', ['bogus', 'dveice', 5])
+@pytest.mark.parametrize('kvstore', ['bogus', 'dveice', 5, np.array([1, 2])])
 def test_65_9_init_training_refuses_a_kvstore_name_mxnet_would_take_as_local(kvstore):
     # Before: trained, MXNet making a local kvstore of any name (a typo of 'device' included).
     net = training.new_network('lenet')
     with pytest.raises(ValueError) as e:
         training.init_training(net, [mx.cpu(0), mx.cpu(1)], 0.1, kvstore=kvstore)
     assert str(e.value) == (
-        "kvstore=%r names no kvstore this package trains with; pass one of 'device', 'local', "
+        "kvstore=%s names no kvstore this package trains with; pass one of 'device', 'local', "
         "'dist_sync', 'dist_device_sync', 'horovod', 'nccl' (GPUs), or a KVStore such as "
-        "mx.kv.create('local')" % (kvstore,))
+        "mx.kv.create('local')" % (repr(kvstore),))
     with pytest.raises(RuntimeError):  # nothing initialized
         net[0].weight.data()
     for fine in ('local', mx.kv.create('device'), None):
