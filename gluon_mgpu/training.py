@@ -14,7 +14,7 @@ from .handlers.events import EpochLine, Events, LossGuard, TrainingState
 from .model import lenet, resnet18, sync_batch_norm
 from .runtime import dispatch, precision, startup
 from .runtime.checks import check_whole
-from .runtime.choices import MODELS
+from .runtime.choices import JOB_KVSTORES, MODELS
 from .train_checks import (check_batch, check_batch_size, check_init, check_network,
                            check_once, check_split, check_train)
 
@@ -113,7 +113,7 @@ def init_training(net, devices, lr, seed=None, kvstore='device', dtype='float32'
     float32 holds (``train_checks.check_init``).
     """
     check_init(lr, dtype, devices, force_dtype, kvstore)
-    if isinstance(kvstore, str) and kvstore.startswith(('dist', 'horovod')):
+    if isinstance(kvstore, str) and kvstore in JOB_KVSTORES:
         kvstore = startup.join_job(kvstore)  # waits for all its processes, Ctrl-C ends it
     params = {'learning_rate': lr}
     if isinstance(kvstore, mx.kv.KVStoreBase) and kvstore.num_workers > 1:

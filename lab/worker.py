@@ -166,10 +166,13 @@ def _phases(cfg, setup, finish):
     """Phase times of ``cfg['phase_steps']`` steps after an untimed one, and their interval."""
     devices, net, _, loss, batches = setup
     phases = _Phases(finish)
-    for i in range(1 + cfg['phase_steps']):
-        if i == 1:
-            phases.times, meter = {}, Interval().start()
+
+    def step():  # one step of train_epoch, timed phase by phase
         train_epoch(net, [next(batches)], loss, phases, devices, split_f=phases.split)
+    step()
+    phases.times, meter = {}, Interval().start()
+    for _ in range(cfg['phase_steps']):
+        step()
     return phases.times, meter.stop()
 
 
